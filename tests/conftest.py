@@ -1,0 +1,78 @@
+"""Shared fixtures: a real etcd per test session, real processes stopped by their ids."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from elastic_rm.etcd.server import EtcdCluster, EtcdServer
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.dirname(sys.executable)
+
+
+@pytest.fixture(scope="session")
+def etcd() -> Iterator[EtcdCluster]:
+    with EtcdServer() as server:
+        yield server
+
+
+@pytest.fixture
+def run_id() -> str:
+    return f"t-{uuid.uuid4().hex[:10]}"
+
+
+class Proc:
+    """A process in its own session, so that the whole tree is stopped by its id."""
+
+    def __init__(self, argv: list[str], log_path: str, env: dict[str, str] | None = None, cwd: str | None = None):
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        full_env = {**os.environ, **(env or {})}
+        self.popen = subprocess.Popen(
+            argv, stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=cwd or REPO, start_new_session=True
+        )
+        self.pid = self.popen.pid
+
+    def signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def wait(self, timeout: float) -> int:
+        return self.popen.wait(timeout)
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.signal(signal.SIGCONT)
+            self.signal(signal.SIGTERM)
+            try:
+                self.popen.wait(15)
+            except subprocess.TimeoutExpired:
+                pass
+        self.signal(signal.SIGKILL)  # the agent may be gone while workers linger in the group
+        try:
+            self.popen.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+        self._log.close()
+
+    def output(self) -> str:
+        self._log.flush()
+        with open(self.log_path, errors="replace") as fh:
+            return fh.read()
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Proc]]:
+    started: list[Proc] = []
+    yield started
+    for p in started:
+        p.stop()

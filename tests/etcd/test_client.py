@@ -1,0 +1,144 @@
+"""The etcd facade against a real etcd: revisions, CAS, leases, watches, failover, clear errors."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from elastic_rm.etcd.client import Compare, EtcdClient, Op, TlsOptions, WatchEvent, parse_endpoints
+from elastic_rm.etcd.errors import EtcdConfigError, EtcdConnectionError
+from elastic_rm.etcd.lease import Election, KeptLease
+from elastic_rm.etcd.server import EtcdCluster, EtcdServerError, find_etcd_binary
+
+
+def test_put_get_prefix_and_revisions(etcd, run_id):
+    with EtcdClient(etcd.endpoint, timeout=2) as c:
+        rev = c.put(f"/{run_id}/a", b"1")
+        c.put(f"/{run_id}/b", "2")
+        kv = c.get(f"/{run_id}/a")
+        assert kv is not None and kv.value == b"1" and kv.mod_revision == rev == kv.create_revision
+        kvs, read_rev = c.get_prefix(f"/{run_id}/")
+        assert [k.key for k in kvs] == [f"/{run_id}/a", f"/{run_id}/b"] and read_rev >= rev + 1
+        assert c.get(f"/{run_id}/missing") is None
+        assert c.delete(f"/{run_id}/", prefix=True)
+        assert c.get_prefix(f"/{run_id}/")[0] == []
+
+
+def test_txn_compares_mod_revision(etcd, run_id):
+    key = f"/{run_id}/cas"
+    with EtcdClient(etcd.endpoint, timeout=2) as c:
+        first = c.txn([Compare.absent(key)], [Op.put(key, "a")])
+        assert first.succeeded
+        again = c.txn([Compare.absent(key)], [Op.put(key, "b")], [Op.get(key)])
+        assert not again.succeeded and again.kvs[0].value == b"a"
+        ok = c.txn([Compare.mod(key, first.revision)], [Op.put(key, "c")])
+        stale = c.txn([Compare.mod(key, first.revision)], [Op.put(key, "d")])
+        assert ok.succeeded and not stale.succeeded
+        assert c.get(key).value == b"c"
+
+
+def test_lease_keeps_key_alive_then_expires_after_revoke_or_stop(etcd, run_id):
+    key = f"/{run_id}/leased"
+    with EtcdClient(etcd.endpoint, timeout=2) as c:
+        lease = KeptLease(c, ttl=1)
+        c.put(key, "x", lease=lease.id)
+        time.sleep(2.5)  # > 2 TTLs: alive only because it is refreshed
+        assert c.get(key) is not None and not lease.lost
+        lease.stop()
+        deadline = time.monotonic() + 5
+        while c.get(key) is not None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert c.get(key) is None
+        assert not lease.check() and lease.lost
+
+
+def test_watch_delivers_in_order_and_resumes_after_etcd_restart(run_id):
+    with EtcdCluster(size=1) as cluster, EtcdClient(cluster.endpoint, timeout=1) as c:
+        seen: list[WatchEvent] = []
+        got = threading.Event()
+
+        def on_events(events):
+            seen.extend(events)
+            got.set()
+
+        start = c.put("/w/start", "0")
+        cancel = c.watch_prefix("/w/", start + 1, on_events)
+        c.put("/w/a", "1")
+        c.delete("/w/a")
+        deadline = time.monotonic() + 5
+        while len(seen) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [(e.kind, e.kv.key) for e in seen] == [("put", "/w/a"), ("delete", "/w/a")]
+        cluster.restart(0)
+        # written right after the restart: the watch must replay it from its last revision
+        for _ in range(50):
+            try:
+                c.put("/w/b", "2")
+                break
+            except EtcdConnectionError:
+                time.sleep(0.1)
+        deadline = time.monotonic() + 10
+        while len(seen) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        cancel()
+        assert [(e.kind, e.kv.key) for e in seen][2:] == [("put", "/w/b")]
+
+
+def test_failover_when_a_cluster_member_dies():
+    with EtcdCluster(size=3) as cluster, EtcdClient(cluster.endpoints, timeout=1) as c:
+        c.put("/f/k", "v")
+        cluster.kill(0)
+        assert c.get("/f/k").value == b"v"
+        c.put("/f/k", "w")
+        assert c.get("/f/k").value == b"w"
+
+
+def test_election_fences_a_deposed_leader(etcd, run_id):
+    key = f"/{run_id}/leader"
+    with EtcdClient(etcd.endpoint, timeout=2) as c:
+        l1, l2 = KeptLease(c, 5), KeptLease(c, 5)
+        first, second = Election(c, key, "n1", l1.id), Election(c, key, "n2", l2.id)
+        assert first.try_acquire() and not second.try_acquire()
+        l1.revoke()  # n1 loses its lease: its key goes, n2 can lead
+        assert second.try_acquire()
+        stale = c.txn([first.fence()], [Op.put(f"/{run_id}/round", "from-n1")])
+        fresh = c.txn([second.fence()], [Op.put(f"/{run_id}/round", "from-n2")])
+        assert not stale.succeeded and fresh.succeeded
+        l2.revoke()
+
+
+def test_unreachable_endpoint_fails_within_timeout_and_names_it():
+    t0 = time.monotonic()
+    with pytest.raises(EtcdConnectionError, match="127.0.0.1:9"):
+        EtcdClient("127.0.0.1:9", timeout=1).ping()
+    assert time.monotonic() - t0 < 5
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"tls": TlsOptions(cert="/nonexistent/cert.pem", key="/nonexistent/key.pem")}, "does not exist"),
+        ({"tls": TlsOptions(cert="/etc/hostname")}, "both a client certificate and its key"),
+        ({"user": "root"}, "both a user and a password"),
+        ({"timeout": 0}, "must be > 0"),
+    ],
+)
+def test_bad_client_options_are_clear_errors(kwargs, message):
+    with pytest.raises(EtcdConfigError, match=message):
+        EtcdClient("127.0.0.1:2379", **kwargs)
+
+
+def test_parse_endpoints():
+    assert parse_endpoints("a:1, http://b:2/,c") == [("a", 1), ("b", 2), ("c", 2379)]
+    with pytest.raises(EtcdConfigError, match="malformed etcd endpoint"):
+        parse_endpoints("host:notaport")
+
+
+def test_binary_lookup_order(tmp_path, monkeypatch):
+    monkeypatch.setenv("ELASTIC_RM_ETCD_BINARY", str(tmp_path / "missing-etcd"))
+    with pytest.raises(EtcdServerError, match="ELASTIC_RM_ETCD_BINARY"):
+        find_etcd_binary()
+    monkeypatch.delenv("ELASTIC_RM_ETCD_BINARY")
+    assert find_etcd_binary().endswith("etcd")

@@ -1,0 +1,49 @@
+"""Start ermrun/torchrun nodes as real processes and read what their workers logged."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import sys
+import time
+
+from tests.conftest import BIN, REPO, Proc
+
+STEPS = os.path.join(REPO, "tests", "workers", "steps.py")
+
+
+def ermrun(tmp_path, node: str, args: list[str], steps_max: int = 0, extra_env: dict | None = None) -> Proc:
+    env = {"STEPS_DIR": str(tmp_path), "STEPS_NODE": node, "STEPS_MAX": str(steps_max), **(extra_env or {})}
+    argv = [os.path.join(BIN, "ermrun"), "--monitor-interval", "0.1", *args, STEPS]
+    return Proc(argv, str(tmp_path / f"{node}.agent.log"), env=env)
+
+
+def records(tmp_path, node: str) -> list[dict]:
+    out = []
+    for path in sorted(glob.glob(str(tmp_path / f"{node}-*.jsonl"))):
+        with open(path) as fh:
+            for line in fh:
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass  # a line cut by SIGKILL
+    return out
+
+
+def wait_until(predicate, timeout: float, what: str, procs=()) -> float:
+    """Poll until predicate() is true; returns the time it took. Fails with the agents' logs."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if predicate():
+            return time.monotonic() - t0
+        time.sleep(0.1)
+    logs = "\n".join(f"--- {p.log_path}\n{p.output()[-3000:]}" for p in procs)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{logs}")
+
+
+def steps_at_world(tmp_path, node: str, world: int, since: float = 0.0) -> int:
+    return sum(1 for r in records(tmp_path, node) if r.get("world") == world and "step" in r and r["t"] >= since)
+
+
+PY = sys.executable

@@ -1,0 +1,80 @@
+"""ermrun as a user runs it: the embedded etcd, torchrun's flags, and clear errors for bad input."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import psutil
+import pytest
+
+from elastic_rm.etcd.client import EtcdClient
+from tests.conftest import BIN
+from tests.launcher.helpers import STEPS, records
+
+ERMRUN = os.path.join(BIN, "ermrun")
+
+
+def run(args: list[str], tmp_path, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "STEPS_DIR": str(tmp_path), "STEPS_NODE": "e", "STEPS_MAX": "3", **env}
+    return subprocess.run([ERMRUN, *args], env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def etcd_children_left() -> list[int]:
+    me = psutil.Process()
+    return [p.pid for p in me.children(recursive=True) if p.name() == "etcd"]
+
+
+@pytest.mark.parametrize("extra", [[], ["--standalone"]])
+def test_embedded_etcd_runs_a_job_and_is_stopped(tmp_path, extra):
+    result = run([*extra, "--nproc-per-node", "2", STEPS], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert {r["world"] for r in records(tmp_path, "e") if r.get("start")} == {2}
+    assert etcd_children_left() == []
+
+
+def test_worker_failure_exits_non_zero_like_torchrun(tmp_path):
+    script = tmp_path / "fail.py"
+    script.write_text("import sys; sys.exit(3)\n")
+    result = run(["--nproc-per-node", "1", str(script)], tmp_path)
+    assert result.returncode != 0 and "fail.py" in result.stderr
+
+
+def test_unreachable_endpoint_fails_fast_and_names_it(tmp_path):
+    t0 = time.monotonic()
+    result = run(["--rdzv-endpoint", "127.0.0.1:9", "--rdzv-conf", "etcd_timeout=1", STEPS], tmp_path)
+    assert result.returncode != 0 and "127.0.0.1:9" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert time.monotonic() - t0 < 30
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--nnodes", "3:2"], "min_nodes must be > 0 and <= max_nodes"),
+        (["--rdzv-id", "a/b"], "invalid run id"),
+        (["--etcd-cert", "/nonexistent/c.pem", "--etcd-key", "/nonexistent/k.pem"], "does not exist"),
+        (["--etcd-cert", "/etc/hostname"], "both a client certificate and its key"),
+        (["--membership-grace", "-1"], "--membership-grace"),
+    ],
+)
+def test_bad_input_is_a_clear_error(tmp_path, args, message):
+    result = run([*args, STEPS], tmp_path, timeout=60)
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert etcd_children_left() == []
+
+
+def test_unknown_flag_is_rejected_by_the_parser(tmp_path):
+    result = run(["--no-such-flag", STEPS], tmp_path, timeout=60)
+    assert result.returncode == 2 and "unrecognized arguments" in result.stderr
+
+
+def test_malformed_round_value_is_reported_with_its_key(etcd, run_id, tmp_path):
+    with EtcdClient(etcd.endpoint) as c:
+        c.put(f"/elastic-rm/{run_id}/round", b'{"v": 1, "round": "seven"}')
+    result = run(["--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, STEPS], tmp_path, timeout=60)
+    assert result.returncode != 0
+    assert f"/elastic-rm/{run_id}/round" in result.stderr and "Traceback" not in result.stderr

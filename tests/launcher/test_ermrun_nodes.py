@@ -1,0 +1,137 @@
+"""ermrun nodes as real processes on loopback, against a real etcd: rounds, failures, standby, failover."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from elastic_rm.etcd.server import EtcdCluster
+from tests.conftest import BIN, Proc
+from tests.launcher.helpers import STEPS, ermrun, records, steps_at_world, wait_until
+
+CONF = "lease_ttl=2,last_call_timeout=0.5,join_timeout=60"
+
+
+def node_args(endpoint: str, run_id: str, nnodes: str, node: str, nproc: int = 1) -> list[str]:
+    return [
+        "--nnodes", nnodes, "--nproc-per-node", str(nproc), "--rdzv-endpoint", endpoint,
+        "--rdzv-id", run_id, "--rdzv-conf", CONF, "--node-id", node,
+    ]  # fmt: skip
+
+
+def test_two_nodes_run_to_completion_with_torchrun_environment(etcd, run_id, tmp_path, procs):
+    nodes = [ermrun(tmp_path, f"n{i}", node_args(etcd.endpoint, run_id, "2", f"n{i}", nproc=2), steps_max=20) for i in range(2)]
+    procs.extend(nodes)
+    for p in nodes:
+        assert p.wait(120) == 0, p.output()[-3000:]
+    starts = [r for n in ("n0", "n1") for r in records(tmp_path, n) if r.get("start")]
+    assert sorted(r["rank"] for r in starts) == [0, 1, 2, 3]
+    assert {r["world"] for r in starts} == {4}
+    envs = [r["env"] for r in starts]
+    assert sorted(e["GROUP_RANK"] for e in envs) == ["0", "0", "1", "1"]
+    assert {e["LOCAL_WORLD_SIZE"] for e in envs} == {"2"} and {e["TORCHELASTIC_RUN_ID"] for e in envs} == {run_id}
+    assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}) == 1
+
+    # the same script under stock torchrun (c10d) sees the same set of variables
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    argv = [os.path.join(BIN, "torchrun"), "--standalone", "--nproc-per-node", "2", STEPS]
+    env = {**os.environ, "STEPS_DIR": str(ref), "STEPS_NODE": "ref", "STEPS_MAX": "5"}
+    assert subprocess.run(argv, env=env, capture_output=True, timeout=120).returncode == 0
+    ref_names = {tuple(r["names"]) for r in records(ref, "ref") if r.get("start")}
+    ours = {tuple(n for n in r["names"] if not n.startswith("ELASTIC_RM")) for r in starts}
+    assert ours == ref_names
+
+
+def test_sigkill_of_a_node_gives_survivors_a_new_round_and_a_joiner_restores_three(etcd, run_id, tmp_path, procs):
+    nodes = {n: ermrun(tmp_path, n, node_args(etcd.endpoint, run_id, "2:3", n)) for n in ("a", "b", "c")}
+    procs.extend(nodes.values())
+    wait_until(lambda: all(steps_at_world(tmp_path, n, 3) > 5 for n in nodes), 120, "3 nodes training", nodes.values())
+    nodes["c"].signal(signal.SIGKILL)
+    killed = time.time()
+    took = wait_until(
+        lambda: all(steps_at_world(tmp_path, n, 2, since=killed) > 3 for n in ("a", "b")),
+        60,
+        "survivors training at world 2",
+        nodes.values(),
+    )
+    assert took < 2 + 25  # lease TTL + restart of the workers on a loaded 2-core machine
+    d = ermrun(tmp_path, "d", node_args(etcd.endpoint, run_id, "2:3", "d"))
+    procs.append(d)
+    joined = time.time()
+    wait_until(
+        lambda: all(steps_at_world(tmp_path, n, 3, since=joined) > 3 for n in ("a", "b", "d")),
+        90,
+        "back to world 3 with the new node",
+        [nodes["a"], nodes["b"], d],
+    )
+
+
+def test_node_beyond_max_is_standby_then_promoted(etcd, run_id, tmp_path, procs):
+    nodes = {n: ermrun(tmp_path, n, node_args(etcd.endpoint, run_id, "2", n)) for n in ("a", "b")}
+    procs.extend(nodes.values())
+    wait_until(lambda: all(steps_at_world(tmp_path, n, 2) > 3 for n in nodes), 120, "2 nodes training", nodes.values())
+    spare = ermrun(tmp_path, "s", node_args(etcd.endpoint, run_id, "2", "s"))
+    procs.append(spare)
+    time.sleep(4)
+    assert records(tmp_path, "s") == []  # waits as standby, runs no worker
+    nodes["a"].signal(signal.SIGKILL)
+    killed = time.time()
+    wait_until(
+        lambda: all(steps_at_world(tmp_path, n, 2, since=killed) > 3 for n in ("b", "s")),
+        60,
+        "standby promoted",
+        [nodes["b"], spare],
+    )
+
+
+def test_job_survives_the_loss_of_one_etcd_member(run_id, tmp_path, procs):
+    with EtcdCluster(size=3) as cluster:
+        endpoints = ",".join(cluster.endpoints)
+        nodes = {n: ermrun(tmp_path, n, node_args(endpoints, run_id, "2", n)) for n in ("a", "b")}
+        procs.extend(nodes.values())
+        wait_until(lambda: all(steps_at_world(tmp_path, n, 2) > 3 for n in nodes), 120, "training", nodes.values())
+        cluster.kill(0)
+        nodes["b"].signal(signal.SIGKILL)  # a round must now be decided through the remaining members
+        killed = time.time()
+        c = ermrun(tmp_path, "c", node_args(endpoints, run_id, "2", "c"))
+        procs.append(c)
+        wait_until(
+            lambda: all(steps_at_world(tmp_path, n, 2, since=killed) > 3 for n in ("a", "c")),
+            90,
+            "a new round through the surviving etcd members",
+            [nodes["a"], c],
+        )
+        for p in procs:
+            p.stop()
+
+
+@pytest.mark.slow
+def test_sigstop_of_a_node_is_detected_within_the_lease(etcd, run_id, tmp_path, procs):
+    nodes = {n: ermrun(tmp_path, n, node_args(etcd.endpoint, run_id, "2:3", n)) for n in ("a", "b", "c")}
+    procs.extend(nodes.values())
+    wait_until(lambda: all(steps_at_world(tmp_path, n, 3) > 5 for n in nodes), 120, "3 nodes training", nodes.values())
+    nodes["c"].signal(signal.SIGSTOP)
+    stopped = time.time()
+    wait_until(
+        lambda: all(steps_at_world(tmp_path, n, 2, since=stopped) > 3 for n in ("a", "b")),
+        60,
+        "survivors training at world 2 after SIGSTOP",
+        nodes.values(),
+    )
+
+
+def test_stock_torchrun_uses_the_elastic_rm_backend(etcd, run_id, tmp_path, procs):
+    env = {"STEPS_DIR": str(tmp_path), "STEPS_NODE": "t", "STEPS_MAX": "5"}
+    argv = [
+        os.path.join(BIN, "torchrun"), "--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "elastic-rm",
+        "--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, STEPS,
+    ]  # fmt: skip
+    p = Proc(argv, str(tmp_path / "torchrun.log"), env=env)
+    procs.append(p)
+    assert p.wait(120) == 0, p.output()[-3000:]
+    assert {r["world"] for r in records(tmp_path, "t") if r.get("start")} == {2}

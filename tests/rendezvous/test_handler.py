@@ -1,0 +1,218 @@
+"""The elastic-rm RendezvousHandler with real etcd, several handlers per test (one per simulated node)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from torch.distributed.elastic.rendezvous import (
+    RendezvousConnectionError,
+    RendezvousGracefulExitError,
+    RendezvousParameters,
+    RendezvousStateError,
+)
+from torch.distributed.elastic.rendezvous import registry as torch_registry
+
+from elastic_rm.etcd.client import EtcdClient
+from elastic_rm.rendezvous.handler import ElasticRMRendezvousHandler
+from elastic_rm.rendezvous.registration import create_handler
+
+
+def make(etcd, run_id, lo, hi, **conf) -> ElasticRMRendezvousHandler:
+    conf = {"lease_ttl": "1", "last_call_timeout": "0.3", "join_timeout": "20", **conf}
+    params = RendezvousParameters("elastic-rm", etcd.endpoint, run_id, lo, hi, local_addr="127.0.0.1", **conf)
+    handler = create_handler(params)
+    assert isinstance(handler, ElasticRMRendezvousHandler)
+    return handler
+
+
+def join_all(handlers, timeout=30.0):
+    results, errors = {}, {}
+
+    def run(i, h):
+        try:
+            results[i] = h.next_rendezvous()
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            errors[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i, h)) for i, h in enumerate(handlers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not errors, errors
+    return results
+
+
+def wait_for(predicate, timeout=15.0, step=0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return False
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_nodes_form_a_round_with_distinct_ranks(etcd, run_id, n):
+    handlers = [make(etcd, run_id, n, n) for _ in range(n)]
+    try:
+        infos = join_all(handlers)
+        assert sorted(i.rank for i in infos.values()) == list(range(n))
+        assert {i.world_size for i in infos.values()} == {n}
+        masters = {(i.bootstrap_store_info.master_addr, i.bootstrap_store_info.master_port) for i in infos.values()}
+        assert len(masters) == 1  # everyone bootstraps against rank 0
+        # the agent store works across nodes: rank 0 writes, the others read
+        by_rank = {i.rank: i for i in infos.values()}
+        by_rank[0].store.set("probe", b"hello")
+        assert all(by_rank[r].store.get("probe") == b"hello" for r in range(1, n))
+        assert all(h.num_nodes_waiting() == 0 for h in handlers)
+    finally:
+        for h in handlers:
+            h.shutdown()
+
+
+def test_entry_point_registers_the_backend_in_torch(etcd, run_id):
+    handler = torch_registry.get_rendezvous_handler(
+        RendezvousParameters("elastic-rm", etcd.endpoint, run_id, 1, 1, lease_ttl="1")
+    )
+    try:
+        assert handler.get_backend() == "elastic-rm" and handler.get_run_id() == run_id
+    finally:
+        handler.shutdown()
+
+
+def test_lost_member_makes_survivors_rendezvous_again_and_a_joiner_scales_back_up(etcd, run_id):
+    handlers = [make(etcd, run_id, 2, 3) for _ in range(3)]
+    try:
+        infos = join_all(handlers)
+        assert {i.world_size for i in infos.values()} == {3}
+        dead = handlers.pop(1)
+        dead.release()  # the node vanishes: its lease is revoked (as when its lease expires)
+        assert wait_for(lambda: all(h.num_nodes_waiting() > 0 for h in handlers))
+        infos = join_all(handlers)
+        assert sorted(i.rank for i in infos.values()) == [0, 1] and {i.world_size for i in infos.values()} == {2}
+        late = make(etcd, run_id, 2, 3)
+        handlers.append(late)
+        t = threading.Thread(target=lambda: join_all([late]))
+        t.start()
+        assert wait_for(lambda: all(h.num_nodes_waiting() > 0 for h in handlers[:2]))
+        infos = join_all(handlers[:2])
+        t.join(20)
+        assert {i.world_size for i in infos.values()} == {3}
+    finally:
+        for h in handlers:
+            h.release()
+
+
+def test_node_beyond_max_waits_as_standby_and_is_promoted(etcd, run_id):
+    handlers = [make(etcd, run_id, 2, 2) for _ in range(2)]
+    standby = None
+    try:
+        join_all(handlers)
+        standby = make(etcd, run_id, 2, 2)
+        box = {}
+        t = threading.Thread(target=lambda: box.setdefault("info", standby.next_rendezvous()))
+        t.start()
+        time.sleep(1.0)
+        assert "info" not in box  # full: it waits
+        assert all(h.num_nodes_waiting() == 0 for h in handlers)  # a standby arrival is no new round
+        gone = handlers.pop(0)
+        gone.release()
+        infos = join_all(handlers)
+        t.join(20)
+        assert box["info"].world_size == 2 and infos[0].world_size == 2
+        assert {box["info"].rank, infos[0].rank} == {0, 1}
+    finally:
+        for h in handlers + ([standby] if standby else []):
+            h.release()
+
+
+def test_leader_death_hands_over_and_rounds_go_on(etcd, run_id):
+    handlers = [make(etcd, run_id, 1, 3) for _ in range(3)]
+    try:
+        join_all(handlers)
+        leader = next(h for h in handlers if h.view.leader == h.node_id)
+        handlers.remove(leader)
+        leader.release()
+        assert wait_for(lambda: handlers[0].view.leader in {h.node_id for h in handlers})
+        infos = join_all(handlers)
+        assert {i.world_size for i in infos.values()} == {2}
+        assert handlers[0].view.round.leader in {h.node_id for h in handlers}
+    finally:
+        for h in handlers:
+            h.release()
+
+
+def test_restarted_workers_get_a_new_round_with_the_same_members(etcd, run_id):
+    handlers = [make(etcd, run_id, 2, 2) for _ in range(2)]
+    try:
+        first = join_all(handlers)
+        number = handlers[0].view.round.round
+        box = {}
+        t = threading.Thread(target=lambda: box.setdefault("info", handlers[0].next_rendezvous()))
+        t.start()  # node 0's workers failed: it comes back
+        assert wait_for(lambda: handlers[1].num_nodes_waiting() > 0)
+        again = join_all(handlers[1:])
+        t.join(20)
+        assert handlers[1].view.round.round == number + 1
+        assert box["info"].rank == first[0].rank and again[0].rank == first[1].rank
+    finally:
+        for h in handlers:
+            h.release()
+
+
+def test_closed_run_sends_waiting_nodes_home(etcd, run_id):
+    a = make(etcd, run_id, 2, 2)
+    try:
+        box = {}
+
+        def join():
+            try:
+                a.next_rendezvous()
+            except Exception as exc:  # noqa: BLE001
+                box["error"] = exc
+
+        t = threading.Thread(target=join)
+        t.start()
+        closer = make(etcd, run_id, 2, 2)
+        closer.set_closed()
+        t.join(10)
+        assert isinstance(box.get("error"), RendezvousGracefulExitError)
+        assert a.is_closed() and closer.is_closed() and a.num_nodes_waiting() == 0
+        closer.release()
+    finally:
+        a.release()
+
+
+def test_malformed_round_value_names_the_key(etcd, run_id):
+    with EtcdClient(etcd.endpoint) as c:
+        c.put(f"/elastic-rm/{run_id}/round", b"{not json")
+    h = make(etcd, run_id, 1, 1)
+    try:
+        with pytest.raises(RendezvousStateError, match=f"/elastic-rm/{run_id}/round"):
+            h.next_rendezvous()
+    finally:
+        h.release()
+
+
+@pytest.mark.parametrize(
+    "lo,hi,run,conf,message",
+    [
+        (3, 2, "ok", {}, "greater than or equal to the minimum"),
+        (1, 1, "a/b", {}, "invalid run id"),
+        (1, 1, "ok", {"ssl_cert": "/nonexistent.pem", "ssl_cert_key": "/nonexistent.key"}, "does not exist"),
+        (1, 1, "ok", {"lease_ttl": "-1"}, "lease_ttl"),
+    ],
+)
+def test_bad_parameters_are_clear_errors(etcd, lo, hi, run, conf, message):
+    with pytest.raises(ValueError, match=message):
+        create_handler(RendezvousParameters("elastic-rm", etcd.endpoint, run, lo, hi, **conf))
+
+
+def test_unreachable_endpoint_is_a_connection_error_naming_it():
+    t0 = time.monotonic()
+    with pytest.raises(RendezvousConnectionError, match="127.0.0.1:9"):
+        create_handler(RendezvousParameters("elastic-rm", "127.0.0.1:9", "r", 1, 1, etcd_timeout="1"))
+    assert time.monotonic() - t0 < 5

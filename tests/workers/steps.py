@@ -1,0 +1,49 @@
+"""A tiny gloo training loop for launcher tests: one all_reduce per step, one JSON line per step.
+
+Writes to $STEPS_DIR/<node>.jsonl (node = $STEPS_NODE); the first line of each start carries the
+names and values of the torchelastic environment variables. Stops after $STEPS_MAX steps (default:
+forever) or when $STEPS_DIR/stop exists.
+"""
+
+import gc
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+ENV = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_NAME",
+    "ROLE_WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "OMP_NUM_THREADS",
+)  # fmt: skip
+
+
+def main() -> None:
+    out_dir = os.environ["STEPS_DIR"]
+    node = os.environ.get("STEPS_NODE", "node")
+    max_steps = int(os.environ.get("STEPS_MAX", "0"))
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    path = os.path.join(out_dir, f"{node}-{os.environ['LOCAL_RANK']}.jsonl")
+    with open(path, "a") as fh:
+        env = {k: os.environ.get(k) for k in ENV}
+        names = sorted(k for k in os.environ if k.startswith(("TORCHELASTIC_", "PET_")) or k in ENV)
+        fh.write(json.dumps({"start": True, "t": time.time(), "rank": rank, "world": world, "env": env, "names": names}) + "\n")
+        fh.flush()
+        step = 0
+        while not (max_steps and step >= max_steps) and not os.path.exists(os.path.join(out_dir, "stop")):
+            t = torch.ones(1)
+            dist.all_reduce(t)
+            assert int(t.item()) == world
+            step += 1
+            fh.write(json.dumps({"t": time.time(), "rank": rank, "world": world, "step": step}) + "\n")
+            fh.flush()
+            time.sleep(0.02)
+    gc.collect()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
