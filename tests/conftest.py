@@ -31,12 +31,19 @@ def run_id() -> str:
 class Proc:
     """A process in its own session, so that the whole tree is stopped by its id."""
 
-    def __init__(self, argv: list[str], log_path: str, env: dict[str, str] | None = None, cwd: str | None = None):
+    def __init__(
+        self, argv: list[str], log_path: str, env: dict[str, str] | None = None, cwd: str | None = None
+    ):
         self.log_path = log_path
         self._log = open(log_path, "wb")
         full_env = {**os.environ, **(env or {})}
         self.popen = subprocess.Popen(
-            argv, stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=cwd or REPO, start_new_session=True
+            argv,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=cwd or REPO,
+            start_new_session=True,
         )
         self.pid = self.popen.pid
 

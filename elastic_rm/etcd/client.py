@@ -70,7 +70,11 @@ class TlsOptions:
             raise EtcdConfigError(
                 "etcd TLS needs both a client certificate and its key: pass both --etcd-cert and --etcd-key, or neither"
             )
-        for what, path in (("CA certificate", self.ca_cert), ("client certificate", self.cert), ("client key", self.key)):
+        for what, path in (
+            ("CA certificate", self.ca_cert),
+            ("client certificate", self.cert),
+            ("client key", self.key),
+        ):
             if path is not None and not os.path.isfile(path):
                 raise EtcdConfigError(f"etcd TLS {what} file {path!r} does not exist or is not a file")
 
@@ -101,7 +105,9 @@ def parse_endpoints(endpoints: str | Sequence[str], default_port: int = 2379) ->
             host, port = bare, str(default_port)
         host = host.strip("[]")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise EtcdConfigError(f"malformed etcd endpoint {item!r}: expected host:port, e.g. 127.0.0.1:2379")
+            raise EtcdConfigError(
+                f"malformed etcd endpoint {item!r}: expected host:port, e.g. 127.0.0.1:2379"
+            )
         parsed.append((host, int(port)))
     if not parsed:
         raise EtcdConfigError("no etcd endpoint given: pass host:port (comma-separated for several)")
@@ -135,7 +141,9 @@ class _AetcdClient(aetcd.Client):
         self.clusterstub = rpc.ClusterStub(self.channel)
         self.leasestub = rpc.LeaseStub(self.channel)
         self.maintenancestub = rpc.MaintenanceStub(self.channel)
-        self._watcher = aetcd.watcher.Watcher(rpc.WatchStub(self.channel), timeout=self._timeout, metadata=self.metadata)
+        self._watcher = aetcd.watcher.Watcher(
+            rpc.WatchStub(self.channel), timeout=self._timeout, metadata=self.metadata
+        )
         self._connected.set()
 
 
@@ -279,7 +287,9 @@ class EtcdClient:
                 last = EtcdTimeoutError(f"etcd at {self.endpoint} did not answer within {self.timeout:.1f}s")
                 last.__cause__ = exc
             except (aexc.ConnectionTimeoutError, aexc.ConnectionFailedError, aexc.InternalError) as exc:
-                kind = EtcdTimeoutError if isinstance(exc, aexc.ConnectionTimeoutError) else EtcdConnectionError
+                kind = (
+                    EtcdTimeoutError if isinstance(exc, aexc.ConnectionTimeoutError) else EtcdConnectionError
+                )
                 last = kind(f"etcd at {self.endpoint} is unreachable ({type(exc).__name__}: {exc})")
             except aexc.UnauthenticatedError as exc:
                 raise EtcdAuthError(f"etcd at {self.endpoint} refused the credentials: {exc}") from exc
@@ -289,7 +299,9 @@ class EtcdClient:
                 raise EtcdError(f"etcd at {self.endpoint}: {exc}") from exc
             self._failover(client)
         names = ", ".join(f"{h}:{p}" for h, p in self.endpoints)
-        raise type(last)(f"{last}; tried {names}. Check that etcd runs there and the address is right") from last
+        raise type(last)(
+            f"{last}; tried {names}. Check that etcd runs there and the address is right"
+        ) from last
 
     # -- key-value ------------------------------------------------------------------------------------
 
@@ -310,12 +322,27 @@ class EtcdClient:
         data = value.encode() if isinstance(value, str) else value
         return int(self.run(lambda c: c.put(key.encode(), data, lease=lease or None)).header.revision)
 
+    def put_nowait(self, key: str, value: bytes | str, lease: int | None = None) -> None:
+        """Send a put without waiting for the answer; a failure is logged, not raised."""
+        data = value.encode() if isinstance(value, str) else value
+        future = asyncio.run_coroutine_threadsafe(
+            self._client.put(key.encode(), data, lease=lease or None), self._loop
+        )
+
+        def report(f: Any) -> None:
+            if not f.cancelled() and f.exception() is not None:
+                log.warning("etcd put of %s failed: %s", key, f.exception())
+
+        future.add_done_callback(report)
+
     def delete(self, key: str, prefix: bool = False) -> bool:
         if prefix:
             return bool(self.run(lambda c: c.delete_prefix(key.encode())).deleted)
         return bool(self.run(lambda c: c.delete(key.encode())))
 
-    def txn(self, compare: Sequence[Compare], success: Sequence[Any], failure: Sequence[Any] = ()) -> TxnResult:
+    def txn(
+        self, compare: Sequence[Compare], success: Sequence[Any], failure: Sequence[Any] = ()
+    ) -> TxnResult:
         """One atomic transaction. Not retried on another endpoint: a lost reply has an unknown outcome."""
 
         async def call(c: _AetcdClient) -> TxnResult:

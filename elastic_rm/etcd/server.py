@@ -66,6 +66,47 @@ def etcd_version(binary: str) -> tuple[int, int]:
         raise EtcdServerError(f"cannot read the version of {binary}: {out[:200]!r}") from exc
 
 
+def member_command(
+    binary: str,
+    name: str,
+    data_dir: str,
+    listen_host: str,
+    advertise_host: str,
+    client_port: int,
+    peer_port: int,
+    initial_cluster: str | None = None,
+    state: str = "new",
+    token: str = "elastic-rm",
+    tls: dict[str, str] | None = None,
+) -> list[str]:
+    """The etcd command line for one member of a real cluster (``erm etcd``), with our defaults:
+    revision-based auto-compaction (rounds and heartbeats write often) and zap logging on 3.4."""
+    major, minor = etcd_version(binary)
+    scheme = "https" if tls else "http"
+    peers = initial_cluster or f"{name}=http://{advertise_host}:{peer_port}"
+    cmd = [
+        binary,
+        "--name", name,
+        "--data-dir", data_dir,
+        "--listen-client-urls", f"{scheme}://{listen_host}:{client_port}",
+        "--advertise-client-urls", f"{scheme}://{advertise_host}:{client_port}",
+        "--listen-peer-urls", f"http://{listen_host}:{peer_port}",
+        "--initial-advertise-peer-urls", f"http://{advertise_host}:{peer_port}",
+        "--initial-cluster", peers,
+        "--initial-cluster-state", state,
+        "--initial-cluster-token", token,
+        "--auto-compaction-mode", "revision",
+        "--auto-compaction-retention", "10000",
+    ]  # fmt: skip
+    if (major, minor) == (3, 4):
+        cmd += ["--logger", "zap"]
+    for flag, path in (tls or {}).items():
+        cmd += [f"--{flag}", path]
+    if tls and "trusted-ca-file" in tls:
+        cmd += ["--client-cert-auth"]
+    return cmd
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -173,14 +214,20 @@ class EtcdCluster:
                     shutil.rmtree(m.data_dir, ignore_errors=True)
             log.warning("etcd did not become healthy (attempt %d); log tail:\n%s", attempt + 1, logs)
         self.stop()
-        raise EtcdServerError(f"etcd ({self.binary}) did not become healthy in {self.startup_timeout:.0f}s:\n{logs}")
+        raise EtcdServerError(
+            f"etcd ({self.binary}) did not become healthy in {self.startup_timeout:.0f}s:\n{logs}"
+        )
 
     def _spawn(self, member: Member, state: str) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD_")}  # ETCD_* are flags to etcd
         member.log_path = member.data_dir + ".log"
         with open(member.log_path, "ab") as out:
             member.proc = subprocess.Popen(
-                self._command(member, state), stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                self._command(member, state),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
             )
 
     def _healthy(self, member: Member) -> bool:

@@ -26,7 +26,6 @@ import time
 import uuid
 
 import psutil
-from torch.distributed import Store
 from torch.distributed.elastic.rendezvous import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -43,7 +42,8 @@ from ..etcd.errors import EtcdConfigError, EtcdError
 from ..etcd.lease import KeptLease
 from ..planner.interface import RoundPolicy
 from ..planner.membership import MembershipPolicy
-from .bootstrap import RoundStoreHost, connect_round_store, default_local_addr, prefixed
+from .bootstrap import default_local_addr, pick_master_port
+from .etcd_store import EtcdStore
 from .leader import RoundLeader
 from .records import AckRecord, ClosedRecord, NodeRecord, RoundRecord, dumps
 from .settings import BACKEND, RendezvousSettings
@@ -60,7 +60,9 @@ def _new_node_id(host: str) -> str:
 
 
 class ElasticRMRendezvousHandler(RendezvousHandler):
-    def __init__(self, settings: RendezvousSettings, policy: RoundPolicy | None = None, job: dict | None = None):
+    def __init__(
+        self, settings: RendezvousSettings, policy: RoundPolicy | None = None, job: dict | None = None
+    ):
         self.settings = settings
         self._keys = settings.keys
         try:
@@ -83,7 +85,6 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
         self._lease: KeptLease | None = None
         self._incarnation = 0
         self._completed: RoundRecord | None = None  # the last round this node completed
-        self._store_host: RoundStoreHost | None = None
         self._view = JobView(self._client, self._keys)
         try:
             self._view.start()
@@ -101,8 +102,15 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             last_call_timeout=settings.last_call_timeout,
             job=job,
         )
-        self._leader_started = False
         self._shut = False
+        # The lease and the leader campaign start now, off the join path: a node that is about to
+        # join needs neither a round trip for its lease nor a race for leadership while it joins.
+        try:
+            self._lease = KeptLease(self._client, settings.lease_ttl)
+        except EtcdError as exc:
+            self.release()
+            raise RendezvousConnectionError(f"elastic-rm rendezvous: {exc}") from exc
+        self._leader.start()
 
     # -- identity and liveness --------------------------------------------------------------------------
 
@@ -131,8 +139,12 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             mem_total_bytes=int(psutil.virtual_memory().total),
         )
 
-    def _ensure_registered(self, state: str) -> None:
-        """(Re)register under a live lease. A node whose lease expired rejoins as a new member."""
+    def _ensure_registered(self, state: str, wait: bool = True) -> None:
+        """(Re)register under a live lease. A node whose lease expired rejoins as a new member.
+
+        ``wait=False`` sends the update without waiting for etcd's answer (a failure is logged; the
+        lease keeps the old record meanwhile), for updates that nothing on the join path waits for.
+        """
         with self._lock:
             if self._lease is not None and self._lease.lost:
                 self._incarnation += 1
@@ -145,10 +157,11 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
                 log.warning("lease of node %s expired; rejoining as %s", old, self._node_id)
             if self._lease is None:
                 self._lease = KeptLease(self._client, self.settings.lease_ttl)
-            self._client.put(self._keys.node(self._node_id), dumps(self._node_record(state)), lease=self._lease.id)
-            if not self._leader_started:
-                self._leader_started = True
-                self._leader.start()
+            key, value = self._keys.node(self._node_id), dumps(self._node_record(state))
+            if wait:
+                self._client.put(key, value, lease=self._lease.id)
+            else:
+                self._client.put_nowait(key, value, lease=self._lease.id)
 
     # -- RendezvousHandler ------------------------------------------------------------------------------
 
@@ -157,7 +170,8 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
 
     @property
     def use_agent_store(self) -> bool:
-        return self.settings.share_agent_store
+        """False: the agents' store is in etcd and workers must not put their traffic there."""
+        return False
 
     def get_run_id(self) -> str:
         return self._keys.run_id
@@ -187,7 +201,9 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             if error is not None:
                 raise error
             if closed is not None:
-                raise RendezvousGracefulExitError(f"run {self._keys.run_id} is closed (by {closed.by}); nothing to join")
+                raise RendezvousGracefulExitError(
+                    f"run {self._keys.run_id} is closed (by {closed.by}); nothing to join"
+                )
             if self._lease is not None and self._lease.lost:
                 self._ensure_registered("joining")
                 after, acked = 0, 0
@@ -212,42 +228,34 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             view.wait(seen, POLL_S)
 
     def _ack(self, r: RoundRecord) -> None:
-        store = master = None
-        if r.members[0] == self._node_id:
-            host = RoundStoreHost(
-                bind_addr="0.0.0.0" if not self._addr.startswith("127.") else self._addr,
-                advertise_addr=self._addr,
-                timeout=self.settings.join_timeout,
-                share_with_workers=self.settings.share_agent_store,
-            )
-            self._store_host = host
-            store, master = (host.addr, host.port), (host.addr, host.master_port)
-        ack = AckRecord(node=self._node_id, store=store, master=master)
-        self._client.put(self._keys.ack(r.round, self._node_id), dumps(ack), lease=self._lease.id if self._lease else None)
+        master = (self._addr, pick_master_port()) if r.members[0] == self._node_id else None
+        ack = AckRecord(node=self._node_id, master=master)
+        lease = self._lease.id if self._lease else None
+        self._client.put_nowait(self._keys.ack(r.round, self._node_id), dumps(ack), lease=lease)
 
     def _complete(self, r: RoundRecord) -> RendezvousInfo:
-        if r.store is None or r.master is None:
-            raise RendezvousStateError(f"round {r.round} in {self._keys.round} is sealed without a store address")
+        if r.master is None:
+            raise RendezvousStateError(
+                f"round {r.round} in {self._keys.round} is sealed without a master address"
+            )
         rank = r.members.index(self._node_id)
-        if rank == 0 and self._store_host is not None and self._store_host.port == r.store[1]:
-            store: Store = self._store_host.store
-        else:
-            store = connect_round_store(r.store[0], r.store[1], self.settings.join_timeout)
-            if rank != 0:
-                self._store_host = None  # an old round's store we hosted is no longer needed
+        store = EtcdStore(self._client, self._keys.store(r.round), timeout=self.settings.join_timeout)
         self._completed = r
-        self._ensure_registered("active")
+        self._ensure_registered("active", wait=False)
         log.info("node %s: round %d, group rank %d of %d", self._node_id, r.round, rank, r.world_size)
         return RendezvousInfo(
-            prefixed(store, self._keys.run_id, r.round),
+            store,
             rank,
             r.world_size,
             RendezvousStoreInfo(master_addr=r.master[0], master_port=r.master[1]),
         )
 
     def _check_lease(self) -> None:
-        if self._lease is not None:
-            self._lease.check()
+        """Ask etcd whether our lease still lives when it was not refreshed for half its TTL (we may
+        have been paused): a stale node must rejoin as a new member, not act on an old round."""
+        lease = self._lease
+        if lease is not None and time.monotonic() - lease.last_refresh > lease.ttl / 2:
+            lease.check()
 
     def is_closed(self) -> bool:
         return self._view.closed is not None
@@ -294,8 +302,7 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             return
         self._shut = True
         self._leader.stop()
-        if self._lease is not None:
+        if getattr(self, "_lease", None) is not None:
             self._lease.revoke()
         self._view.stop()
-        self._store_host = None
         self._client.close()

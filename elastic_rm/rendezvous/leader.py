@@ -51,6 +51,8 @@ class RoundLeader:
         self._job = job or {}
         self._on_decision = on_decision
         self._election: Election | None = None
+        self._decided_at_version = -1  # membership_version of the view when the policy last ran
+        self._wake_at = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="erm-leader", daemon=True)
         self.last_reason = ""
@@ -103,14 +105,22 @@ class RoundLeader:
                 view.leader, view.leader_rev = self._node_id(), election.revision or 0
             log.info("node %s leads run %s", self._node_id(), view.keys.run_id)
         self._seal_if_acked()
+        # The policy runs when membership changed or when it asked to be woken; an ack alone does not
+        # change what it would decide (and running it per ack would cost O(N^2) at large N).
+        due = self._wake_at and time.monotonic() >= self._wake_at
+        if view.membership_version == self._decided_at_version and not due:
+            return self._wake_at
+        self._decided_at_version = view.membership_version
         plan = self._policy.decide(self._snapshot())
         if isinstance(plan, Decision):
             self._write_round(plan)
+            self._wake_at = 0.0
             return 0.0
         if plan.reason != self.last_reason:
             log.debug("leader waits: %s", plan.reason)
             self.last_reason = plan.reason
-        return plan.until or 0.0
+        self._wake_at = plan.until or 0.0
+        return self._wake_at
 
     def _snapshot(self) -> ClusterSnapshot:
         view = self._view
@@ -147,7 +157,10 @@ class RoundLeader:
         assert self._election is not None
         result = self._client.txn(
             [self._election.fence(), Compare.mod(view.keys.round, view.round_rev)],
-            [Op.put(view.keys.round, record.to_json()), Op.put(view.keys.record(record.round), record.to_json())],
+            [
+                Op.put(view.keys.round, record.to_json()),
+                Op.put(view.keys.record(record.round), record.to_json()),
+            ],
         )
         if result.succeeded:
             view.set_round(record, result.revision)
@@ -168,7 +181,13 @@ class RoundLeader:
             time=time.time(),
         )
         if self._fenced_write(record):
-            log.info("round %d: %d member(s) %s; %s", record.round, len(record.members), list(record.members), record.reason)
+            log.info(
+                "round %d: %d member(s) %s; %s",
+                record.round,
+                len(record.members),
+                list(record.members),
+                record.reason,
+            )
             if self._on_decision is not None:
                 self._on_decision(record)
 
@@ -182,5 +201,7 @@ class RoundLeader:
         if not set(r.members) <= set(acks):
             return
         rank0 = acks[r.members[0]]
-        if self._fenced_write(replace(r, complete=True, store=rank0.store, master=rank0.master)):
+        if self._fenced_write(replace(r, complete=True, master=rank0.master)):
             log.info("round %d complete: world of %d node(s)", r.round, len(r.members))
+            if r.round > 2:  # the agents' stores of rounds before the previous one are done with
+                self._client.delete(self._view.keys.store(r.round - 2), prefix=True)

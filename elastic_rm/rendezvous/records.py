@@ -23,22 +23,30 @@ def _load(key: str, raw: bytes) -> dict[str, Any]:
     try:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RecordError(f"malformed value in etcd key {key}: not JSON ({exc}); delete or fix the key") from exc
+        raise RecordError(
+            f"malformed value in etcd key {key}: not JSON ({exc}); delete or fix the key"
+        ) from exc
     if not isinstance(data, dict):
-        raise RecordError(f"malformed value in etcd key {key}: expected a JSON object, got {type(data).__name__}")
+        raise RecordError(
+            f"malformed value in etcd key {key}: expected a JSON object, got {type(data).__name__}"
+        )
     if data.get("v") != VERSION:
         raise RecordError(f"malformed value in etcd key {key}: unsupported record version {data.get('v')!r}")
     return data
 
 
-def _field(key: str, data: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+def _field(
+    key: str, data: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = ...
+) -> Any:
     if name not in data:
         if default is ...:
             raise RecordError(f"malformed value in etcd key {key}: missing field {name!r}")
         return default
     value = data[name]
     if isinstance(value, bool) and kind in (int, float, (int, float)):
-        raise RecordError(f"malformed value in etcd key {key}: field {name!r} must be a number, got {value!r}")
+        raise RecordError(
+            f"malformed value in etcd key {key}: field {name!r} must be a number, got {value!r}"
+        )
     if not isinstance(value, kind):
         raise RecordError(f"malformed value in etcd key {key}: field {name!r} has the wrong type ({value!r})")
     return value
@@ -65,7 +73,7 @@ def _address(key: str, data: dict[str, Any], name: str) -> tuple[str, int] | Non
 
 def dumps(record: Any) -> bytes:
     body = {"v": VERSION, **{k: v for k, v in asdict(record).items()}}
-    for name in ("store", "master"):
+    for name in ("master",):
         if name in body and body[name] is not None:
             body[name] = {"addr": body[name][0], "port": body[name][1]}
     return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
@@ -111,7 +119,7 @@ class RoundRecord:
     """``round``: the current round, written only by the leader in a fenced transaction.
 
     Written twice: first with ``complete`` false (members ack it), then, once every member acked,
-    with ``complete`` true and the bootstrap addresses from rank 0's ack.
+    with ``complete`` true and the workers' bootstrap address from rank 0's ack.
     """
 
     round: int
@@ -122,7 +130,6 @@ class RoundRecord:
     complete: bool = False
     predicted_gain: float | None = None
     confidence: float | None = None
-    store: tuple[str, int] | None = None  # the round's agent store (hosted by rank 0's agent)
     master: tuple[str, int] | None = None  # MASTER_ADDR/MASTER_PORT for the workers
     time: float = 0.0  # unix time of the decision (informational)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -152,7 +159,6 @@ class RoundRecord:
             complete=_field(key, d, "complete", bool, False),
             predicted_gain=None if gain is None else float(gain),
             confidence=None if conf is None else float(conf),
-            store=_address(key, d, "store"),
             master=_address(key, d, "master"),
             time=float(_field(key, d, "time", (int, float), 0.0)),
             extra=_field(key, d, "extra", dict, {}),
@@ -166,16 +172,15 @@ class RoundRecord:
 
 @dataclass(frozen=True)
 class AckRecord:
-    """``rounds/<n>/acks/<node>``: a member is ready for round n. Rank 0 adds the bootstrap addresses."""
+    """``rounds/<n>/acks/<node>``: a member is ready for round n. Rank 0 adds the workers' bootstrap address."""
 
     node: str
-    store: tuple[str, int] | None = None
     master: tuple[str, int] | None = None
 
     @classmethod
     def parse(cls, key: str, raw: bytes) -> AckRecord:
         d = _load(key, raw)
-        return cls(node=_field(key, d, "node", str), store=_address(key, d, "store"), master=_address(key, d, "master"))
+        return cls(node=_field(key, d, "node", str), master=_address(key, d, "master"))
 
 
 @dataclass(frozen=True)

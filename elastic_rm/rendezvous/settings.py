@@ -30,7 +30,6 @@ KNOWN_KEYS = {
     "password": "etcd password",
     "node_id": "this node's id (default <host>-<pid>-<random>)",
     "nproc": "workers on this node (informational; ermrun fills it in)",
-    "share_agent_store": "workers reuse the round's agent store (default true, as torch)",
 }
 
 
@@ -63,7 +62,6 @@ class RendezvousSettings:
     local_addr: str | None
     node_id: str | None
     nproc: int
-    share_agent_store: bool
 
     @classmethod
     def from_parameters(cls, params: RendezvousParameters) -> RendezvousSettings:
@@ -72,7 +70,9 @@ class RendezvousSettings:
                 f"--nnodes {params.min_nodes}:{params.max_nodes} is invalid: need 1 <= MIN <= MAX (e.g. --nnodes 2:4)"
             )
         if not params.endpoint:
-            raise ValueError("the elastic-rm rendezvous needs --rdzv-endpoint HOST:PORT of an etcd (or use ermrun)")
+            raise ValueError(
+                "the elastic-rm rendezvous needs --rdzv-endpoint HOST:PORT of an etcd (or use ermrun)"
+            )
         unknown = sorted(set(params.config) - set(KNOWN_KEYS) - {"rank"})
         if unknown:
             log.warning("ignoring unknown --rdzv-conf keys for elastic-rm: %s", ", ".join(unknown))
@@ -82,7 +82,9 @@ class RendezvousSettings:
         user = params.get("user")
         password = params.get("password") or os.environ.get("ELASTIC_RM_ETCD_PASSWORD") if user else None
         if user and not password:
-            raise ValueError("etcd user given without a password: set --rdzv-conf password=... or $ELASTIC_RM_ETCD_PASSWORD")
+            raise ValueError(
+                "etcd user given without a password: set --rdzv-conf password=... or $ELASTIC_RM_ETCD_PASSWORD"
+            )
         node_id = params.get("node_id")
         if node_id:
             validate_name("node id", node_id)
@@ -90,9 +92,6 @@ class RendezvousSettings:
         lease_ttl = _number(params, "lease_ttl", 5.0)
         if lease_ttl != int(lease_ttl):
             raise ValueError(f"--rdzv-conf lease_ttl={lease_ttl} must be a whole number of seconds")
-        share = str(params.get("share_agent_store", "true")).lower() in ("1", "true", "yes")
-        if os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == "1":
-            share = False
         return cls(
             endpoints=endpoints,
             keys=Keyspace(params.get("prefix", DEFAULT_PREFIX) or DEFAULT_PREFIX, params.run_id),
@@ -108,5 +107,4 @@ class RendezvousSettings:
             local_addr=params.local_addr,
             node_id=node_id,
             nproc=int(_number(params, "nproc", 1.0)),
-            share_agent_store=share,
         )

@@ -34,6 +34,7 @@ class JobView:
         self.keys = keys
         self.cond = threading.Condition()
         self.version = 0  # bumped on every change
+        self.membership_version = 0  # bumped when nodes, the round, the leader or closed change (not acks)
         self.round: RoundRecord | None = None
         self.round_rev = 0  # mod revision of the round key (0: absent)
         self.leader: str | None = None
@@ -99,6 +100,8 @@ class JobView:
     def _apply(self, event: WatchEvent) -> None:
         kv, keys = event.kv, self.keys
         deleted = event.kind == "delete"
+        if "/acks/" not in kv.key:
+            self.membership_version += 1
         try:
             if kv.key == keys.round:
                 self.round = None if deleted else RoundRecord.parse(kv.key, kv.value)
@@ -149,6 +152,7 @@ class JobView:
         with self.cond:
             if revision > self.round_rev:
                 self.round, self.round_rev, self.error = record, revision, None
+                self.membership_version += 1
                 self._changed()
 
     def wait(self, seen_version: int, timeout: float) -> int:

@@ -43,7 +43,9 @@ def wait_until(predicate, timeout: float, what: str, procs=()) -> float:
 
 
 def steps_at_world(tmp_path, node: str, world: int, since: float = 0.0) -> int:
-    return sum(1 for r in records(tmp_path, node) if r.get("world") == world and "step" in r and r["t"] >= since)
+    return sum(
+        1 for r in records(tmp_path, node) if r.get("world") == world and "step" in r and r["t"] >= since
+    )
 
 
 PY = sys.executable

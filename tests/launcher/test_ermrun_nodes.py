@@ -24,7 +24,10 @@ def node_args(endpoint: str, run_id: str, nnodes: str, node: str, nproc: int = 1
 
 
 def test_two_nodes_run_to_completion_with_torchrun_environment(etcd, run_id, tmp_path, procs):
-    nodes = [ermrun(tmp_path, f"n{i}", node_args(etcd.endpoint, run_id, "2", f"n{i}", nproc=2), steps_max=20) for i in range(2)]
+    nodes = [
+        ermrun(tmp_path, f"n{i}", node_args(etcd.endpoint, run_id, "2", f"n{i}", nproc=2), steps_max=20)
+        for i in range(2)
+    ]
     procs.extend(nodes)
     for p in nodes:
         assert p.wait(120) == 0, p.output()[-3000:]
@@ -33,7 +36,9 @@ def test_two_nodes_run_to_completion_with_torchrun_environment(etcd, run_id, tmp
     assert {r["world"] for r in starts} == {4}
     envs = [r["env"] for r in starts]
     assert sorted(e["GROUP_RANK"] for e in envs) == ["0", "0", "1", "1"]
-    assert {e["LOCAL_WORLD_SIZE"] for e in envs} == {"2"} and {e["TORCHELASTIC_RUN_ID"] for e in envs} == {run_id}
+    assert {e["LOCAL_WORLD_SIZE"] for e in envs} == {"2"} and {e["TORCHELASTIC_RUN_ID"] for e in envs} == {
+        run_id
+    }
     assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}) == 1
 
     # the same script under stock torchrun (c10d) sees the same set of variables
@@ -47,10 +52,17 @@ def test_two_nodes_run_to_completion_with_torchrun_environment(etcd, run_id, tmp
     assert ours == ref_names
 
 
-def test_sigkill_of_a_node_gives_survivors_a_new_round_and_a_joiner_restores_three(etcd, run_id, tmp_path, procs):
+def test_sigkill_of_a_node_gives_survivors_a_new_round_and_a_joiner_restores_three(
+    etcd, run_id, tmp_path, procs
+):
     nodes = {n: ermrun(tmp_path, n, node_args(etcd.endpoint, run_id, "2:3", n)) for n in ("a", "b", "c")}
     procs.extend(nodes.values())
-    wait_until(lambda: all(steps_at_world(tmp_path, n, 3) > 5 for n in nodes), 120, "3 nodes training", nodes.values())
+    wait_until(
+        lambda: all(steps_at_world(tmp_path, n, 3) > 5 for n in nodes),
+        120,
+        "3 nodes training",
+        nodes.values(),
+    )
     nodes["c"].signal(signal.SIGKILL)
     killed = time.time()
     took = wait_until(
@@ -74,7 +86,12 @@ def test_sigkill_of_a_node_gives_survivors_a_new_round_and_a_joiner_restores_thr
 def test_node_beyond_max_is_standby_then_promoted(etcd, run_id, tmp_path, procs):
     nodes = {n: ermrun(tmp_path, n, node_args(etcd.endpoint, run_id, "2", n)) for n in ("a", "b")}
     procs.extend(nodes.values())
-    wait_until(lambda: all(steps_at_world(tmp_path, n, 2) > 3 for n in nodes), 120, "2 nodes training", nodes.values())
+    wait_until(
+        lambda: all(steps_at_world(tmp_path, n, 2) > 3 for n in nodes),
+        120,
+        "2 nodes training",
+        nodes.values(),
+    )
     spare = ermrun(tmp_path, "s", node_args(etcd.endpoint, run_id, "2", "s"))
     procs.append(spare)
     time.sleep(4)
@@ -94,7 +111,9 @@ def test_job_survives_the_loss_of_one_etcd_member(run_id, tmp_path, procs):
         endpoints = ",".join(cluster.endpoints)
         nodes = {n: ermrun(tmp_path, n, node_args(endpoints, run_id, "2", n)) for n in ("a", "b")}
         procs.extend(nodes.values())
-        wait_until(lambda: all(steps_at_world(tmp_path, n, 2) > 3 for n in nodes), 120, "training", nodes.values())
+        wait_until(
+            lambda: all(steps_at_world(tmp_path, n, 2) > 3 for n in nodes), 120, "training", nodes.values()
+        )
         cluster.kill(0)
         nodes["b"].signal(signal.SIGKILL)  # a round must now be decided through the remaining members
         killed = time.time()
@@ -114,7 +133,12 @@ def test_job_survives_the_loss_of_one_etcd_member(run_id, tmp_path, procs):
 def test_sigstop_of_a_node_is_detected_within_the_lease(etcd, run_id, tmp_path, procs):
     nodes = {n: ermrun(tmp_path, n, node_args(etcd.endpoint, run_id, "2:3", n)) for n in ("a", "b", "c")}
     procs.extend(nodes.values())
-    wait_until(lambda: all(steps_at_world(tmp_path, n, 3) > 5 for n in nodes), 120, "3 nodes training", nodes.values())
+    wait_until(
+        lambda: all(steps_at_world(tmp_path, n, 3) > 5 for n in nodes),
+        120,
+        "3 nodes training",
+        nodes.values(),
+    )
     nodes["c"].signal(signal.SIGSTOP)
     stopped = time.time()
     wait_until(

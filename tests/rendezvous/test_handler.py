@@ -61,7 +61,9 @@ def test_nodes_form_a_round_with_distinct_ranks(etcd, run_id, n):
         infos = join_all(handlers)
         assert sorted(i.rank for i in infos.values()) == list(range(n))
         assert {i.world_size for i in infos.values()} == {n}
-        masters = {(i.bootstrap_store_info.master_addr, i.bootstrap_store_info.master_port) for i in infos.values()}
+        masters = {
+            (i.bootstrap_store_info.master_addr, i.bootstrap_store_info.master_port) for i in infos.values()
+        }
         assert len(masters) == 1  # everyone bootstraps against rank 0
         # the agent store works across nodes: rank 0 writes, the others read
         by_rank = {i.rank: i for i in infos.values()}
@@ -92,7 +94,9 @@ def test_lost_member_makes_survivors_rendezvous_again_and_a_joiner_scales_back_u
         dead.release()  # the node vanishes: its lease is revoked (as when its lease expires)
         assert wait_for(lambda: all(h.num_nodes_waiting() > 0 for h in handlers))
         infos = join_all(handlers)
-        assert sorted(i.rank for i in infos.values()) == [0, 1] and {i.world_size for i in infos.values()} == {2}
+        assert sorted(i.rank for i in infos.values()) == [0, 1] and {
+            i.world_size for i in infos.values()
+        } == {2}
         late = make(etcd, run_id, 2, 3)
         handlers.append(late)
         t = threading.Thread(target=lambda: join_all([late]))

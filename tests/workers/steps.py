@@ -30,7 +30,12 @@ def main() -> None:
     with open(path, "a") as fh:
         env = {k: os.environ.get(k) for k in ENV}
         names = sorted(k for k in os.environ if k.startswith(("TORCHELASTIC_", "PET_")) or k in ENV)
-        fh.write(json.dumps({"start": True, "t": time.time(), "rank": rank, "world": world, "env": env, "names": names}) + "\n")
+        fh.write(
+            json.dumps(
+                {"start": True, "t": time.time(), "rank": rank, "world": world, "env": env, "names": names}
+            )
+            + "\n"
+        )
         fh.flush()
         step = 0
         while not (max_steps and step >= max_steps) and not os.path.exists(os.path.join(out_dir, "stop")):

