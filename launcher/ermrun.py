@@ -27,6 +27,10 @@ OUR_FLAGS = (
     "etcd_key",
     "etcd_user",
     "membership_grace",
+    "sample_interval",
+    "drain_grace",
+    "metrics_port",
+    "metrics_host",
 )
 
 
@@ -59,6 +63,24 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="Seconds to wait for a new round after workers fail, before counting it against --max-restarts "
         "(default: lease TTL + 1).",
+    )
+    group.add_argument(
+        "--sample-interval", type=float, default=1.0, help="Seconds between resource samples (default 1)."
+    )
+    group.add_argument(
+        "--drain-grace",
+        type=float,
+        default=30.0,
+        help="Seconds workers that use elastic_rm.train get to reach a step boundary before a new round (default 30).",
+    )
+    group.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="Serve /healthz and Prometheus /metrics here (default: off).",
+    )
+    group.add_argument(
+        "--metrics-host", default="127.0.0.1", help="Address for --metrics-port (default 127.0.0.1)."
     )
     group.add_argument("--etcd-user", help="etcd user; the password comes from $ELASTIC_RM_ETCD_PASSWORD.")
     return parser
@@ -106,14 +128,25 @@ def prepare(args: argparse.Namespace) -> bool:
 
 @record
 def run(argv: list[str] | None = None) -> int:
+    from elastic_rm.agent.http import EndpointError
     from elastic_rm.agent.launch import launch_agent
     from elastic_rm.etcd.errors import EtcdError
     from elastic_rm.etcd.server import EtcdServer, EtcdServerError
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.membership_grace is not None and args.membership_grace < 0:
-        return _fail(f"--membership-grace must be >= 0 seconds, got {args.membership_grace}")
+    options = AgentOptions(
+        node_id=args.node_id,
+        membership_grace_s=args.membership_grace,
+        sample_interval_s=args.sample_interval,
+        drain_grace_s=args.drain_grace,
+        metrics_port=args.metrics_port or None,
+        metrics_host=args.metrics_host,
+    )
+    try:
+        options.validate()
+    except ValueError as exc:
+        return _fail(str(exc))
     embedded = prepare(args)
     server = None
     try:
@@ -134,14 +167,9 @@ def run(argv: list[str] | None = None) -> int:
                     server.endpoint,
                     config.run_id,
                 )
-        launch_agent(
-            config,
-            cmd,
-            list(cmd_args),
-            AgentOptions(node_id=args.node_id, membership_grace_s=args.membership_grace),
-        )
+        launch_agent(config, cmd, list(cmd_args), options)
         return 0
-    except (EtcdServerError, EtcdError, ValueError) as exc:
+    except (EtcdServerError, EtcdError, EndpointError, ValueError) as exc:
         return _fail(str(exc))
     except Exception as exc:
         from torch.distributed.elastic.rendezvous import RendezvousError

@@ -250,6 +250,13 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             RendezvousStoreInfo(master_addr=r.master[0], master_port=r.master[1]),
         )
 
+    def publish_metrics(self, value: bytes) -> None:
+        """Write this node's latest metrics record (``metrics/<node>``, under the node's lease)."""
+        lease = self._lease
+        if self._shut or lease is None or lease.lost or self._completed is None:
+            return
+        self._client.put_nowait(self._keys.metric(self._node_id), value, lease=lease.id)
+
     def _check_lease(self) -> None:
         """Ask etcd whether our lease still lives when it was not refreshed for half its TTL (we may
         have been paused): a stale node must rejoin as a new member, not act on an old round."""

@@ -1,0 +1,44 @@
+"""`erm plan JOB.json`: what the planner would do for a job, and why (dry run, no etcd)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+HELP = "show what the resource planner would do for a job description, and why (dry run)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job", help="job description JSON (schema: docs/planner.md); '-' reads stdin")
+    parser.add_argument("--min-nodes", type=int, help="override the description's min_nodes")
+    parser.add_argument("--max-nodes", type=int, help="override the description's max_nodes")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON instead of text")
+
+
+def run(args: argparse.Namespace) -> int:
+    from elastic_rm.planner.explain import explain, render
+    from elastic_rm.planner.job import JobSpecError
+
+    name = "<stdin>" if args.job == "-" else args.job
+    try:
+        text = sys.stdin.read() if args.job == "-" else open(args.job).read()
+    except OSError as exc:
+        print(f"erm plan: {name}: cannot read: {exc.strerror}", file=sys.stderr)
+        return 2
+    try:
+        desc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        print(f"erm plan: {name}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}", file=sys.stderr)
+        return 2
+    if isinstance(desc, dict):
+        for key in ("min_nodes", "max_nodes"):
+            if getattr(args, key) is not None:
+                desc[key] = getattr(args, key)
+    try:
+        report = explain(desc, where=name)
+    except JobSpecError as exc:
+        print(f"erm plan: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=2, default=float) if args.json else render(report))
+    return 0

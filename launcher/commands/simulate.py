@@ -1,0 +1,91 @@
+"""`erm simulate`: trace-driven simulation of a shared cluster under the static, Optimus-style and our policy."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "simulate a shared cluster on a job trace under the static, Optimus-style and planner policies"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    src = parser.add_mutually_exclusive_group()
+    src.add_argument("--trace", help="job trace CSV (schema: docs/planner.md)")
+    src.add_argument(
+        "--generate", type=int, metavar="N", default=None, help="generate a trace of N jobs (default 300)"
+    )
+    parser.add_argument("--write-trace", metavar="CSV", help="also write the generated trace here")
+    parser.add_argument(
+        "--seed", type=int, default=1, help="seed of the trace generator and of injected faults"
+    )
+    parser.add_argument("--load", type=float, default=0.85, help="generated trace: requested load / cluster")
+    parser.add_argument(
+        "--policies", default="static,optimus,ours", help="comma-separated; also ours-fixed-size (ablation)"
+    )
+    parser.add_argument("--machines", type=int, default=48)
+    parser.add_argument("--cores", type=float, default=96.0, help="cores per machine")
+    parser.add_argument("--mem-gib", type=float, default=768.0, help="memory per machine (GiB)")
+    parser.add_argument("--gpus", type=int, default=8, help="GPUs per machine")
+    parser.add_argument("--fail-rate", type=float, default=0.004, help="node failures per node-hour")
+    parser.add_argument("--straggler-rate", type=float, default=0.01, help="straggler episodes per node-hour")
+    parser.add_argument("--tick", type=float, default=60.0, help="simulation step (s)")
+    parser.add_argument("--out", default="erm-sim", help="directory for result.json and the PNG plots")
+    parser.add_argument("--no-plots", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    from elastic_rm.planner.sim.cluster import ClusterSpec
+    from elastic_rm.planner.sim.engine import ABLATIONS, POLICIES, Instability
+    from elastic_rm.planner.sim.runner import payload, run_policies, table, write_outputs
+    from elastic_rm.planner.sim.trace import TraceError, load_trace, write_trace
+    from elastic_rm.planner.sim.tracegen import generate
+
+    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+    bad = [p for p in policies if p not in POLICIES + ABLATIONS]
+    if bad or not policies:
+        print(
+            f"erm simulate: --policies: unknown {', '.join(bad) or '(none)'}; choose from {', '.join(POLICIES + ABLATIONS)}",
+            file=sys.stderr,
+        )
+        return 2
+    for flag in ("machines", "cores", "mem_gib", "gpus", "tick", "load"):
+        if getattr(args, flag) <= 0:
+            print(f"erm simulate: --{flag.replace('_', '-')} must be > 0", file=sys.stderr)
+            return 2
+    spec = ClusterSpec(args.machines, args.cores, args.mem_gib, args.gpus)
+    inst = Instability(
+        fail_per_node_h=max(args.fail_rate, 0.0), straggler_per_node_h=max(args.straggler_rate, 0.0)
+    )
+    try:
+        if args.trace:
+            jobs, source = load_trace(args.trace), args.trace
+        else:
+            n = args.generate if args.generate is not None else 300
+            if n < 1:
+                print("erm simulate: --generate must be >= 1", file=sys.stderr)
+                return 2
+            jobs, source = (
+                generate(n, args.seed, spec, args.load),
+                f"generated(n={n}, seed={args.seed}, load={args.load})",
+            )
+            if args.write_trace:
+                write_trace(args.write_trace, jobs)
+    except TraceError as exc:
+        print(f"erm simulate: {exc}", file=sys.stderr)
+        return 2
+    too_big = [j.job_id for j in jobs if j.gpus_per_node > spec.gpus]
+    if too_big:
+        print(
+            f"erm simulate: job {too_big[0]} asks for more GPUs per node than a machine has ({spec.gpus})",
+            file=sys.stderr,
+        )
+        return 2
+    result = run_policies(jobs, spec, args.seed, policies, inst, args.tick)
+    data = payload(result, spec, inst, args.seed, source, len(jobs))
+    print(
+        f"{len(jobs)} jobs from {source}; cluster {spec.machines} x ({spec.cores:g} cores, {spec.mem_gib:g} GiB, {spec.gpus} GPUs)"
+    )
+    print(table(result["summary"], baseline="static" if "static" in policies else policies[0]))
+    for path in write_outputs(result, data, args.out, plots=not args.no_plots):
+        print(f"wrote {path}")
+    return 0

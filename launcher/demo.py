@@ -1,0 +1,154 @@
+"""`erm demo`: a whole elastic job on this machine, with a live view and a summary at the end.
+
+Scenario: an embedded etcd; two node agents (`ermrun`) training the example DLRM at world 2; a third
+node arrives (scale-up round, world 3); one node is killed with SIGKILL (its lease expires, the survivors
+get a round of 2 and restore from the flash checkpoint); the job is stopped. Everything it starts is
+stopped by its process-group id, also on Ctrl-C or an error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_SCRIPT = os.path.join(REPO, "examples", "dlrm", "train.py")
+BIN = os.path.dirname(sys.executable)
+
+
+@dataclass
+class Node:
+    name: str
+    proc: subprocess.Popen
+    log: Any
+    started: float
+    killed: float | None = None
+
+    def signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.proc.poll() is None:
+            self.signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        self.signal(signal.SIGKILL)  # workers left in the group, if any
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+        self.log.close()
+
+
+@dataclass
+class Demo:
+    workdir: str
+    script: str
+    script_args: list[str]
+    lease_ttl: int = 2
+    nodes: dict[str, Node] = field(default_factory=dict)
+    events: list[dict] = field(default_factory=list)
+    run_id: str = field(default_factory=lambda: f"demo-{uuid.uuid4().hex[:6]}")
+
+    @property
+    def progress_dir(self) -> str:
+        return os.path.join(self.workdir, "progress")
+
+    def event(self, kind: str, text: str) -> None:
+        self.events.append({"t": time.time(), "kind": kind, "text": text})
+
+    def start_node(self, name: str, endpoint: str) -> None:
+        argv = [
+            os.path.join(BIN, "ermrun"), "--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-endpoint", endpoint,
+            "--rdzv-id", self.run_id, "--node-id", name, "--monitor-interval", "0.1", "--max-restarts", "3",
+            "--rdzv-conf", f"lease_ttl={self.lease_ttl},last_call_timeout=1",
+            self.script, "--progress-dir", self.progress_dir, "--checkpoint-dir", os.path.join(self.workdir, "ckpt"),
+            *self.script_args,
+        ]  # fmt: skip
+        log = open(os.path.join(self.workdir, f"{name}.log"), "wb")
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.nodes[name] = Node(name, proc, log, time.time())
+        self.event("node", f"node {name} started (pid {proc.pid})")
+
+    def progress(self) -> list[dict]:
+        rows: list[dict] = []
+        if not os.path.isdir(self.progress_dir):
+            return rows
+        for fname in sorted(os.listdir(self.progress_dir)):
+            with open(os.path.join(self.progress_dir, fname)) as fh:
+                for line in fh:
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError:
+                        pass  # a line cut by SIGKILL
+        return rows
+
+    def stop_all(self) -> None:
+        for node in self.nodes.values():
+            node.stop()
+
+
+def world_reached(rows: list[dict], world: int, since: float, min_steps: int = 3) -> bool:
+    steps = [r for r in rows if r.get("world") == world and r["t"] >= since and "step" in r]
+    return len({r["step"] for r in steps}) >= min_steps
+
+
+def new_workdir() -> str:
+    return tempfile.mkdtemp(prefix="erm-demo-")
+
+
+def rounds_from_etcd(endpoint: str, run_id: str) -> list[dict]:
+    """The sealed rounds of the run, as recorded by the leader under rounds/<n>/record."""
+    from elastic_rm.etcd.client import EtcdClient
+    from elastic_rm.rendezvous.keyspace import DEFAULT_PREFIX, Keyspace
+    from elastic_rm.rendezvous.records import RecordError, RoundRecord
+
+    keys = Keyspace(DEFAULT_PREFIX, run_id)
+    out = []
+    with EtcdClient(endpoint, timeout=5) as client:
+        kvs, _ = client.get_prefix(keys.rounds)
+    for kv in kvs:
+        if kv.key.endswith("/record"):
+            try:
+                r = RoundRecord.parse(kv.key, kv.value)
+            except RecordError as exc:
+                out.append({"round": None, "error": str(exc)})
+                continue
+            if r.complete:
+                out.append({"round": r.round, "members": list(r.members), "reason": r.reason, "t": r.time})
+    return out
+
+
+def summarize(rows: list[dict], rounds: list[dict]) -> dict:
+    """Throughput per world size, downtime per round change, and the step/sample checks."""
+    by_world: dict[int, list[dict]] = {}
+    for r in rows:
+        if "step" in r and r.get("rank") == 0:
+            by_world.setdefault(r["world"], []).append(r)
+    throughput = {}
+    for world, rs in sorted(by_world.items()):
+        rs.sort(key=lambda r: r["t"])
+        span = rs[-1]["t"] - rs[0]["t"]
+        samples = sum(r.get("samples", 0) for r in rs[1:])
+        throughput[world] = samples / span if span > 0 else 0.0
+    rank0 = sorted((r for r in rows if "step" in r and r.get("rank") == 0), key=lambda r: r["t"])
+    downtime = []
+    for prev, cur in zip(rank0, rank0[1:], strict=False):
+        if cur["world"] != prev["world"] or cur.get("start"):
+            downtime.append({"from": prev["world"], "to": cur["world"], "seconds": cur["t"] - prev["t"]})
+    restores = [r for r in rows if r.get("restored_step") is not None and r.get("rank") == 0]
+    return {"throughput": throughput, "downtime": downtime, "rounds": rounds, "restores": restores}

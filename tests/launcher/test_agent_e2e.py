@@ -1,0 +1,149 @@
+"""The agent under ermrun: metrics in etcd, drain at a step boundary on a new round, torchrun parity."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+
+import pytest
+
+from elastic_rm.agent.metrics_record import parse_record
+from elastic_rm.etcd.client import EtcdClient
+from tests.conftest import BIN, REPO, Proc
+from tests.launcher.helpers import records, wait_until
+
+REPORTING = os.path.join(REPO, "tests", "workers", "reporting.py")
+DDP = os.path.join(REPO, "tests", "workers", "ddp_linear.py")
+CONF = "lease_ttl=2,last_call_timeout=0.5,join_timeout=60"
+
+
+def node(tmp_path, etcd, run_id, name, nnodes="2:3", script=REPORTING, nproc=1, extra=()):
+    argv = [os.path.join(BIN, "ermrun"), "--nnodes", nnodes, "--nproc-per-node", str(nproc), "--rdzv-endpoint",
+            etcd.endpoint, "--rdzv-id", run_id, "--rdzv-conf", CONF, "--node-id", name, "--monitor-interval", "0.1",
+            *extra, script]  # fmt: skip
+    return Proc(
+        argv, str(tmp_path / f"{name}.agent.log"), env={"STEPS_DIR": str(tmp_path), "STEPS_NODE": name}
+    )
+
+
+def test_metrics_reach_etcd_with_cpu_and_step_times(etcd, run_id, tmp_path, procs):
+    p = node(tmp_path, etcd, run_id, "m", nnodes="1")
+    procs.append(p)
+    wait_until(lambda: any("step" in r for r in records(tmp_path, "m")), 90, "training", [p])
+    started = time.time()
+    key = f"/elastic-rm/{run_id}/metrics/m"
+    with EtcdClient(etcd.endpoint) as c:
+
+        def busy_record():
+            kv = c.get(key)
+            if kv is None:
+                return None
+            rec = parse_record(kv.value, key=key)
+            busy = (
+                rec.steps is not None
+                and rec.steps.steps > 0
+                and rec.workers
+                and rec.workers[0].cpu_util > 0.3
+            )
+            return rec if busy else None
+
+        wait_until(lambda: busy_record() is not None, 10, "a metrics record with step times", [p])
+        rec = busy_record()
+    assert time.time() - started < 10
+    assert 0.015 < rec.steps.p50_s < 0.5 and rec.steps.samples_per_s > 0
+    assert rec.mem_total_bytes > 0 and rec.workers[0].rss_bytes > 10 * 2**20
+
+
+def test_new_round_drains_workers_at_a_step_boundary(etcd, run_id, tmp_path, procs):
+    nodes = [node(tmp_path, etcd, run_id, n) for n in ("a", "b")]
+    procs.extend(nodes)
+    wait_until(
+        lambda: all(
+            sum(1 for r in records(tmp_path, n) if r.get("world") == 2 and "step" in r) > 10
+            for n in ("a", "b")
+        ),
+        120,
+        "2 nodes training",
+        nodes,
+    )
+    c = node(tmp_path, etcd, run_id, "c")
+    procs.append(c)
+    wait_until(
+        lambda: all(
+            any(r.get("world") == 3 and "step" in r for r in records(tmp_path, n)) for n in ("a", "b", "c")
+        ),
+        120,
+        "world 3 after the scale-up round",
+        [*nodes, c],
+    )
+    for name in ("a", "b"):
+        rows = records(tmp_path, name)
+        stop = next(r for r in rows if "stopped_at" in r)
+        last_step_before = max(r["step"] for r in rows if r.get("world") == 2 and "step" in r)
+        assert stop["stopped_at"] == last_step_before  # the hook saw the last completed step
+    stops = {next(r["stopped_at"] for r in records(tmp_path, n) if "stopped_at" in r) for n in ("a", "b")}
+    assert len(stops) == 1  # both nodes stopped at the same step
+
+
+def test_unmodified_ddp_script_matches_torchrun(etcd, run_id, tmp_path, procs):
+    outs = {}
+    for name in ("x", "y"):
+        p = Proc(
+            [
+                os.path.join(BIN, "ermrun"),
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "2",
+                "--rdzv-endpoint",
+                etcd.endpoint,
+                "--rdzv-id",
+                run_id,
+                "--rdzv-conf",
+                CONF,
+                "--node-id",
+                name,
+                DDP,
+            ],  # fmt: skip
+            str(tmp_path / f"{name}.log"),
+            env={"DDP_OUT": str(tmp_path / "ermrun.out")},
+        )
+        procs.append(p)
+        outs[name] = p
+    for p in outs.values():
+        assert p.wait(120) == 0, p.output()[-2000:]
+    ref = subprocess.run(
+        [os.path.join(BIN, "torchrun"), "--standalone", "--nproc-per-node", "4", DDP],
+        env={**os.environ, "DDP_OUT": str(tmp_path / "torchrun.out")},
+        capture_output=True,
+        timeout=120,
+    )
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    ours, theirs = (
+        json.loads((tmp_path / "ermrun.out").read_text()),
+        json.loads((tmp_path / "torchrun.out").read_text()),
+    )
+    assert ours == pytest.approx(theirs, rel=1e-6, abs=1e-7)
+
+
+def test_bad_agent_flags_are_clear_errors(tmp_path):
+    ermrun = os.path.join(BIN, "ermrun")
+    r = subprocess.run(
+        [ermrun, "--sample-interval", "-1", REPORTING], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 2 and "--sample-interval must be > 0" in r.stderr
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = subprocess.run(
+            [ermrun, "--metrics-port", str(port), REPORTING],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "STEPS_DIR": str(tmp_path)},
+        )
+    assert r.returncode != 0 and str(port) in r.stderr and "Traceback" not in r.stderr
