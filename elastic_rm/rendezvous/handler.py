@@ -85,6 +85,7 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
         self._lease: KeptLease | None = None
         self._incarnation = 0
         self._completed: RoundRecord | None = None  # the last round this node completed
+        self._master_port = 0  # picked when joining; MASTER_PORT if this node becomes rank 0
         self._view = JobView(self._client, self._keys)
         try:
             self._view.start()
@@ -127,6 +128,9 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
         return self._completed
 
     def _node_record(self, state: str) -> NodeRecord:
+        waiting = state in ("joining", "standby")
+        if waiting and not self._master_port:
+            self._master_port = pick_master_port()
         return NodeRecord(
             node=self._node_id,
             host=self._host,
@@ -137,6 +141,7 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             round=self._completed.round if self._completed else 0,
             cpu_count=os.cpu_count() or 0,
             mem_total_bytes=int(psutil.virtual_memory().total),
+            master_port=self._master_port if waiting else 0,
         )
 
     def _ensure_registered(self, state: str, wait: bool = True) -> None:
@@ -241,6 +246,7 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
         rank = r.members.index(self._node_id)
         store = EtcdStore(self._client, self._keys.store(r.round), timeout=self.settings.join_timeout)
         self._completed = r
+        self._master_port = 0  # a fresh port for the next round
         self._ensure_registered("active", wait=False)
         log.info("node %s: round %d, group rank %d of %d", self._node_id, r.round, rank, r.world_size)
         return RendezvousInfo(

@@ -180,16 +180,34 @@ class RoundLeader:
             confidence=decision.confidence,
             time=time.time(),
         )
+        record = self._sealed_at_once(record)
         if self._fenced_write(record):
             log.info(
-                "round %d: %d member(s) %s; %s",
+                "round %d%s: %d member(s) %s; %s",
                 record.round,
+                " (sealed: all members waiting)" if record.complete else "",
                 len(record.members),
                 list(record.members),
                 record.reason,
             )
             if self._on_decision is not None:
                 self._on_decision(record)
+
+    def _sealed_at_once(self, record: RoundRecord) -> RoundRecord:
+        """When every member is already waiting in next_rendezvous (state joining or standby, under a
+        live lease), nobody needs to ack: the round is written sealed, with rank 0's pre-picked port.
+        Members still running an older round's workers must ack first (the slow path)."""
+        with self._view.cond:
+            entries = [self._view.nodes.get(m) for m in record.members]
+        if not record.members or any(
+            e is None or e.record.state not in ("joining", "standby") for e in entries
+        ):
+            return record
+        rank0 = entries[0]
+        assert rank0 is not None
+        if rank0.record.master_port <= 0:
+            return record
+        return replace(record, complete=True, master=(rank0.record.addr, rank0.record.master_port))
 
     def _seal_if_acked(self) -> None:
         view = self._view

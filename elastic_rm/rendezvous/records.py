@@ -93,6 +93,7 @@ class NodeRecord:
     cpu_count: int = 0
     mem_total_bytes: int = 0
     gpu_count: int = 0
+    master_port: int = 0  # a free port on addr, for the workers' MASTER_PORT should this node be rank 0
 
     @classmethod
     def parse(cls, key: str, raw: bytes) -> NodeRecord:
@@ -111,6 +112,7 @@ class NodeRecord:
             cpu_count=_field(key, d, "cpu_count", int, 0),
             mem_total_bytes=_field(key, d, "mem_total_bytes", int, 0),
             gpu_count=_field(key, d, "gpu_count", int, 0),
+            master_port=_field(key, d, "master_port", int, 0),
         )
 
 
