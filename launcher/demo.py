@@ -133,22 +133,35 @@ def rounds_from_etcd(endpoint: str, run_id: str) -> list[dict]:
     return out
 
 
+def segments(rank0: list[dict], gap_s: float = 2.0) -> list[list[dict]]:
+    """Rank 0's step lines split where the world changes or training paused (a restart)."""
+    out: list[list[dict]] = []
+    for r in rank0:
+        if out and r["world"] == out[-1][-1]["world"] and r["t"] - out[-1][-1]["t"] <= gap_s:
+            out[-1].append(r)
+        else:
+            out.append([r])
+    return out
+
+
 def summarize(rows: list[dict], rounds: list[dict]) -> dict:
-    """Throughput per world size, downtime per round change, and the step/sample checks."""
-    by_world: dict[int, list[dict]] = {}
-    for r in rows:
-        if "step" in r and r.get("rank") == 0:
-            by_world.setdefault(r["world"], []).append(r)
-    throughput = {}
-    for world, rs in sorted(by_world.items()):
-        rs.sort(key=lambda r: r["t"])
-        span = rs[-1]["t"] - rs[0]["t"]
-        samples = sum(r.get("samples", 0) for r in rs[1:])
-        throughput[world] = samples / span if span > 0 else 0.0
-    rank0 = sorted((r for r in rows if "step" in r and r.get("rank") == 0), key=lambda r: r["t"])
-    downtime = []
-    for prev, cur in zip(rank0, rank0[1:], strict=False):
-        if cur["world"] != prev["world"] or cur.get("start"):
-            downtime.append({"from": prev["world"], "to": cur["world"], "seconds": cur["t"] - prev["t"]})
+    """Throughput per world size (all ranks' samples over the time spent training at that size),
+    downtime per change (rank 0's last step before -> first step after), and the restores."""
+    steps = [r for r in rows if "step" in r]
+    rank0 = sorted((r for r in steps if r.get("rank") == 0), key=lambda r: r["t"])
+    segs = segments(rank0)
+    busy: dict[int, float] = {}
+    samples: dict[int, int] = {}
+    for seg in segs:
+        world, lo, hi = seg[0]["world"], seg[0]["t"], seg[-1]["t"]
+        busy[world] = busy.get(world, 0.0) + (hi - lo)
+        samples[world] = samples.get(world, 0) + sum(
+            r.get("samples", 0) for r in steps if r["world"] == world and lo < r["t"] <= hi
+        )
+    throughput = {w: samples[w] / busy[w] for w in sorted(busy) if busy[w] > 0}
+    downtime = [
+        {"from": a[-1]["world"], "to": b[0]["world"], "seconds": b[0]["t"] - a[-1]["t"]}
+        for a, b in zip(segs, segs[1:], strict=False)
+    ]
     restores = [r for r in rows if r.get("restored_step") is not None and r.get("rank") == 0]
     return {"throughput": throughput, "downtime": downtime, "rounds": rounds, "restores": restores}

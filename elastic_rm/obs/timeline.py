@@ -18,7 +18,10 @@ def plot_demo(rows: list[dict], events: list[dict], path: str, window_s: float =
     worlds = [r["world"] for r in steps]
     all_steps = sorted((r for r in rows if "step" in r), key=lambda r: r["t"])
     rate_t, rate = [], []
-    for r in steps:
+    for prev, r in zip([None, *steps], steps, strict=False):
+        if prev is not None and r["t"] - prev["t"] > window_s:  # a pause: show it as zero, not a ramp
+            rate_t += [prev["t"] - t0 + 0.01, r["t"] - t0 - 0.01]
+            rate += [0.0, 0.0]
         lo = r["t"] - window_s
         samples = sum(x.get("samples", 0) for x in all_steps if lo < x["t"] <= r["t"])
         rate_t.append(r["t"] - t0)
@@ -32,10 +35,12 @@ def plot_demo(rows: list[dict], events: list[dict], path: str, window_s: float =
     ax_r.set_xlabel("seconds")
     colors = {"fault": "tab:red", "node": "tab:orange", "round": "tab:purple", "stop": "gray"}
     for e in events:
+        if e["kind"] not in colors:
+            continue
         x = e["t"] - t0
         for ax in (ax_w, ax_r):
-            ax.axvline(x, color=colors.get(e["kind"], "black"), linestyle="--", linewidth=0.8)
-        ax_w.annotate(e["text"][:40], (x, ax_w.get_ylim()[1]), rotation=90, fontsize=7, va="top", ha="right")
+            ax.axvline(x, color=colors[e["kind"]], linestyle="--", linewidth=0.8)
+        ax_w.annotate(e["text"][:32], (x, 0.1), rotation=90, fontsize=7, va="bottom", ha="right")
     fig.suptitle("elastic-rm: world size and throughput")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -1,0 +1,35 @@
+"""`erm demo` (what `make demo` runs) completes its scenario and leaves nothing running."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import psutil
+import pytest
+
+from tests.conftest import BIN
+
+
+@pytest.mark.slow
+def test_demo_scales_up_survives_a_kill_and_cleans_up(tmp_path):
+    before = {p.pid for p in psutil.process_iter()}
+    result = subprocess.run(
+        [os.path.join(BIN, "erm"), "demo", "--no-live", "--workdir", str(tmp_path), "--hold", "4"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert {"2", "3"} <= set(summary["throughput"])
+    reasons = [r["reason"] for r in summary["rounds"]]
+    assert any("joined" in r for r in reasons) and any("lost" in r for r in reasons)
+    assert summary["restores"], "the survivors must restore from the flash checkpoint"
+    assert (tmp_path / "timeline.png").stat().st_size > 10_000
+    leftovers = [
+        p for p in psutil.process_iter(["pid", "cmdline"])
+        if p.info["pid"] not in before and any("ermrun" in c or "train.py" in c for c in (p.info["cmdline"] or []))
+    ]  # fmt: skip
+    assert leftovers == []
