@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -113,6 +114,23 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class ServerTls:
+    """TLS for the client port of a local cluster: the server's pair, the CA of client certificates
+    (turns on client-certificate auth), and a client pair for our own health checks."""
+
+    cert: str
+    key: str
+    ca: str
+    client_cert: str
+    client_key: str
+
+    def context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=self.ca)
+        ctx.load_cert_chain(self.client_cert, self.client_key)
+        return ctx
+
+
 @dataclass
 class Member:
     name: str
@@ -145,6 +163,7 @@ class EtcdCluster:
     fast_election: bool = True
     startup_timeout: float = 20.0
     extra_args: list[str] = field(default_factory=list)
+    tls: ServerTls | None = None
     members: list[Member] = field(default_factory=list)
     _tmp: str | None = None
 
@@ -161,12 +180,13 @@ class EtcdCluster:
         major, minor = etcd_version(self.binary)
         adv = self.advertise_host or self.host
         peers = ",".join(f"{m.name}=http://{adv}:{m.peer_port}" for m in self.members)
+        scheme = "https" if self.tls else "http"
         cmd = [
             self.binary,
             "--name", member.name,
             "--data-dir", member.data_dir,
-            "--listen-client-urls", f"http://{self.host}:{member.client_port}",
-            "--advertise-client-urls", f"http://{adv}:{member.client_port}",
+            "--listen-client-urls", f"{scheme}://{self.host}:{member.client_port}",
+            "--advertise-client-urls", f"{scheme}://{adv}:{member.client_port}",
             "--listen-peer-urls", f"http://{self.host}:{member.peer_port}",
             "--initial-advertise-peer-urls", f"http://{adv}:{member.peer_port}",
             "--initial-cluster", peers,
@@ -182,6 +202,16 @@ class EtcdCluster:
             cmd += ["--unsafe-no-fsync"]  # throwaway data: fsync buys nothing
         if self.fast_election:
             cmd += ["--heartbeat-interval", "10", "--election-timeout", "100"]
+        if self.tls:
+            cmd += [
+                "--cert-file",
+                self.tls.cert,
+                "--key-file",
+                self.tls.key,
+                "--trusted-ca-file",
+                self.tls.ca,
+            ]
+            cmd += ["--client-cert-auth"]
         return cmd + list(self.extra_args)
 
     def start(self) -> EtcdCluster:
@@ -232,8 +262,10 @@ class EtcdCluster:
 
     def _healthy(self, member: Member) -> bool:
         try:
-            url = f"http://{self.advertise_host or self.host}:{member.client_port}/health"
-            with urllib.request.urlopen(url, timeout=0.5) as r:
+            scheme = "https" if self.tls else "http"
+            url = f"{scheme}://{self.advertise_host or self.host}:{member.client_port}/health"
+            ctx = self.tls.context() if self.tls else None
+            with urllib.request.urlopen(url, timeout=0.5, context=ctx) as r:
                 return json.loads(r.read()).get("health") == "true"
         except (OSError, ValueError):
             return False

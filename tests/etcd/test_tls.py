@@ -1,0 +1,91 @@
+"""The client and the rendezvous against a real etcd that requires TLS with client certificates."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+
+import pytest
+from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousParameters
+
+from elastic_rm.etcd.client import EtcdClient, TlsOptions
+from elastic_rm.etcd.errors import EtcdConnectionError
+from elastic_rm.etcd.server import EtcdCluster, ServerTls
+from elastic_rm.rendezvous.registration import create_handler
+
+
+def openssl(*args: str, cwd) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pki")
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=erm-test-ca",
+            "-keyout", "ca.key", "-out", "ca.pem", cwd=d)  # fmt: skip
+    (d / "san.ext").write_text(
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n"
+    )
+    for name in ("server", "client"):
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", f"{name}.key",
+                "-out", f"{name}.csr", cwd=d)  # fmt: skip
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                "-days", "2", "-extfile", "san.ext", "-out", f"{name}.pem", cwd=d)  # fmt: skip
+    return d
+
+
+@pytest.fixture(scope="module")
+def tls_etcd(pki):
+    tls = ServerTls(
+        cert=str(pki / "server.pem"),
+        key=str(pki / "server.key"),
+        ca=str(pki / "ca.pem"),
+        client_cert=str(pki / "client.pem"),
+        client_key=str(pki / "client.key"),
+    )
+    with EtcdCluster(size=1, tls=tls) as cluster:
+        yield cluster
+
+
+def test_client_with_certificates_reads_and_writes(pki, tls_etcd):
+    tls = TlsOptions(ca_cert=str(pki / "ca.pem"), cert=str(pki / "client.pem"), key=str(pki / "client.key"))
+    with EtcdClient(tls_etcd.endpoint, timeout=3, tls=tls) as c:
+        c.put("/tls/k", "v")
+        assert c.get("/tls/k").value == b"v"
+
+
+def test_client_without_a_certificate_is_refused(pki, tls_etcd):
+    with pytest.raises(EtcdConnectionError, match=tls_etcd.endpoint):
+        EtcdClient(tls_etcd.endpoint, timeout=2).ping()  # plaintext against a TLS port
+
+
+def test_rendezvous_over_tls(pki, tls_etcd, run_id):
+    conf = {
+        "ca_cert": str(pki / "ca.pem"),
+        "ssl_cert": str(pki / "client.pem"),
+        "ssl_cert_key": str(pki / "client.key"),
+    }
+    handlers = [
+        create_handler(
+            RendezvousParameters(
+                "elastic-rm", tls_etcd.endpoint, run_id, 2, 2, local_addr="127.0.0.1", **conf
+            )
+        )
+        for _ in range(2)
+    ]
+    try:
+        infos = {}
+        threads = [
+            threading.Thread(target=lambda i=i: infos.setdefault(i, handlers[i].next_rendezvous()))
+            for i in range(2)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert sorted(i.rank for i in infos.values()) == [0, 1]
+    finally:
+        for h in handlers:
+            h.release()
+    with pytest.raises(RendezvousConnectionError):
+        create_handler(RendezvousParameters("elastic-rm", tls_etcd.endpoint, run_id, 1, 1, etcd_timeout="2"))
