@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.etcd.server import EtcdCluster
 from tests.conftest import BIN, Proc
 from tests.launcher.helpers import STEPS, ermrun, records, steps_at_world, wait_until
@@ -52,7 +53,7 @@ def test_two_nodes_run_to_completion_with_torchrun_environment(etcd, run_id, tmp
     assert ours == ref_names
 
 
-def test_sigkill_of_a_node_gives_survivors_a_new_round_and_a_joiner_restores_three(
+def test_sigkill_of_the_leader_node_gives_survivors_a_new_round_and_a_joiner_restores_three(
     etcd, run_id, tmp_path, procs
 ):
     nodes = {n: ermrun(tmp_path, n, node_args(etcd.endpoint, run_id, "2:3", n)) for n in ("a", "b", "c")}
@@ -63,23 +64,28 @@ def test_sigkill_of_a_node_gives_survivors_a_new_round_and_a_joiner_restores_thr
         "3 nodes training",
         nodes.values(),
     )
-    nodes["c"].signal(signal.SIGKILL)
-    killed = time.time()
-    took = wait_until(
-        lambda: all(steps_at_world(tmp_path, n, 2, since=killed) > 3 for n in ("a", "b")),
-        60,
-        "survivors training at world 2",
-        nodes.values(),
-    )
+    with EtcdClient(etcd.endpoint) as c:
+        leader = c.get(f"/elastic-rm/{run_id}/leader").value.decode()
+        assert leader in nodes
+        nodes[leader].signal(signal.SIGKILL)  # the node that decides rounds: another must take over
+        killed = time.time()
+        survivors = [n for n in nodes if n != leader]
+        took = wait_until(
+            lambda: all(steps_at_world(tmp_path, n, 2, since=killed) > 3 for n in survivors),
+            60,
+            "survivors training at world 2",
+            nodes.values(),
+        )
+        assert c.get(f"/elastic-rm/{run_id}/leader").value.decode() in survivors
     assert took < 2 + 25  # lease TTL + restart of the workers on a loaded 2-core machine
     d = ermrun(tmp_path, "d", node_args(etcd.endpoint, run_id, "2:3", "d"))
     procs.append(d)
     joined = time.time()
     wait_until(
-        lambda: all(steps_at_world(tmp_path, n, 3, since=joined) > 3 for n in ("a", "b", "d")),
+        lambda: all(steps_at_world(tmp_path, n, 3, since=joined) > 3 for n in [*survivors, "d"]),
         90,
         "back to world 3 with the new node",
-        [nodes["a"], nodes["b"], d],
+        [*(nodes[n] for n in survivors), d],
     )
 
 
