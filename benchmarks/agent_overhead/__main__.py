@@ -6,8 +6,10 @@
    channel in another process (as in production); the no-op path (plain torchrun); the agent's own CPU to
    receive 4 workers at 100 steps/s; the opt-in cross-rank drain agreement (2 gloo ranks, all_reduce MAX).
 
-Prints ratios and writes benchmarks/results/agent_overhead.json. Part (b), throughput under ermrun vs
-torchrun, needs the launcher and lives with it.
+Part (b): throughput of a ~10 ms-per-step CPU loop (2 gloo workers) under ermrun with reporting, against
+stock torchrun without it (benchmarks/agent_overhead/throughput.py), alternating runs.
+
+Prints ratios and writes benchmarks/results/agent_overhead.json.
 """
 
 from __future__ import annotations
@@ -219,6 +221,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--loop", type=float, default=5.0, help="seconds of the 10 ms step loop")
     ap.add_argument("--agent-seconds", type=float, default=10.0, help="seconds of 4 workers reporting")
     ap.add_argument("--sync-steps", type=int, default=2000, help="steps per cross-rank agreement run")
+    ap.add_argument(
+        "--throughput-runs", type=int, default=3, help="runs of each launcher for part (b); 0: skip"
+    )
+    ap.add_argument("--throughput-window", type=float, default=20.0, help="measured seconds per part (b) run")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     if args.duration <= 0 or args.loop <= 0 or args.agent_seconds <= 0 or args.sync_steps <= 0:
@@ -230,6 +236,12 @@ def main(argv: list[str] | None = None) -> None:
     rep = report_cost(args.loop, args.agent_seconds)
     print("cross-rank drain agreement (2 gloo ranks) ...", flush=True)
     sync = sync_cost(args.sync_steps)
+    tput = None
+    if args.throughput_runs > 0:
+        from benchmarks.agent_overhead.throughput import throughput
+
+        print(f"(b) 10 ms loop under torchrun vs ermrun, {args.throughput_runs} runs each ...", flush=True)
+        tput = throughput(args.throughput_runs, args.throughput_window)
     recv = rep["agent_receive"]
     result = {
         "v": 1,
@@ -242,6 +254,7 @@ def main(argv: list[str] | None = None) -> None:
         "monitor": mon,
         "report": rep,
         "sync": sync,
+        "throughput": tput,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".json.tmp")
@@ -272,6 +285,12 @@ def main(argv: list[str] | None = None) -> None:
         f"({sync['ratio_sync_every_1']:.3%} of 10 ms); every 10 steps {sync['sync_every_10_per_step_us']:.1f} us "
         f"({sync['ratio_sync_every_10']:.3%})"
     )
+    if tput is not None:
+        print(
+            f"(b) 10 ms loop, 2 workers: torchrun {tput['median_torchrun']:.1f} steps/s, ermrun with reporting "
+            f"{tput['median_ermrun']:.1f} steps/s: slowdown {tput['slowdown']:.2%} (target < 1%; "
+            f"runs {tput['steps_per_s']})"
+        )
     print(f"wrote {args.out}")
 
 
