@@ -21,8 +21,11 @@ _EXPORTS = {
     "plan_sharding": "sharding",
     "plan_summary": "sharding",
     "wrap_model": "sharding",
+    "dense_parameters": "sharding",
     "RangeLedger": "ledger",
     "DataRange": "ledger",
+    "JsonFileLedgerStore": "ledger",
+    "EtcdLedgerStore": "ledger_etcd",
     "SyntheticClickData": "data",
     "CriteoTSVReader": "data",
 }

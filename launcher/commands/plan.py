@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-HELP = "show what the resource planner would do for a job description, and why (dry run)"
+HELP = "Show what the resource planner would do for a job description, and why (dry run)."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,6 +25,9 @@ def run(args: argparse.Namespace) -> int:
         text = sys.stdin.read() if args.job == "-" else open(args.job).read()
     except OSError as exc:
         print(f"erm plan: {name}: cannot read: {exc.strerror}", file=sys.stderr)
+        return 2
+    except UnicodeDecodeError:
+        print(f"erm plan: {name}: not UTF-8 text", file=sys.stderr)
         return 2
     try:
         desc = json.loads(text)

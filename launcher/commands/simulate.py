@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-HELP = "simulate a shared cluster on a job trace under the static, Optimus-style and planner policies"
+HELP = "Simulate a shared cluster on a job trace under the static, Optimus-style and planner policies."
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,0 +1,195 @@
+"""One rank of the reshard benchmark (started by `python -m benchmarks.reshard`).
+
+Phases: world 2 (fill, save) -> world 3 (restore, save) -> world 2 (restore). Every phase measures the
+memcpy floor of its own state bytes, the flash-checkpoint step pause and restore, and a synchronous
+DCP save to / load from a local disk directory. Values are an exact-in-fp32 function of (row, col), so
+every rank checks every element it holds after each restore without any gather.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+from elastic_rm.train import FlashCheckpointer, FlashConfig, WorldTopology, plan_sharding, wrap_model
+from elastic_rm.train.snapshot import app_state, load_app_state, local_pieces
+
+CHUNK = 1 << 16
+
+
+class Net(nn.Module):
+    def __init__(self, tables: list[EmbeddingBagConfig]) -> None:
+        super().__init__()
+        self.ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+
+
+def pattern(row0: int, rows: int, col0: int, cols: int, salt: int) -> torch.Tensor:
+    r = torch.arange(row0, row0 + rows, dtype=torch.int64)[:, None]
+    c = torch.arange(col0, col0 + cols, dtype=torch.int64)[None, :]
+    return ((r * 131 + c * 7 + salt) % 1_000_003).to(torch.float32)
+
+
+def tensors(dmp: Any) -> list[tuple[int, list[int], torch.Tensor]]:
+    """(salt, offsets, local tensor) of every local weight and optimizer-state piece."""
+    out = []
+    for i, (k, v) in enumerate(sorted(dmp.state_dict().items())):
+        out += [(1000 * i, off, t) for off, t in local_pieces(v)]
+        for j, sv in enumerate(dmp.fused_optimizer.state_dict()["state"].get(k, {}).values()):
+            out += [(1000 * i + 17 + j, off, t) for off, t in local_pieces(sv)]
+    return out
+
+
+@torch.no_grad()
+def fill_or_check(dmp: Any, check: bool) -> int:
+    bad = 0
+    for salt, off, t in tensors(dmp):
+        t2 = t.view(t.shape[0], -1)
+        for lo in range(0, t2.shape[0], CHUNK):
+            hi = min(lo + CHUNK, t2.shape[0])
+            ref = pattern(off[0] + lo, hi - lo, off[1] if len(off) > 1 else 0, t2.shape[1], salt)
+            if check:
+                bad += int((t2[lo:hi] != ref).sum())
+            else:
+                t2[lo:hi].copy_(ref)
+    return bad
+
+
+def timed(fn: Any) -> float:
+    """Wall time of a collective section: barrier, run, barrier; the slowest rank's view."""
+    dist.barrier()
+    t0 = time.perf_counter()
+    fn()
+    dist.barrier()
+    dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+    dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+    return float(dt)
+
+
+def slowest(x: float) -> float:
+    t = torch.tensor([x], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
+def total(x: float) -> float:
+    t = torch.tensor([x], dtype=torch.float64)
+    dist.all_reduce(t)
+    return float(t)
+
+
+def run_phase(spec: dict[str, Any], k: int, rank: int) -> dict[str, Any]:
+    ph = spec["phases"][k]
+    world = ph["world"]
+    tables = [
+        EmbeddingBagConfig(
+            name=f"t{i}", embedding_dim=spec["dim"], num_embeddings=spec["rows"], feature_names=[f"f{i}"]
+        )
+        for i in range(spec["tables"])
+    ]
+    model = Net(tables)
+    apply_optimizer_in_backward(torch.optim.Adagrad, model.ebc.parameters(), {"lr": 0.01, "eps": 1e-8})
+    plan = plan_sharding(model, WorldTopology(world, world))
+    dmp = wrap_model(model, plan)
+    cfg = FlashConfig(
+        run_id="bench", node_id=f"n{rank}", memory_root=Path(spec["shm"]), keep_memory=1, replicate=True
+    )
+    ckpt = FlashCheckpointer(dmp, plan, config=cfg)
+    res: dict[str, Any] = {"world": world, "plan": {n: p["type"] for n, p in plan_summary_ebc(plan).items()}}
+    local = [t for _, _, t in tensors(dmp)]
+    res["state_bytes"] = total(sum(t.numel() * t.element_size() for t in local))
+    held = {"bufs": [torch.empty_like(t) for t in local]}
+
+    def memcpy() -> None:
+        for b, t in zip(held["bufs"], local, strict=True):
+            b.copy_(t)
+
+    memcpy()  # fault the buffers in: the floor is a warm copy
+    res["memcpy_s"] = timed(memcpy)
+    held.clear()
+    gc.collect()
+    if ph.get("restore"):
+        got: dict[str, Any] = {}
+        res["flash_restore_s"] = timed(lambda: got.update(r=ckpt.restore()))
+        res["flash_verify_s"] = slowest(got["r"].verify_s)
+        res["flash_dcp_load_s"] = slowest(got["r"].load_s)
+        ckpt.cfg.verify_checksums = False  # the same restore again without hashing (sizes only)
+        res["flash_restore_noverify_s"] = timed(lambda: got.update(r=ckpt.restore()))
+        ckpt.cfg.verify_checksums = True
+        res["flash_restore_bad"] = total(fill_or_check(dmp, check=True))
+        with torch.no_grad():
+            for t in local:
+                t.zero_()
+        state = app_state(dmp)
+
+        def disk_load() -> None:
+            dcp.load(state, storage_reader=FileSystemReader(ph["disk_from"]))
+            load_app_state(dmp, state)
+
+        res["disk_restore_s"] = timed(disk_load)
+        res["disk_restore_bad"] = total(fill_or_check(dmp, check=True))
+    else:
+        fill_or_check(dmp, check=False)
+    if ph.get("save"):
+        for i, name in enumerate(("flash_cold", "flash_warm")):
+            if name == "flash_warm":
+                ckpt._snap.clear()  # start over and pre-allocate, as a script would at start-up
+                gc.collect()
+                res["flash_prepare_s"] = slowest(ckpt.prepare())
+            dist.barrier()
+            stats = ckpt.save(10 * k + i, position={"step": 10 * k + i})
+            res[f"{name}_pause_s"] = slowest(stats.pause_s)
+            t0 = time.perf_counter()
+            ckpt.wait()
+            res[f"{name}_background_s"] = slowest(stats.pause_s + time.perf_counter() - t0)
+        res["flash_bytes"] = total(stats.bytes)
+        res["disk_save_s"] = timed(
+            lambda: dcp.save(app_state(dmp), storage_writer=FileSystemWriter(ph["disk_to"], sync_files=True))
+        )
+    ckpt.close()
+    return res
+
+
+def plan_summary_ebc(plan: Any) -> dict[str, Any]:
+    from elastic_rm.train.sharding import plan_summary
+
+    return plan_summary(plan)["ebc"]
+
+
+def main() -> None:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    rank = int(sys.argv[2])
+    out = []
+    for k, ph in enumerate(spec["phases"]):
+        if rank >= ph["world"]:
+            continue
+        import torchrec.distributed.collective_utils as trec_cu
+
+        trec_cu._INITIALIZED = False  # once-per-process handshake; each phase is a new world
+        store = dist.FileStore(str(Path(spec["workdir"]) / f"store-{k}"), ph["world"])
+        dist.init_process_group(
+            "gloo", store=store, rank=rank, world_size=ph["world"], timeout=datetime.timedelta(seconds=300)
+        )
+        res = run_phase(spec, k, rank)
+        res["phase"] = k
+        out.append(res)
+        gc.collect()
+        dist.barrier()
+        dist.destroy_process_group()
+    Path(spec["workdir"], f"result-{rank}.json").write_text(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""PlannerConfig: every threshold of the three stages, with the defaults and where they come from.
+
+Defaults follow DLRover's open-source constants (reference/dlrover-rm.md, Appendix A) where one exists,
+re-read for synchronous TorchRec training; the others are ours and say so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    """Thresholds of :class:`~elastic_rm.planner.policy.PlannerPolicy`. All times are seconds."""
+
+    # --- observation ---
+    sample_interval_s: float = 30.0  # at most one recorded sample per node per interval (metrics repeat)
+    window: int = 6  # samples kept per node (straggler window, memory trend)
+    # --- stage 2: scaling ---
+    profiling: bool = True  # judge a configuration only after its profiling window (False: first sample)
+    profile_window_s: float = 180.0  # a configuration is judged only after this long (DLRover: 90-300 s)
+    min_profile_samples: int = 2  # and after this many job-level samples of it
+    min_marginal_gain: float = 0.2  # an added node must bring >= 20% of an average node's throughput
+    max_step: int = 8  # at most this many nodes added or removed in one round (DLRover: 4-8)
+    gain_horizon_s: float = 1800.0  # a change must repay its round cost within this horizon
+    round_cost_s: float = 60.0  # expected pause of one round (flash checkpoint, restart, reshard)
+    # --- stage 3: runtime ---
+    cooldown_s: float = 300.0  # between planner rounds (DLRover plan interval: 300 s); losses bypass it
+    straggler_k: float = 1.5  # a node is slow when its busy time > k x the members' median
+    straggler_clear_k: float = 1.2  # and fast again below this (hysteresis)
+    straggler_enter: int = 3  # consecutive slow samples to flag a node
+    straggler_exit: int = 3  # consecutive fast samples to clear it
+    low_gpu_util: float = 0.5  # GPU util below this fraction of the members' median counts as slow
+    oom_threshold: float = 0.9  # of the node's memory; DLRover's hot-memory threshold
+    oom_horizon_s: float = 900.0  # act when the trend crosses the threshold within this horizon
+    # --- resources (advice to whoever allocates nodes; the simulator applies it) ---
+    mem_margin: float = 0.2  # DLRover PS memory margin +20%
+    mem_growth_horizon_s: float = 3600.0  # budget memory for this much trend growth
+    cpu_margin_frac: float = 0.25  # CPU budget = used x 1.25 + 1 core (DLRover: + 1 core)
+    cpu_margin_cores: float = 1.0
+    resize_when_saving: float = 0.35  # resize a running job only when it frees >= 35% of a resource
+    resize_rounds: bool = False  # emit a same-members round to apply new budgets (only where rounds resize)
+    standby_max: int = 1  # healthy non-members kept as standby; the rest are not listed (free to release)
+    # --- stage 1: warm start ---
+    history_max: int = 20  # most recent records used
+    cold_start_nodes: int = 0  # 0: the user's requested node count (clipped to MIN..MAX)
+    cold_mem_margin: float = 0.5  # memory model estimate x 1.5 before anything was observed
+    cold_overhead_bytes: int = 4 * GIB  # framework + CUDA context + data pipeline per node, assumed
+    oom_restart_factor: float = 2.0  # after an OOM, double the memory budget (DLRover; at most +64 GiB)

@@ -1,0 +1,139 @@
+"""JobSpec: what the planner knows about a job before it runs (``snapshot.job``), and its signature.
+
+The job dict is JSON-like so that it can travel through etcd and ``erm plan``; :func:`parse_job` checks it
+and names the field at fault (``JobSpecError``), never guesses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+DEFAULT_BANDWIDTH = 1.25e9  # bytes/s, 10 GbE: assumed when the job does not say
+
+
+class JobSpecError(ValueError):
+    """A job description is malformed; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Table:
+    rows: int
+    dim: int
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the user asked for, per node."""
+
+    nodes: int
+    cpu_per_node: float
+    mem_per_node_bytes: int
+    gpus_per_node: int = 0
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    global_batch: int
+    tables: tuple[Table, ...]
+    dense_params: int
+    bandwidth: float = DEFAULT_BANDWIDTH  # bytes/s between nodes (measured when known)
+    bytes_per_param: int = 4
+    optimizer_state_factor: float = 1.0  # optimizer bytes per parameter byte (Adagrad 1, Adam 2)
+    lookups_per_sample: float = 1.0  # pooled lookups per table per sample
+    request: Request | None = None
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def table_bytes(self) -> int:
+        return sum(t.rows * t.dim for t in self.tables) * self.bytes_per_param
+
+    @property
+    def emb_bytes_per_sample(self) -> float:
+        """Pooled embedding bytes one sample sends through the all-to-all."""
+        return sum(t.dim for t in self.tables) * self.bytes_per_param * self.lookups_per_sample
+
+    @property
+    def dense_bytes(self) -> int:
+        return self.dense_params * self.bytes_per_param
+
+    def signature(self) -> str:
+        """Stable id of "the same job": name, table shapes, dense size, batch (not the resources)."""
+        key = {
+            "name": self.name,
+            "batch": self.global_batch,
+            "tables": sorted([t.rows, t.dim] for t in self.tables),
+            "dense": self.dense_params,
+        }
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+        return f"{_slug(self.name)}-{digest}"
+
+
+def _slug(name: str) -> str:
+    s = "".join(c if c.isalnum() or c in "-_" else "-" for c in name.lower()).strip("-")
+    return s[:40] or "job"
+
+
+def _num(d: dict, key: str, where: str, kind: type = float, minimum: float = 0.0, default=None):
+    if key not in d:
+        if default is not None:
+            return default
+        raise JobSpecError(f"{where}: missing field '{key}'")
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, int | float) or (kind is int and not float(v).is_integer()):
+        raise JobSpecError(
+            f"{where}: field '{key}' must be {'an integer' if kind is int else 'a number'}, got {v!r}"
+        )
+    if v < minimum:
+        raise JobSpecError(f"{where}: field '{key}' must be >= {minimum}, got {v!r}")
+    return kind(v)
+
+
+def parse_job(d: object, where: str = "job") -> JobSpec:
+    """Validate a job dict (schema in docs/planner.md) and build the JobSpec."""
+    if not isinstance(d, dict):
+        raise JobSpecError(f"{where}: expected a JSON object, got {type(d).__name__}")
+    name = d.get("name", "job")
+    if not isinstance(name, str):
+        raise JobSpecError(f"{where}: field 'name' must be a string")
+    tables_raw = d.get("tables")
+    if not isinstance(tables_raw, list) or not tables_raw:
+        raise JobSpecError(f"{where}: field 'tables' must be a non-empty list of {{rows, dim}}")
+    tables = []
+    for i, t in enumerate(tables_raw):
+        if not isinstance(t, dict):
+            raise JobSpecError(f"{where}: tables[{i}] must be an object")
+        tables.append(
+            Table(
+                _num(t, "rows", f"{where}.tables[{i}]", int, 1),
+                _num(t, "dim", f"{where}.tables[{i}]", int, 1),
+            )
+        )
+    request = None
+    if "request" in d:
+        r = d["request"]
+        if not isinstance(r, dict):
+            raise JobSpecError(f"{where}: field 'request' must be an object")
+        w = f"{where}.request"
+        request = Request(
+            nodes=_num(r, "nodes", w, int, 1),
+            cpu_per_node=_num(r, "cpu_per_node", w, float, 0.0, default=0.0),
+            mem_per_node_bytes=_num(r, "mem_per_node_bytes", w, int, 0, default=0),
+            gpus_per_node=_num(r, "gpus_per_node", w, int, 0, default=0),
+        )
+    known = {"name", "tables", "request", "global_batch", "dense_params", "bandwidth", "bytes_per_param"}
+    known |= {"optimizer_state_factor", "lookups_per_sample"}
+    return JobSpec(
+        name=name,
+        global_batch=_num(d, "global_batch", where, int, 1),
+        tables=tuple(tables),
+        dense_params=_num(d, "dense_params", where, int, 0),
+        bandwidth=_num(d, "bandwidth", where, float, 1.0, default=DEFAULT_BANDWIDTH),
+        bytes_per_param=_num(d, "bytes_per_param", where, int, 1, default=4),
+        optimizer_state_factor=_num(d, "optimizer_state_factor", where, float, 0.0, default=1.0),
+        lookups_per_sample=_num(d, "lookups_per_sample", where, float, 0.0, default=1.0),
+        request=request,
+        extra={k: v for k, v in d.items() if k not in known},
+    )

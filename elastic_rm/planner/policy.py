@@ -1,0 +1,406 @@
+"""PlannerPolicy: the three stages on top of torch-like membership liveness.
+
+Order of precedence on every call (the first that answers wins):
+
+0. no job model in ``snapshot.job``: plain :class:`MembershipPolicy`;
+1. first round: stage 1 (warm start) picks the world size; last-call semantics as torch;
+2. a member is lost: at once, survivors (+ healthy waiting nodes back to the old size), if >= MIN,
+   else an empty round (suspended, as MembershipPolicy); a member restarted its workers (``joining``
+   again after completing the round): the same members again;
+3. our previous Decision is not written yet: wait (no duplicate rounds);
+4. OOM predicted within the horizon, or an OOM happened: more nodes (tables shard thinner) or more memory;
+5. cooldown since the last round;
+6. a flagged straggler: replace it by a standby node, or drop it when that pays;
+7. stage 2: after the profiling window, fit the model and move to the marginal-gain target;
+8. budgets shrink by >= ``resize_when_saving``: a same-members round (only with ``resize_rounds``).
+
+``step(snapshot, state)`` is pure; ``decide(snapshot)`` threads the state internally (RoundPolicy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .config import PlannerConfig
+from .history import HistoryError, StartPlan, parse_record, warm_start
+from .interface import ClusterSnapshot, Decision, NodeView, Wait
+from .job import JobSpec, JobSpecError, parse_job
+from .membership import MembershipPolicy, eligible_nodes
+from .memory_model import estimate_node_memory, rescale_observed
+from .perf_model import Sample
+from .runtime import memory_growth, oom_risks, update_stragglers
+from .scaling import budgets, choose_world, fit_configs, memory_floor, observed_cap
+from .state import Advice, PlannerState, node_capacity, observe
+
+Answer = Decision | Wait
+
+
+class PlannerPolicy:
+    """The DLRover-RM planner for synchronous TorchRec rounds (see module docstring)."""
+
+    def __init__(self, config: PlannerConfig | None = None) -> None:
+        self.config = config or PlannerConfig()
+        self.state = PlannerState()
+
+    def decide(self, snapshot: ClusterSnapshot) -> Answer:
+        """RoundPolicy: same as :meth:`step`, keeping the state in this object."""
+        answer, self.state = self.step(snapshot, self.state)
+        return answer
+
+    def step(self, snapshot: ClusterSnapshot, state: PlannerState) -> tuple[Answer, PlannerState]:
+        """Pure: the answer and the new state for this snapshot and the old state."""
+        cfg = self.config
+        try:
+            job = parse_job(snapshot.job) if snapshot.job.get("tables") else None
+        except JobSpecError:
+            job = None
+        if job is None:
+            return MembershipPolicy().decide(snapshot), state
+        prev_sample = state.last_sample_at
+        state = observe(snapshot, state, cfg.sample_interval_s, cfg.window, cfg.straggler_k)
+        fresh = state.last_sample_at == snapshot.now and prev_sample != snapshot.now
+        if state.start is None:
+            start = self._start(snapshot, job)
+            state = replace(
+                state,
+                start=start,
+                advice=Advice(start.world, start.cpu_per_node, start.mem_per_node_bytes, start.reason),
+            )
+        nodes = eligible_nodes(snapshot)
+        cur = snapshot.current
+        if cur is None or not cur.members:
+            return self._first_round(snapshot, state, nodes)
+        if fresh:
+            slow, flagged = update_stragglers(state, cur.members, snapshot.now, cfg)
+            state = replace(state, slow=slow, flagged=flagged)
+            g = memory_growth(state, cur.members)
+            if g is not None:  # conservative: the largest growth seen (a restart pause flattens a window)
+                state = replace(state, growth_total=max(g * len(cur.members), state.growth_total or 0.0))
+        alive = {n.node_id for n in nodes}
+        if not state.flagged <= alive:
+            state = replace(state, flagged=state.flagged & alive)
+        survivors = [m for m in cur.members if m in alive]
+        in_round = set(cur.members)
+        waiting = [n.node_id for n in nodes if n.node_id not in in_round]
+        healthy = [n for n in waiting if n not in state.flagged]
+        if len(survivors) < len(cur.members):
+            return self._lost(snapshot, state, cur.members, survivors, healthy, waiting)
+        by_id = {n.node_id: n for n in nodes}
+        rejoining = [m for m in cur.members if by_id[m].state == "joining" and by_id[m].round == cur.number]
+        if rejoining:  # as MembershipPolicy: a member's workers restarted; every member restarts
+            reason = f"node(s) {', '.join(rejoining)} restarted their workers"
+            rest = self._standby(healthy, state.flagged)
+            return self._decide(
+                replace(state, last_round_at=snapshot.now), cur.number, cur.members, rest, reason
+            )
+        if state.decided_on_round == cur.number:
+            return Wait(f"round {cur.number + 1} decided, not yet written"), state
+        members = tuple(cur.members)
+        for check in (self._oom, self._cooldown, self._straggler, self._scale, self._resize):
+            answer, state = check(snapshot, state, job, members, healthy, nodes)
+            if answer is not None:
+                return answer, state
+        return Wait("steady", until=state.last_sample_at + cfg.sample_interval_s), state
+
+    # ----- helpers -----
+    def _start(self, snapshot: ClusterSnapshot, job: JobSpec) -> StartPlan:
+        records = []
+        for i, d in enumerate(snapshot.history):
+            try:
+                records.append(parse_record(d, f"history[{i}]"))
+            except HistoryError:
+                continue  # the leader validates and reports; the planner ignores what it cannot read
+        return warm_start(job, records, snapshot.min_nodes, snapshot.max_nodes, self.config)
+
+    def _standby(self, candidates: list[str], flagged: frozenset[str]) -> tuple[str, ...]:
+        return tuple(n for n in candidates if n not in flagged)[: self.config.standby_max]
+
+    def _decide(self, state: PlannerState, cur_number: int, members, standby, reason, gain=None, conf=None):
+        key = (tuple(members), tuple(standby))
+        if state.decided_on_round == cur_number and state.pending == key:
+            return Wait(f"round after {cur_number} decided, not yet written"), state
+        d = Decision(key[0], key[1], reason, gain, conf)
+        return d, replace(state, decided_on_round=cur_number, pending=key, decisions=state.decisions + 1)
+
+    def _first_round(self, snapshot: ClusterSnapshot, state: PlannerState, nodes: list[NodeView]):
+        start = state.start
+        assert isinstance(start, StartPlan)
+        if len(nodes) < snapshot.min_nodes:
+            return Wait(f"{len(nodes)} of at least {snapshot.min_nodes} node(s) present"), state
+        target = min(max(start.world, snapshot.min_nodes), snapshot.max_nodes)
+        if len(nodes) < target:
+            deadline = nodes[snapshot.min_nodes - 1].seen_at + snapshot.last_call_timeout
+            if snapshot.now < deadline:
+                return Wait(
+                    f"{len(nodes)} node(s) of {target} wanted; last call until {deadline:.3f}", until=deadline
+                ), state
+        ids = [n.node_id for n in nodes]
+        members = ids[:target]
+        state = replace(state, last_round_at=snapshot.now)
+        if state.decisions == 0 and len(members) != start.world and start.mem_per_node_bytes > 0:
+            job = parse_job(snapshot.job)  # the start budget was for start.world nodes
+            oh = self.config.cold_overhead_bytes
+            mem = rescale_observed(
+                start.mem_per_node_bytes,
+                estimate_node_memory(job, start.world, oh),
+                estimate_node_memory(job, len(members), oh),
+            )
+            state = replace(state, advice=replace(state.advice, mem_per_node_bytes=mem))
+        reason = f"first round of {len(members)} node(s); {start.reason}"
+        number = snapshot.current.number if snapshot.current else -1
+        standby = self._standby(ids[target:], state.flagged)
+        return self._decide(state, number, members, standby, reason, None, start.confidence)
+
+    def _lost(self, snapshot, state, old, survivors, healthy, waiting):
+        want = min(len(old), snapshot.max_nodes)
+        fill = healthy + [n for n in waiting if n not in healthy]  # stragglers only as a last resort
+        members = survivors + fill[: max(want - len(survivors), 0)]
+        lost = len(old) - len(survivors)
+        if len(members) < snapshot.min_nodes:
+            # as MembershipPolicy: an empty round stops the survivors' workers; they wait as standby
+            reason = f"{lost} member(s) lost; below {snapshot.min_nodes} node(s), suspended"
+            return self._decide(state, snapshot.current.number, (), tuple(survivors + fill), reason)
+        rest = [n for n in fill if n not in members]
+        state = replace(state, last_round_at=snapshot.now)
+        reason = f"{lost} member(s) lost; continuing with {len(members)}"
+        gain = len(members) / len(old) - 1
+        return self._decide(
+            state, snapshot.current.number, members, self._standby(rest, state.flagged), reason, gain, 0.9
+        )
+
+    def _fit(self, state: PlannerState, job: JobSpec):
+        samples = [Sample(c.world, c.capacity, c.step_s) for c in state.configs if c.clean]
+        if not samples:
+            return None
+        prior = state.start.coef if isinstance(state.start, StartPlan) else ()
+        return fit_configs(job, samples, prior)
+
+    def _oom(self, snapshot, state, job, members, healthy, nodes):
+        """An OOM happened (``job["oom_count"]`` grew) or the trend crosses the threshold soon.
+
+        With resizable rounds, memory is cheaper than a node: raise the budget; when a raise did not take
+        (the node's memory stayed below what we asked), or without resizable rounds, shard thinner.
+        """
+        cfg = self.config
+        by_id = {n.node_id: n for n in nodes}
+        w = len(members)
+        node_mem = min((by_id[m].mem_total_bytes for m in members if m in by_id), default=0)
+        resize_failed = state.mem_asked > 0 and node_mem < 0.99 * state.mem_asked
+        ooms = int(snapshot.job.get("oom_count", 0) or 0)
+        if ooms > state.ooms_seen:
+            state = replace(state, ooms_seen=ooms)
+            level = max((state.nodes[m][-1].mem_used for m in members if m in state.nodes), default=node_mem)
+            growth = (state.growth_total or 0.0) / w
+            need = max(
+                node_mem * cfg.oom_restart_factor,
+                (level + growth * cfg.mem_growth_horizon_s) * (1 + cfg.mem_margin),
+            )
+            why = f"OOM happened at {node_mem / 2**30:.1f} GiB per node"
+            return self._more_memory(snapshot, state, job, members, healthy, need, why, resize_failed)
+        risks = oom_risks(state, members, cfg)
+        if not risks:
+            return None, state
+        r = risks[0]
+        growth = max(r.trend.slope, (state.growth_total or 0.0) / w)
+        need = (r.trend.level + growth * cfg.mem_growth_horizon_s) * (1 + cfg.mem_margin)
+        why = (
+            f"OOM predicted on {r.node} in {r.seconds:.0f} s "
+            f"({r.trend.level / 2**30:.1f} GiB, +{growth * 3600 / 2**30:.2f} GiB/h)"
+        )
+        return self._more_memory(
+            snapshot, state, job, members, healthy, need, why, resize_failed, r.trend.level, growth
+        )
+
+    def _more_memory(
+        self, snapshot, state, job, members, healthy, need, why, resize_failed, level=0.0, growth=0.0
+    ):
+        cfg = self.config
+        w = len(members)
+        cur = snapshot.current
+        standby = self._standby(healthy, state.flagged)
+        if cfg.resize_rounds and not resize_failed:
+            state = replace(
+                state,
+                mem_asked=need,
+                last_round_at=snapshot.now,
+                advice=replace(
+                    state.advice, mem_per_node_bytes=max(need, state.advice.mem_per_node_bytes), reason=why
+                ),
+            )
+            reason = f"{why}; memory budget to {need / 2**30:.1f} GiB per node"
+            return self._decide(state, cur.number, members, standby, reason, 0.0, 0.7)
+        per_node = level or max(
+            (state.nodes[m][-1].mem_used for m in members if m in state.nodes), default=0.0
+        )
+        node_mem = min(state.nodes[m][-1].mem_total for m in members if m in state.nodes) if per_node else 0.0
+        floor = memory_floor(job, cfg, w, per_node, growth, node_mem, w + 1, snapshot.max_nodes)
+        state = replace(
+            state,
+            advice=replace(state.advice, target_nodes=max(floor, state.advice.target_nodes), reason=why),
+        )
+        add = min(floor - w, len(healthy))
+        if add <= 0 and cfg.resize_rounds:  # no node to add: ask for memory again all the same
+            state = replace(state, mem_asked=need, last_round_at=snapshot.now)
+            state = replace(
+                state,
+                advice=replace(state.advice, mem_per_node_bytes=max(need, state.advice.mem_per_node_bytes)),
+            )
+            return self._decide(
+                state,
+                cur.number,
+                members,
+                standby,
+                f"{why}; memory budget to {need / 2**30:.1f} GiB per node",
+                0.0,
+                0.5,
+            )
+        if add <= 0:
+            return Wait(f"{why}; no node to add, asking for {floor} node(s)"), state
+        new = list(members) + healthy[:add]
+        state = replace(state, last_round_at=snapshot.now, mem_asked=0.0)
+        reason = f"{why}; sharding over {len(new)} nodes"
+        return self._decide(
+            state, cur.number, new, self._standby(healthy[add:], state.flagged), reason, None, 0.7
+        )
+
+    def _cooldown(self, snapshot, state, job, members, healthy, nodes):
+        cur = snapshot.current
+        last = max(state.last_round_at, cur.decided_at if cur.decided_at > 0 else float("-inf"))
+        until = last + self.config.cooldown_s
+        if snapshot.now < until:
+            return Wait(f"cooldown until {until:.3f}", until=until), state
+        return None, state
+
+    def _straggler(self, snapshot, state, job, members, healthy, nodes):
+        cfg = self.config
+        bad = [m for m in members if m in state.flagged]
+        if not bad:
+            return None, state
+        f = self._fit(state, job)
+        by_id = {n.node_id: n for n in nodes}
+        w = len(members)
+        obs = [c for c in state.configs if c.round == snapshot.current.number]
+        if healthy:
+            swap = dict(zip(bad, healthy, strict=False))
+            new = [swap.get(m, m) for m in members]
+            gain = obs[-1].step_s / f.step_s(self._shape(job), w, obs[-1].capacity) - 1 if f and obs else None
+            state = replace(state, last_round_at=snapshot.now)
+            reason = f"straggler(s) {', '.join(swap)} replaced by {', '.join(swap.values())}"
+            rest = [n for n in healthy if n not in swap.values()]
+            return self._decide(
+                state, snapshot.current.number, new, self._standby(rest, state.flagged), reason, gain, 0.7
+            )
+        keep = [m for m in members if m not in bad]
+        if len(keep) < max(snapshot.min_nodes, 1) or f is None or not obs:
+            spares = max(state.advice.target_nodes, w + len(bad))
+            state = replace(
+                state, advice=replace(state.advice, target_nodes=spares, reason="spare for a straggler")
+            )
+            return None, state
+        cap = sum(node_capacity(by_id[m]) for m in keep) / len(keep)
+        gain = f.throughput(self._shape(job), len(keep), cap) / (job.global_batch / obs[-1].step_s) - 1
+        if gain * cfg.gain_horizon_s <= cfg.round_cost_s * (1 + gain) or gain < 0.05:
+            spares = max(state.advice.target_nodes, w + len(bad))
+            state = replace(
+                state, advice=replace(state.advice, target_nodes=spares, reason="spare for a straggler")
+            )
+            return None, state
+        state = replace(state, advice=replace(state.advice, target_nodes=max(state.advice.target_nodes, w)))
+        state = replace(state, last_round_at=snapshot.now)
+        reason = f"straggler(s) {', '.join(bad)} removed; no standby node"
+        return self._decide(state, snapshot.current.number, keep, (), reason, gain, f.confidence(len(keep)))
+
+    @staticmethod
+    def _shape(job: JobSpec):
+        from .scaling import shape_of
+
+        return shape_of(job)
+
+    def _scale(self, snapshot, state, job, members, healthy, nodes):
+        cfg = self.config
+        cur = snapshot.current
+        ready = [c for c in state.configs if c.round == cur.number and c.clean]
+        window, need = (cfg.profile_window_s, cfg.min_profile_samples) if cfg.profiling else (0.0, 1)
+        if snapshot.now - state.round_seen_at < window or len(ready) < need:
+            until = state.round_seen_at + cfg.profile_window_s
+            return Wait(
+                f"profiling {len(members)} node(s) ({len(ready)} sample(s))", until=max(until, snapshot.now)
+            ), state
+        f = self._fit(state, job)
+        by_id = {n.node_id: n for n in nodes}
+        w = len(members)
+        cap = sum(node_capacity(by_id[m]) for m in members) / w
+        growth = (state.growth_total or 0.0) / w
+        per_node = max(state.nodes[m][-1].mem_used for m in members)
+        node_mem = min(state.nodes[m][-1].mem_total for m in members)
+        lo, hi = max(snapshot.min_nodes, 1), snapshot.max_nodes
+        lo_up = max(lo, memory_floor(job, cfg, w, per_node, growth, node_mem, lo, hi))
+        measured = observed_cap(
+            [(c.world, c.step_s) for c in state.configs if c.clean], cfg.min_marginal_gain
+        )
+        t = choose_world(f, job, cap, w, lo_up, hi, cfg, measured)
+        if t.world < w:  # scaling down needs memory headroom too (hysteresis against OOM-driven scale-ups)
+            strict = replace(cfg, oom_threshold=cfg.oom_threshold * 0.85)
+            lo_down = max(lo_up, memory_floor(job, strict, w, per_node, growth, node_mem, lo, hi))
+            t = choose_world(f, job, cap, w, min(lo_down, w), hi, cfg, measured)
+        est_w = estimate_node_memory(job, w, cfg.cold_overhead_bytes)
+        est_t = estimate_node_memory(job, t.world, cfg.cold_overhead_bytes)
+        per_target = max(per_node, rescale_observed(per_node, est_w, est_t))  # budget for both sizes
+        cpu_used = max(state.nodes[m][-1].cpu_used for m in members)
+        alloc_cpu = min(by_id[m].cpu_count for m in members)
+        if t.world < w:  # input-pipeline cores scale with each node's sample rate
+            rate = (t.throughput / t.world) / max(t.current_throughput / w, 1e-9)
+            cpu_used *= max(rate, 1.0)
+        cpu, mem = budgets(cfg, cpu_used, per_target, growth * w / min(t.world, w), alloc_cpu)
+        spares = sum(1 for m in members if m in state.flagged)
+        floor_mem = state.advice.mem_per_node_bytes if state.ooms_seen else 0
+        state = replace(state, advice=Advice(t.world + spares, cpu, max(mem, floor_mem), t.why))
+        target = min(t.world, w + len(healthy))
+        if target == w:
+            return None, state
+        gain = t.throughput / t.current_throughput - 1 if target == t.world else None
+        if target > w:
+            new = list(members) + healthy[: target - w]
+            fresh_nodes = [by_id[n] for n in healthy[: target - w]]
+            deadline = max(n.seen_at for n in fresh_nodes) + snapshot.last_call_timeout
+            if target < t.world and snapshot.now < deadline:
+                return Wait(
+                    f"scale-up to {t.world} wanted; last call until {deadline:.3f}", until=deadline
+                ), state
+            pred = f.throughput(self._shape(job), target, cap)
+            gain = pred / t.current_throughput - 1
+            if gain * cfg.gain_horizon_s <= cfg.round_cost_s * (1 + gain):
+                return None, state
+            rest = healthy[target - w :]
+            reason = f"scale up {w} -> {target}: {t.why}"
+        else:
+            new = list(members)[:target]
+            rest = [m for m in members[target:]] + healthy
+            reason = f"scale down {w} -> {target}: {t.why}"
+        state = replace(state, last_round_at=snapshot.now)
+        return self._decide(
+            state, cur.number, new, self._standby(rest, state.flagged), reason, gain, t.confidence
+        )
+
+    def _resize(self, snapshot, state, job, members, healthy, nodes):
+        cfg = self.config
+        if not cfg.resize_rounds:
+            return None, state
+        by_id = {n.node_id: n for n in nodes}
+        a = state.advice
+        alloc_cpu = min(by_id[m].cpu_count for m in members)
+        alloc_mem = min(by_id[m].mem_total_bytes for m in members)
+        cpu_save = a.cpu_per_node > 0 and a.cpu_per_node < (1 - cfg.resize_when_saving) * alloc_cpu
+        mem_save = (
+            state.growth_total is not None
+            and 0 < a.mem_per_node_bytes < (1 - cfg.resize_when_saving) * alloc_mem
+        )
+        if not (cpu_save or mem_save):
+            return None, state
+        state = replace(
+            state, last_round_at=snapshot.now, mem_asked=a.mem_per_node_bytes if mem_save else state.mem_asked
+        )
+        reason = f"resize to {a.cpu_per_node:.1f} cores, {a.mem_per_node_bytes / 2**30:.1f} GiB per node (observed peak + margins)"
+        return self._decide(
+            state, snapshot.current.number, members, self._standby(healthy, state.flagged), reason, 0.0, 0.8
+        )

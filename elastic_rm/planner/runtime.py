@@ -1,0 +1,86 @@
+"""Stage 3 detectors: stragglers (with hysteresis and hardware signals) and OOM from the memory trend.
+
+Pure functions of the state windows. They update counters only when a fresh sample was recorded at
+``now``, so asking twice with the same snapshot changes nothing.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from .config import PlannerConfig
+from .memory_model import Trend, fit_trend, time_to_limit
+from .state import NodeSample, PlannerState
+
+
+def _is_slow(s: NodeSample, med_busy: float, med_gpu: float, k: float, cfg: PlannerConfig) -> bool:
+    if s.throttled:
+        return True
+    if med_busy > 0 and s.busy_s > k * med_busy:
+        return True
+    return med_gpu > 0 and 0 <= s.gpu_util < cfg.low_gpu_util * med_gpu
+
+
+def update_stragglers(
+    state: PlannerState, members: tuple[str, ...], now: float, cfg: PlannerConfig
+) -> tuple[dict[str, int], frozenset[str]]:
+    """Consecutive slow/fast counts per member; flag after ``enter`` slow, clear after ``exit`` fast."""
+    latest = {m: state.nodes[m][-1] for m in members if m in state.nodes and state.nodes[m][-1].t == now}
+    slow = {m: c for m, c in state.slow.items() if m in members}
+    flagged = set(state.flagged)  # non-members keep their flag while alive (the caller prunes the dead)
+    if len(latest) < 2:
+        return slow, frozenset(flagged)
+    med_busy = statistics.median(s.busy_s for s in latest.values())
+    gpus = [s.gpu_util for s in latest.values() if s.gpu_util >= 0]
+    med_gpu = statistics.median(gpus) if gpus else -1.0
+    for m, s in latest.items():
+        if m in flagged:
+            fast = not _is_slow(s, med_busy, med_gpu, cfg.straggler_clear_k, cfg)
+            count = slow.get(m, 0) - 1 if fast else 0
+            count = min(count, 0)
+            if -count >= cfg.straggler_exit:
+                flagged.discard(m)
+                count = 0
+        else:
+            count = slow.get(m, 0) + 1 if _is_slow(s, med_busy, med_gpu, cfg.straggler_k, cfg) else 0
+            if count >= cfg.straggler_enter:
+                flagged.add(m)
+                count = 0
+        slow[m] = count
+    return slow, frozenset(flagged)
+
+
+@dataclass(frozen=True)
+class OomRisk:
+    node: str
+    seconds: float
+    trend: Trend
+    limit: float
+
+
+def oom_risks(state: PlannerState, members: tuple[str, ...], cfg: PlannerConfig) -> list[OomRisk]:
+    """Members whose memory trend (this round only) crosses the threshold within the horizon."""
+    risks = []
+    for m in members:
+        pts = [(s.t, s.mem_used) for s in state.nodes.get(m, ()) if s.t >= state.round_seen_at]
+        trend = fit_trend(pts)
+        if trend is None:
+            continue
+        limit = cfg.oom_threshold * state.nodes[m][-1].mem_total
+        if limit <= 0:
+            continue
+        secs = time_to_limit(trend, limit)
+        if secs <= cfg.oom_horizon_s:
+            risks.append(OomRisk(m, secs, trend, limit))
+    return sorted(risks, key=lambda r: (r.seconds, r.node))
+
+
+def memory_growth(state: PlannerState, members: tuple[str, ...]) -> float | None:
+    """Mean per-node memory slope (bytes/s, >= 0) over this round; None until a trend exists."""
+    slopes = []
+    for m in members:
+        trend = fit_trend([(s.t, s.mem_used) for s in state.nodes.get(m, ()) if s.t >= state.round_seen_at])
+        if trend is not None:
+            slopes.append(trend.slope)
+    return max(statistics.fmean(slopes), 0.0) if slopes else None

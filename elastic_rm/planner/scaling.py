@@ -1,0 +1,131 @@
+"""Stage 2: from the fitted model to a target world size and per-node budgets.
+
+The target obeys, in order: MIN/MAX, the memory floor (the smallest world whose per-node memory fits under
+the OOM threshold for the growth horizon), the marginal-gain rule with a hysteresis band (scale up to the
+size where the next node brings < g of an average node; scale down only past the size for 0.75 g), and at
+most ``max_step`` nodes per round.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from .config import PlannerConfig
+from .job import JobSpec
+from .memory_model import estimate_node_memory, rescale_observed
+from .perf_model import Fit, Sample, Shape, best_world, fit
+
+
+def shape_of(job: JobSpec) -> Shape:
+    return Shape(job.global_batch, job.emb_bytes_per_sample, job.dense_bytes, job.bandwidth)
+
+
+def fit_configs(job: JobSpec, samples: list[Sample], prior: tuple[float, ...]) -> Fit:
+    import numpy as np
+
+    return fit(shape_of(job), samples, np.asarray(prior) if prior else None)
+
+
+def memory_floor(
+    job: JobSpec,
+    cfg: PlannerConfig,
+    world: int,
+    per_node_now: float,
+    growth_per_node: float,
+    node_mem: float,
+    lo: int,
+    hi: int,
+) -> int:
+    """Smallest world in [lo, hi] whose forecast per-node memory stays under the OOM threshold."""
+    if node_mem <= 0 or per_node_now <= 0:
+        return lo
+    est_now = estimate_node_memory(job, world, cfg.cold_overhead_bytes)
+    total_growth = growth_per_node * world * cfg.mem_growth_horizon_s
+    for w in range(lo, hi + 1):
+        est_w = estimate_node_memory(job, w, cfg.cold_overhead_bytes)
+        need = rescale_observed(per_node_now, est_now, est_w) + total_growth / w
+        if need <= cfg.oom_threshold * node_mem:
+            return w
+    return hi
+
+
+@dataclass(frozen=True)
+class Target:
+    world: int
+    throughput: float
+    current_throughput: float
+    confidence: float
+    why: str
+
+
+def choose_world(
+    f: Fit,
+    job: JobSpec,
+    capacity: float,
+    current: int,
+    lo: int,
+    hi: int,
+    cfg: PlannerConfig,
+    cap: int | None = None,
+) -> Target:
+    """Hysteresis around the marginal-gain rule, capped by what was measured (``cap``, see observed_cap);
+    never outside [lo, hi] nor more than max_step away."""
+    shape = shape_of(job)
+    g = cfg.min_marginal_gain
+    up, _ = best_world(f, shape, capacity, lo, hi, g)
+    keep, _ = best_world(f, shape, capacity, lo, hi, 0.75 * g)
+    if current < lo:
+        target, why = lo, f"memory floor: with fewer than {lo} nodes memory would cross the OOM threshold"
+    elif current < up:
+        target, why = up, f"the next node up to {up} brings >= {g:.0%} of an average node"
+    elif current > max(keep, lo):
+        target, why = max(keep, lo), f"nodes beyond {max(keep, lo)} bring < {0.75 * g:.0%} of an average node"
+    else:
+        target, why = current, "at the marginal-gain optimum"
+    if cap is not None and cap >= lo and target > cap:
+        target, why = cap, f"measured: nodes beyond {cap} brought < {g:.0%} of an average node"
+    target = min(max(target, current - cfg.max_step, lo), current + cfg.max_step, hi)
+    return Target(
+        world=target,
+        throughput=f.throughput(shape, target, capacity),
+        current_throughput=f.throughput(shape, current, capacity),
+        confidence=f.confidence(target),
+        why=why,
+    )
+
+
+def observed_cap(samples: list[tuple[int, float]], min_gain: float, min_per_size: int = 2) -> int | None:
+    """The measured side of the marginal-gain rule (DLRover's speed-ratio check after a scaling step).
+
+    From (world, step time) samples: the smallest measured size w1 such that a larger measured size w2
+    brought less than ``min_gain`` x w1's average node per added node. The model proposes; this vetoes
+    what the job has already shown not to pay. None when nothing was refuted.
+    """
+    by_world: dict[int, list[float]] = {}
+    for w, s in samples:
+        by_world.setdefault(w, []).append(s)
+    tp = {w: 1.0 / statistics.median(v) for w, v in by_world.items() if len(v) >= min_per_size}
+    sizes = sorted(tp)
+    for i, w1 in enumerate(sizes):
+        for w2 in sizes[i + 1 :]:
+            if tp[w2] - tp[w1] < min_gain * (w2 - w1) * tp[w1] / w1:
+                return w1
+    return None
+
+
+def budgets(
+    cfg: PlannerConfig, peak_cpu: float, peak_mem: float, growth_per_node: float, alloc_cpu: float = 0.0
+) -> tuple[float, float]:
+    """Per-node CPU cores and memory bytes to ask for: observed peak + margins (+ growth for memory).
+
+    A node using (nearly) all its cores may be starved: its need is unknown, so ask for 1.5x what it has.
+    """
+    if alloc_cpu > 0 and peak_cpu >= 0.95 * alloc_cpu:
+        cpu = alloc_cpu * 1.5
+    else:
+        cpu = peak_cpu * (1 + cfg.cpu_margin_frac) + cfg.cpu_margin_cores if peak_cpu > 0 else 0.0
+    mem = (
+        peak_mem * (1 + cfg.mem_margin) + growth_per_node * cfg.mem_growth_horizon_s if peak_mem > 0 else 0.0
+    )
+    return cpu, mem

@@ -1,0 +1,1 @@
+"""Trace-driven simulation of a shared cluster under round policies (``erm simulate``)."""

@@ -1,0 +1,144 @@
+"""PlannerState: the windows of observations a pure planner needs, passed in and handed back.
+
+The snapshot carries only the latest metrics; straggler hysteresis, memory trends and per-configuration
+step times need a window. ``PlannerPolicy.step(snapshot, state) -> (answer, new_state)`` is a pure function
+of its arguments; the caller keeps the state (the leader in memory, or as JSON under its run key so that a
+new leader resumes; the simulator per job). :func:`observe` folds one snapshot into the state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from .history import StartPlan
+from .interface import ClusterSnapshot, NodeView
+
+
+@dataclass(frozen=True)
+class NodeSample:
+    t: float
+    busy_s: float  # the node's own step time (p50), see docs/planner.md
+    samples_per_s: float
+    mem_used: float
+    mem_total: float
+    cpu_used: float  # cores
+    gpu_util: float  # mean over GPUs, -1 when none
+    throttled: bool
+
+
+@dataclass(frozen=True)
+class ConfigSample:
+    """Job-level step time measured while a given round ran."""
+
+    t: float
+    round: int
+    world: int
+    capacity: float
+    step_s: float
+    clean: bool = True  # no member was slower than straggler_k x median when it was taken
+
+
+@dataclass(frozen=True)
+class Advice:
+    """Resources the planner wants (target node count and per-node budgets); 0 = no opinion."""
+
+    target_nodes: int = 0
+    cpu_per_node: float = 0.0
+    mem_per_node_bytes: float = 0.0
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class PlannerState:
+    nodes: dict[str, tuple[NodeSample, ...]] = field(default_factory=dict)
+    configs: tuple[ConfigSample, ...] = ()
+    slow: dict[str, int] = field(default_factory=dict)  # >0 consecutive slow samples, <0 fast while flagged
+    flagged: frozenset[str] = frozenset()
+    last_round_at: float = float("-inf")
+    last_round_number: int = -1
+    round_seen_at: float = float("-inf")  # when the current round was first seen
+    probed: frozenset[int] = frozenset()  # world sizes tried
+    start: StartPlan | None = None  # stage 1, once computed
+    advice: Advice = Advice()
+    peak_mem: float = 0.0
+    peak_cpu: float = 0.0
+    decisions: int = 0
+    last_sample_at: float = float("-inf")
+    decided_on_round: int = -2  # the round number our last Decision replaced (pending until it changes)
+    ooms_seen: int = 0
+    pending: tuple = ()  # (members, standby) of our last Decision
+    mem_asked: float = 0.0  # the per-node memory our last resize asked for (0: none pending)
+    growth_total: float | None = None  # job-wide memory growth (bytes/s over all members), once measured
+
+
+def node_capacity(node: NodeView) -> float:
+    """Compute capacity in model units: GPUs, or cores/16 on CPU-only nodes."""
+    if node.gpu_count > 0:
+        return float(node.gpu_count)
+    return max(node.cpu_count, 1) / 16.0
+
+
+def _sample(node: NodeView, now: float) -> NodeSample | None:
+    m = node.metrics
+    if m is None or m.steps is None or m.steps.steps <= 0:
+        return None
+    gpu = sum(m.gpu_util) / len(m.gpu_util) if m.gpu_util else -1.0
+    return NodeSample(
+        t=now,
+        busy_s=m.steps.p50_s,
+        samples_per_s=m.steps.samples_per_s,
+        mem_used=float(m.mem_used_bytes),
+        mem_total=float(m.mem_total_bytes or node.mem_total_bytes),
+        cpu_used=m.cpu_util * max(node.cpu_count, 1),
+        gpu_util=gpu,
+        throttled=m.gpu_throttled,
+    )
+
+
+def observe(
+    snapshot: ClusterSnapshot,
+    state: PlannerState,
+    sample_interval_s: float,
+    window: int,
+    straggler_k: float = 1.5,
+) -> PlannerState:
+    """Record one sample per node and one job-level step time, at most once per interval.
+
+    Samples in the first interval after a new round are skipped for the job-level step time (restart
+    warm-up), so each configuration is judged on steady steps only.
+    """
+    now = snapshot.now
+    cur = snapshot.current
+    alive = {n.node_id: n for n in snapshot.nodes}
+    new = replace(state, nodes={k: v for k, v in state.nodes.items() if k in alive})
+    if cur and cur.number != state.last_round_number:
+        new = replace(
+            new, last_round_number=cur.number, round_seen_at=now, probed=new.probed | {len(cur.members)}
+        )
+    if now - state.last_sample_at < sample_interval_s:
+        return new
+    nodes = dict(new.nodes)
+    peak_mem, peak_cpu = new.peak_mem, new.peak_cpu
+    members = set(cur.members) if cur else set()
+    for nid, node in alive.items():
+        s = _sample(node, now)
+        if s is None:
+            continue
+        nodes[nid] = (nodes.get(nid, ()) + (s,))[-window:]
+        if nid in members:
+            peak_mem = max(peak_mem, s.mem_used)
+            peak_cpu = max(peak_cpu, s.cpu_used)
+    new = replace(new, nodes=nodes, peak_mem=peak_mem, peak_cpu=peak_cpu, last_sample_at=now)
+    if cur and cur.members and now - new.round_seen_at >= sample_interval_s:
+        latest = [nodes[m][-1] for m in cur.members if m in nodes]
+        if len(latest) == len(cur.members) and all(s.t == now for s in latest):
+            tp = sum(s.samples_per_s for s in latest)
+            batch = float(snapshot.job.get("global_batch", 0) or 0)
+            if tp > 0 and batch > 0:
+                cap = sum(node_capacity(alive[m]) for m in cur.members) / len(cur.members)
+                busy = sorted(s.busy_s for s in latest)
+                med = busy[len(busy) // 2]
+                clean = not any(s.throttled for s in latest) and busy[-1] <= straggler_k * med
+                cs = ConfigSample(now, cur.number, len(cur.members), cap, batch / tp, clean)
+                new = replace(new, configs=(new.configs + (cs,))[-64:])
+    return new

@@ -1,0 +1,297 @@
+"""Flash checkpoint: pause the step loop only for an in-memory snapshot, write it with DCP into this
+node's shared-memory directory in the background, optionally replicate it into one peer node's memory
+and persist it to a durable directory; restore it into any world size with a new plan.
+
+Every collective of the background work runs on a private gloo group, so training collectives on the
+default group can proceed meanwhile. Manifests and the training position are JSON.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+import shutil
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemWriter
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.types import ShardingPlan
+
+from elastic_rm.train.collectives import all_gather_json, broadcast_bytes
+from elastic_rm.train.manifest import (
+    DCP_METADATA,
+    MANIFEST,
+    CorruptCheckpointError,
+    copy_file,
+    file_entry,
+    make_manifest,
+    prune_steps,
+    publish_dir,
+    step_dirname,
+    write_file,
+)
+from elastic_rm.train.restore import RestoreResult, restore_checkpoint
+from elastic_rm.train.sharding import plan_digest, plan_summary
+from elastic_rm.train.snapshot import Snapshotter, app_state
+from elastic_rm.train.sources import CheckpointSource, DirectorySource
+
+log = logging.getLogger(__name__)
+
+
+def _default_run_id() -> str:
+    return os.environ.get("ERM_RUN_ID") or os.environ.get("TORCHELASTIC_RUN_ID") or "default"
+
+
+@dataclass
+class FlashConfig:
+    """Where and how the flash checkpoint keeps its copies.
+
+    node_id names this node's memory directory; it must be stable across rounds (the agent sets
+    ERM_NODE_ID; the host name otherwise). durable_dir must be shared by all nodes (or local with one
+    node); None disables persisting. persist_every: persist every n-th flash save.
+    """
+
+    run_id: str = field(default_factory=_default_run_id)
+    node_id: str = field(default_factory=lambda: os.environ.get("ERM_NODE_ID") or socket.gethostname())
+    memory_root: Path | None = None
+    durable_dir: Path | None = None
+    persist_every: int = 1
+    replicate: bool = False
+    keep_memory: int = 2
+    keep_durable: int = 2
+    sync_durable: bool = True
+    verify_checksums: bool = True  # False: restore checks sizes only (faster; misses flipped bytes)
+    timeout_s: float = 600.0
+
+    def root(self) -> Path:
+        return Path(self.memory_root or Path("/dev/shm") / "elastic-rm" / self.run_id)
+
+
+@dataclass
+class SaveStats:
+    step: int
+    pause_s: float  # time the step loop was held (snapshot, plus any wait for the previous save)
+    waited_s: float  # part of the pause spent waiting for the previous background save
+    bytes: int
+
+
+class FlashCheckpointer:
+    """Create after the DMP (collective: every rank calls it). See docs/train.md for the step loop."""
+
+    def __init__(
+        self,
+        dmp: DistributedModelParallel,
+        plan: ShardingPlan | None = None,
+        dense_optimizer: torch.optim.Optimizer | None = None,
+        config: FlashConfig | None = None,
+    ) -> None:
+        self.dmp = dmp
+        self.plan = plan
+        self.dense_optimizer = dense_optimizer
+        self.cfg = config or FlashConfig()
+        self.pg = dist.new_group(backend="gloo")
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+        self.rank_nodes: list[str] = all_gather_json(self.cfg.node_id, self.pg)
+        self.node = self.cfg.node_id
+        self.nodes = sorted(set(self.rank_nodes))
+        self.leader = self.rank_nodes.index(self.node) == self.rank
+        self.node_dir = self.cfg.root() / self.node
+        self._snap = Snapshotter()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._saves = 0
+        self.last_committed: int | None = None
+        self.last_persisted: int | None = None
+
+    # ---- saving -------------------------------------------------------------------------------
+    def prepare(self) -> float:
+        """Allocate (and page in) the snapshot buffers now, outside the step loop, so that the first
+        save pauses as briefly as later ones. Costs one copy of this rank's state in memory."""
+        t0 = time.perf_counter()
+        self.wait()
+        self._snap.snapshot(app_state(self.dmp, self.dense_optimizer))
+        return time.perf_counter() - t0
+
+    def save(self, step: int, position: dict[str, Any] | None = None, block: bool = False) -> SaveStats:
+        """Snapshot now (the step pause), write in the background. `position` (JSON) is the training
+        position to resume from, e.g. {"step": ..., "ledger": ledger.checkpoint_state()}; rank 0's is kept."""
+        t0 = time.perf_counter()
+        self.wait()
+        waited = time.perf_counter() - t0
+        pos_json = json.dumps(position if position is not None else {"step": step})
+        self._snap.bytes_copied = 0
+        snap = self._snap.snapshot(app_state(self.dmp, self.dense_optimizer))
+        stats = SaveStats(step, time.perf_counter() - t0, waited, self._snap.bytes_copied)
+        self._saves += 1
+        persist = self.cfg.durable_dir is not None and self._saves % max(1, self.cfg.persist_every) == 0
+        self._thread = threading.Thread(
+            target=self._run, args=(step, snap, pos_json, persist), name=f"erm-flash-{step}", daemon=True
+        )
+        self._thread.start()
+        if block:
+            self.wait()
+        return stats
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Block until the background save is committed (and persisted, if due); re-raise its error."""
+        if self._thread is not None:
+            self._thread.join(timeout if timeout is not None else self.cfg.timeout_s)
+            if self._thread.is_alive():
+                raise TimeoutError(
+                    f"flash checkpoint still writing after {timeout or self.cfg.timeout_s:.0f}s; a peer "
+                    "rank may have died. Raise FlashConfig.timeout_s if the disk is slow."
+                )
+            self._thread = None
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise RuntimeError(f"background flash checkpoint failed: {err}") from err
+
+    def _run(self, step: int, snap: dict, pos_json: str, persist: bool) -> None:
+        try:
+            manifest = self._commit_memory(step, snap, pos_json)
+            if self.cfg.replicate:
+                self._replicate(step, manifest)
+            dist.barrier(group=self.pg)
+            self.last_committed = step
+            if persist:
+                self._persist(step, manifest)
+                self.last_persisted = step
+        except BaseException as e:  # surfaced by wait()
+            log.exception("flash checkpoint of step %d failed", step)
+            self._error = e
+
+    def _commit_memory(self, step: int, snap: dict, pos_json: str) -> dict[str, Any]:
+        tmp = self.node_dir / (step_dirname(step) + ".tmp")
+        if self.leader:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        dist.barrier(group=self.pg)
+        writer = FileSystemWriter(tmp, sync_files=False, thread_count=1, overwrite=True)
+        dcp.save(snap, storage_writer=writer, process_group=self.pg)
+        mine = {
+            p.name: file_entry(p, node=self.node, rank=self.rank)
+            for p in sorted(tmp.glob(f"__{self.rank}_*"))
+        }
+        files: dict[str, Any] = {}
+        for part in all_gather_json(mine, self.pg):
+            files.update(part)
+        meta = body = None
+        if self.rank == 0:
+            meta = (tmp / DCP_METADATA).read_bytes()
+            files[DCP_METADATA] = file_entry(tmp / DCP_METADATA, node="*", rank=0)
+            body = make_manifest(
+                {
+                    "step": step,
+                    "world_size": self.world,
+                    "nodes": self.rank_nodes,
+                    "plan": plan_summary(self.plan) if self.plan is not None else None,
+                    "plan_digest": plan_digest(self.plan) if self.plan is not None else None,
+                    "position": json.loads(pos_json),
+                    "files": files,
+                    "created_unix": time.time(),
+                }
+            )
+        meta = broadcast_bytes(meta, 0, self.pg)
+        body = broadcast_bytes(body, 0, self.pg)
+        if self.leader:
+            if not (tmp / DCP_METADATA).exists():
+                write_file(tmp / DCP_METADATA, meta, sync=False)
+            write_file(tmp / MANIFEST, body, sync=False)
+            publish_dir(tmp, self.node_dir / step_dirname(step), sync=False)
+            prune_steps(self.node_dir, self.cfg.keep_memory)
+        return json.loads(body)
+
+    def peer_of(self, node: str) -> str | None:
+        """The node that holds `node`'s replica: the next one in sorted order (a ring)."""
+        if len(self.nodes) < 2:
+            return None
+        return self.nodes[(self.nodes.index(node) + 1) % len(self.nodes)]
+
+    def _replicate(self, step: int, manifest: dict[str, Any]) -> None:
+        """Copy this node's files into its peer's memory directory (on one machine; across machines the
+        peer's agent would fetch them, see docs/train.md)."""
+        peer = self.peer_of(self.node)
+        if not self.leader or peer is None:
+            return
+        src = self.node_dir / step_dirname(step)
+        dst_root = self.cfg.root() / peer / "replicas" / self.node
+        tmp = dst_root / (step_dirname(step) + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for name, entry in manifest["files"].items():
+            if entry["node"] in (self.node, "*"):
+                copy_file(src / name, tmp / name, sync=False)
+        copy_file(src / MANIFEST, tmp / MANIFEST, sync=False)
+        publish_dir(tmp, dst_root / step_dirname(step), sync=False)
+        prune_steps(dst_root, self.cfg.keep_memory)
+
+    def _persist(self, step: int, manifest: dict[str, Any]) -> None:
+        """Copy every node's files into <durable>/step-N.tmp, then rank 0 publishes it atomically."""
+        assert self.cfg.durable_dir is not None
+        durable = Path(self.cfg.durable_dir)
+        tmp = durable / (step_dirname(step) + ".tmp")
+        sync = self.cfg.sync_durable
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        dist.barrier(group=self.pg)
+        src = self.node_dir / step_dirname(step)
+        if self.leader:
+            for name, entry in manifest["files"].items():
+                if entry["node"] == self.node:
+                    copy_file(src / name, tmp / name, sync=sync)
+        dist.barrier(group=self.pg)
+        if self.rank == 0:
+            copy_file(src / DCP_METADATA, tmp / DCP_METADATA, sync=sync)
+            copy_file(src / MANIFEST, tmp / MANIFEST, sync=sync)
+            publish_dir(tmp, durable / step_dirname(step), sync=sync)
+            prune_steps(durable, self.cfg.keep_durable)
+
+    # ---- restoring ----------------------------------------------------------------------------
+    def sources(self) -> list[CheckpointSource]:
+        """Fastest first: this node's memory, the memory of the other current members, durable."""
+        root = self.cfg.root()
+        out: list[CheckpointSource] = [
+            DirectorySource(f"local:{self.node}", self.node_dir, with_replicas=True)
+        ]
+        out += [
+            DirectorySource(f"peer:{n}", root / n, with_replicas=True) for n in self.nodes if n != self.node
+        ]
+        if self.cfg.durable_dir is not None:
+            out.append(DirectorySource("durable", Path(self.cfg.durable_dir)))
+        return out
+
+    def restore(self, sources: list[CheckpointSource] | None = None) -> RestoreResult | None:
+        """Load the newest good checkpoint into this world's model (collective). None: nothing saved
+        yet (fresh start). Raises CorruptCheckpointError when checkpoints exist but none is good."""
+        self.wait()
+        return restore_checkpoint(
+            self.dmp,
+            self.dense_optimizer,
+            sources or self.sources(),
+            self.pg,
+            self.rank,
+            self.cfg.verify_checksums,
+        )
+
+    def close(self) -> None:
+        """Finish the background save and free the snapshot buffers; call before destroying the group."""
+        try:
+            self.wait()
+        finally:
+            self._snap.clear()
+            gc.collect()
+
+
+__all__ = ["CorruptCheckpointError", "FlashCheckpointer", "FlashConfig", "RestoreResult", "SaveStats"]

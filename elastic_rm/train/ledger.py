@@ -1,0 +1,165 @@
+"""Exactly-once dynamic data sharding (DLRover-RM's dynamic data sharding).
+
+The dataset [0, num_samples) is cut into index ranges handed out on demand, so faster workers take more.
+The ledger is pure state: a leader owns it, workers acquire ranges and report progress, and the leader
+puts `checkpoint_state()` into the checkpoint's manifest (FlashCheckpointer.save(position=...)). The
+done marks therefore commit atomically with the model state that contains their effect. After a
+failure, `RangeLedger.from_checkpoint(state)` hands out again everything not done as of that
+checkpoint, a partly consumed range from the first sample not in the checkpoint. Nothing here does I/O;
+`LedgerStore` is the small protocol for keeping the state elsewhere too (a JSON file here; etcd later).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class DataRange:
+    """Samples [start, end) of range `id`; `start` is past the range's first sample when it resumes a
+    range that was partly consumed before the checkpoint."""
+
+    id: int
+    start: int
+    end: int
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+
+class LedgerError(RuntimeError):
+    pass
+
+
+class RangeLedger:
+    def __init__(self, num_samples: int, range_size: int, epoch: int = 0) -> None:
+        if num_samples < 0 or range_size <= 0:
+            raise ValueError(f"need num_samples >= 0 and range_size > 0, got {num_samples}, {range_size}")
+        self.num_samples = num_samples
+        self.range_size = range_size
+        self.epoch = epoch
+        self.num_ranges = -(-num_samples // range_size)
+        self.done: set[int] = set()
+        self.progress: dict[int, int] = {}  # range id -> first sample not yet consumed (partial ranges)
+        self.leases: dict[int, str] = {}  # range id -> worker
+        self._todo: list[int] = list(range(self.num_ranges))
+
+    def bounds(self, range_id: int) -> tuple[int, int]:
+        lo = range_id * self.range_size
+        return lo, min(lo + self.range_size, self.num_samples)
+
+    def acquire(self, worker: str) -> DataRange | None:
+        """The lowest range nobody holds, leased to `worker`; None when all are handed out."""
+        if not self._todo:
+            return None
+        rid = self._todo.pop(0)
+        self.leases[rid] = worker
+        lo, hi = self.bounds(rid)
+        return DataRange(rid, self.progress.get(rid, lo), hi)
+
+    def report(self, range_id: int, consumed_upto: int) -> None:
+        """The samples of the range below `consumed_upto` are in the model now (after the step)."""
+        if range_id not in self.leases:
+            raise LedgerError(
+                f"range {range_id} is not leased (done: {range_id in self.done}); report only "
+                "ranges this ledger handed out"
+            )
+        lo, hi = self.bounds(range_id)
+        if not self.progress.get(range_id, lo) <= consumed_upto <= hi:
+            raise LedgerError(f"range {range_id}: progress {consumed_upto} outside [{lo}, {hi}] or backwards")
+        if consumed_upto == hi:
+            self.done.add(range_id)
+            self.progress.pop(range_id, None)
+            del self.leases[range_id]
+        else:
+            self.progress[range_id] = consumed_upto
+
+    def release(self, worker: str) -> list[int]:
+        """A worker left without finishing: its ranges go back (from their progress), lowest first."""
+        back = sorted(r for r, w in self.leases.items() if w == worker)
+        for r in back:
+            del self.leases[r]
+        self._todo = sorted(self._todo + back)
+        return back
+
+    def exhausted(self) -> bool:
+        return len(self.done) == self.num_ranges
+
+    def remaining_samples(self) -> int:
+        total = 0
+        for r in range(self.num_ranges):
+            if r not in self.done:
+                lo, hi = self.bounds(r)
+                total += hi - self.progress.get(r, lo)
+        return total
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """JSON state to store in the checkpoint manifest: what the model state contains. Leases are
+        not part of it: after a restore, everything not done is handed out again."""
+        return {
+            "v": 1,
+            "num_samples": self.num_samples,
+            "range_size": self.range_size,
+            "epoch": self.epoch,
+            "done": _compress(sorted(self.done)),
+            "progress": {str(k): v for k, v in sorted(self.progress.items())},
+        }
+
+    @classmethod
+    def from_checkpoint(cls, state: dict[str, Any]) -> RangeLedger:
+        if state.get("v") != 1:
+            raise LedgerError(f"unknown ledger state version {state.get('v')!r}; expected 1")
+        led = cls(int(state["num_samples"]), int(state["range_size"]), int(state.get("epoch", 0)))
+        led.done = set(_expand(state["done"]))
+        led.progress = {int(k): int(v) for k, v in state.get("progress", {}).items()}
+        led._todo = [r for r in range(led.num_ranges) if r not in led.done]
+        return led
+
+
+def _compress(ids: list[int]) -> list[list[int]]:
+    """Sorted ids as [first, last] runs, so a long run's state stays small."""
+    runs: list[list[int]] = []
+    for i in ids:
+        if runs and runs[-1][1] == i - 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return runs
+
+
+def _expand(runs: list[list[int]]) -> list[int]:
+    return [i for a, b in runs for i in range(a, b + 1)]
+
+
+class LedgerStore(Protocol):
+    """Where the leader keeps the latest ledger state between checkpoints (optional; the checkpoint
+    manifest is the source of truth for what is done)."""
+
+    def load(self) -> dict[str, Any] | None: ...
+
+    def save(self, state: dict[str, Any]) -> None: ...
+
+
+class JsonFileLedgerStore:
+    """A JSON file replaced atomically (write, fsync, rename)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def load(self) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return None
+
+    def save(self, state: dict[str, Any]) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)

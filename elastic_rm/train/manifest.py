@@ -1,0 +1,188 @@
+"""Checkpoint directory layout, the JSON manifest (with its own checksum) and atomic file helpers.
+
+Layout (one directory per simulated or real node, so nodes on one machine share nothing):
+    <memory_root>/<node>/step-<N>/                 files written by this node's ranks, .metadata, manifest.json
+    <memory_root>/<node>/replicas/<src>/step-<N>/  a peer's files, held for it
+    <durable_dir>/step-<N>/                        all files, published by one atomic rename
+A step directory counts only once its manifest.json exists; writers fill `step-<N>.tmp` first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+MANIFEST = "manifest.json"
+DCP_METADATA = ".metadata"
+FORMAT = "elastic-rm-flash"
+_STEP_RE = re.compile(r"^step-(\d{8,})$")
+
+
+class CorruptCheckpointError(RuntimeError):
+    """A checkpoint file or manifest failed its checksum, is truncated or missing."""
+
+
+def step_dirname(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def committed_steps(directory: Path) -> list[int]:
+    """Steps with a step directory (committed or not: a missing manifest is reported at restore)."""
+    if not directory.is_dir():
+        return []
+    steps = []
+    for p in directory.iterdir():
+        m = _STEP_RE.match(p.name)
+        if m and p.is_dir():
+            steps.append(int(m.group(1)))
+    return sorted(steps)
+
+
+BLOCK = 16 << 20  # bytes per block checksum: a reader verifies only the blocks it reads
+
+
+def sha256_file(path: Path, chunk: int = 8 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_entry(path: Path, **extra: object) -> dict[str, object]:
+    """Manifest entry: size, whole-file sha256 and one sha256 per BLOCK bytes (one mapped pass)."""
+    whole = hashlib.sha256()
+    blocks = []
+    with _mapped(path) as view:
+        for off in range(0, len(view), BLOCK):
+            whole.update(view[off : off + BLOCK])
+            blocks.append(hashlib.sha256(view[off : off + BLOCK]).hexdigest())
+    return {
+        "sha256": whole.hexdigest(),
+        "size": path.stat().st_size,
+        "block": BLOCK,
+        "blocks": blocks,
+        **extra,
+    }
+
+
+@contextmanager
+def _mapped(path: Path) -> Iterator[memoryview]:
+    """The file as a read-only memoryview (no copies, no page-faulting read buffers)."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            yield memoryview(b"")
+            return
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        view = memoryview(m)
+        try:
+            yield view
+        finally:
+            view.release()
+            m.close()
+
+
+def _body_digest(body: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def make_manifest(body: dict[str, Any]) -> bytes:
+    """Serialize a manifest body with a self-checksum, so a torn or edited manifest is detected."""
+    doc = {"v": 1, "format": FORMAT, **body}
+    doc["manifest_sha256"] = _body_digest(doc)
+    return json.dumps(doc, sort_keys=True, indent=1).encode()
+
+
+def parse_manifest(data: bytes, where: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(data)
+    except ValueError as e:
+        raise CorruptCheckpointError(f"{where}: manifest is not valid JSON ({e})") from e
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("v") != 1:
+        raise CorruptCheckpointError(f"{where}: not an elastic-rm v1 manifest")
+    claimed = doc.pop("manifest_sha256", None)
+    if claimed != _body_digest(doc):
+        raise CorruptCheckpointError(f"{where}: manifest checksum mismatch (torn or edited)")
+    doc["manifest_sha256"] = claimed
+    return doc
+
+
+def verify_file(path: Path, entry: dict[str, Any], ranges: list[tuple[int, int]] | None = None) -> str | None:
+    """None when the file matches its manifest entry, else why not. With `ranges` ((offset, length)
+    pairs), only the blocks covering them are hashed: a resharding reader reads part of each file."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return "missing"
+    if size != entry["size"]:
+        return f"size {size} != {entry['size']} (truncated or partial)"
+    if ranges is None or "blocks" not in entry:
+        return None if sha256_file(path) == entry["sha256"] else "sha256 mismatch (corrupt)"
+    bs = entry["block"]
+    wanted = sorted({b for off, n in ranges for b in range(off // bs, (off + max(n, 1) - 1) // bs + 1)})
+    with _mapped(path) as view:
+        for b in wanted:
+            if hashlib.sha256(view[b * bs : (b + 1) * bs]).hexdigest() != entry["blocks"][b]:
+                return f"sha256 mismatch in block {b} (corrupt)"
+    return None
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file(path: Path, data: bytes, sync: bool) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        if sync:
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def copy_file(src: Path, dst: Path, sync: bool) -> None:
+    with open(src, "rb") as fi, open(dst, "wb") as fo:
+        shutil.copyfileobj(fi, fo, length=16 << 20)
+        if sync:
+            fo.flush()
+            os.fsync(fo.fileno())
+
+
+def publish_dir(tmp: Path, final: Path, sync: bool) -> None:
+    """Atomically make `tmp` visible as `final` (replacing an older `final` of the same step)."""
+    if sync:
+        fsync_dir(tmp)
+    if final.exists():
+        old = final.with_name(final.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+    if sync:
+        fsync_dir(final.parent)
+
+
+def prune_steps(directory: Path, keep: int) -> None:
+    """Keep the newest `keep` step directories; drop stale tmp directories older than those."""
+    steps = committed_steps(directory)
+    for s in steps[:-keep] if keep > 0 else steps:
+        shutil.rmtree(directory / step_dirname(s), ignore_errors=True)
+    newest = steps[-1] if steps else None
+    if directory.is_dir():
+        for p in directory.iterdir():
+            m = re.match(r"^step-(\d{8,})\.tmp", p.name)
+            if m and newest is not None and int(m.group(1)) < newest:
+                shutil.rmtree(p, ignore_errors=True)

@@ -1,0 +1,98 @@
+"""Restore the newest good checkpoint into the current world: agree on a step, resolve every file
+from the fastest source holding a verified copy, and fall back to older steps with a clear log line."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torchrec.distributed.model_parallel import DistributedModelParallel
+
+from elastic_rm.train.collectives import all_gather_json
+from elastic_rm.train.manifest import CorruptCheckpointError
+from elastic_rm.train.snapshot import app_state, load_app_state
+from elastic_rm.train.sources import CheckpointSource, FileResolver, ResolvingReader, find_manifest
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RestoreResult:
+    step: int
+    position: dict[str, Any]
+    manifest: dict[str, Any]
+    file_sources: dict[str, str]  # file -> source name it was read from, on this rank
+    skipped: list[str] = field(default_factory=list)  # why newer checkpoints were not used
+    load_s: float = 0.0  # the whole load on this rank
+    verify_s: float = 0.0  # of which checksum verification
+
+
+def _short(e: BaseException, limit: int = 600) -> str:
+    """One line per failing rank, without DCP's tracebacks."""
+    if isinstance(e, CheckpointException):
+        text = "; ".join(f"rank {r}: {type(x).__name__}: {x}" for r, (x, _) in sorted(e.failures.items()))
+    else:
+        text = f"{type(e).__name__}: {e}"
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def restore_checkpoint(
+    dmp: DistributedModelParallel,
+    dense_optimizer: torch.optim.Optimizer | None,
+    sources: Sequence[CheckpointSource],
+    pg: dist.ProcessGroup | None,
+    rank: int,
+    verify: bool = True,
+) -> RestoreResult | None:
+    mine = sorted({s for src in sources for s in src.steps()})
+    steps = sorted({s for part in all_gather_json(mine, pg) for s in part}, reverse=True)
+    skipped: list[str] = []
+    for step in steps:
+        manifest, problems = find_manifest(step, sources)
+        digests = all_gather_json(manifest["manifest_sha256"] if manifest else None, pg)
+        if None in digests or len(set(digests)) != 1:
+            why = "; ".join(problems) or "ranks found different manifests"
+            reason = (
+                f"step {step} skipped: {why}" if manifest is None else f"step {step} skipped on some rank"
+            )
+            skipped.append(reason)
+            if rank == 0:
+                log.warning("elastic-rm restore: %s; trying the previous checkpoint", reason)
+            continue
+        assert manifest is not None
+        resolver = FileResolver(step, manifest, sources, verify)
+        state = app_state(dmp, dense_optimizer)
+        t0 = time.perf_counter()
+        try:
+            dcp.load(state, storage_reader=ResolvingReader(resolver), process_group=pg)
+        except (Exception, CheckpointException) as e:  # DCP gathers all ranks' errors (a BaseException)
+            reason = f"step {step} unusable: {_short(e)}"
+            skipped.append(reason)
+            if rank == 0:
+                log.warning("elastic-rm restore: %s; trying the previous checkpoint", reason)
+            continue
+        load_app_state(dmp, state, dense_optimizer)
+        load_s = time.perf_counter() - t0
+        used = {f: src for f, (src, _) in resolver.resolved.items()}
+        if rank == 0:
+            log.info(
+                "elastic-rm restore: step %d (saved at world %d) loaded into world %d in %.3fs",
+                step,
+                manifest["world_size"],
+                dist.get_world_size(pg),
+                load_s,
+            )
+        return RestoreResult(step, manifest["position"], manifest, used, skipped, load_s, resolver.verify_s)
+    if steps:
+        raise CorruptCheckpointError(
+            "no good checkpoint: " + " | ".join(skipped) + ". Restore a durable copy from backup or "
+            "start fresh by removing the checkpoint directories."
+        )
+    return None

@@ -1,0 +1,176 @@
+"""Where a checkpoint's files can be read from, fastest first, and a DCP reader that takes each file
+from the first place holding a copy whose checksum matches the manifest.
+
+A source is anything with steps / manifest bytes / a local path for a file. This module has the
+directory-backed ones: this node's memory directory, a peer node's memory directory (on one machine
+the stand-in for a fetch from that peer's agent), and the durable directory. A network source would
+implement the same protocol by downloading the requested file into a local cache and returning that
+path (see docs/train.md, "Sources").
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.filesystem import FileSystem
+from torch.distributed.checkpoint.planner import LoadPlan
+
+from elastic_rm.train.manifest import (
+    DCP_METADATA,
+    MANIFEST,
+    CorruptCheckpointError,
+    committed_steps,
+    parse_manifest,
+    step_dirname,
+    verify_file,
+)
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointSource(Protocol):
+    name: str
+
+    def steps(self) -> list[int]: ...
+
+    def manifest_bytes(self, step: int) -> bytes | None: ...
+
+    def file_path(self, step: int, file: str) -> Path | None: ...
+
+
+class DirectorySource:
+    """Step directories under `root`, plus (for node memory) the replicas it holds for peers."""
+
+    def __init__(self, name: str, root: Path, with_replicas: bool = False) -> None:
+        self.name = name
+        self.root = Path(root)
+        self.with_replicas = with_replicas
+
+    def _step_dirs(self, step: int) -> list[Path]:
+        dirs = [self.root / step_dirname(step)]
+        rep = self.root / "replicas"
+        if self.with_replicas and rep.is_dir():
+            dirs += sorted(p / step_dirname(step) for p in rep.iterdir())
+        return [d for d in dirs if d.is_dir()]
+
+    def steps(self) -> list[int]:
+        found = set(committed_steps(self.root))
+        rep = self.root / "replicas"
+        if self.with_replicas and rep.is_dir():
+            for p in rep.iterdir():
+                found.update(committed_steps(p))
+        return sorted(found)
+
+    def manifest_bytes(self, step: int) -> bytes | None:
+        for d in self._step_dirs(step):
+            if (d / MANIFEST).is_file():
+                return (d / MANIFEST).read_bytes()
+        return None
+
+    def file_path(self, step: int, file: str) -> Path | None:
+        for d in self._step_dirs(step):
+            if (d / file).is_file():
+                return d / file
+        return None
+
+
+def find_manifest(step: int, sources: Sequence[CheckpointSource]) -> tuple[dict[str, Any] | None, list[str]]:
+    """The first manifest of `step` that parses and passes its checksum, and why others did not."""
+    problems = []
+    for src in sources:
+        data = src.manifest_bytes(step)
+        if data is None:
+            continue
+        try:
+            return parse_manifest(data, f"{src.name} step {step}"), problems
+        except CorruptCheckpointError as e:
+            problems.append(str(e))
+    if not problems:
+        problems.append(f"step {step}: no manifest in any source (partial checkpoint)")
+    return None, problems
+
+
+class FileResolver:
+    """Maps a checkpoint file name to a verified local path, trying sources in order."""
+
+    def __init__(
+        self, step: int, manifest: dict[str, Any], sources: Sequence[CheckpointSource], verify: bool = True
+    ) -> None:
+        self.step = step
+        self.verify = verify
+        self.files: dict[str, Any] = manifest["files"]
+        self.sources = list(sources)
+        self.resolved: dict[str, tuple[str, Path]] = {}
+        self.verify_s = 0.0
+
+    def path(self, file: str, ranges: list[tuple[int, int]] | None = None) -> Path:
+        """A local path of a copy of `file` whose checksums match: of the whole file, or with `ranges`
+        of the blocks covering them."""
+        if file in self.resolved:
+            return self.resolved[file][1]
+        entry = self.files.get(file)
+        if entry is None:
+            raise CorruptCheckpointError(f"step {self.step}: file {file!r} is not in the manifest")
+        why = []
+        for src in self.sources:
+            p = src.file_path(self.step, file)
+            if p is None:
+                continue
+            t0 = time.perf_counter()
+            bad = (
+                verify_file(p, entry, ranges) if self.verify or file == DCP_METADATA else _size_only(p, entry)
+            )
+            self.verify_s += time.perf_counter() - t0
+            if bad is None:
+                self.resolved[file] = (src.name, p)
+                return p
+            why.append(f"{src.name}: {bad}")
+            log.warning(
+                "checkpoint step %d: %s in %s is %s; trying the next copy", self.step, file, src.name, bad
+            )
+        if not why:
+            why.append("no source holds it")
+        raise CorruptCheckpointError(f"step {self.step}: no good copy of {file} ({'; '.join(why)})")
+
+
+def _size_only(path: Path, entry: dict[str, Any]) -> str | None:
+    size = path.stat().st_size
+    return None if size == entry["size"] else f"size {size} != {entry['size']} (truncated or partial)"
+
+
+class _ResolvingFileSystem(FileSystem):
+    def __init__(self, resolver: FileResolver) -> None:
+        super().__init__()
+        self.resolver = resolver
+
+    def concat_path(self, path: str | Path, suffix: str) -> Path:  # type: ignore[override]
+        return self.resolver.path(str(suffix))
+
+
+class ResolvingReader(FileSystemReader):
+    """DCP FileSystemReader whose every file (the .metadata included) comes from the resolver.
+    All files a rank needs are verified in prepare_local_plan, before any tensor is overwritten, so a
+    corrupt checkpoint fails the load collectively and leaves the model as it was."""
+
+    def __init__(self, resolver: FileResolver) -> None:
+        super().__init__(path=f"elastic-rm-step-{resolver.step}")
+        self.fs = _ResolvingFileSystem(resolver)
+        self.resolver = resolver
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        ranges: dict[str, list[tuple[int, int]]] = {}
+        for item in plan.items:
+            info = self.storage_data[item.storage_index]
+            ranges.setdefault(info.relative_path, []).append((info.offset, info.length))
+        for file, rs in sorted(ranges.items()):
+            self.resolver.path(file, rs)
+        return super().prepare_local_plan(plan)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | Path) -> bool:
+        return False

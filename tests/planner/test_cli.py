@@ -1,0 +1,130 @@
+"""`erm plan` and `erm simulate`: outputs, and bad input answered with a message and exit 2, no traceback."""
+
+import json
+
+import pytest
+
+from launcher.erm import main
+
+from .helpers import JOB
+
+
+def run(capsys, *argv):
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_plan_prints_the_stages_and_why(tmp_path, capsys):
+    desc = {
+        **JOB,
+        "min_nodes": 1,
+        "max_nodes": 8,
+        "observations": [{"world": 2, "step_s": 0.1}, {"world": 4, "step_s": 0.066}],
+    }
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(desc))
+    rc, out, err = run(capsys, "plan", str(path))
+    assert rc == 0 and not err
+    assert "stage 1" in out and "cold start" in out and "stage 2" in out and "<- target" in out
+    rc, out, _ = run(capsys, "plan", str(path), "--json", "--max-nodes", "6")
+    data = json.loads(out)
+    assert rc == 0 and data["max_nodes"] == 6 and 1 <= data["stage2"]["target_world"] <= 6
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ('{"name": "x",\n "tables": [}', ":2:"),
+        (json.dumps({**JOB, "tables": [{"rows": 5}]}), "tables[0]: missing field 'dim'"),
+        (json.dumps({**JOB, "history": [{"v": 1}]}), "history[0]"),
+        (json.dumps({**JOB, "min_nodes": 4, "max_nodes": 2}), "'max_nodes'"),
+        (json.dumps({**JOB, "observations": [{"world": 0, "step_s": 1}]}), "observations[0]: field 'world'"),
+    ],
+)
+def test_plan_rejects_bad_descriptions_with_a_message(tmp_path, capsys, text, needle):
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    rc, out, err = run(capsys, "plan", str(path))
+    assert rc == 2 and needle in err and "bad.json" in err and "Traceback" not in err + out
+
+
+def test_plan_missing_file(capsys, tmp_path):
+    rc, _, err = run(capsys, "plan", str(tmp_path / "nope.json"))
+    assert rc == 2 and "cannot read" in err
+
+
+def test_simulate_writes_json_and_plots(tmp_path, capsys):
+    out_dir = tmp_path / "sim"
+    trace = tmp_path / "trace.csv"
+    argv = [
+        "simulate",
+        "--generate",
+        "12",
+        "--machines",
+        "4",
+        "--seed",
+        "3",
+        "--out",
+        str(out_dir),
+        "--write-trace",
+        str(trace),
+    ]
+    rc, out, err = run(capsys, *argv)
+    assert rc == 0, err
+    data = json.loads((out_dir / "result.json").read_text())
+    assert set(data["policies"]) == {"static", "optimus", "ours"} and data["v"] == 1
+    assert data["policies"]["static"]["jobs"] == 12
+    for png in ("jct_cdf.png", "utilisation.png", "cluster_allocation.png"):
+        assert (out_dir / png).read_bytes()[:4] == b"\x89PNG"
+    assert "mean JCT (h)" in out
+    # the written trace replays to the same figures
+    rc, out2, _ = run(
+        capsys,
+        "simulate",
+        "--trace",
+        str(trace),
+        "--machines",
+        "4",
+        "--seed",
+        "3",
+        "--out",
+        str(out_dir),
+        "--no-plots",
+    )
+    assert rc == 0 and out2.splitlines()[1:-1] == out.splitlines()[1:-4]
+
+
+def test_simulate_bad_trace_names_the_line(tmp_path, capsys):
+    trace = tmp_path / "trace.csv"
+    assert (
+        main(
+            [
+                "simulate",
+                "--generate",
+                "3",
+                "--machines",
+                "4",
+                "--out",
+                str(tmp_path / "o"),
+                "--write-trace",
+                str(trace),
+                "--no-plots",
+            ]
+        )
+        == 0
+    )
+    capsys.readouterr()
+    lines = trace.read_text().splitlines()
+    header = lines[0].split(",")
+    row = lines[2].split(",")
+    row[header.index("gpus_per_node")] = "two"
+    lines[2] = ",".join(row)
+    trace.write_text("\n".join(lines) + "\n")
+    rc, out, err = run(capsys, "simulate", "--trace", str(trace), "--out", str(tmp_path / "o2"))
+    assert rc == 2 and "trace.csv:3: field 'gpus_per_node'" in err and "Traceback" not in err + out
+
+
+def test_simulate_rejects_unknown_policy(capsys):
+    rc, _, err = run(capsys, "simulate", "--policies", "static,magic")
+    assert rc == 2 and "magic" in err

@@ -1,0 +1,227 @@
+"""Scenario tests of PlannerPolicy: each stage answers the situation it is for, with a reason."""
+
+from dataclasses import replace
+
+import pytest
+
+from elastic_rm.planner.config import PlannerConfig
+from elastic_rm.planner.interface import ClusterSnapshot, Decision, Wait
+from elastic_rm.planner.policy import PlannerPolicy
+from elastic_rm.planner.state import PlannerState
+
+from .helpers import JOB, node, running
+
+CFG = PlannerConfig(
+    sample_interval_s=10, profile_window_s=30, min_profile_samples=2, cooldown_s=60, straggler_enter=3,
+    straggler_exit=2, oom_horizon_s=300, mem_growth_horizon_s=600,
+)  # fmt: skip
+
+
+def feed(policy: PlannerPolicy, snaps, state: PlannerState | None = None):
+    """Run snapshots through step(); returns the answers and the final state."""
+    state = state or PlannerState()
+    answers = []
+    for s in snaps:
+        a, state = policy.step(s, state)
+        answers.append(a)
+    return answers, state
+
+
+def settled(policy: PlannerPolicy, members: list[str], t0: float = 100.0, **kw) -> PlannerState:
+    """State after the first round was written at t=0 and observed quietly until t0."""
+    _, st = feed(policy, [running(t, members, number=0, **kw) for t in range(0, int(t0), 10)])
+    return st
+
+
+def test_first_round_starts_with_the_requested_world_in_arrival_order():
+    p = PlannerPolicy(CFG)
+    nodes = tuple(node(n, i, seen_at=0.0) for i, n in enumerate(["c", "a", "b"]))
+    snap = ClusterSnapshot(5.0, 1, 8, 30.0, nodes, None, dict(JOB))
+    a, st = p.step(snap, PlannerState())
+    assert isinstance(a, Decision)
+    assert a.members == ("c", "a") and a.standby == ("b",)  # request: 2 nodes; standby_max 1
+    assert "cold start" in a.reason and a.confidence is not None
+    # and while only one of the two is there, it waits for the last call
+    one = replace(snap, nodes=nodes[:1], now=5.0)
+    w, _ = p.step(one, PlannerState())
+    assert isinstance(w, Wait) and w.until == pytest.approx(30.0)
+    late = replace(one, now=31.0)
+    assert p.step(late, PlannerState())[0].members == ("c",)
+
+
+def test_lost_member_gives_an_immediate_round_of_survivors_even_in_cooldown():
+    p = PlannerPolicy(CFG)
+    st = settled(p, ["a", "b", "c"], t0=20)
+    snap = running(20.0, ["a", "b", "c"], extra=["d"], decided_at=15.0)
+    snap = replace(snap, nodes=tuple(n for n in snap.nodes if n.node_id != "b"))
+    a, st2 = p.step(snap, st)
+    assert isinstance(a, Decision) and a.members == ("a", "c", "d") and "lost" in a.reason
+    # with MIN = 3 and nobody to fill in, it suspends the job (empty round, survivors on standby)
+    short = replace(snap, nodes=tuple(n for n in snap.nodes if n.node_id != "d"), min_nodes=3)
+    s, _ = p.step(short, st)
+    assert isinstance(s, Decision) and s.members == () and s.standby == ("a", "c") and "suspended" in s.reason
+
+
+def test_a_decision_is_not_repeated_before_the_round_is_written():
+    p = PlannerPolicy(CFG)
+    st = settled(p, ["a", "b", "c"], t0=20)
+    snap = running(20.0, ["a", "b", "c"])
+    snap = replace(snap, nodes=snap.nodes[:2])
+    a, st = p.step(snap, st)
+    assert isinstance(a, Decision)
+    # the survivors' round is not written yet and nothing changed: no duplicate decision
+    again, st2 = p.step(replace(snap, now=21.0), st)
+    assert isinstance(again, Wait) and "not yet written" in again.reason
+    # but a changed situation (a node arrived) may refine it
+    refined, _ = p.step(replace(snap, nodes=snap.nodes[:2] + (node("z", 50),), now=22.0), st2)
+    assert isinstance(refined, Decision) and refined.members == ("a", "b", "z")
+
+
+def test_straggler_is_flagged_after_the_window_and_replaced_by_a_standby():
+    p = PlannerPolicy(CFG)
+    members = ["a", "b", "c", "d"]
+    st = settled(p, members, extra=["e"], t0=100, max_nodes=4)
+    answers, st = feed(
+        p, [running(t, members, extra=["e"], slow={"d": 2.0}, max_nodes=4) for t in (100, 110)], st
+    )
+    assert all(isinstance(a, Wait) for a in answers) and "d" not in st.flagged  # 2 slow samples: not yet
+    a, st = p.step(running(120, members, extra=["e"], slow={"d": 2.0}, max_nodes=4), st)
+    assert isinstance(a, Decision)
+    assert a.members == ("a", "b", "c", "e") and "straggler" in a.reason and "d" not in a.standby
+
+
+def test_hysteresis_ignores_a_short_blip():
+    p = PlannerPolicy(CFG)
+    members = ["a", "b", "c", "d"]
+    st = settled(p, members, extra=["e"], t0=100, max_nodes=4)
+    snaps = [
+        running(t, members, extra=["e"], slow={"d": 2.0} if t in (100, 110, 130) else None, max_nodes=4)
+        for t in range(100, 170, 10)
+    ]
+    answers, st = feed(p, snaps, st)
+    assert not any(isinstance(a, Decision) and "straggler" in a.reason for a in answers)
+    assert "d" not in st.flagged
+
+
+def test_gpu_throttling_counts_as_slow():
+    p = PlannerPolicy(CFG)
+    members = ["a", "b", "c"]
+    st = settled(p, members, extra=["e"], t0=100, max_nodes=3)
+    answer = None
+    for t in (100, 110, 120):
+        snap = running(t, members, extra=["e"], max_nodes=3)
+        snap = replace(
+            snap,
+            nodes=tuple(
+                replace(n, metrics=replace(n.metrics, gpu_throttled=True)) if n.node_id == "b" else n
+                for n in snap.nodes
+            ),
+        )
+        answer, st = p.step(snap, st)
+    assert isinstance(answer, Decision) and "b" not in answer.members and "e" in answer.members
+
+
+def test_oom_trend_shards_over_more_nodes_before_the_limit():
+    p = PlannerPolicy(CFG)
+    members = ["a", "b"]
+    mem = lambda t: 40.0 + 0.05 * t  # GiB; threshold 0.9 x 64 = 57.6 GiB reached at t = 352  # noqa: E731
+    st = settled(p, members, mem_gib=mem(0), t0=10)
+    answers, st = feed(
+        p, [running(t, members, extra=["c", "d"], mem_gib=mem(t)) for t in range(10, 200, 10)], st
+    )
+    d = [a for a in answers if isinstance(a, Decision)]
+    assert d and len(d[0].members) > 2
+    assert "OOM predicted" in d[0].reason or "memory floor" in d[0].reason
+    # without a node to add it says so and asks for nodes instead
+    st = settled(p, members, mem_gib=mem(0), t0=10)
+    answers, st = feed(p, [running(t, members, mem_gib=mem(t)) for t in range(10, 200, 10)], st)
+    assert not any(isinstance(a, Decision) for a in answers)
+    assert any("asking for" in a.reason for a in answers) and st.advice.target_nodes > 2
+
+
+def test_oom_with_resizable_rounds_raises_the_memory_budget():
+    p = PlannerPolicy(replace(CFG, resize_rounds=True))
+    members = ["a", "b"]
+    st = settled(p, members, t0=10)
+    answers, st = feed(p, [running(t, members, mem_gib=40.0 + 0.05 * t) for t in range(10, 200, 10)], st)
+    d = [a for a in answers if isinstance(a, Decision)]
+    assert d and d[0].members == ("a", "b") and "memory budget" in d[0].reason
+    assert st.advice.mem_per_node_bytes > 57.6 * 2**30
+
+
+def test_stage2_scales_up_after_profiling_with_gain_and_confidence():
+    p = PlannerPolicy(CFG)
+    members = ["a", "b"]
+    extra = ["c", "d", "e", "f", "g", "h"]
+    st = settled(p, members, extra=extra, t0=10)
+    answers, st = feed(p, [running(t, members, extra=extra) for t in range(10, 200, 10)], st)
+    d = [a for a in answers if isinstance(a, Decision)]
+    assert d, [a.reason for a in answers]
+    assert "scale up" in d[0].reason and len(d[0].members) > 2 and d[0].members[:2] == ("a", "b")
+    assert d[0].predicted_gain > 0 and 0 <= d[0].confidence <= 1
+    # profiling comes first: nothing before the profiling window has passed
+    first = next(i for i, a in enumerate(answers) if isinstance(a, Decision))
+    assert 10 + 10 * first >= CFG.profile_window_s
+
+
+def test_cooldown_holds_planned_rounds():
+    p = PlannerPolicy(CFG)
+    st = settled(p, ["a", "b"], t0=10)
+    a, _ = p.step(running(40, ["a", "b"], extra=["c", "d"], decided_at=35.0), st)
+    assert isinstance(a, Wait) and "cooldown" in a.reason and a.until == pytest.approx(95.0)
+
+
+def test_without_a_job_model_it_is_the_membership_policy():
+    p = PlannerPolicy(CFG)
+    snap = replace(running(10, ["a", "b"], extra=["c"], extra_seen_at=0.0), job={}, now=40.0)
+    a, st = p.step(snap, PlannerState())
+    assert isinstance(a, Decision) and a.members == ("a", "b", "c") and st == PlannerState()
+
+
+def test_decide_threads_state_like_step():
+    snaps = [running(t, ["a", "b"], extra=["c", "d"]) for t in range(0, 200, 10)]
+    p1, p2 = PlannerPolicy(CFG), PlannerPolicy(CFG)
+    via_decide = [p1.decide(s) for s in snaps]
+    via_step, st = feed(p2, snaps)
+    assert via_decide == via_step and p1.state == st
+
+
+def test_stage2_scales_down_an_over_provisioned_job_and_sets_budgets():
+    p = PlannerPolicy(CFG)
+    members = [f"n{i}" for i in range(8)]
+    # communication-bound job: dense all-reduce of 2 GB over 10 GbE; more nodes only add time
+    job = {**JOB, "dense_params": 500_000_000, "bandwidth": 1.25e9}
+    st = settled(p, members, t0=10, job=job)
+    snaps = []
+    for t in range(10, 200, 10):
+        s = running(t, members, job=job)
+        # every node reports a step dominated by a fixed communication time that grows with the world
+        s = replace(
+            s,
+            nodes=tuple(
+                replace(
+                    n,
+                    metrics=replace(
+                        n.metrics, steps=replace(n.metrics.steps, p50_s=1.0, samples_per_s=8192 / 1.0 / 8)
+                    ),
+                )
+                for n in s.nodes
+            ),
+        )
+        snaps.append(s)
+    answers, st = feed(p, snaps, st)
+    d = [a for a in answers if isinstance(a, Decision)]
+    assert d and "scale down" in d[0].reason and len(d[0].members) < 8
+    assert d[0].members == tuple(members[: len(d[0].members)])  # the first ranks stay
+    assert st.advice.cpu_per_node > 0 and st.advice.mem_per_node_bytes > 8 * 2**30
+
+
+def test_profiling_flag_off_decides_on_the_first_sample():
+    members, extra = ["a", "b"], ["c", "d", "e", "f"]
+    first = {}
+    for flag in (True, False):
+        p = PlannerPolicy(replace(CFG, profiling=flag, profile_window_s=100))
+        st = settled(p, members, extra=extra, t0=10)
+        answers, _ = feed(p, [running(t, members, extra=extra) for t in range(10, 300, 10)], st)
+        first[flag] = next(10 + 10 * i for i, a in enumerate(answers) if isinstance(a, Decision))
+    assert first[False] < 100 <= first[True]
