@@ -27,6 +27,7 @@ OUR_FLAGS = (
     "etcd_key",
     "etcd_user",
     "membership_grace",
+    "job",
     "sample_interval",
     "drain_grace",
     "metrics_port",
@@ -122,6 +123,7 @@ def prepare(args: argparse.Namespace) -> bool:
             ssl_cert=args.etcd_cert,
             ssl_cert_key=args.etcd_key,
             user=args.etcd_user,
+            job_file=args.job,
         )
     return embedded
 

@@ -24,6 +24,7 @@ from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 from torch.distributed.launcher.api import LaunchConfig, _get_addr_and_port, _get_entrypoint_name
 
 from ..rendezvous.registration import register
+from ..train.paths import remove_node_memory
 from .agent import AgentOptions, ElasticRMAgent
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,8 @@ def launch_agent(
         events.record(agent.get_event_succeeded(), config.event_log_handler)
         if result.is_failed():
             raise ChildFailedError(name=_get_entrypoint_name(entrypoint, args), failures=result.failures)
+        # The job finished: this node's in-memory checkpoint copies only hold RAM now (durable copies stay).
+        remove_node_memory(config.run_id, os.environ.get("ERM_NODE_ID") or agent.node_id)
         return result.return_values
     except ChildFailedError:
         raise

@@ -24,6 +24,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
 import psutil
 from torch.distributed.elastic.rendezvous import (
@@ -40,7 +41,7 @@ from torch.distributed.elastic.rendezvous import (
 from ..etcd.client import EtcdClient
 from ..etcd.errors import EtcdConfigError, EtcdError
 from ..etcd.lease import KeptLease
-from ..planner.interface import RoundPolicy
+from ..planner.interface import NodeMetrics, RoundPolicy
 from ..planner.membership import MembershipPolicy
 from .bootstrap import default_local_addr, pick_master_port
 from .etcd_store import EtcdStore
@@ -61,8 +62,15 @@ def _new_node_id(host: str) -> str:
 
 class ElasticRMRendezvousHandler(RendezvousHandler):
     def __init__(
-        self, settings: RendezvousSettings, policy: RoundPolicy | None = None, job: dict | None = None
+        self,
+        settings: RendezvousSettings,
+        policy: RoundPolicy | None = None,
+        job: dict | None = None,
+        metrics_parser: Callable[[str, bytes], NodeMetrics] | None = None,
     ):
+        """``policy`` decides rounds when this node leads (default: MembershipPolicy); ``job`` is the
+        planner's job description; ``metrics_parser`` turns a ``metrics/<node>`` value into NodeMetrics
+        for the policy (None: the leader does not follow metrics)."""
         self.settings = settings
         self._keys = settings.keys
         try:
@@ -86,7 +94,7 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
         self._incarnation = 0
         self._completed: RoundRecord | None = None  # the last round this node completed
         self._master_port = 0  # picked when joining; MASTER_PORT if this node becomes rank 0
-        self._view = JobView(self._client, self._keys)
+        self._view = JobView(self._client, self._keys, metrics_parser)
         try:
             self._view.start()
         except EtcdError as exc:

@@ -9,6 +9,7 @@ deposed leader, or two leaders in a race, can never both write: the second trans
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -52,6 +53,8 @@ class RoundLeader:
         self._on_decision = on_decision
         self._election: Election | None = None
         self._decided_at_version = -1  # membership_version of the view when the policy last ran
+        self._metrics_seen = -1  # metrics_version of the view when the policy last ran
+        self._history: tuple[dict, ...] = ()
         self._wake_at = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="erm-leader", daemon=True)
@@ -101,6 +104,7 @@ class RoundLeader:
                 return 0.0
             self._election = election
             view.track_members()
+            self._history = self._read_history()
             with view.cond:
                 view.leader, view.leader_rev = self._node_id(), election.revision or 0
             log.info("node %s leads run %s", self._node_id(), view.keys.run_id)
@@ -108,9 +112,11 @@ class RoundLeader:
         # The policy runs when membership changed or when it asked to be woken; an ack alone does not
         # change what it would decide (and running it per ack would cost O(N^2) at large N).
         due = self._wake_at and time.monotonic() >= self._wake_at
-        if view.membership_version == self._decided_at_version and not due:
+        new_metrics = view.metrics_version != self._metrics_seen and self._job.get("tables")
+        if view.membership_version == self._decided_at_version and not due and not new_metrics:
             return self._wake_at
         self._decided_at_version = view.membership_version
+        self._metrics_seen = view.metrics_version
         plan = self._policy.decide(self._snapshot())
         if isinstance(plan, Decision):
             self._write_round(plan)
@@ -121,6 +127,25 @@ class RoundLeader:
             self.last_reason = plan.reason
         self._wake_at = plan.until or 0.0
         return self._wake_at
+
+    def _read_history(self) -> tuple[dict, ...]:
+        """Finished runs of this job's signature (stage 1 of the planner), as JSON objects."""
+        if not self._job.get("tables"):
+            return ()
+        from ..planner.job import parse_job
+
+        signature = parse_job(self._job).signature()
+        kvs, _ = self._client.get_prefix(f"{self._view.keys.prefix}/history/{signature}/")
+        records = []
+        for kv in kvs:
+            try:
+                data = json.loads(kv.value)
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                log.error("malformed value in etcd key %s: not JSON; ignored for the warm start", kv.key)
+                continue
+            if isinstance(data, dict):
+                records.append(data)
+        return tuple(records)
 
     def _snapshot(self) -> ClusterSnapshot:
         view = self._view
@@ -137,6 +162,7 @@ class RoundLeader:
                     cpu_count=e.record.cpu_count,
                     mem_total_bytes=e.record.mem_total_bytes,
                     gpu_count=e.record.gpu_count,
+                    metrics=view.metrics.get(node_id),
                 )
                 for node_id, e in sorted(view.nodes.items(), key=lambda item: item[1].arrival)
             )
@@ -150,6 +176,7 @@ class RoundLeader:
             nodes=nodes,
             current=current,
             job=self._job,
+            history=self._history,
         )
 
     def _fenced_write(self, record: RoundRecord) -> bool:

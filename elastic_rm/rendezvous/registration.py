@@ -12,10 +12,24 @@ from .settings import BACKEND
 
 
 def create_handler(params: RendezvousParameters) -> RendezvousHandler:
+    """Wiring: settings, the round policy, and the parser of the agents' metrics records."""
+    from ..agent.metrics_record import parse_record, to_node_metrics
     from .handler import ElasticRMRendezvousHandler
     from .settings import RendezvousSettings
 
-    return ElasticRMRendezvousHandler(RendezvousSettings.from_parameters(params))
+    settings = RendezvousSettings.from_parameters(params)
+    policy = None
+    if settings.policy == "planner":
+        from ..planner.policy import PlannerPolicy
+
+        policy = PlannerPolicy()
+
+    def metrics_parser(key: str, raw: bytes):
+        return to_node_metrics(parse_record(raw, key=key))
+
+    return ElasticRMRendezvousHandler(
+        settings, policy=policy, job=settings.job, metrics_parser=metrics_parser
+    )
 
 
 def handler_factory():

@@ -30,6 +30,8 @@ KNOWN_KEYS = {
     "password": "etcd password",
     "node_id": "this node's id (default <host>-<pid>-<random>)",
     "nproc": "workers on this node (informational; ermrun fills it in)",
+    "job_file": "JSON job description for the planner (docs/planner.md); turns the planner on",
+    "policy": "who decides rounds: membership (torch's semantics) or planner (default: planner with a job_file)",
 }
 
 
@@ -62,6 +64,8 @@ class RendezvousSettings:
     local_addr: str | None
     node_id: str | None
     nproc: int
+    policy: str = "membership"
+    job: dict | None = None
 
     @classmethod
     def from_parameters(cls, params: RendezvousParameters) -> RendezvousSettings:
@@ -92,6 +96,14 @@ class RendezvousSettings:
         lease_ttl = _number(params, "lease_ttl", 5.0)
         if lease_ttl != int(lease_ttl):
             raise ValueError(f"--rdzv-conf lease_ttl={lease_ttl} must be a whole number of seconds")
+        job = _load_job(params.get("job_file")) if params.get("job_file") else None
+        policy = str(params.get("policy") or ("planner" if job else "membership"))
+        if policy not in ("membership", "planner"):
+            raise ValueError(f"--rdzv-conf policy={policy!r}: use membership or planner")
+        if policy == "planner" and job is None:
+            raise ValueError(
+                "--rdzv-conf policy=planner needs a job description: --rdzv-conf job_file=job.json"
+            )
         return cls(
             endpoints=endpoints,
             keys=Keyspace(params.get("prefix", DEFAULT_PREFIX) or DEFAULT_PREFIX, params.run_id),
@@ -107,4 +119,26 @@ class RendezvousSettings:
             local_addr=params.local_addr,
             node_id=node_id,
             nproc=int(_number(params, "nproc", 1.0)),
+            policy=policy,
+            job=job,
         )
+
+
+def _load_job(path: str) -> dict:
+    """The planner's job description (schema: docs/planner.md), validated here so a typo fails at start."""
+    import json
+
+    from ..planner.job import JobSpecError, parse_job
+
+    try:
+        with open(path) as fh:
+            job = json.load(fh)
+    except OSError as exc:
+        raise ValueError(f"job description {path!r} cannot be read: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"job description {path!r} is not JSON: {exc}") from None
+    try:
+        parse_job(job, where=path)
+    except JobSpecError as exc:
+        raise ValueError(str(exc)) from None
+    return job

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ..etcd.client import EtcdClient, KeyValue, WatchEvent
 from ..etcd.errors import EtcdError
+from ..planner.interface import NodeMetrics
 from .keyspace import Keyspace
 from .records import AckRecord, ClosedRecord, NodeRecord, RecordError, RoundRecord
 
@@ -29,12 +30,18 @@ class NodeEntry:
 
 
 class JobView:
-    def __init__(self, client: EtcdClient, keys: Keyspace):
+    def __init__(
+        self,
+        client: EtcdClient,
+        keys: Keyspace,
+        metrics_parser: Callable[[str, bytes], NodeMetrics] | None = None,
+    ):
         self._client = client
         self.keys = keys
         self.cond = threading.Condition()
         self.version = 0  # bumped on every change
         self.membership_version = 0  # bumped when nodes, the round, the leader or closed change (not acks)
+        self.metrics_version = 0  # bumped on every new metrics record
         self.round: RoundRecord | None = None
         self.round_rev = 0  # mod revision of the round key (0: absent)
         self.leader: str | None = None
@@ -44,6 +51,8 @@ class JobView:
         self.watch_error: EtcdError | None = None
         self.nodes: dict[str, NodeEntry] = {}
         self.acks: dict[int, dict[str, AckRecord]] = {}
+        self.metrics: dict[str, NodeMetrics] = {}  # latest record per node (leader only)
+        self._metrics_parser = metrics_parser
         self.tracking = False
         self._cancels: list[Callable[[], None]] = []
 
@@ -67,7 +76,10 @@ class JobView:
         if self.tracking:
             return
         self.tracking = True
-        for prefix in (self.keys.nodes, self.keys.rounds):
+        prefixes = [self.keys.nodes, self.keys.rounds]
+        if self._metrics_parser is not None:
+            prefixes.append(self.keys.metrics)
+        for prefix in prefixes:
             kvs, rev = self._client.get_prefix(prefix)
             with self.cond:
                 for kv in kvs:
@@ -100,7 +112,7 @@ class JobView:
     def _apply(self, event: WatchEvent) -> None:
         kv, keys = event.kv, self.keys
         deleted = event.kind == "delete"
-        if "/acks/" not in kv.key:
+        if "/acks/" not in kv.key and not kv.key.startswith(keys.metrics):
             self.membership_version += 1
         try:
             if kv.key == keys.round:
@@ -116,6 +128,8 @@ class JobView:
                 self._apply_node(kv, deleted)
             elif kv.key.startswith(keys.rounds) and "/acks/" in kv.key:
                 self._apply_ack(kv, deleted)
+            elif kv.key.startswith(keys.metrics) and self._metrics_parser is not None:
+                self._apply_metrics(kv, deleted)
         except RecordError as exc:
             if kv.key in (keys.round, keys.closed):
                 self.error = exc
@@ -132,6 +146,18 @@ class JobView:
         old = self.nodes.get(node_id)
         seen_at = old.seen_at if old else time.monotonic()
         self.nodes[node_id] = NodeEntry(record, kv.create_revision, seen_at)
+
+    def _apply_metrics(self, kv: KeyValue, deleted: bool) -> None:
+        node_id = self.keys.node_of(kv.key)
+        if deleted:
+            self.metrics.pop(node_id, None)
+            return
+        assert self._metrics_parser is not None
+        try:
+            self.metrics[node_id] = self._metrics_parser(kv.key, kv.value)
+            self.metrics_version += 1
+        except ValueError as exc:  # a malformed record: reported, the node keeps its last good one
+            log.error("%s", exc)
 
     def _apply_ack(self, kv: KeyValue, deleted: bool) -> None:
         try:

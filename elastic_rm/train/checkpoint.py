@@ -40,6 +40,7 @@ from elastic_rm.train.manifest import (
     step_dirname,
     write_file,
 )
+from elastic_rm.train.paths import run_memory_dir
 from elastic_rm.train.restore import RestoreResult, restore_checkpoint
 from elastic_rm.train.sharding import plan_digest, plan_summary
 from elastic_rm.train.snapshot import Snapshotter, app_state
@@ -74,7 +75,7 @@ class FlashConfig:
     timeout_s: float = 600.0
 
     def root(self) -> Path:
-        return Path(self.memory_root or Path("/dev/shm") / "elastic-rm" / self.run_id)
+        return Path(self.memory_root) if self.memory_root is not None else run_memory_dir(self.run_id)
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -55,6 +56,7 @@ def _view(demo, rows, phase: str):
 
 def run(args: argparse.Namespace) -> int:
     from elastic_rm.etcd.server import EtcdServer
+    from elastic_rm.train.paths import run_memory_dir
     from launcher.demo import DEFAULT_SCRIPT, Demo, new_workdir, rounds_from_etcd, summarize, world_reached
 
     if not os.path.isfile(DEFAULT_SCRIPT):
@@ -146,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
             live.stop()
         demo.stop_all()
         etcd.stop()
+        shutil.rmtree(run_memory_dir(demo.run_id), ignore_errors=True)  # the killed node's copies too
 
     summary = summarize(demo.progress(), rounds)
     summary["events"] = demo.events

@@ -1,0 +1,31 @@
+"""Where a node keeps its in-memory checkpoint copies. Light on purpose: the agent imports it to clean up
+without loading torchrec."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+MEMORY_ROOT = Path("/dev/shm") / "elastic-rm"
+
+
+def run_memory_dir(run_id: str, root: Path | None = None) -> Path:
+    return Path(root or MEMORY_ROOT) / run_id
+
+
+def remove_node_memory(run_id: str, node_id: str, root: Path | None = None) -> bool:
+    """Free a node's memory copies of a finished run (and the run directory once it is empty)."""
+    run_dir = run_memory_dir(run_id, root)
+    node_dir = run_dir / node_id
+    if not node_dir.is_dir():
+        return False
+    shutil.rmtree(node_dir, ignore_errors=True)
+    try:
+        run_dir.rmdir()  # only when no other node on this machine keeps copies
+    except OSError:
+        pass
+    log.info("removed the in-memory checkpoints of node %s of run %s", node_id, run_id)
+    return True

@@ -1,0 +1,86 @@
+"""The planner as the leader's round policy: a job description turns it on, metrics reach it."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+from elastic_rm.planner.config import PlannerConfig
+from elastic_rm.planner.history import warm_start
+from elastic_rm.planner.job import parse_job
+from elastic_rm.rendezvous.registration import create_handler
+
+JOB = {
+    "name": "ctr",
+    "global_batch": 4096,
+    "tables": [{"rows": 200000, "dim": 64}, {"rows": 50000, "dim": 32}],
+    "dense_params": 100000,
+}
+
+RECORD = {
+    "v": 1, "node": "x", "t": 0.0,
+    "cpu": {"util_mean": 0.5, "util_max": 0.6, "util_last": 0.5},
+    "mem": {"used_bytes": 2**30, "available_bytes": 2**31, "total_bytes": 2**33},
+    "workers": [], "gpus": [],
+    "steps": {"p50_s": 0.01, "p90_s": 0.012, "samples_per_s": 1000.0, "steps": 50, "age_s": 0.1},
+}  # fmt: skip
+
+
+def handlers(etcd, run_id, n, lo, hi, job_file):
+    conf = {"lease_ttl": "1", "last_call_timeout": "0.5", "join_timeout": "20", "job_file": str(job_file)}
+    return [
+        create_handler(
+            RendezvousParameters("elastic-rm", etcd.endpoint, run_id, lo, hi, local_addr="127.0.0.1", **conf)
+        )
+        for _ in range(n)
+    ]
+
+
+def test_planner_decides_the_first_round_and_sees_metrics(etcd, run_id, tmp_path):
+    job_file = tmp_path / "job.json"
+    job_file.write_text(json.dumps(JOB))
+    hs = handlers(etcd, run_id, 3, 1, 3, job_file)
+    try:
+        infos = {}
+        threads = [
+            threading.Thread(target=lambda i=i: infos.setdefault(i, hs[i].next_rendezvous()))
+            for i in range(3)
+        ]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 20
+        while len(infos) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        start = warm_start(parse_job(JOB), [], 1, 3, PlannerConfig())
+        time.sleep(1.0)
+        world = {i.world_size for i in infos.values()}
+        assert world == {min(max(start.world, 1), 3)}
+        round_record = hs[0].view.round
+        assert "cold start" in round_record.reason and round_record.confidence == pytest.approx(start.confidence)
+        leader = next(h for h in hs if h.view.leader == h.node_id)
+        member = next(h for i, h in enumerate(hs) if i in infos)
+        member.publish_metrics(json.dumps({**RECORD, "node": member.node_id}).encode())
+        deadline = time.monotonic() + 5
+        while member.node_id not in leader.view.metrics and time.monotonic() < deadline:
+            time.sleep(0.05)
+        metrics = leader.view.metrics[member.node_id]
+        assert metrics.steps is not None and metrics.steps.samples_per_s == 1000.0
+    finally:
+        for h in hs:
+            h.release()
+
+
+@pytest.mark.parametrize(
+    "content,message",
+    [(None, "cannot be read"), ("{oops", "is not JSON"), (json.dumps({"tables": []}), "tables")],
+)
+def test_bad_job_description_is_a_clear_error(etcd, run_id, tmp_path, content, message):
+    job_file = tmp_path / "job.json"
+    if content is not None:
+        job_file.write_text(content)
+    with pytest.raises(ValueError, match=message):
+        handlers(etcd, run_id, 1, 1, 1, job_file)
