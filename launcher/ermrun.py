@@ -66,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: lease TTL + 1).",
     )
     group.add_argument(
+        "--job",
+        help="JSON job description (docs/planner.md): the leader's planner then decides rounds "
+        "(same as --rdzv-conf job_file=FILE).",
+    )
+    group.add_argument(
         "--sample-interval", type=float, default=1.0, help="Seconds between resource samples (default 1)."
     )
     group.add_argument(

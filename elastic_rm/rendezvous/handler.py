@@ -87,6 +87,7 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
         except EtcdError as exc:
             raise RendezvousConnectionError(f"elastic-rm rendezvous: {exc}") from exc
         self._host = socket.gethostname()
+        self._mem_total = int(psutil.virtual_memory().total)
         self._addr = settings.local_addr or default_local_addr()
         self._node_id = settings.node_id or _new_node_id(self._host)
         self._lock = threading.RLock()
@@ -148,7 +149,7 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             state=state,
             round=self._completed.round if self._completed else 0,
             cpu_count=os.cpu_count() or 0,
-            mem_total_bytes=int(psutil.virtual_memory().total),
+            mem_total_bytes=self._mem_total,
             master_port=self._master_port if waiting else 0,
         )
 

@@ -117,6 +117,8 @@ class RoundLeader:
             return self._wake_at
         self._decided_at_version = view.membership_version
         self._metrics_seen = view.metrics_version
+        if view.round is None and len(view.nodes) < self._min:
+            return 0.0  # no policy may form a round below MIN: skip the O(N) snapshot per arrival
         plan = self._policy.decide(self._snapshot())
         if isinstance(plan, Decision):
             self._write_round(plan)

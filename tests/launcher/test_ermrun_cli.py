@@ -58,6 +58,7 @@ def test_unreachable_endpoint_fails_fast_and_names_it(tmp_path):
         (["--etcd-cert", "/nonexistent/c.pem", "--etcd-key", "/nonexistent/k.pem"], "does not exist"),
         (["--etcd-cert", "/etc/hostname"], "both a client certificate and its key"),
         (["--membership-grace", "-1"], "--membership-grace"),
+        (["--job", "/nonexistent/job.json"], "cannot be read"),
     ],
 )
 def test_bad_input_is_a_clear_error(tmp_path, args, message):
