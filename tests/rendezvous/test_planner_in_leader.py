@@ -60,7 +60,9 @@ def test_planner_decides_the_first_round_and_sees_metrics(etcd, run_id, tmp_path
         world = {i.world_size for i in infos.values()}
         assert world == {min(max(start.world, 1), 3)}
         round_record = hs[0].view.round
-        assert "cold start" in round_record.reason and round_record.confidence == pytest.approx(start.confidence)
+        assert "cold start" in round_record.reason and round_record.confidence == pytest.approx(
+            start.confidence
+        )
         leader = next(h for h in hs if h.view.leader == h.node_id)
         member = next(h for i, h in enumerate(hs) if i in infos)
         member.publish_metrics(json.dumps({**RECORD, "node": member.node_id}).encode())
