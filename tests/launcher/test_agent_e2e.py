@@ -32,10 +32,22 @@ def node(tmp_path, etcd, run_id, name, nnodes="2:3", script=REPORTING, nproc=1, 
 def test_metrics_reach_etcd_with_cpu_and_step_times(etcd, run_id, tmp_path, procs):
     p = node(tmp_path, etcd, run_id, "m", nnodes="1")
     procs.append(p)
-    wait_until(lambda: any("step" in r for r in records(tmp_path, "m")), 90, "training", [p])
-    started = time.time()
     key = f"/elastic-rm/{run_id}/metrics/m"
     with EtcdClient(etcd.endpoint) as c:
+
+        def has_steps() -> bool:
+            kv = c.get(key)
+            return (
+                kv is not None
+                and (rec := parse_record(kv.value, key=key)).steps is not None
+                and rec.steps.steps > 0
+            )
+
+        wait_until(lambda: any("step" in r for r in records(tmp_path, "m")), 90, "training", [p])
+        first_step = min(r["t"] for r in records(tmp_path, "m") if "step" in r)
+        wait_until(has_steps, 10, "step times in etcd", [p])
+        assert time.time() - first_step < 2.0 + 0.5  # within 2 s (+ this poll's own latency)
+        started = time.time()
 
         def busy_record():
             kv = c.get(key)
