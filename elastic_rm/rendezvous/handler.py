@@ -39,7 +39,7 @@ from torch.distributed.elastic.rendezvous import (
 )
 
 from ..etcd.client import EtcdClient
-from ..etcd.errors import EtcdConfigError, EtcdError
+from ..etcd.errors import EtcdError
 from ..etcd.lease import KeptLease
 from ..planner.interface import NodeMetrics, RoundPolicy
 from ..planner.membership import MembershipPolicy
@@ -73,18 +73,17 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
         for the policy (None: the leader does not follow metrics)."""
         self.settings = settings
         self._keys = settings.keys
+        self._client = EtcdClient(
+            list(settings.endpoints),
+            timeout=settings.etcd_timeout,
+            tls=settings.tls,
+            user=settings.user,
+            password=settings.password,
+        )
         try:
-            self._client = EtcdClient(
-                list(settings.endpoints),
-                timeout=settings.etcd_timeout,
-                tls=settings.tls,
-                user=settings.user,
-                password=settings.password,
-            )
             self._client.ping()
-        except EtcdConfigError:
-            raise
         except EtcdError as exc:
+            self._client.close()
             raise RendezvousConnectionError(f"elastic-rm rendezvous: {exc}") from exc
         self._host = socket.gethostname()
         self._mem_total = int(psutil.virtual_memory().total)
@@ -163,9 +162,8 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             if self._lease is not None and self._lease.lost:
                 self._incarnation += 1
                 old = self._node_id
-                self._node_id = self.settings.node_id or _new_node_id(self._host)
-                if self.settings.node_id:
-                    self._node_id = f"{self.settings.node_id}-r{self._incarnation}"
+                given = self.settings.node_id
+                self._node_id = f"{given}-r{self._incarnation}" if given else _new_node_id(self._host)
                 self._completed = None
                 self._lease = None
                 log.warning("lease of node %s expired; rejoining as %s", old, self._node_id)
