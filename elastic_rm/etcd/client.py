@@ -21,7 +21,6 @@ from typing import Any
 
 import aetcd
 import aetcd.exceptions as aexc
-import grpc
 from aetcd import rpc
 
 from .errors import (
@@ -32,6 +31,8 @@ from .errors import (
     EtcdError,
     EtcdTimeoutError,
 )
+from .ops import Compare, Op
+from .options import TlsOptions, parse_endpoints
 
 log = logging.getLogger(__name__)
 
@@ -57,61 +58,6 @@ class TxnResult:
     succeeded: bool
     revision: int  # the store revision after the transaction (its own revision when it wrote)
     kvs: tuple[KeyValue, ...] = ()  # values read by Get operations in the branch that ran
-
-
-@dataclass(frozen=True)
-class TlsOptions:
-    ca_cert: str | None = None
-    cert: str | None = None
-    key: str | None = None
-
-    def validate(self) -> None:
-        if (self.cert is None) != (self.key is None):
-            raise EtcdConfigError(
-                "etcd TLS needs both a client certificate and its key: pass both --etcd-cert and --etcd-key, or neither"
-            )
-        for what, path in (
-            ("CA certificate", self.ca_cert),
-            ("client certificate", self.cert),
-            ("client key", self.key),
-        ):
-            if path is not None and not os.path.isfile(path):
-                raise EtcdConfigError(f"etcd TLS {what} file {path!r} does not exist or is not a file")
-
-    @property
-    def enabled(self) -> bool:
-        return any((self.ca_cert, self.cert, self.key))
-
-    def credentials(self) -> grpc.ChannelCredentials:
-        def read(path: str | None) -> bytes | None:
-            if path is None:
-                return None
-            with open(path, "rb") as fh:
-                return fh.read()
-
-        return grpc.ssl_channel_credentials(read(self.ca_cert), read(self.key), read(self.cert))
-
-
-def parse_endpoints(endpoints: str | Sequence[str], default_port: int = 2379) -> list[tuple[str, int]]:
-    """``"h1:2379,h2:2379"`` or a list of ``host[:port]`` (an ``http(s)://`` scheme is tolerated)."""
-    items = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
-    parsed = []
-    for item in (i.strip() for i in items):
-        if not item:
-            continue
-        bare = item.split("://", 1)[-1].rstrip("/")
-        host, sep, port = bare.rpartition(":")
-        if not sep or "]" in port:
-            host, port = bare, str(default_port)
-        host = host.strip("[]")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise EtcdConfigError(
-                f"malformed etcd endpoint {item!r}: expected host:port, e.g. 127.0.0.1:2379"
-            )
-        parsed.append((host, int(port)))
-    if not parsed:
-        raise EtcdConfigError("no etcd endpoint given: pass host:port (comma-separated for several)")
-    return parsed
 
 
 class _AetcdClient(aetcd.Client):
@@ -184,57 +130,6 @@ def _kv(raw: Any) -> KeyValue:
         version=int(raw.version),
         lease=int(raw.lease),
     )
-
-
-class Compare:
-    """Transaction guards, built with the class methods: ``Compare.mod(key, rev)``..."""
-
-    def __init__(self, target: str, key: str, op: str, value: Any):
-        self.target, self.key, self.op, self.value = target, key, op, value
-
-    @classmethod
-    def mod(cls, key: str, revision: int, op: str = "==") -> Compare:
-        return cls("mod", key, op, revision)
-
-    @classmethod
-    def create(cls, key: str, revision: int, op: str = "==") -> Compare:
-        return cls("create", key, op, revision)
-
-    @classmethod
-    def value_is(cls, key: str, value: bytes | str, op: str = "==") -> Compare:
-        return cls("value", key, op, value.encode() if isinstance(value, str) else value)
-
-    @classmethod
-    def absent(cls, key: str) -> Compare:
-        return cls("create", key, "==", 0)
-
-    def build(self) -> Any:
-        kinds = {
-            "mod": aetcd.transactions.Mod,
-            "create": aetcd.transactions.Create,
-            "value": aetcd.transactions.Value,
-        }
-        target = kinds[self.target](self.key.encode())
-        ops = {"==": target.__eq__, "!=": target.__ne__, "<": target.__lt__, ">": target.__gt__}
-        return ops[self.op](self.value)
-
-
-class Op:
-    """Transaction operations: ``Op.put(key, value, lease)``, ``Op.delete(key)``, ``Op.get(key)``."""
-
-    @staticmethod
-    def put(key: str, value: bytes | str, lease: int | None = None) -> Any:
-        data = value.encode() if isinstance(value, str) else value
-        return aetcd.transactions.Put(key.encode(), data, lease=lease or None)
-
-    @staticmethod
-    def delete(key: str, prefix: bool = False) -> Any:
-        end = aetcd.utils.prefix_range_end(key.encode()) if prefix else None
-        return aetcd.transactions.Delete(key.encode(), range_end=end)
-
-    @staticmethod
-    def get(key: str) -> Any:
-        return aetcd.transactions.Get(key.encode())
 
 
 class EtcdClient:
