@@ -142,7 +142,7 @@ class RoundLeader:
         for kv in kvs:
             try:
                 data = json.loads(kv.value)
-            except (UnicodeDecodeError, json.JSONDecodeError):
+            except (ValueError, RecursionError):  # not UTF-8 or not JSON, huge numbers, absurd nesting
                 log.error("malformed value in etcd key %s: not JSON; ignored for the warm start", kv.key)
                 continue
             if isinstance(data, dict):

@@ -22,10 +22,10 @@ class RecordError(RendezvousStateError):
 def _load(key: str, raw: bytes) -> dict[str, Any]:
     try:
         data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, a huge number, absurd nesting
         raise RecordError(
             f"malformed value in etcd key {key}: not JSON ({exc}); delete or fix the key"
-        ) from exc
+        ) from None
     if not isinstance(data, dict):
         raise RecordError(
             f"malformed value in etcd key {key}: expected a JSON object, got {type(data).__name__}"

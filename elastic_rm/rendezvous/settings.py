@@ -135,7 +135,7 @@ def _load_job(path: str) -> dict:
             job = json.load(fh)
     except OSError as exc:
         raise ValueError(f"job description {path!r} cannot be read: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
+    except (ValueError, RecursionError) as exc:  # not JSON, a number too long to convert, absurd nesting
         raise ValueError(f"job description {path!r} is not JSON: {exc}") from None
     try:
         parse_job(job, where=path)

@@ -34,6 +34,9 @@ def run(args: argparse.Namespace) -> int:
     except json.JSONDecodeError as exc:
         print(f"erm plan: {name}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}", file=sys.stderr)
         return 2
+    except (ValueError, RecursionError) as exc:  # a number too long to convert, absurd nesting
+        print(f"erm plan: {name}: not usable JSON: {exc}", file=sys.stderr)
+        return 2
     if isinstance(desc, dict):
         for key in ("min_nodes", "max_nodes"):
             if getattr(args, key) is not None:

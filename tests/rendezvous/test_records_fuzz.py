@@ -1,0 +1,59 @@
+"""Hostile values in etcd: every record parser either returns a record or raises RecordError naming the key."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from elastic_rm.rendezvous.records import AckRecord, ClosedRecord, NodeRecord, RecordError, RoundRecord
+
+KEY = "/elastic-rm/run/some-key"
+PARSERS = (NodeRecord.parse, RoundRecord.parse, AckRecord.parse, ClosedRecord.parse)
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=10), inner, max_size=6),
+    max_leaves=30,
+)
+fields = st.sampled_from(
+    ["v", "node", "host", "addr", "pid", "nproc", "state", "round", "members", "standby", "complete",
+     "master", "reason", "predicted_gain", "confidence", "time", "by", "extra", "master_port"]
+)  # fmt: skip
+records = st.dictionaries(fields, json_values, max_size=12).map(lambda d: {**d, "v": d.get("v", 1)})
+
+
+def check(parse, raw: bytes) -> None:
+    try:
+        parse(KEY, raw)
+    except RecordError as exc:
+        assert KEY in str(exc)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(records)
+def test_structured_garbage_is_a_record_error(record):
+    raw = json.dumps(record, allow_nan=True).encode()
+    for parse in PARSERS:
+        check(parse, raw)
+
+
+@settings(max_examples=200)
+@given(st.binary(max_size=200))
+def test_arbitrary_bytes_are_a_record_error(raw):
+    for parse in PARSERS:
+        check(parse, raw)
+
+
+def test_absurd_nesting_and_huge_numbers_are_record_errors():
+    for raw in (b"[" * 200_000 + b"]" * 200_000, b'{"v": 1, "round": ' + b"9" * 5000 + b"}"):
+        for parse in PARSERS:
+            check(parse, raw)
+
+
+def test_a_valid_round_survives_the_round_trip():
+    from elastic_rm.rendezvous.records import RoundRecord as R
+
+    r = R(round=3, members=("a", "b"), standby=("c",), reason="x", complete=True, master=("h", 1234))
+    assert R.parse(KEY, r.to_json()) == r
