@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -165,3 +166,40 @@ def test_stock_torchrun_uses_the_elastic_rm_backend(etcd, run_id, tmp_path, proc
     procs.append(p)
     assert p.wait(120) == 0, p.output()[-3000:]
     assert {r["world"] for r in records(tmp_path, "t") if r.get("start")} == {2}
+
+
+def test_node_paused_past_its_lease_rejoins_as_a_new_member(etcd, run_id, tmp_path, procs):
+    nodes = {n: ermrun(tmp_path, n, node_args(etcd.endpoint, run_id, "2:3", n)) for n in ("a", "b", "c")}
+    procs.extend(nodes.values())
+    wait_until(
+        lambda: all(steps_at_world(tmp_path, n, 3) > 5 for n in nodes),
+        120,
+        "3 nodes training",
+        nodes.values(),
+    )
+    nodes["c"].signal(signal.SIGSTOP)  # agent and workers frozen: its lease (2 s) expires
+    stopped = time.time()
+    wait_until(
+        lambda: all(steps_at_world(tmp_path, n, 2, since=stopped) > 3 for n in ("a", "b")),
+        60,
+        "survivors at world 2",
+        nodes.values(),
+    )
+    nodes["c"].signal(signal.SIGCONT)
+    resumed = time.time()
+    with EtcdClient(etcd.endpoint) as client:
+        wait_until(
+            lambda: client.get(f"/elastic-rm/{run_id}/nodes/c-r1") is not None,
+            60,
+            "the resumed node registered under a new incarnation",
+            nodes.values(),
+        )
+        assert client.get(f"/elastic-rm/{run_id}/nodes/c") is None  # the stale identity is gone for good
+        wait_until(
+            lambda: all(steps_at_world(tmp_path, n, 3, since=resumed) > 3 for n in ("a", "b")),
+            90,
+            "back to world 3 with the resumed node",
+            nodes.values(),
+        )
+        members = json.loads(client.get(f"/elastic-rm/{run_id}/round").value)["members"]
+        assert "c-r1" in members and "c" not in members
