@@ -85,6 +85,12 @@ def launch_agent(
         events.record(agent.get_event_succeeded(), config.event_log_handler)
         if result.is_failed():
             raise ChildFailedError(name=_get_entrypoint_name(entrypoint, args), failures=result.failures)
+        record_history = getattr(handler, "record_history", None)
+        if record_history is not None:
+            try:
+                record_history("completed")  # the warm start of the next run of this job (rank 0 only)
+            except Exception as exc:  # noqa: BLE001 - a finished job must not fail on its epilogue
+                log.warning("could not record the run in history/: %s", exc)
         # The job finished: this node's in-memory checkpoint copies only hold RAM now (durable copies stay).
         remove_node_memory(config.run_id, os.environ.get("ERM_NODE_ID") or agent.node_id)
         return result.return_values

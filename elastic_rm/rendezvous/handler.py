@@ -18,6 +18,7 @@ normal exit, not when the agent dies from a signal).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -45,6 +46,7 @@ from ..planner.interface import NodeMetrics, RoundPolicy
 from ..planner.membership import MembershipPolicy
 from .bootstrap import default_local_addr, pick_master_port
 from .etcd_store import EtcdStore
+from .history import build_history_record
 from .leader import RoundLeader
 from .records import AckRecord, ClosedRecord, NodeRecord, RoundRecord, dumps
 from .settings import BACKEND, RendezvousSettings
@@ -73,6 +75,9 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
         for the policy (None: the leader does not follow metrics)."""
         self.settings = settings
         self._keys = settings.keys
+        self._job = job
+        self._metrics_parser = metrics_parser
+        self._created = time.monotonic()
         self._client = EtcdClient(
             list(settings.endpoints),
             timeout=settings.etcd_timeout,
@@ -194,6 +199,8 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
         try:
             return self._next_rendezvous()
         except EtcdError as exc:
+            if self._shut:  # released while waiting (a standby node told to leave)
+                raise RendezvousClosedError("this rendezvous handler was shut down while waiting") from None
             raise RendezvousConnectionError(f"elastic-rm rendezvous lost etcd: {exc}") from exc
 
     def _next_rendezvous(self) -> RendezvousInfo:
@@ -207,6 +214,8 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
         state = "joining"
         log.info("node %s joining run %s (rounds after %d)", self._node_id, self._keys.run_id, after)
         while True:
+            if self._shut:
+                raise RendezvousClosedError("this rendezvous handler was shut down while waiting")
             with view.cond:
                 closed, error, r = view.closed, view.error, view.round
                 seen = view.version
@@ -269,6 +278,37 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
         if self._shut or lease is None or lease.lost or self._completed is None:
             return
         self._client.put_nowait(self._keys.metric(self._node_id), value, lease=lease.id)
+
+    def record_history(self, status: str = "completed") -> bool:
+        """Leave this run's record for the warm start of later runs of the same job (planner stage 1).
+
+        Written by the last round's rank 0 only, and only with a job description. Returns whether it wrote.
+        """
+        r, job = self._completed, self._job
+        if not job or not job.get("tables") or r is None or not r.members or r.members[0] != self._node_id:
+            return False
+        metrics, cpu_counts = {}, {}
+        if self._metrics_parser is not None:
+            kvs, _ = self._client.get_prefix(self._keys.metrics)
+            for kv in kvs:
+                try:
+                    metrics[self._keys.node_of(kv.key)] = self._metrics_parser(kv.key, kv.value)
+                except ValueError as exc:
+                    log.error("%s (left out of the history record)", exc)
+        nodes, _ = self._client.get_prefix(self._keys.nodes)
+        for kv in nodes:
+            try:
+                cpu_counts[self._keys.node_of(kv.key)] = NodeRecord.parse(kv.key, kv.value).cpu_count
+            except RendezvousStateError as exc:
+                log.error("%s", exc)
+        record = build_history_record(
+            job, self._keys.run_id, status, r, metrics, cpu_counts, time.monotonic() - self._created
+        )
+        self._client.put(self._keys.history(record["signature"]), json.dumps(record, sort_keys=True))
+        log.info(
+            "recorded run %s in history/%s for later warm starts", self._keys.run_id, record["signature"]
+        )
+        return True
 
     def _check_lease(self) -> None:
         """Ask etcd whether our lease still lives when it was not refreshed for half its TTL (we may

@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousParameters
 
 from elastic_rm.planner.config import PlannerConfig
 from elastic_rm.planner.history import warm_start
@@ -86,3 +86,49 @@ def test_bad_job_description_is_a_clear_error(etcd, run_id, tmp_path, content, m
         job_file.write_text(content)
     with pytest.raises(ValueError, match=message):
         handlers(etcd, run_id, 1, 1, 1, job_file)
+
+
+def join_all(hs, expected, timeout=20.0):
+    """Start every handler joining; return once ``expected`` of them hold a rank (the rest wait as standby)."""
+    infos, errors = {}, {}
+
+    def join(i):
+        try:
+            infos[i] = hs[i].next_rendezvous()
+        except RendezvousClosedError as exc:  # a standby released at the end of the test
+            errors[i] = exc
+
+    for i in range(len(hs)):
+        threading.Thread(target=join, args=(i,), daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while len(infos) < expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return infos
+
+
+def test_a_second_run_of_the_same_job_warm_starts_at_the_size_the_first_ended_at(etcd, tmp_path):
+    job_file = tmp_path / "job.json"
+    job_file.write_text(json.dumps(JOB))
+    first_run = f"warm-a-{time.monotonic_ns()}"
+    first = handlers(etcd, first_run, 2, 2, 3, job_file)  # the first run ended at 2 nodes
+    try:
+        infos = join_all(first, 2)
+        assert {i.world_size for i in infos.values()} == {2}
+        rank0 = next(h for h in first if h.completed_round.members[0] == h.node_id)
+        for h in first:
+            h.publish_metrics(json.dumps({**RECORD, "node": h.node_id}).encode())
+        time.sleep(0.5)
+        assert not next(h for h in first if h is not rank0).record_history()  # rank 0 alone writes
+        assert rank0.record_history("completed")
+    finally:
+        for h in first:
+            h.release()
+    second = handlers(etcd, f"warm-b-{time.monotonic_ns()}", 3, 1, 3, job_file)  # 3 nodes offered this time
+    try:
+        infos = join_all(second, 2)
+        time.sleep(0.5)  # a third member would have been admitted by now (last call 0.5 s)
+        assert {i.world_size for i in infos.values()} == {2}  # not the cold start's 3
+        assert "history" in second[0].view.round.reason or "finished run" in second[0].view.round.reason
+    finally:
+        for h in second:
+            h.release()
