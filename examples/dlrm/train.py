@@ -122,8 +122,10 @@ def main() -> None:
     dmp = wrap_model(model, plan)
     dense_opt = torch.optim.Adagrad([p for _, p in dense_parameters(dmp)], lr=args.lr)
     node = os.environ.get("ERM_NODE_ID") or os.environ.get("GROUP_RANK", "0")
+    # replicate: every node's shards are also kept in one peer node's memory, so that losing a node (SIGKILL,
+    # a dead machine) loses nothing; the durable directory (if any) is the copy of last resort.
     ckpt_cfg = FlashConfig(
-        durable_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else None, persist_every=5
+        durable_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else None, persist_every=5, replicate=True
     )
     ckpt = FlashCheckpointer(dmp, plan, dense_opt, ckpt_cfg)
     restored = ckpt.restore()
