@@ -19,6 +19,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from elastic_rm.proc import kill_tree, signal_tree
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_SCRIPT = os.path.join(REPO, "examples", "dlrm", "train.py")
 BIN = os.path.dirname(sys.executable)
@@ -33,10 +35,7 @@ class Node:
     killed: float | None = None
 
     def signal(self, sig: int) -> None:
-        try:
-            os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
+        signal_tree(self.proc.pid, sig)  # the agent and its workers (they run in sessions of their own)
 
     def stop(self, timeout: float = 20.0) -> None:
         if self.proc.poll() is None:
@@ -45,7 +44,7 @@ class Node:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 pass
-        self.signal(signal.SIGKILL)  # workers left in the group, if any
+        kill_tree(self.proc.pid)  # workers left behind, if any
         try:
             self.proc.wait(5)
         except subprocess.TimeoutExpired:

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from elastic_rm.etcd.server import EtcdCluster, EtcdServer
+from elastic_rm.proc import kill_tree, signal_tree
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
@@ -48,10 +49,8 @@ class Proc:
         self.pid = self.popen.pid
 
     def signal(self, sig: int) -> None:
-        try:
-            os.killpg(self.pid, sig)
-        except ProcessLookupError:
-            pass
+        """To the whole tree: torch starts workers in sessions of their own, out of the agent's group."""
+        signal_tree(self.pid, sig)
 
     def wait(self, timeout: float) -> int:
         return self.popen.wait(timeout)
@@ -64,7 +63,7 @@ class Proc:
                 self.popen.wait(15)
             except subprocess.TimeoutExpired:
                 pass
-        self.signal(signal.SIGKILL)  # the agent may be gone while workers linger in the group
+        kill_tree(self.pid)  # the agent may be gone while workers linger
         try:
             self.popen.wait(5)
         except subprocess.TimeoutExpired:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from benchmarks.common import fmt, summarize, write_result
 from elastic_rm.etcd.server import EtcdServer, free_port
+from elastic_rm.proc import kill_tree, signal_tree
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "dlrm" / "train.py"
@@ -66,12 +67,7 @@ def start_nodes(launcher: str, workdir: Path, endpoint: str, run_id: str) -> lis
 
 def stop(procs: list[subprocess.Popen]) -> None:
     for p in procs:
-        for sig in (signal.SIGCONT, signal.SIGKILL):
-            try:
-                os.killpg(p.pid, sig)
-            except ProcessLookupError:
-                pass
-    for p in procs:
+        kill_tree(p.pid)
         try:
             p.wait(10)
         except subprocess.TimeoutExpired:
@@ -96,7 +92,7 @@ def trial(launcher: str, sig: int, limit: float) -> dict:
             return {"ok": False, "error": "never trained at world 3", "workdir": str(workdir)}
         victim = procs[2]
         t_fault = time.time()
-        os.killpg(victim.pid, sig)
+        signal_tree(victim.pid, sig)  # the node: its agent and its workers
         deadline = t_fault + limit
         while time.time() < deadline:
             after = steps_at(progress(workdir), 2, t_fault)

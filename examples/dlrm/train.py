@@ -124,8 +124,12 @@ def main() -> None:
     node = os.environ.get("ERM_NODE_ID") or os.environ.get("GROUP_RANK", "0")
     # replicate: every node's shards are also kept in one peer node's memory, so that losing a node (SIGKILL,
     # a dead machine) loses nothing; the durable directory (if any) is the copy of last resort.
+    # node_id: this node's memory directory; under torchrun, several agents on one host must not share one.
     ckpt_cfg = FlashConfig(
-        durable_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else None, persist_every=5, replicate=True
+        node_id=node,
+        durable_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else None,
+        persist_every=5,
+        replicate=True,
     )
     ckpt = FlashCheckpointer(dmp, plan, dense_opt, ckpt_cfg)
     restored = ckpt.restore()
