@@ -147,8 +147,16 @@ class ElasticRMAgent(LocalElasticAgent):
         return pids
 
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
-        """A new round while the workers are healthy: drain them at a step boundary first."""
-        if worker_group.state == WorkerState.HEALTHY and self.options.drain_grace_s > 0 and self._started:
+        """A new round while the workers are healthy: drain them at a step boundary first, when the new round
+        keeps all our peers (a scale-up, a planned change). When a peer is gone, a worker waiting on it in a
+        collective never reaches a step boundary: stop at once, as torch does."""
+        keeps_peers = getattr(self._handler, "peers_all_kept", lambda: True)()
+        if (
+            worker_group.state == WorkerState.HEALTHY
+            and keeps_peers
+            and self.options.drain_grace_s > 0
+            and self._started
+        ):
             self.metrics.set_state("draining")
             t0 = time.monotonic()
             self.channel.request_drain()

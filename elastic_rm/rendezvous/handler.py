@@ -342,6 +342,14 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             return 0
         return max(1, len(set(r.members) - set(done.members)))
 
+    def peers_all_kept(self) -> bool:
+        """Whether the pending round keeps every member of ours: only then can our workers finish a
+        step (a collective with a lost peer never returns), so only then is draining them worth waiting for."""
+        r, done = self._view.round, self._completed
+        if r is None or done is None or r.round <= done.round:
+            return False
+        return set(done.members) <= set(r.members)
+
     def shutdown(self) -> bool:
         """Close the run (torch semantics), drop this node's keys, stop threads."""
         if self._shut:
