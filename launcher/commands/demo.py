@@ -195,6 +195,6 @@ def _print_summary(summary: dict, workdir: str) -> None:
     for r in summary["restores"]:
         console.print(
             f"restored at world {r['world']} from step {r['restored_step']} "
-            f"(checksum {r.get('checksum', '-')}, samples so far {r.get('samples_total', '-')})"
+            f"(embedding checksum after the restore {r.get('checksum', '-')})"
         )
     console.print(f"total {summary['wall_s']:.0f}s; logs and summary.json in {workdir}")
