@@ -29,7 +29,3 @@ class EtcdCompactedError(EtcdError):
 
 class EtcdAuthError(EtcdError):
     """etcd refused the credentials or the role lacks permission for the key."""
-
-
-class LeaseLostError(EtcdError):
-    """A lease expired or was revoked: every key attached to it is gone."""

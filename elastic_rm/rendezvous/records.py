@@ -71,8 +71,9 @@ def _address(key: str, data: dict[str, Any], name: str) -> tuple[str, int] | Non
     return addr, port
 
 
-def dumps(record: Any) -> bytes:
-    body = {"v": VERSION, **{k: v for k, v in asdict(record).items()}}
+def dumps(record: Any, **extra: Any) -> bytes:
+    """The record as versioned JSON; ``extra`` adds derived fields for readers (never parsed back)."""
+    body = {"v": VERSION, **asdict(record), **extra}
     for name in ("master",):
         if name in body and body[name] is not None:
             body[name] = {"addr": body[name][0], "port": body[name][1]}
@@ -167,9 +168,7 @@ class RoundRecord:
         )
 
     def to_json(self) -> bytes:
-        data = json.loads(dumps(self))
-        data["world_size"] = self.world_size
-        return json.dumps(data, separators=(",", ":"), sort_keys=True).encode()
+        return dumps(self, world_size=self.world_size)
 
 
 @dataclass(frozen=True)
