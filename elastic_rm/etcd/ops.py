@@ -54,5 +54,10 @@ class Op:
         return aetcd.transactions.Delete(key.encode(), range_end=end)
 
     @staticmethod
+    def delete_range(start: str, end: str) -> Any:
+        """Every key in [start, end), in key order."""
+        return aetcd.transactions.Delete(start.encode(), range_end=end.encode())
+
+    @staticmethod
     def get(key: str) -> Any:
         return aetcd.transactions.Get(key.encode())

@@ -47,6 +47,11 @@ class PlannerPolicy:
         answer, self.state = self.step(snapshot, self.state)
         return answer
 
+    def wanted_nodes(self) -> tuple[int, str] | None:
+        """The node count the planner advises (for executors that can add or release nodes), or None."""
+        a = self.state.advice
+        return (a.target_nodes, a.reason) if a.target_nodes > 0 else None
+
     def step(self, snapshot: ClusterSnapshot, state: PlannerState) -> tuple[Answer, PlannerState]:
         """Pure: the answer and the new state for this snapshot and the old state."""
         cfg = self.config

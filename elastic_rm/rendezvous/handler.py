@@ -45,6 +45,7 @@ from ..etcd.lease import KeptLease
 from ..planner.interface import NodeMetrics, RoundPolicy
 from ..planner.membership import MembershipPolicy
 from .bootstrap import default_local_addr, pick_master_port
+from ..obs.events import EventLog
 from .etcd_store import EtcdStore
 from .history import build_history_record
 from .leader import RoundLeader
@@ -100,6 +101,8 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
         self._completed: RoundRecord | None = None  # the last round this node completed
         self._master_port = 0  # picked when joining; MASTER_PORT if this node becomes rank 0
         self._view = JobView(self._client, self._keys, metrics_parser)
+        # The run's event log in etcd; the agent attaches its --event-log file (elastic_rm.obs.events).
+        self.events = EventLog(self._keys.run_id, self._node_id, client=self._client, keys=self._keys)
         try:
             self._view.start()
         except EtcdError as exc:
@@ -115,6 +118,7 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             max_nodes=settings.max_nodes,
             last_call_timeout=settings.last_call_timeout,
             job=job,
+            events=self.events,
         )
         self._shut = False
         # The lease and the leader campaign start now, off the join path: a node that is about to
@@ -172,6 +176,10 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
                 self._completed = None
                 self._lease = None
                 log.warning("lease of node %s expired; rejoining as %s", old, self._node_id)
+                self.events.set_node(self._node_id)
+                self.events.emit(
+                    "node", f"lease of {old} expired; rejoining as {self._node_id}", old=old, new=self._node_id
+                )
             if self._lease is None:
                 self._lease = KeptLease(self._client, self.settings.lease_ttl)
             key, value = self._keys.node(self._node_id), dumps(self._node_record(state))
@@ -265,6 +273,10 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
         self._master_port = 0  # a fresh port for the next round
         self._ensure_registered("active", wait=False)
         log.info("node %s: round %d, group rank %d of %d", self._node_id, r.round, rank, r.world_size)
+        self.events.emit(
+            "round", f"joined round {r.round} as group rank {rank} of {r.world_size}",
+            round=r.round, rank=rank, world=r.world_size,
+        )
         return RendezvousInfo(
             store,
             rank,

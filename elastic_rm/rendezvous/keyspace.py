@@ -79,6 +79,16 @@ class Keyspace:
         return f"{self.run}store/{number:08d}/"
 
     @property
+    def events(self) -> str:
+        """The event log: one key per event, ``events/<unix ns:020d>-<node>-<seq:06d>`` (time order)."""
+        return f"{self.run}events/"
+
+    @property
+    def demand(self) -> str:
+        """The leader's wish for the node count (the planner's advice), read by executors (erm launch)."""
+        return f"{self.run}demand"
+
+    @property
     def closed(self) -> str:
         return f"{self.run}closed"
 

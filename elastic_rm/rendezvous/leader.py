@@ -20,7 +20,8 @@ from ..etcd.client import Compare, EtcdClient, Op
 from ..etcd.errors import EtcdError
 from ..etcd.lease import Election
 from ..planner.interface import ClusterSnapshot, Decision, NodeView, RoundPolicy, RoundView
-from .records import RoundRecord
+from ..obs.events import EventLog
+from .records import DemandRecord, RoundRecord
 from .view import JobView
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ class RoundLeader:
         last_call_timeout: float,
         job: dict | None = None,
         on_decision: Callable[[RoundRecord], None] | None = None,
+        events: EventLog | None = None,
     ):
         self._client = client
         self._view = view
@@ -51,6 +53,8 @@ class RoundLeader:
         self._last_call = last_call_timeout
         self._job = job or {}
         self._on_decision = on_decision
+        self._events = events
+        self._demand: tuple[int, str] | None = None  # last written (target_nodes, reason)
         self._election: Election | None = None
         self._decided_at_version = -1  # membership_version of the view when the policy last ran
         self._metrics_seen = -1  # metrics_version of the view when the policy last ran
@@ -108,6 +112,8 @@ class RoundLeader:
             with view.cond:
                 view.leader, view.leader_rev = self._node_id(), election.revision or 0
             log.info("node %s leads run %s", self._node_id(), view.keys.run_id)
+            self._emit("leader", f"{self._node_id()} leads run {view.keys.run_id}")
+            self._demand = None  # a new leader states the demand afresh
         self._seal_if_acked()
         # The policy runs when membership changed or when it asked to be woken; an ack alone does not
         # change what it would decide (and running it per ack would cost O(N^2) at large N).
@@ -120,6 +126,7 @@ class RoundLeader:
         if view.round is None and len(view.nodes) < self._min:
             return 0.0  # no policy may form a round below MIN: skip the O(N) snapshot per arrival
         plan = self._policy.decide(self._snapshot())
+        self._publish_demand()
         if isinstance(plan, Decision):
             self._write_round(plan)
             self._wake_at = 0.0
@@ -129,6 +136,28 @@ class RoundLeader:
             self.last_reason = plan.reason
         self._wake_at = plan.until or 0.0
         return self._wake_at
+
+    def _emit(self, kind: str, message: str, **data) -> None:
+        if self._events is not None:
+            self._events.emit(kind, message, **data)
+
+    def _publish_demand(self) -> None:
+        """Write ``demand`` when the policy's wanted node count changed (policies without one: never)."""
+        wanted = getattr(self._policy, "wanted_nodes", None)
+        demand = wanted() if wanted is not None else None
+        if demand is None or demand == self._demand or demand[0] <= 0:
+            return
+        target, reason = demand
+        r = self._view.round
+        record = DemandRecord(target, reason, self._node_id(), r.round if r else 0, time.time())
+        assert self._election is not None
+        result = self._client.txn(
+            [self._election.fence()], [Op.put(self._view.keys.demand, record.to_json())]
+        )
+        if result.succeeded:
+            self._demand = demand
+            log.info("demand: %d node(s) (%s)", target, reason)
+            self._emit("demand", f"wants {target} node(s): {reason}", target_nodes=target, reason=reason)
 
     def _read_history(self) -> tuple[dict, ...]:
         """Finished runs of this job's signature (stage 1 of the planner), as JSON objects."""
@@ -219,6 +248,17 @@ class RoundLeader:
                 list(record.members),
                 record.reason,
             )
+            self._emit(
+                "decision",
+                f"round {record.round}: {len(record.members)} member(s); {record.reason}",
+                round=record.round,
+                members=record.members,
+                standby=record.standby,
+                reason=record.reason,
+                predicted_gain=record.predicted_gain,
+                confidence=record.confidence,
+                sealed=record.complete,
+            )
             if self._on_decision is not None:
                 self._on_decision(record)
 
@@ -250,5 +290,9 @@ class RoundLeader:
         rank0 = acks[r.members[0]]
         if self._fenced_write(replace(r, complete=True, master=rank0.master)):
             log.info("round %d complete: world of %d node(s)", r.round, len(r.members))
+            self._emit(
+                "round", f"round {r.round} complete: world of {len(r.members)} node(s)",
+                round=r.round, members=r.members, standby=r.standby, reason=r.reason,
+            )
             if r.round > 2:  # the agents' stores of rounds before the previous one are done with
                 self._client.delete(self._view.keys.store(r.round - 2), prefix=True)

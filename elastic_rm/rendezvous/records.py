@@ -195,3 +195,32 @@ class ClosedRecord:
     def parse(cls, key: str, raw: bytes) -> ClosedRecord:
         d = _load(key, raw)
         return cls(by=_field(key, d, "by", str), time=float(_field(key, d, "time", (int, float), 0.0)))
+
+
+@dataclass(frozen=True)
+class DemandRecord:
+    """``demand``: how many nodes the leader's policy wants (the planner's advice), for an executor such as
+    ``erm launch`` that can start or release nodes. Written by the leader only when it changes."""
+
+    target_nodes: int  # 0: no opinion
+    reason: str = ""
+    leader: str = ""
+    round: int = 0  # the round current when it was written
+    time: float = 0.0
+
+    @classmethod
+    def parse(cls, key: str, raw: bytes) -> DemandRecord:
+        d = _load(key, raw)
+        target = _field(key, d, "target_nodes", int)
+        if target < 0:
+            raise RecordError(f"malformed value in etcd key {key}: target_nodes must be >= 0, got {target}")
+        return cls(
+            target_nodes=target,
+            reason=_field(key, d, "reason", str, ""),
+            leader=_field(key, d, "leader", str, ""),
+            round=_field(key, d, "round", int, 0),
+            time=float(_field(key, d, "time", (int, float), 0.0)),
+        )
+
+    def to_json(self) -> bytes:
+        return dumps(self)

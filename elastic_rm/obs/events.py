@@ -1,0 +1,231 @@
+"""The event log: every round, decision, failure, drain, checkpoint and executor action as one JSON line.
+
+Why: an elastic job changes size by itself; the event log is how it explains itself afterwards. Each
+agent (and ``erm launch``) appends its events to a local file (``--event-log``) and to etcd under the run's
+``events/`` prefix, where every reader (``erm events``, ``erm report``) finds all nodes' events merged in
+time order. The etcd copy is kept compacted: a writer trims the prefix to the newest ``keep`` events now
+and then, so a long job does not grow etcd without bound. Writes to etcd are fire-and-forget: the log
+must never stall a round or a training step.
+
+One event, as written (one line, keys sorted)::
+
+    {"v":1,"time":1764500000.123,"run":"job1","node":"n0","kind":"round","message":"round 3: 2 node(s)",
+     "data":{"round":3,"members":["n0","n1"]}}
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from ..etcd.client import EtcdClient
+from ..etcd.errors import EtcdError
+from ..etcd.ops import Op
+from ..rendezvous.keyspace import Keyspace
+
+log = logging.getLogger(__name__)
+
+VERSION = 1
+KINDS = (
+    "round",  # a round was written or completed (leader) or joined (agent)
+    "decision",  # the policy decided a round: reason, predicted gain
+    "demand",  # the policy's wanted node count changed
+    "leader",  # this node became the leader
+    "failure",  # a worker group failed, a node was lost
+    "drain",  # workers drained at a step boundary before a new round
+    "checkpoint",  # a flash checkpoint was saved or persisted
+    "restore",  # a new round restored state from a checkpoint
+    "node",  # a node joined, left or was re-incarnated
+    "launch",  # erm launch started, stopped or blacklisted a host
+    "job",  # the job started or finished
+)
+DEFAULT_KEEP = 2000  # events kept in etcd per run
+TRIM_EVERY = 100  # a writer trims the etcd copy after this many of its own events
+MAX_VALUE_BYTES = 16 * 1024  # an event larger than this is refused (etcd values should stay small)
+
+
+class EventError(ValueError):
+    """A line or etcd value that is not an event we wrote; names its source."""
+
+
+@dataclass(frozen=True)
+class Event:
+    time: float  # unix seconds
+    run: str
+    node: str  # who wrote it ("" for a tool such as erm launch without a node)
+    kind: str
+    message: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        body = {
+            "v": VERSION,
+            "time": self.time,
+            "run": self.run,
+            "node": self.node,
+            "kind": self.kind,
+            "message": self.message,
+            "data": self.data,
+        }
+        return json.dumps(body, separators=(",", ":"), sort_keys=True, allow_nan=False)
+
+    @classmethod
+    def parse(cls, source: str, raw: bytes | str) -> Event:
+        """Strict: a value that is not an event is an :class:`EventError` naming ``source``."""
+        try:
+            d = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
+            raise EventError(f"{source}: not a JSON event ({exc})") from None
+        if not isinstance(d, dict):
+            raise EventError(f"{source}: expected a JSON object, got {type(d).__name__}")
+        if d.get("v") != VERSION:
+            raise EventError(f"{source}: unsupported event version {d.get('v')!r}")
+        t = d.get("time")
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+            raise EventError(f"{source}: field 'time' must be a number of unix seconds")
+        for name in ("run", "node", "kind", "message"):
+            if not isinstance(d.get(name), str):
+                raise EventError(f"{source}: field {name!r} must be a string")
+        if d["kind"] not in KINDS:
+            raise EventError(f"{source}: unknown event kind {d['kind']!r} (known: {', '.join(KINDS)})")
+        data = d.get("data", {})
+        if not isinstance(data, dict):
+            raise EventError(f"{source}: field 'data' must be a JSON object")
+        return cls(float(t), d["run"], d["node"], d["kind"], d["message"], data)
+
+
+def _jsonable(value: Any) -> Any:
+    """Tuples become lists; non-finite floats become None (strict JSON); anything else must be JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    raise TypeError(f"event data must be JSON values, got {type(value).__name__}")
+
+
+class EventLog:
+    """Appends events to a file and/or to etcd. Thread-safe; never raises on an etcd or disk failure
+    (logged once per failure kind); raises TypeError/ValueError for a programming error in ``emit``."""
+
+    def __init__(
+        self,
+        run_id: str,
+        node_id: str = "",
+        path: str | os.PathLike | None = None,
+        client: EtcdClient | None = None,
+        keys: Keyspace | None = None,
+        keep: int = DEFAULT_KEEP,
+    ):
+        self.run_id = run_id
+        self.node_id = node_id
+        self._client, self._keys = client, keys
+        self._keep = max(1, keep)
+        self._lock = threading.Lock()
+        self._seq = itertools.count()
+        self._file: IO[str] | None = None
+        self._warned: set[str] = set()
+        if path is not None:
+            p = Path(path)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            self._file = p.open("a", encoding="utf-8", buffering=1)  # line-buffered: tail -f works
+
+    def set_node(self, node_id: str) -> None:
+        """The node id is known only once the handler registered (and changes on re-incarnation)."""
+        self.node_id = node_id
+
+    def emit(self, kind: str, message: str, **data: Any) -> Event:
+        if kind not in KINDS:
+            raise ValueError(f"unknown event kind {kind!r} (known: {', '.join(KINDS)})")
+        event = Event(time.time(), self.run_id, self.node_id, kind, message, _jsonable(data))
+        line = event.to_json()
+        if len(line) > MAX_VALUE_BYTES:
+            raise ValueError(f"event too large ({len(line)} bytes > {MAX_VALUE_BYTES}): {message[:80]}")
+        with self._lock:
+            seq = next(self._seq)
+            if self._file is not None:
+                try:
+                    self._file.write(line + "\n")
+                except OSError as exc:
+                    self._warn("file", f"event log file write failed: {exc}")
+        if self._client is not None and self._keys is not None:
+            key = f"{self._keys.events}{int(event.time * 1e9):020d}-{self.node_id or 'tool'}-{seq:06d}"
+            try:
+                self._client.put_nowait(key, line)
+                if seq % TRIM_EVERY == TRIM_EVERY - 1:
+                    trim(self._client, self._keys, self._keep)
+            except EtcdError as exc:
+                self._warn("etcd", f"event log to etcd failed: {exc}")
+        return event
+
+    def _warn(self, what: str, message: str) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            log.warning("%s (further failures of this kind are not logged)", message)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+
+def trim(client: EtcdClient, keys: Keyspace, keep: int) -> int:
+    """Delete all but the newest ``keep`` events of the run in etcd; returns how many were deleted."""
+    kvs, _ = client.get_prefix(keys.events)
+    excess = len(kvs) - keep
+    if excess <= 0:
+        return 0
+    cutoff = kvs[excess].key  # keys sort in time order; delete [events/, cutoff)
+    client.txn([], [Op.delete_range(keys.events, cutoff)])
+    return excess
+
+
+def read_etcd(client: EtcdClient, keys: Keyspace) -> tuple[list[Event], list[str], int]:
+    """All events of the run in etcd in time order, the errors for values that are not events, and the
+    revision read at (to follow with a watch from revision + 1)."""
+    kvs, revision = client.get_prefix(keys.events)
+    events, errors = [], []
+    for kv in kvs:
+        try:
+            events.append(Event.parse(f"etcd key {kv.key}", kv.value))
+        except EventError as exc:
+            errors.append(str(exc))
+    events.sort(key=lambda e: e.time)
+    return events, errors, revision
+
+
+def read_file(path: str | os.PathLike) -> Iterator[Event | EventError]:
+    """Events of a JSONL file in file order; a bad line is yielded as an EventError naming file and line."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield Event.parse(f"{path}:{number}", line)
+            except EventError as exc:
+                yield exc
+
+
+def merge(*streams: Iterable[Event]) -> list[Event]:
+    """Events of several sources in time order, without duplicates (the same event from file and etcd)."""
+    seen: set[str] = set()
+    out = []
+    for event in sorted((e for s in streams for e in s), key=lambda e: e.time):
+        line = event.to_json()
+        if line not in seen:
+            seen.add(line)
+            out.append(event)
+    return out

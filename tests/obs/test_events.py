@@ -1,0 +1,94 @@
+"""The event log against a real etcd: file and etcd copies agree, compaction keeps the newest, bad values
+are errors naming their source."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from elastic_rm.etcd.client import EtcdClient
+from elastic_rm.obs import events as ev
+from elastic_rm.rendezvous.keyspace import Keyspace
+
+
+def _wait_for(predicate, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_emit_writes_file_and_etcd_in_time_order(etcd, run_id, tmp_path):
+    keys = Keyspace("/elastic-rm", run_id)
+    path = tmp_path / "events.jsonl"
+    with EtcdClient(etcd.endpoint, timeout=2) as c:
+        log = ev.EventLog(run_id, "n0", path=path, client=c, keys=keys)
+        log.emit("round", "round 1: 2 node(s)", round=1, members=("n0", "n1"))
+        log.emit("drain", "drained at step 7", step=7, gain=float("nan"))
+        log.close()
+        assert _wait_for(lambda: len(ev.read_etcd(c, keys)[0]) == 2)
+        from_etcd, errors, revision = ev.read_etcd(c, keys)
+    from_file = list(ev.read_file(path))
+    assert errors == [] and revision > 0
+    assert [e.kind for e in from_etcd] == ["round", "drain"] == [e.kind for e in from_file]
+    assert from_etcd[0].data == {"round": 1, "members": ["n0", "n1"]}
+    assert from_file[1].data == {"step": 7, "gain": None}  # NaN is not JSON: written as null
+    assert ev.merge(from_etcd, from_file) == from_etcd  # the same events from two places count once
+    for line in path.read_text().splitlines():
+        assert json.loads(line)["run"] == run_id
+
+
+def test_trim_keeps_the_newest(etcd, run_id):
+    keys = Keyspace("/elastic-rm", run_id)
+    with EtcdClient(etcd.endpoint, timeout=2) as c:
+        log = ev.EventLog(run_id, "n0", client=c, keys=keys)
+        for i in range(12):
+            log.emit("checkpoint", f"checkpoint {i}", step=i)
+        assert _wait_for(lambda: len(ev.read_etcd(c, keys)[0]) == 12)
+        assert ev.trim(c, keys, keep=5) == 7
+        kept, _, _ = ev.read_etcd(c, keys)
+    assert [e.data["step"] for e in kept] == [7, 8, 9, 10, 11]
+
+
+def test_a_bad_value_in_etcd_is_reported_by_key(etcd, run_id):
+    keys = Keyspace("/elastic-rm", run_id)
+    with EtcdClient(etcd.endpoint, timeout=2) as c:
+        c.put(keys.events + "00000000000000000001-x-000000", b"\xff not json")
+        c.put(keys.events + "00000000000000000002-x-000000", b'{"v":1,"time":1,"run":"r","node":"x","kind":"bogus","message":""}')
+        events, errors, _ = ev.read_etcd(c, keys)
+    assert events == [] and len(errors) == 2
+    assert "00000000000000000001-x-000000" in errors[0] and "not a JSON event" in errors[0]
+    assert "unknown event kind 'bogus'" in errors[1]
+
+
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        (b"[]", "expected a JSON object"),
+        (b'{"v":2}', "unsupported event version"),
+        (b'{"v":1,"time":"x"}', "field 'time'"),
+        (b'{"v":1,"time":1e999}', "field 'time'"),
+        (b'{"v":1,"time":1,"run":"r","node":"n","kind":"job","message":"m","data":[]}', "field 'data'"),
+        (b"[" * 100000, "not a JSON event"),
+    ],
+)
+def test_parse_rejects_what_we_did_not_write(raw, message):
+    with pytest.raises(ev.EventError, match=message) as info:
+        ev.Event.parse("src:1", raw)
+    assert str(info.value).startswith("src:1")
+
+
+def test_emit_refuses_unknown_kinds_and_non_json_data(tmp_path):
+    log = ev.EventLog("r", "n", path=tmp_path / "e.jsonl")
+    with pytest.raises(ValueError, match="unknown event kind"):
+        log.emit("nope", "x")
+    with pytest.raises(TypeError, match="JSON values"):
+        log.emit("job", "x", thing=object())
+    with pytest.raises(ValueError, match="too large"):
+        log.emit("job", "x" * (ev.MAX_VALUE_BYTES + 1))
+    log.close()
+    assert (tmp_path / "e.jsonl").read_text() == ""
