@@ -23,6 +23,7 @@ from elastic_rm.proc import kill_tree, signal_tree
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_SCRIPT = os.path.join(REPO, "examples", "dlrm", "train.py")
+DEFAULT_JOB = os.path.join(REPO, "examples", "dlrm", "job.json")
 BIN = os.path.dirname(sys.executable)
 
 
@@ -57,7 +58,9 @@ class Demo:
     workdir: str
     script: str
     script_args: list[str]
-    lease_ttl: int = 2
+    lease_ttl: int = 3  # seconds; 2 detects a dead node sooner but starves on a loaded machine
+    nnodes: str = "2:3"
+    agent_args: list[str] = field(default_factory=list)  # ermrun flags for every node (--job, ...)
     nodes: dict[str, Node] = field(default_factory=dict)
     events: list[dict] = field(default_factory=list)
     run_id: str = field(default_factory=lambda: f"demo-{uuid.uuid4().hex[:6]}")
@@ -69,11 +72,11 @@ class Demo:
     def event(self, kind: str, text: str) -> None:
         self.events.append({"t": time.time(), "kind": kind, "text": text})
 
-    def start_node(self, name: str, endpoint: str) -> None:
+    def start_node(self, name: str, endpoint: str, extra: list[str] | None = None) -> None:
         argv = [
-            os.path.join(BIN, "ermrun"), "--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-endpoint", endpoint,
+            os.path.join(BIN, "ermrun"), "--nnodes", self.nnodes, "--nproc-per-node", "1", "--rdzv-endpoint", endpoint,
             "--rdzv-id", self.run_id, "--node-id", name, "--monitor-interval", "0.1", "--max-restarts", "3",
-            "--rdzv-conf", f"lease_ttl={self.lease_ttl},last_call_timeout=1",
+            "--rdzv-conf", f"lease_ttl={self.lease_ttl},last_call_timeout=1", *self.agent_args, *(extra or []),
             self.script, "--progress-dir", self.progress_dir, "--checkpoint-dir", os.path.join(self.workdir, "ckpt"),
             *self.script_args,
         ]  # fmt: skip
@@ -99,6 +102,12 @@ class Demo:
     def stop_all(self) -> None:
         for node in self.nodes.values():
             node.stop()
+
+
+def restarted_at(rows: list[dict], world: int, since: float, min_steps: int = 3) -> bool:
+    """Rank 0's workers started anew at ``world`` after ``since`` and trained ``min_steps`` steps."""
+    starts = [r["t"] for r in rows if r.get("start") and r.get("rank") == 0 and r["world"] == world and r["t"] >= since]
+    return bool(starts) and world_reached(rows, world, starts[-1], min_steps)
 
 
 def world_reached(rows: list[dict], world: int, since: float, min_steps: int = 3) -> bool:
@@ -129,6 +138,60 @@ def rounds_from_etcd(endpoint: str, run_id: str) -> list[dict]:
                 continue
             if r.complete:
                 out.append({"round": r.round, "members": list(r.members), "reason": r.reason, "t": r.time})
+    return out
+
+
+def decisions_from_etcd(endpoint: str, run_id: str) -> list[dict]:
+    """The leader's decisions from the run's event log: round, members, reason, unix time."""
+    from elastic_rm.etcd.client import EtcdClient
+    from elastic_rm.obs.events import read_etcd
+    from elastic_rm.rendezvous.keyspace import DEFAULT_PREFIX, Keyspace
+
+    with EtcdClient(endpoint, timeout=5) as client:
+        found, _errors, _ = read_etcd(client, Keyspace(DEFAULT_PREFIX, run_id))
+    return [
+        {"round": e.data.get("round"), "members": e.data.get("members", []), "reason": e.data.get("reason", ""), "t": e.time}
+        for e in found
+        if e.kind == "decision"
+    ]
+
+
+def checks(rows: list[dict]) -> list[dict]:
+    """What the model state went through, checked from rank 0's progress lines at every restart:
+    a planned round restores exactly the drained state (same step, same embedding checksum) and every
+    restart continues at the step after the restored one, each step once (step s holds samples
+    [s*B, (s+1)*B), so no sample is lost or doubled in the model)."""
+    rank0 = sorted((r for r in rows if r.get("rank") == 0), key=lambda r: r["t"])
+    starts = [i for i, r in enumerate(rank0) if r.get("start")]
+    out = []
+    for n, i in enumerate(starts[1:], 1):
+        start = rank0[i]
+        before = rank0[starts[n - 1] : i]
+        restored = start.get("restored_step")
+        drained = [r for r in before if "drained_step" in r]
+        last = max((r["step"] for r in before if "step" in r), default=0)
+        nxt = starts[n + 1] if n + 1 < len(starts) else len(rank0)
+        after = [r["step"] for r in rank0[i:nxt] if "step" in r]
+        label = f"restart at world {start['world']}"
+        if drained and drained[-1]["drained_step"] == restored:
+            same = drained[-1]["checksum"] == start["checksum"]
+            out.append({
+                "what": f"{label}: embeddings as drained",
+                "ok": same,
+                "detail": f"step {restored}, checksum {start['checksum']} (drained {drained[-1]['checksum']})",
+            })  # fmt: skip
+        else:
+            out.append({
+                "what": f"{label}: restored the last checkpoint",
+                "ok": restored is not None and restored <= last,
+                "detail": f"step {restored} of {last} trained before the fault; steps after it are trained again",
+            })  # fmt: skip
+        consecutive = bool(after) and after == list(range((restored or 0) + 1, (restored or 0) + 1 + len(after)))
+        out.append({
+            "what": f"{label}: every step (sample range) once",
+            "ok": consecutive,
+            "detail": f"steps {after[0] if after else '-'}..{after[-1] if after else '-'} follow step {restored}",
+        })  # fmt: skip
     return out
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import uuid
 
@@ -32,6 +33,10 @@ OUR_FLAGS = (
     "drain_grace",
     "metrics_port",
     "metrics_host",
+    "event_log",
+    "event_sample_interval",
+    "log_format",
+    "quiet",
 )
 
 
@@ -88,7 +93,40 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument(
         "--metrics-host", default="127.0.0.1", help="Address for --metrics-port (default 127.0.0.1)."
     )
+    group.add_argument(
+        "--event-log",
+        metavar="FILE",
+        help="Append the run's events (rounds, decisions, failures, drains, samples) to this JSONL file "
+        "(docs/operate.md); they also go to etcd.",
+    )
+    group.add_argument(
+        "--event-sample-interval",
+        type=float,
+        default=10.0,
+        help="Seconds between this node's resource/throughput samples in the event log, for erm report "
+        "(default 10; 0: none).",
+    )
+    group.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="text: one line per event and a live status line on a terminal; json: every event and log "
+        "record as a JSON line (default text). Both go to stderr; LOGLEVEL=INFO adds the detailed log.",
+    )
+    group.add_argument("--quiet", action="store_true", help="Print warnings and errors only.")
     group.add_argument("--etcd-user", help="etcd user; the password comes from $ELASTIC_RM_ETCD_PASSWORD.")
+    group.add_argument(
+        "--cpu-limit",
+        type=float,
+        default=None,
+        help="CPU cores this node may use (a cgroup quota, e.g. 0.5; without cgroups a whole number pins "
+        "the node to that many cores). Default: no limit.",
+    )
+    group.add_argument(
+        "--memory-limit",
+        default=None,
+        help="Memory this node may use (a cgroup limit, e.g. 4G). Default: no limit.",
+    )
     return parser
 
 
@@ -117,8 +155,6 @@ def prepare(args: argparse.Namespace) -> bool:
     if args.master_port is None:
         args.master_port = 29500
     if args.rdzv_backend == "c10d":
-        import os
-
         os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")  # torch 2.13 scale-up deadlock
     if args.rdzv_backend == BACKEND:
         _add_rdzv_conf(
@@ -133,8 +169,19 @@ def prepare(args: argparse.Namespace) -> bool:
     return embedded
 
 
+def _apply_node_limits(args: argparse.Namespace, run_id: str):
+    """Put this agent (and so its workers) under --cpu-limit/--memory-limit (elastic_rm.agent.cgroup)."""
+    from elastic_rm.agent.cgroup import NodeLimits, apply_node_limits, parse_size
+
+    limits = NodeLimits(
+        args.cpu_limit, None if args.memory_limit is None else parse_size(args.memory_limit)
+    )
+    return apply_node_limits(f"{run_id}.{args.node_id or os.getpid()}", limits)
+
+
 @record
 def run(argv: list[str] | None = None) -> int:
+    from elastic_rm.agent.cgroup import CgroupError
     from elastic_rm.agent.http import EndpointError
     from elastic_rm.agent.launch import launch_agent
     from elastic_rm.etcd.errors import EtcdError
@@ -142,6 +189,14 @@ def run(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    from elastic_rm.launch.slurm import SlurmError, apply_slurm
+
+    try:  # inside srun: node count, run id, node id and etcd address from Slurm (flags given win)
+        from_slurm = apply_slurm(args, parser)
+    except SlurmError as exc:
+        return _fail(str(exc))
+    if from_slurm:
+        log.info("from the Slurm environment: %s", ", ".join(from_slurm))
     options = AgentOptions(
         node_id=args.node_id,
         membership_grace_s=args.membership_grace,
@@ -149,11 +204,22 @@ def run(argv: list[str] | None = None) -> int:
         drain_grace_s=args.drain_grace,
         metrics_port=args.metrics_port or None,
         metrics_host=args.metrics_host,
+        event_log=args.event_log,
+        event_sample_interval_s=args.event_sample_interval,
     )
     try:
         options.validate()
     except ValueError as exc:
         return _fail(str(exc))
+    if args.event_log:
+        try:
+            open(args.event_log, "a").close()
+        except OSError as exc:
+            return _fail(f"--event-log {args.event_log}: cannot append to it ({exc})")
+    from launcher.progress import Progress
+
+    progress = Progress("quiet" if args.quiet else args.log_format)
+    progress.setup_logging()
     embedded = prepare(args)
     server = None
     try:
@@ -174,9 +240,14 @@ def run(argv: list[str] | None = None) -> int:
                     server.endpoint,
                     config.run_id,
                 )
-        launch_agent(config, cmd, list(cmd_args), options)
+        cgroup = _apply_node_limits(args, config.run_id)
+        try:
+            launch_agent(config, cmd, list(cmd_args), options, on_agent=progress.attach)
+        finally:
+            if cgroup is not None:
+                cgroup.remove()
         return 0
-    except (EtcdServerError, EtcdError, EndpointError, ValueError) as exc:
+    except (EtcdServerError, EtcdError, EndpointError, ValueError, CgroupError) as exc:
         return _fail(str(exc))
     except Exception as exc:
         from torch.distributed.elastic.rendezvous import RendezvousError
@@ -185,13 +256,13 @@ def run(argv: list[str] | None = None) -> int:
             return _fail(f"rendezvous: {exc}")
         raise
     finally:
+        progress.close()
         if server is not None:
             server.stop()
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="[ermrun] %(asctime)s %(levelname)s %(message)s")
-    sys.exit(run(argv))
+    sys.exit(run(argv))  # logging is set up by run() for the chosen output mode (launcher/progress.py)
 
 
 if __name__ == "__main__":

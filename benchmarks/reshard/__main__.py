@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -61,6 +62,55 @@ def launch(spec: dict[str, Any], nprocs: int, timeout: float) -> list[list[dict[
     return [json.loads((work / f"result-{r}.json").read_text()) for r in range(nprocs)]
 
 
+def start_servers(
+    shm: Path, nodes: list[str], timeout: float = 60
+) -> dict[str, tuple[subprocess.Popen, dict]]:
+    """One checkpoint server process per simulated node, serving only that node's memory directory (what
+    each node's agent runs under ermrun)."""
+    out: dict[str, tuple[subprocess.Popen, dict]] = {}
+    try:
+        for n in nodes:
+            token = secrets.token_urlsafe(16)
+            port_file = shm.parent / f"{shm.name}.port-{n}"
+            env = {**os.environ, "PYTHONPATH": str(REPO), "ELASTIC_RM_CKPT_TOKEN": token}
+            cmd = [
+                sys.executable,
+                "-m",
+                "elastic_rm.agent.ckpt_server",
+                "--dir",
+                str(shm / n),
+                "--port-file",
+                str(port_file),
+            ]
+            proc = subprocess.Popen(cmd, cwd=REPO, env=env)
+            out[n] = (proc, {"node": n, "token": token, "port_file": str(port_file)})
+        deadline = time.monotonic() + timeout
+        for n, (proc, info) in out.items():
+            pf = Path(info.pop("port_file"))
+            while not pf.exists():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"checkpoint server of {n} did not start (rc {proc.poll()})")
+                time.sleep(0.05)
+            info["url"] = f"http://127.0.0.1:{int(pf.read_text())}"
+            pf.unlink()
+    except BaseException:
+        stop_servers(out)
+        raise
+    return out
+
+
+def stop_servers(servers: dict[str, tuple[subprocess.Popen, dict]]) -> None:
+    for proc, _ in servers.values():
+        if proc.poll() is None:
+            proc.kill()  # by pid: only the servers this benchmark started
+            proc.wait(timeout=30)
+
+
+def peer_lists(servers: dict[str, dict], world: int) -> dict[str, dict]:
+    members = [f"n{r}" for r in range(world)]
+    return {n: {"v": 1, "peers": [servers[m] for m in members if m != n]} for n in members}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--gib", type=float, default=1.0, help="embeddings + optimizer state, GiB (default 1)")
@@ -68,6 +118,7 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--disk-dir", default=None, help="local disk directory (default: a temp dir on /tmp)")
     ap.add_argument("--timeout", type=float, default=1200)
+    ap.add_argument("--name", default="reshard", help="results file benchmarks/results/<name>.json")
     args = ap.parse_args()
     rows = int(args.gib * 2**30 / 2 / (args.tables * args.dim * 4))  # Adagrad: state as big as weights
     work = Path(tempfile.mkdtemp(prefix="erm-reshard-bench-"))
@@ -91,6 +142,11 @@ def main() -> None:
             {"world": 2, "restore": True, "disk_from": str(disk / "w3")},
         ],
     }
+    servers = start_servers(shm, ["n0", "n1", "n2"])
+    endpoints = {n: info for n, (_, info) in servers.items()}
+    spec["servers"] = endpoints
+    for ph in spec["phases"]:
+        ph["peers"] = peer_lists(endpoints, ph["world"])
     print(
         f"reshard benchmark: {args.tables} tables x {rows} rows x {args.dim} dim, fp32, fused Adagrad "
         f"(~{args.gib:g} GiB weights + state); load avg {os.getloadavg()[0]:.1f}",
@@ -99,6 +155,7 @@ def main() -> None:
     try:
         per_rank = launch(spec, 3, args.timeout)
     finally:
+        stop_servers(servers)
         shutil.rmtree(shm, ignore_errors=True)
         shutil.rmtree(disk, ignore_errors=True)
     phases = {r["phase"]: r for r in per_rank[0]}  # every value is already the max/sum over ranks
@@ -128,7 +185,13 @@ def main() -> None:
             "restore_budget_s": budget,
             "pause_target_met": s["disk_save_s"] / pause >= 10,
             "restore_target_met": d["flash_restore_s"] <= budget,
-            "mismatches": d["flash_restore_bad"] + d["disk_restore_bad"],
+            "mismatches": d["flash_restore_bad"] + d["disk_restore_bad"] + d["http_all_restore_bad"],
+            # every file from the nodes' memory directories vs every file over HTTP (loopback) into memory
+            "restore_all_from_memory_s": d["mem_all_restore_s"],
+            "restore_all_over_http_s": d["http_all_restore_s"],
+            "http_over_memory": d["http_all_restore_s"] / d["mem_all_restore_s"],
+            "http_fetched_gib": d["http_all_fetched_bytes"] / 2**30,
+            "files_needed_gib": d["files_needed_bytes"] / 2**30,
         }
         rows_out.append(row)
     report["results"] = rows_out
@@ -146,6 +209,11 @@ def main() -> None:
             f"{fmt(r['flash_restore_verify_s'])} (slowest rank); same restore with size checks only "
             f"{fmt(r['flash_restore_noverify_s'])}; restore/memcpy {r['restore_over_memcpy']:.1f}x"
         )
+        print(
+            f"  {r['transition']} network path: every file over HTTP {fmt(r['restore_all_over_http_s'])} "
+            f"({r['http_fetched_gib']:.2f} GiB fetched, all ranks) vs every file from node memory "
+            f"{fmt(r['restore_all_from_memory_s'])}: {r['http_over_memory']:.1f}x"
+        )
         if r["mismatches"]:
             print(f"  !! {r['transition']}: {r['mismatches']:.0f} elements differ after restore")
     print(
@@ -153,7 +221,7 @@ def main() -> None:
         " write to /dev/shm runs in the background), max over ranks; cold = first save without prepare();"
         " ok = pause >= 10x shorter than the disk save / restore <= 3x memcpy + 1 s"
     )
-    path = write_result("reshard", report)
+    path = write_result(args.name, report)
     print(f"wrote {path}")
     shutil.rmtree(work, ignore_errors=True)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import gc
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -25,7 +26,9 @@ from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
 from elastic_rm.train import FlashCheckpointer, FlashConfig, WorldTopology, plan_sharding, wrap_model
+from elastic_rm.train.peers import PEERS_ENV, PeerEndpoint
 from elastic_rm.train.snapshot import app_state, load_app_state, local_pieces
+from elastic_rm.train.sources import DirectorySource, HttpPeerSource
 
 CHUNK = 1 << 16
 
@@ -103,6 +106,11 @@ def run_phase(spec: dict[str, Any], k: int, rank: int) -> dict[str, Any]:
     apply_optimizer_in_backward(torch.optim.Adagrad, model.ebc.parameters(), {"lr": 0.01, "eps": 1e-8})
     plan = plan_sharding(model, WorldTopology(world, world))
     dmp = wrap_model(model, plan)
+    peers = ph.get("peers", {}).get(f"n{rank}")  # as the agent sets it: the other members' servers
+    if peers is None:
+        os.environ.pop(PEERS_ENV, None)
+    else:
+        os.environ[PEERS_ENV] = json.dumps(peers)
     cfg = FlashConfig(
         run_id="bench", node_id=f"n{rank}", memory_root=Path(spec["shm"]), keep_memory=1, replicate=True
     )
@@ -129,6 +137,8 @@ def run_phase(spec: dict[str, Any], k: int, rank: int) -> dict[str, Any]:
         res["flash_restore_noverify_s"] = timed(lambda: got.update(r=ckpt.restore()))
         ckpt.cfg.verify_checksums = True
         res["flash_restore_bad"] = total(fill_or_check(dmp, check=True))
+        if spec.get("servers"):
+            res.update(network_vs_memory(spec, ckpt, dmp, rank))
         with torch.no_grad():
             for t in local:
                 t.zero_()
@@ -160,6 +170,27 @@ def run_phase(spec: dict[str, Any], k: int, rank: int) -> dict[str, Any]:
         )
     ckpt.close()
     return res
+
+
+def network_vs_memory(spec: dict[str, Any], ckpt: FlashCheckpointer, dmp: Any, rank: int) -> dict[str, Any]:
+    """The same restore twice, every file from one kind of place: straight from the nodes' memory
+    directories (the floor: what a node holding every file itself would read), then every file over
+    HTTP from the nodes' checkpoint servers (this node's own included), into this node's memory."""
+    nodes = sorted(spec["servers"])
+    shm = Path(spec["shm"])
+    mem = [DirectorySource(f"mem:{n}", shm / n, with_replicas=True) for n in nodes]
+    cache = shm / f"n{rank}" / "fetch" / f"bench-rank{rank}"
+    http = [HttpPeerSource(PeerEndpoint(**spec["servers"][n]), cache / n, timeout_s=120) for n in nodes]
+    out: dict[str, Any] = {}
+    got: dict[str, Any] = {}
+    out["mem_all_restore_s"] = timed(lambda: got.update(r=ckpt.restore(sources=mem)))
+    r = got["r"]  # the files this rank needed; the memory path reads only the ranges it loads from them
+    out["files_needed_bytes"] = total(sum(r.manifest["files"][f]["size"] for f in r.file_sources))
+    out["http_all_restore_s"] = timed(lambda: got.update(r=ckpt.restore(sources=http)))
+    out["http_all_sources"] = sorted(set(got["r"].file_sources.values()))
+    out["http_all_fetched_bytes"] = total(sum(s.bytes_fetched for s in http))
+    out["http_all_restore_bad"] = total(fill_or_check(dmp, check=True))
+    return out
 
 
 def plan_summary_ebc(plan: Any) -> dict[str, Any]:

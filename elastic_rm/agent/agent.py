@@ -28,6 +28,11 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, W
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
 from .channel import AgentChannel
+
+# Step times are summarised over this window: long enough for a stable median, short enough that a node
+# that turns slow shows within a few of the planner's samples (each of which is a fresh summary).
+STEP_WINDOW_S = 10.0
+from . import ckpt_server
 from .http import AgentHttpServer
 from .metrics_record import build_record, encode_record
 from .monitor import ResourceMonitor
@@ -50,6 +55,8 @@ class AgentOptions:
     drain_grace_s: float = 30.0  # how long drained workers may take to reach a step boundary
     metrics_port: int | None = None  # HTTP /healthz and /metrics; None or 0: off
     metrics_host: str = "127.0.0.1"
+    event_log: str | None = None  # also append the run's events (elastic_rm.obs.events) to this JSONL file
+    event_sample_interval_s: float = 10.0  # a "sample" event (resources, throughput) this often; 0: none
 
     def validate(self) -> None:
         if self.sample_interval_s <= 0:
@@ -58,6 +65,10 @@ class AgentOptions:
             raise ValueError(f"--drain-grace must be >= 0 seconds, got {self.drain_grace_s}")
         if self.membership_grace_s is not None and self.membership_grace_s < 0:
             raise ValueError(f"--membership-grace must be >= 0 seconds, got {self.membership_grace_s}")
+        if not self.event_sample_interval_s >= 0:
+            raise ValueError(
+                f"--event-sample-interval must be >= 0 seconds (0: off), got {self.event_sample_interval_s}"
+            )
 
 
 class ElasticRMAgent(LocalElasticAgent):
@@ -71,16 +82,38 @@ class ElasticRMAgent(LocalElasticAgent):
         from ..obs.metrics import AgentMetrics
 
         self.metrics = AgentMetrics(self.node_id)
+        self.events = self._event_log(handler)
         self.http = AgentHttpServer(
             self.metrics, self.options.metrics_port, self.options.metrics_host, self._health
         )
         self.http.start()  # a port in use fails here, before any worker or thread exists
+        # peers fetch and replicate flash checkpoints through it; published in this node's record
+        self.ckpt_server = ckpt_server.start_for_agent(handler, handler.get_run_id())
         self.monitor = ResourceMonitor(interval_s=self.options.sample_interval_s)
-        self.channel = AgentChannel()
+        self.channel = AgentChannel(window_s=STEP_WINDOW_S)
         self._stop = threading.Event()
         self._publisher = threading.Thread(target=self._publish_loop, name="erm-metrics", daemon=True)
         self._started = False
         self._closed = False
+        self._next_sample = 0.0  # monotonic time of the next "sample" event
+        self.last_record: dict[str, Any] | None = None  # the newest metrics record (ermrun's status line)
+
+    def _event_log(self, handler: Any):
+        """The rendezvous handler's event log (etcd) when it has one, else a local one (torch's backends);
+        plus the --event-log file."""
+        from ..obs.events import EventLog
+
+        events = getattr(handler, "events", None)
+        if not isinstance(events, EventLog):
+            events = EventLog(handler.get_run_id(), self.node_id)
+        if self.options.event_log:
+            try:
+                events.attach_file(self.options.event_log)
+            except OSError as exc:
+                raise ValueError(
+                    f"--event-log {self.options.event_log}: cannot append to it ({exc})"
+                ) from exc
+        return events
 
     # -- life cycle -------------------------------------------------------------------------------------
 
@@ -103,6 +136,8 @@ class ElasticRMAgent(LocalElasticAgent):
             self.monitor.stop()
             self.channel.close()
         self.http.stop()
+        if self.ckpt_server is not None:
+            self.ckpt_server.stop()
 
     def _health(self) -> tuple[bool, dict[str, Any]]:
         state = self._worker_group.state
@@ -123,6 +158,7 @@ class ElasticRMAgent(LocalElasticAgent):
         if resources is None:
             return
         record = build_record(self.node_id, resources, self.channel.summary())
+        self.last_record = record
         self.metrics.update(record)
         self.metrics.add_steps(self.channel.steps_total)
         completed = getattr(self._handler, "completed_round", None)
@@ -132,6 +168,30 @@ class ElasticRMAgent(LocalElasticAgent):
         publish = getattr(self._handler, "publish_metrics", None)
         if publish is not None:
             publish(encode_record(record))
+        interval = self.options.event_sample_interval_s
+        if interval > 0 and completed is not None and time.monotonic() >= self._next_sample:
+            self._next_sample = time.monotonic() + interval
+            self._emit_sample(record, completed)
+
+    def _emit_sample(self, record: dict[str, Any], completed: Any) -> None:
+        """A compact "sample" event: what ``erm report`` plots per node and ``erm status`` measures gains
+        with (etcd keeps only each node's latest ``metrics/<node>``)."""
+        steps = record.get("steps") or {}
+        members = list(completed.members)
+        rate = steps.get("samples_per_s")
+        self.events.emit(
+            "sample",
+            f"round {completed.round}: " + (f"{rate:,.0f} samples/s" if rate is not None else "no steps"),
+            round=completed.round,
+            world=len(members),
+            rank=members.index(self.node_id) if self.node_id in members else None,
+            cpu=round(record["cpu"]["util_mean"], 4),
+            mem_used_bytes=record["mem"]["used_bytes"],
+            mem_total_bytes=record["mem"]["total_bytes"],
+            gpu_util=[None if g["util"] is None else round(g["util"], 4) for g in record["gpus"]],
+            samples_per_s=rate,
+            step_p50_s=steps.get("p50_s"),
+        )
 
     # -- torch hooks ------------------------------------------------------------------------------------
 
@@ -141,7 +201,9 @@ class ElasticRMAgent(LocalElasticAgent):
         self._start_side_services()
         os.environ.update(self.channel.env())
         os.environ["ERM_NODE_ID"] = getattr(self._handler, "node_id", None) or self.node_id
+        ckpt_server.set_worker_env(self._handler)  # this round's peers' checkpoint servers
         self.channel.clear_drain()
+        self.channel.reset_steps()  # a new world: step times of the old one would blur the planner's view
         pids = super()._start_workers(worker_group)
         self.monitor.set_pids(pids.values())
         return pids
@@ -151,23 +213,49 @@ class ElasticRMAgent(LocalElasticAgent):
         keeps all our peers (a scale-up, a planned change). When a peer is gone, a worker waiting on it in a
         collective never reaches a step boundary: stop at once, as torch does."""
         keeps_peers = getattr(self._handler, "peers_all_kept", lambda: True)()
-        if (
+        drain = (
             worker_group.state == WorkerState.HEALTHY
             and keeps_peers
             and self.options.drain_grace_s > 0
             and self._started
-        ):
+        )
+        if not drain and self._started and worker_group.state == WorkerState.HEALTHY:
+            why = "a peer left (its collectives cannot finish)" if not keeps_peers else "--drain-grace 0"
+            self.events.emit("drain", f"drain skipped: {why}; stopping workers", skipped=True, reason=why)
+        if drain:
             self.metrics.set_state("draining")
             t0 = time.monotonic()
             self.channel.request_drain()
             pids = [w.id for w in worker_group.workers if w.id is not None]
             result = self.channel.wait_for_acks(timeout_s=self.options.drain_grace_s, pids=pids)
+            elapsed = time.monotonic() - t0
             log.info(
                 "drained %d worker(s) at step boundaries in %.2fs (%d without the API, %d missing)",
                 len(result.acked),
-                time.monotonic() - t0,
+                elapsed,
                 len(result.unregistered),
                 len(result.missing),
+            )
+            steps = sorted(set(result.acked.values()))
+            if result.missing:
+                message = (
+                    f"drain grace {self.options.drain_grace_s:g}s exceeded: {len(result.missing)} worker(s) "
+                    "did not reach a step boundary; stopping them"
+                )
+            elif result.acked:
+                message = f"drained {len(result.acked)} worker(s) at step {'/'.join(map(str, steps))}"
+            else:
+                message = "drain: no worker uses elastic_rm.train; stopping them"
+            self.events.emit(
+                "drain",
+                message + f" in {elapsed:.2f}s",
+                steps=steps,
+                acked=len(result.acked),
+                hook_failed=len(result.failed),
+                missing=len(result.missing),
+                unregistered=len(result.unregistered),
+                elapsed_s=round(elapsed, 3),
+                grace_exceeded=bool(result.missing),
             )
         super()._restart_workers(worker_group)
 
@@ -189,9 +277,25 @@ class ElasticRMAgent(LocalElasticAgent):
                 break
             if handler.num_nodes_waiting() > 0:
                 log.info("workers failed while the membership changed: re-rendezvous without using a restart")
+                self._emit_failure(result, "the membership changed: re-rendezvous without using a restart")
                 return RunResult(state=WorkerState.HEALTHY)
             time.sleep(0.05)
+        left = self._remaining_restarts
+        self._emit_failure(result, f"{left} restart(s) left" if left > 0 else "no restarts left")
         return result
+
+    def _emit_failure(self, result: RunResult, outcome: str) -> None:
+        failures = sorted(result.failures.items())
+        ranks = [rank for rank, _ in failures]
+        codes = [f.exitcode for _, f in failures]
+        self.events.emit(
+            "failure",
+            f"worker group {str(result.state.value).lower()}: rank(s) {ranks} exit code(s) {codes}; {outcome}",
+            state=str(result.state.value).lower(),
+            ranks=ranks,
+            exit_codes=codes,
+            outcome=outcome,
+        )
 
     def _membership_grace(self, handler: Any) -> float:
         if self.options.membership_grace_s is not None:

@@ -45,7 +45,7 @@ from elastic_rm.train.report import (
 log = logging.getLogger(__name__)
 
 DEFAULT_WINDOW_S = 30.0
-MAX_KEPT_STEPS = 200_000  # memory bound on the window: ~1.6 MB of durations
+MAX_KEPT_STEPS = 200_000  # memory bound on the window: ~3.2 MB of step times
 _SUN_PATH_MAX = 107  # Linux sockaddr_un.sun_path minus the NUL
 
 
@@ -55,6 +55,7 @@ class StepSummary:
 
     p50_s: float
     p90_s: float
+    busy_p50_s: float  # the median of the steps' busy time (on CPU or waiting for it; see BusyClock)
     samples_per_s: float  # sum over workers of their samples / their step time
     steps: int  # steps in the window, all workers
     age_s: float  # since the newest report
@@ -123,7 +124,8 @@ class AgentChannel:
         self._drain_seq = 0
         self._write_control(drain=False)
         self._cond = threading.Condition()
-        self._steps: deque[tuple[float, int, tuple[float, ...], int]] = deque()  # (mono, pid, durs, samples)
+        # (mono, pid, wall durations, busy durations, samples)
+        self._steps: deque[tuple[float, int, tuple[float, ...], tuple[float, ...], int]] = deque()
         self._kept = 0
         self._last_report: float | None = None
         self._workers: dict[int, WorkerInfo] = {}
@@ -183,9 +185,10 @@ class AgentChannel:
                 return None
             entries = list(self._steps)
             age = now - self._last_report
-        durs = sorted(d for _, _, ds, _ in entries for d in ds)
+        durs = sorted(d for _, _, ds, _, _ in entries for d in ds)
+        busy = sorted(b for _, _, _, bs, _ in entries for b in bs)
         per_pid: dict[int, list[float]] = {}
-        for _, pid, ds, samples in entries:
+        for _, pid, ds, _, samples in entries:
             acc = per_pid.setdefault(pid, [0.0, 0.0])
             acc[0] += samples
             acc[1] += sum(ds)
@@ -193,11 +196,19 @@ class AgentChannel:
         return StepSummary(
             p50_s=_quantile(durs, 0.5),
             p90_s=_quantile(durs, 0.9),
+            busy_p50_s=_quantile(busy, 0.5),
             samples_per_s=rate,
             steps=len(durs),
             age_s=age,
             workers=len(per_pid),
         )
+
+    def reset_steps(self) -> None:
+        """Forget the step times so far (the workers restart into a new round)."""
+        with self._cond:
+            self._steps.clear()
+            self._kept = 0
+            self._last_report = None
 
     def workers(self) -> dict[int, WorkerInfo]:
         """Workers that said hello (use the worker API) and have not said goodbye."""
@@ -319,12 +330,17 @@ class AgentChannel:
             body = memoryview(data)[HEADER.size :]
             if kind == KIND_STEPS:
                 _, samples, n = STEPS.unpack_from(body)
-                if len(body) != STEPS.size + 8 * n:
-                    raise ValueError(f"steps datagram of {len(data)} bytes does not hold {n} durations")
-                durs = struct.unpack_from(f"<{n}d", body, STEPS.size)
+                if n == 0:  # accepted, it made summary() raise on an empty quantile (chaos fuzzing)
+                    raise ValueError("steps datagram with no step times")
+                if len(body) != STEPS.size + 16 * n:
+                    raise ValueError(f"steps datagram of {len(data)} bytes does not hold {n} step times")
+                times = struct.unpack_from(f"<{2 * n}d", body, STEPS.size)
+                durs, busy = times[:n], times[n:]
+                if not all(0.0 <= t < 1e9 for t in times):  # NaN fails too
+                    raise ValueError("step times must be finite, non-negative seconds")
                 now = time.monotonic()
                 with self._cond:
-                    self._steps.append((now, pid, durs, samples))
+                    self._steps.append((now, pid, durs, busy, samples))
                     self._kept += n
                     self.steps_total += n
                     self._last_report = now

@@ -35,8 +35,10 @@ def launch_agent(
     entrypoint: Callable | str | None,
     args: list[Any],
     options: AgentOptions | None = None,
+    on_agent: Callable[[ElasticRMAgent], None] | None = None,
 ) -> dict[int, Any]:
-    """Run this node's agent until the job ends; the workers' return values by global rank."""
+    """Run this node's agent until the job ends; the workers' return values by global rank.
+    ``on_agent`` sees the agent before it starts (ermrun attaches its progress printer)."""
     if not config.run_id:
         config.run_id = str(uuid.uuid4().int)
         log.warning("no --rdzv-id given; using a random run id %s", config.run_id)
@@ -78,13 +80,33 @@ def launch_agent(
         shutdown_timeout=config.shutdown_timeout,  # type: ignore[arg-type]
         options=options or AgentOptions(),
     )
+    if on_agent is not None:
+        on_agent(agent)
+    name = _get_entrypoint_name(entrypoint, args)
+    agent.events.emit(
+        "job",
+        f"started {name} on node {agent.node_id}: {config.nproc_per_node} worker(s), "
+        f"{config.min_nodes}-{config.max_nodes} node(s)",
+        status="started",
+        entrypoint=name,
+        nproc=config.nproc_per_node,
+        min_nodes=config.min_nodes,
+        max_nodes=config.max_nodes,
+    )
     close_rendezvous = True
+    status = "failed"
     try:
         metrics.initialize_metrics(metrics.MetricsConfig(config.metrics_cfg))
         result = agent.run()
         events.record(agent.get_event_succeeded(), config.event_log_handler)
+        if result is None:  # torch: the run closed while this node waited (a standby at the job's end)
+            status = "left: the run closed before this node was needed"
+            return {}
         if result.is_failed():
-            raise ChildFailedError(name=_get_entrypoint_name(entrypoint, args), failures=result.failures)
+            ranks = sorted(result.failures)
+            status = f"failed (rank(s) {ranks})"
+            raise ChildFailedError(name=name, failures=result.failures)
+        status = "succeeded"
         record_history = getattr(handler, "record_history", None)
         if record_history is not None:
             try:
@@ -96,7 +118,8 @@ def launch_agent(
         return result.return_values
     except ChildFailedError:
         raise
-    except SignalException:
+    except SignalException as exc:
+        status = f"stopped by {exc.sigval.name}"
         close_rendezvous = False  # as torch: a signalled agent must not close the run for the others
         events.record(agent.get_event_failed(), config.event_log_handler)
         raise
@@ -104,7 +127,10 @@ def launch_agent(
         events.record(agent.get_event_failed(), config.event_log_handler)
         raise
     finally:
+        agent.events.emit("job", f"node {agent.node_id}: job {status}", status=status)
+        agent.events.flush()  # the etcd copy is written without waiting: let the last event land
         agent.close()
+        agent.events.close()
         if close_rendezvous:
             handler.shutdown()
         elif hasattr(handler, "release"):

@@ -9,11 +9,13 @@ this module only shapes the data)::
      "workers": [{"pid": 123, "rss_bytes": 4, "cpu_util": 0.98}],
      "gpus": [{"index": 0, "util": 0.9, "mem_used_bytes": 5, "mem_total_bytes": 6, "temp_c": 61.0,
                "throttled": false, "throttle_reasons": []}],
-     "steps": {"p50_s": 0.011, "p90_s": 0.013, "samples_per_s": 5800.0, "steps": 2700, "age_s": 0.2}}
+     "steps": {"p50_s": 0.011, "p90_s": 0.013, "busy_p50_s": 0.008, "samples_per_s": 5800.0, "steps": 2700,
+               "age_s": 0.2}}
 
 ``cpu.util_*`` are fractions of all the node's cores (0..1); a worker's ``cpu_util`` is in cores (1.0 = one
 busy core, more for a multi-threaded worker). A GPU's ``util``/``temp_c`` are null where the device does not
-report them; ``steps`` is null when no worker reported step times within the agent's window. Unknown keys
+report them; ``steps.busy_p50_s`` is the median busy time of a step (on CPU or runnable, not sleeping in a
+collective: what tells a slow node in synchronous training; optional, absent from older agents); ``steps`` is null when no worker reported step times within the agent's window. Unknown keys
 are ignored (a newer agent may add some); missing or mistyped known keys are an error naming the field.
 """
 
@@ -61,6 +63,7 @@ class StepsRecord:
     samples_per_s: float
     steps: int
     age_s: float
+    busy_p50_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,7 @@ def build_record(
         else {
             "p50_s": steps.p50_s,
             "p90_s": steps.p90_s,
+            "busy_p50_s": steps.busy_p50_s,
             "samples_per_s": steps.samples_per_s,
             "steps": steps.steps,
             "age_s": steps.age_s,
@@ -248,6 +252,7 @@ def parse_record(data: bytes | str | dict[str, Any], key: str = "") -> MetricsRe
             samples_per_s=r.num(s, "samples_per_s", "steps.samples_per_s"),  # type: ignore[arg-type]
             steps=r.int_(s, "steps", "steps.steps"),
             age_s=r.num(s, "age_s", "steps.age_s"),  # type: ignore[arg-type]
+            busy_p50_s=r.num(s, "busy_p50_s", "steps.busy_p50_s") if "busy_p50_s" in s else None,
         )
     return MetricsRecord(
         node=node,
@@ -298,5 +303,6 @@ def to_node_metrics(record: MetricsRecord) -> NodeMetrics:
             p90_s=record.steps.p90_s,
             samples_per_s=record.steps.samples_per_s,
             steps=record.steps.steps,
+            busy_p50_s=record.steps.busy_p50_s,
         ),
     )

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from .cgroup import NodeCgroup, current_node_cgroup
+
 from elastic_rm.agent.gpu import THROTTLE_REASON_BITS, GpuProbe, GpuSample, make_gpu_probe
 
 log = logging.getLogger(__name__)
@@ -104,6 +106,11 @@ class ResourceMonitor:
     Use :meth:`start`/:meth:`stop` (or ``with``) for the background thread, :meth:`set_pids` whenever the
     workers change, and :meth:`summary` to read the window aggregate. ``gpu_probe="auto"`` probes NVML
     (and closes the probe on stop); ``None`` monitors no GPUs; a :class:`GpuProbe` is used as given.
+
+    ``scope``: when the agent runs in a node cgroup (``ermrun --cpu-limit/--memory-limit``, several nodes
+    on one machine), memory is that group's working set against its limit and CPU is the workers' use
+    against the group's quota, so each node reports its own pressure, not the machine's. ``"auto"`` finds
+    the group this process is in (elastic_rm.agent.cgroup); None always reports the whole machine.
     """
 
     def __init__(
@@ -111,6 +118,7 @@ class ResourceMonitor:
         interval_s: float = DEFAULT_INTERVAL_S,
         window_s: float = DEFAULT_WINDOW_S,
         gpu_probe: GpuProbe | str | None = "auto",
+        scope: NodeCgroup | str | None = "auto",
     ) -> None:
         if not isinstance(interval_s, int | float) or not interval_s > 0:
             raise ValueError(
@@ -135,6 +143,9 @@ class ResourceMonitor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._errors = 0
+        self._scope = current_node_cgroup() if scope == "auto" else scope
+        if isinstance(self._scope, str):
+            raise ValueError(f"scope must be 'auto', None or a NodeCgroup, got {scope!r}")
 
     # ---- workers -------------------------------------------------------------------------------------
     def set_pids(self, pids: Iterable[int]) -> None:
@@ -183,13 +194,16 @@ class ResourceMonitor:
             tr.cpu_s, tr.mono = cpu_s, t_mono
             workers.append(WorkerSample(pid=pid, rss_bytes=int(rss), cpu_util=util))
         gpus = tuple(self._gpu.sample()) if self._gpu is not None else ()
+        used, available, total = int(vm.used), int(vm.available), int(vm.total)
+        if self._scope is not None:
+            cpu_util, (used, available, total) = self._scoped(workers, cpu_util, vm)
         sample = NodeSample(
             t=now,
             mono=mono,
             cpu_util=cpu_util,
-            mem_used_bytes=int(vm.used),
-            mem_available_bytes=int(vm.available),
-            mem_total_bytes=int(vm.total),
+            mem_used_bytes=used,
+            mem_available_bytes=available,
+            mem_total_bytes=total,
             workers=tuple(workers),
             gpus=gpus,
         )
@@ -201,6 +215,21 @@ class ResourceMonitor:
             while len(self._samples) > 1 and self._samples[0].mono < horizon:
                 self._samples.popleft()
         return sample
+
+    def _scoped(self, workers, host_cpu, vm) -> tuple[float | None, tuple[int, int, int]]:
+        """CPU and memory of the node's cgroup (see ``scope``); the machine's where a read fails."""
+        scope = self._scope
+        assert scope is not None
+        try:
+            used, limit = scope.memory_usage()
+            cores = scope.cpu_limit() or float(psutil.cpu_count() or 1)
+        except (OSError, ValueError):
+            return host_cpu, (int(vm.used), int(vm.available), int(vm.total))
+        total = min(limit, int(vm.total)) if limit else int(vm.total)
+        available = max(total - used, 0) if limit else int(vm.available)
+        known = [w.cpu_util for w in workers if w.cpu_util is not None]
+        cpu = min(sum(known) / cores, 1.0) if known else (None if workers else 0.0)
+        return cpu, (used, available, total)
 
     def latest(self) -> NodeSample | None:
         with self._lock:

@@ -215,7 +215,7 @@ class EtcdClient:
             except aexc.UnauthenticatedError as exc:
                 raise EtcdAuthError(f"etcd at {self.endpoint} refused the credentials: {exc}") from exc
             except aexc.ClientError as exc:
-                if "permission denied" in str(exc) or "user name" in str(exc):
+                if any(s in str(exc) for s in ("permission denied", "user name", "authentication failed")):
                     raise EtcdAuthError(f"etcd at {self.endpoint}: {exc}") from exc
                 raise EtcdError(f"etcd at {self.endpoint}: {exc}") from exc
             self._failover(client)
@@ -226,8 +226,14 @@ class EtcdClient:
 
     # -- key-value ------------------------------------------------------------------------------------
 
-    def ping(self) -> int:
-        """Fail fast with a clear error if no endpoint answers. Returns the current store revision."""
+    def ping(self, key: str | None = None) -> int:
+        """Fail fast with a clear error if no endpoint answers. Returns the current store revision.
+
+        ``key``: read that key (or prefix) instead of the whole keyspace, for a user whose etcd role
+        grants only a prefix (reading ``\\0``.. needs a role over every key)."""
+        if key is not None:
+            got = self.run(lambda c: c.get_prefix(key.encode(), keys_only=True))
+            return int(got.header.revision)
         return int(self.run(lambda c: c.get_prefix(b"\0", keys_only=True)).header.revision)
 
     def get(self, key: str) -> KeyValue | None:

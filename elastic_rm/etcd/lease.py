@@ -46,6 +46,11 @@ class KeptLease:
                 return
             self.last_refresh = time.monotonic()
 
+    def mark_lost(self) -> None:
+        """Record that etcd no longer knows this lease (a write under it said so): stop refreshing it."""
+        self._stop.set()
+        self._mark_lost()
+
     def _mark_lost(self) -> None:
         if self.lost:
             return

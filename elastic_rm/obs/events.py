@@ -22,7 +22,8 @@ import math
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -47,10 +48,13 @@ KINDS = (
     "node",  # a node joined, left or was re-incarnated
     "launch",  # erm launch started, stopped or blacklisted a host
     "job",  # the job started or finished
+    "sample",  # a node's periodic compact resource and throughput sample (for erm report and measured gain)
 )
 DEFAULT_KEEP = 2000  # events kept in etcd per run
 TRIM_EVERY = 100  # a writer trims the etcd copy after this many of its own events
 MAX_VALUE_BYTES = 16 * 1024  # an event larger than this is refused (etcd values should stay small)
+BACKLOG = 256  # recent events kept in memory, replayed to a file or listener attached late
+TRIM_BATCH = 64  # deletes per transaction (etcd's default --max-txn-ops is 128)
 
 
 class EventError(ValueError):
@@ -137,10 +141,40 @@ class EventLog:
         self._seq = itertools.count()
         self._file: IO[str] | None = None
         self._warned: set[str] = set()
+        self._backlog: deque[Event] = deque(maxlen=BACKLOG)
+        self._listeners: list[Callable[[Event], None]] = []
+        self._last_key: str | None = None  # the newest key sent to etcd (flush waits for it)
         if path is not None:
-            p = Path(path)
-            p.parent.mkdir(parents=True, exist_ok=True)
-            self._file = p.open("a", encoding="utf-8", buffering=1)  # line-buffered: tail -f works
+            self.attach_file(path)
+
+    def attach_file(self, path: str | os.PathLike) -> None:
+        """Append this log's events to a JSONL file from now on, starting with the recent ones already
+        emitted (the handler emits before the agent that knows the file exists). Raises OSError when the
+        file cannot be opened, so that a bad ``--event-log`` fails at start."""
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        f = p.open("a", encoding="utf-8", buffering=1)  # line-buffered: tail -f works
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+            self._file = f
+            for event in self._backlog:
+                f.write(event.to_json() + "\n")
+
+    def add_listener(self, listener: Callable[[Event], None], replay: bool = True) -> None:
+        """Call ``listener(event)`` for every event (on the emitting thread: it must be quick); with
+        ``replay`` first for the recent ones already emitted. A listener that raises is logged once."""
+        with self._lock:
+            backlog = list(self._backlog) if replay else []
+            self._listeners.append(listener)
+        for event in backlog:
+            self._notify(listener, event)
+
+    def _notify(self, listener: Callable[[Event], None], event: Event) -> None:
+        try:
+            listener(event)
+        except Exception as exc:  # noqa: BLE001 - a printer must never break the emitter
+            self._warn("listener", f"event listener failed: {exc!r}")
 
     def set_node(self, node_id: str) -> None:
         """The node id is known only once the handler registered (and changes on re-incarnation)."""
@@ -155,15 +189,20 @@ class EventLog:
             raise ValueError(f"event too large ({len(line)} bytes > {MAX_VALUE_BYTES}): {message[:80]}")
         with self._lock:
             seq = next(self._seq)
+            self._backlog.append(event)
+            listeners = list(self._listeners)
             if self._file is not None:
                 try:
                     self._file.write(line + "\n")
                 except OSError as exc:
                     self._warn("file", f"event log file write failed: {exc}")
+        for listener in listeners:
+            self._notify(listener, event)
         if self._client is not None and self._keys is not None:
             key = f"{self._keys.events}{int(event.time * 1e9):020d}-{self.node_id or 'tool'}-{seq:06d}"
             try:
                 self._client.put_nowait(key, line)
+                self._last_key = key
                 if seq % TRIM_EVERY == TRIM_EVERY - 1:
                     trim(self._client, self._keys, self._keep)
             except EtcdError as exc:
@@ -175,6 +214,23 @@ class EventLog:
             self._warned.add(what)
             log.warning("%s (further failures of this kind are not logged)", message)
 
+    def flush(self, timeout_s: float = 2.0) -> bool:
+        """Wait (at most ``timeout_s``) until the newest event sent to etcd is there: before a process exits
+        or closes its client, so that its last event (``job finished``) is not lost. False on timeout."""
+        key, client = self._last_key, self._client
+        if key is None or client is None:
+            return True
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if client.get(key) is not None:
+                    return True
+            except EtcdError:
+                return False
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+
     def close(self) -> None:
         with self._lock:
             if self._file is not None:
@@ -182,15 +238,30 @@ class EventLog:
                 self._file = None
 
 
+def _is_sample(raw: bytes) -> bool:
+    try:
+        return json.loads(raw).get("kind") == "sample"
+    except (ValueError, RecursionError, AttributeError):
+        return False  # a malformed value ages out with the other events
+
+
 def trim(client: EtcdClient, keys: Keyspace, keep: int) -> int:
-    """Delete all but the newest ``keep`` events of the run in etcd; returns how many were deleted."""
-    kvs, _ = client.get_prefix(keys.events)
-    excess = len(kvs) - keep
-    if excess <= 0:
+    """Delete all but the newest ``keep`` samples and the newest ``keep`` other events of the run in etcd;
+    returns how many were deleted. Two budgets, so that a long job's periodic samples never push its
+    decisions and failures out of etcd."""
+    kvs, _ = client.get_prefix(keys.events)  # in key order = time order
+    samples = [kv.key for kv in kvs if _is_sample(kv.value)]
+    sample_set = set(samples)
+    others = [kv.key for kv in kvs if kv.key not in sample_set]
+    doomed = sorted(samples[: max(0, len(samples) - keep)] + others[: max(0, len(others) - keep)])
+    if not doomed:
         return 0
-    cutoff = kvs[excess].key  # keys sort in time order; delete [events/, cutoff)
-    client.txn([], [Op.delete_range(keys.events, cutoff)])
-    return excess
+    if doomed == [kv.key for kv in kvs[: len(doomed)]]:  # the oldest overall: one range delete
+        client.txn([], [Op.delete_range(keys.events, kvs[len(doomed)].key)])
+    else:
+        for i in range(0, len(doomed), TRIM_BATCH):
+            client.txn([], [Op.delete(k) for k in doomed[i : i + TRIM_BATCH]])
+    return len(doomed)
 
 
 def read_etcd(client: EtcdClient, keys: Keyspace) -> tuple[list[Event], list[str], int]:
@@ -229,3 +300,26 @@ def merge(*streams: Iterable[Event]) -> list[Event]:
             seen.add(line)
             out.append(event)
     return out
+
+
+def follow_etcd(
+    client: EtcdClient,
+    keys: Keyspace,
+    start_revision: int,
+    on_event: Callable[[Event], None],
+    on_error: Callable[[str], None],
+) -> Callable[[], None]:
+    """Deliver the run's new events from ``start_revision`` on (an etcd watch, on the client's I/O thread:
+    the callbacks must be quick); a value that is not an event goes to ``on_error``. Returns a cancel
+    function. Trimmed (deleted) events are ignored."""
+
+    def handle(changes: list) -> None:
+        for change in changes:
+            if change.kind != "put":
+                continue
+            try:
+                on_event(Event.parse(f"etcd key {change.kv.key}", change.kv.value))
+            except EventError as exc:
+                on_error(str(exc))
+
+    return client.watch_prefix(keys.events, start_revision, handle, lambda exc: on_error(str(exc)))

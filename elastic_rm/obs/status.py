@@ -1,14 +1,29 @@
-"""A job's state as stored in etcd, for `erm status`: round, members with resources and step times, leader,
-decisions. Read-only; a malformed record is reported in ``errors`` and the rest is still shown."""
+"""A job's state as stored in etcd, for `erm status` and `erm top`: round, members with resources and step
+times, leader, decisions with predicted and measured gain, recent events. Read-only; a malformed record or
+event is reported in ``errors`` and the rest is still shown.
+
+The measured gain of a decision is not recorded by the leader: it is computed here from the agents'
+"sample" events (elastic_rm.obs.events), see :func:`round_throughput`.
+"""
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Iterable
 from typing import Any
 
 from ..agent.metrics_record import parse_record
-from ..etcd.client import EtcdClient
+from ..etcd.client import EtcdClient, KeyValue
 from ..rendezvous.keyspace import Keyspace
 from ..rendezvous.records import NodeRecord, RecordError, RoundRecord
+from .events import Event, EventError
+
+RECENT_EVENTS = 8
+MEASURED_HOW = (
+    "measured = samples/s of the round after the decision over the round before, from the agents' "
+    "'sample' events (per node the median of the later half of its samples in the round, summed over "
+    "nodes); the leader does not record it"
+)
 
 
 def list_runs(client: EtcdClient, prefix: str) -> list[str]:
@@ -24,6 +39,65 @@ def list_runs(client: EtcdClient, prefix: str) -> list[str]:
 
 def job_status(client: EtcdClient, keys: Keyspace, decisions: int = 5) -> dict[str, Any]:
     kvs, revision = client.get_prefix(keys.run)
+    return status_from_kvs(keys, kvs, revision, decisions)
+
+
+def round_throughput(samples: Iterable[Event]) -> dict[int, float]:
+    """Samples/s of each round: per node the median of the later half of its samples in the round (the
+    agent's step-time window still holds the previous round's steps early on), summed over nodes."""
+    per: dict[int, dict[str, list[float]]] = {}
+    for e in samples:
+        r, rate = e.data.get("round"), e.data.get("samples_per_s")
+        if isinstance(r, int) and isinstance(rate, (int, float)) and not isinstance(rate, bool):
+            per.setdefault(r, {}).setdefault(e.node, []).append(float(rate))
+    return {r: sum(statistics.median(v[len(v) // 2 :]) for v in nodes.values()) for r, nodes in per.items()}
+
+
+def measured_gain(number: int, throughput: dict[int, float]) -> dict[str, Any]:
+    """Throughput of round ``number`` against the latest earlier round with one, as a relative change."""
+    after = throughput.get(number)
+    earlier = [r for r in throughput if r < number]
+    before_round = max(earlier) if earlier else None
+    before = throughput.get(before_round) if before_round is not None else None
+    gain = after / before - 1 if after is not None and before else None
+    return {
+        "measured_gain": gain,
+        "throughput_after": after,
+        "throughput_before": before,
+        "compared_to_round": before_round,
+    }
+
+
+def decision_rows(records: Iterable[RoundRecord], throughput: dict[int, float]) -> list[dict[str, Any]]:
+    return [
+        {
+            "round": r.round,
+            "members": list(r.members),
+            "standby": list(r.standby),
+            "reason": r.reason,
+            "predicted_gain": r.predicted_gain,
+            "confidence": r.confidence,
+            "time": r.time,
+            **measured_gain(r.round, throughput),
+        }
+        for r in records
+    ]
+
+
+def parse_events(keys: Keyspace, kvs: Iterable[KeyValue], errors: list[str]) -> list[Event]:
+    events = []
+    for kv in kvs:
+        if kv.key.startswith(keys.events):
+            try:
+                events.append(Event.parse(f"etcd key {kv.key}", kv.value))
+            except EventError as exc:
+                errors.append(str(exc))
+    events.sort(key=lambda e: e.time)
+    return events
+
+
+def status_from_kvs(keys: Keyspace, kvs: list[KeyValue], revision: int, decisions: int = 5) -> dict[str, Any]:
+    """The status from the run's keys as read (``erm status``) or kept current by a watch (``erm top``)."""
     errors: list[str] = []
     by_key = {kv.key: kv for kv in kvs}
     current = None
@@ -54,6 +128,7 @@ def job_status(client: EtcdClient, keys: Keyspace, decisions: int = 5) -> dict[s
                     "mem_used_bytes": m.mem_used_bytes,
                     "mem_total_bytes": m.mem_total_bytes,
                     "gpus": len(m.gpus),
+                    "gpu_util": [g.util for g in m.gpus],
                     "step_p50_s": m.steps.p50_s if m.steps else None,
                     "step_p90_s": m.steps.p90_s if m.steps else None,
                     "samples_per_s": m.steps.samples_per_s if m.steps else None,
@@ -70,8 +145,11 @@ def job_status(client: EtcdClient, keys: Keyspace, decisions: int = 5) -> dict[s
             if r.complete or not r.members:
                 records.append(r)
     records.sort(key=lambda r: r.round)
+    events = parse_events(keys, kvs, errors)
+    throughput = round_throughput(e for e in events if e.kind == "sample")
     members = list(current.members) if current else []
     leader = by_key[keys.leader].value.decode(errors="replace") if keys.leader in by_key else None
+    rates = [nodes.get(n, {}).get("samples_per_s") for n in members]
     return {
         "run": keys.run_id,
         "revision": revision,
@@ -82,16 +160,14 @@ def job_status(client: EtcdClient, keys: Keyspace, decisions: int = 5) -> dict[s
         "standby": [v for k, v in sorted(nodes.items()) if k not in members and v.get("state") != "gone"],
         "leader": leader,
         "closed": keys.closed in by_key,
-        "decisions": [
-            {
-                "round": r.round,
-                "members": list(r.members),
-                "reason": r.reason,
-                "predicted_gain": r.predicted_gain,
-                "confidence": r.confidence,
-                "time": r.time,
-            }
-            for r in records[-decisions:]
+        "samples_per_s": sum(r for r in rates if r is not None)
+        if any(r is not None for r in rates)
+        else None,
+        "decisions": decision_rows(records[-decisions:], throughput),
+        "measured_how": MEASURED_HOW,
+        "events": [
+            {"time": e.time, "node": e.node, "kind": e.kind, "message": e.message}
+            for e in [e for e in events if e.kind != "sample"][-RECENT_EVENTS:]
         ],
         "errors": errors,
     }

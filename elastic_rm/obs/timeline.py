@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
+
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -46,3 +49,108 @@ def plot_demo(rows: list[dict], events: list[dict], path: str, window_s: float =
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+MAX_LISTED = 12  # decisions named under the picture (the HTML page has them all)
+
+
+def plot_run(run, path: str) -> list[str]:
+    """``erm report``'s picture of a recorded run (:class:`elastic_rm.obs.report.RunData`): world size,
+    throughput, and per-node CPU, memory and GPU utilisation over time, each decision marked on every panel
+    and named on the top one. Returns the decision labels drawn (for tests and the HTML page)."""
+    samples = [e for e in run.events if e.kind == "sample"]
+    times = [e.time for e in run.events] + [d["time"] for d in run.decisions if d.get("time")]
+    if not times:
+        raise ValueError("nothing to plot: the run has no events and no decisions")
+    t0 = min(times)
+    nodes = sorted({e.node for e in samples})
+    marked = [d for d in run.decisions if d.get("time")]
+    shown = marked[-MAX_LISTED:]
+    footer_in = 0.2 * (len(shown) + 2)
+    fig, axes = plt.subplots(5, 1, figsize=(11, 10 + footer_in), sharex=True)
+    ax_w, ax_r, ax_c, ax_m, ax_g = axes
+    # world size: a step function over the decisions
+    steps = sorted((d["time"] - t0, len(d["members"])) for d in run.decisions if d.get("time"))
+    if steps:
+        end = max(times) - t0
+        ax_w.step([x for x, _ in steps] + [end], [w for _, w in steps] + [steps[-1][1]], where="post")
+        ax_w.set_ylim(0, max(w for _, w in steps) + 1)
+    ax_w.set_ylabel("world (nodes)")
+    # throughput: per node, and the total of each node's latest sample
+    latest: dict[str, tuple[object, float]] = {}  # node -> (round, samples/s) of its newest sample
+    total_t, total = [], []
+    for e in samples:
+        rate = e.data.get("samples_per_s")
+        latest[e.node] = (e.data.get("round"), rate if isinstance(rate, (int, float)) else 0.0)
+        total_t.append(e.time - t0)  # nodes whose newest sample is of an older round have left it
+        total.append(sum(r for n, r in latest.values() if n == e.data.get("round")))
+    for node in nodes:
+        mine = [e for e in samples if e.node == node]
+        ax_r.plot([e.time - t0 for e in mine], [_num(e.data.get("samples_per_s")) for e in mine],
+                  linewidth=0.8, alpha=0.7, label=node)  # fmt: skip
+        ax_c.plot([e.time - t0 for e in mine], [_num(e.data.get("cpu")) for e in mine], label=node)
+        ax_m.plot([e.time - t0 for e in mine], [_mem(e.data) for e in mine], label=node)
+        gpu = [_gpu(e.data) for e in mine]
+        if any(g is not None for g in gpu):
+            ax_g.plot(
+                [e.time - t0 for e in mine], [float("nan") if g is None else g for g in gpu], label=node
+            )
+    if total:
+        ax_r.step(total_t, total, where="post", color="black", linewidth=1.4, label="total")
+    ax_r.set_ylabel("samples/s")
+    ax_c.set_ylabel("CPU (of node)")
+    ax_m.set_ylabel("memory used")
+    ax_g.set_ylabel("GPU util")
+    for ax in (ax_c, ax_m, ax_g):
+        ax.set_ylim(0, 1.05)
+        ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+    if not any(_gpu(e.data) is not None for e in samples):
+        ax_g.text(
+            0.5, 0.5, "no GPU reported", transform=ax_g.transAxes, ha="center", va="center", color="gray"
+        )
+    if not samples:
+        ax_r.text(
+            0.5, 0.5, "no samples in the event log", transform=ax_r.transAxes, ha="center", color="gray"
+        )
+    for ax in (ax_r, ax_c):
+        if nodes:
+            ax.legend(loc="upper left", fontsize=7, ncol=min(6, len(nodes) + 1))
+    for d in marked:
+        x = d["time"] - t0
+        for ax in axes:
+            ax.axvline(x, color="tab:purple", linestyle="--", linewidth=0.8)
+        ax_w.annotate(f"r{d['round']}", (x, 0.97), xycoords=("data", "axes fraction"), fontsize=8,
+                      va="top", ha="left", color="tab:purple")  # fmt: skip
+    labels = [
+        f"round {d['round']}: {len(d['members'])} node(s), {d['reason'] or 'no reason'}"[:110]
+        + f"  (at {d['time'] - t0:.0f} s)"
+        for d in shown
+    ]
+    if len(marked) > len(shown):
+        labels.insert(0, f"... {len(marked) - len(shown)} earlier decision(s) in the HTML page")
+    fig.text(0.06, 0.2 / (10 + footer_in), "\n".join(["decisions:", *labels]), fontsize=8, va="bottom",
+             color="tab:purple", family="monospace", linespacing=1.5)  # fmt: skip
+    for e in run.events:
+        if e.kind in ("failure", "node"):
+            for ax in axes:
+                ax.axvline(e.time - t0, color="tab:red", linestyle=":", linewidth=0.8)
+    ax_g.set_xlabel(f"seconds since {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(t0))}")
+    fig.suptitle(f"elastic-rm run {run.run_id}: decisions (purple), failures (red)")
+    fig.tight_layout(rect=(0, (footer_in + 0.1) / (10 + footer_in), 1, 1))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return labels
+
+
+def _num(x) -> float:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else float("nan")
+
+
+def _mem(data: dict) -> float:
+    used, total = data.get("mem_used_bytes"), data.get("mem_total_bytes")
+    return _num(used) / total if isinstance(total, (int, float)) and total > 0 else float("nan")
+
+
+def _gpu(data: dict) -> float | None:
+    utils = [u for u in data.get("gpu_util") or [] if isinstance(u, (int, float))]
+    return sum(utils) / len(utils) if utils else None

@@ -35,6 +35,9 @@ class PlannerConfig:
     low_gpu_util: float = 0.5  # GPU util below this fraction of the members' median counts as slow
     oom_threshold: float = 0.9  # of the node's memory; DLRover's hot-memory threshold
     oom_horizon_s: float = 900.0  # act when the trend crosses the threshold within this horizon
+    min_trend_span_s: float = 60.0  # ours: a memory trend through less time than this is noise (GC, copies)
+    round_warmup_s: float = 60.0  # ours: a new round's first seconds (workers loading, tables filling,
+    # first steps slow) are neither a memory trend nor a straggler; an OOM in them is still handled
     # --- resources (advice to whoever allocates nodes; the simulator applies it) ---
     mem_margin: float = 0.2  # DLRover PS memory margin +20%
     mem_growth_horizon_s: float = 3600.0  # budget memory for this much trend growth
@@ -49,3 +52,29 @@ class PlannerConfig:
     cold_mem_margin: float = 0.5  # memory model estimate x 1.5 before anything was observed
     cold_overhead_bytes: int = 4 * GIB  # framework + CUDA context + data pipeline per node, assumed
     oom_restart_factor: float = 2.0  # after an OOM, double the memory budget (DLRover; at most +64 GiB)
+
+
+def config_from_job(job: dict | None, where: str = "job.planner") -> PlannerConfig:
+    """The job description's optional ``"planner"`` object overrides these defaults, field by field
+    (e.g. ``{"sample_interval_s": 2, "cooldown_s": 20}`` for a short job). Unknown fields and wrong types
+    are a ValueError naming the field, so a typo never silently keeps a default."""
+    from dataclasses import fields, replace
+
+    overrides = (job or {}).get("planner", {})
+    if not isinstance(overrides, dict):
+        raise ValueError(f"{where}: expected a JSON object of PlannerConfig fields")
+    types = {f.name: f.type for f in fields(PlannerConfig)}
+    values = {}
+    for name, value in overrides.items():
+        if name not in types:
+            raise ValueError(f"{where}: unknown field {name!r} (known: {', '.join(sorted(types))})")
+        kind = types[name]
+        if kind in ("bool", bool):
+            if not isinstance(value, bool):
+                raise ValueError(f"{where}.{name}: expected true or false, got {value!r}")
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e12:
+            raise ValueError(f"{where}.{name}: expected a number >= 0, got {value!r}")
+        elif kind in ("int", int) and not float(value).is_integer():
+            raise ValueError(f"{where}.{name}: expected a whole number, got {value!r}")
+        values[name] = int(value) if kind in ("int", int) else value
+    return replace(PlannerConfig(), **values)

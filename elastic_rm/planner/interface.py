@@ -25,6 +25,7 @@ class StepStats:
     p90_s: float
     samples_per_s: float
     steps: int
+    busy_p50_s: float | None = None  # on-CPU + runnable time per step (None: agent without it; use p50_s)
 
 
 @dataclass(frozen=True)

@@ -124,7 +124,7 @@ def parse_job(d: object, where: str = "job") -> JobSpec:
             gpus_per_node=_num(r, "gpus_per_node", w, int, 0, default=0),
         )
     known = {"name", "tables", "request", "global_batch", "dense_params", "bandwidth", "bytes_per_param"}
-    known |= {"optimizer_state_factor", "lookups_per_sample"}
+    known |= {"optimizer_state_factor", "lookups_per_sample", "planner"}
     return JobSpec(
         name=name,
         global_batch=_num(d, "global_batch", where, int, 1),

@@ -57,6 +57,7 @@ class Trend:
     level: float
     slope: float
     n: int
+    span_s: float = 0.0  # time between the first and the last point
 
 
 def fit_trend(points: list[tuple[float, float]]) -> Trend | None:
@@ -70,7 +71,7 @@ def fit_trend(points: list[tuple[float, float]]) -> Trend | None:
         return None
     slope = sum((t - tm) * (y - ym) for t, y in zip(ts, ys, strict=True)) / var
     level = ym + slope * (ts[-1] - tm)
-    return Trend(level=max(level, ys[-1]), slope=slope, n=len(points))
+    return Trend(level=max(level, ys[-1]), slope=slope, n=len(points), span_s=ts[-1] - ts[0])
 
 
 def time_to_limit(trend: Trend, limit_bytes: float) -> float:

@@ -62,7 +62,7 @@ class PlannerPolicy:
         if job is None:
             return MembershipPolicy().decide(snapshot), state
         prev_sample = state.last_sample_at
-        state = observe(snapshot, state, cfg.sample_interval_s, cfg.window, cfg.straggler_k)
+        state = observe(snapshot, state, cfg.sample_interval_s, cfg.window, cfg.straggler_k, cfg.round_warmup_s)
         fresh = state.last_sample_at == snapshot.now and prev_sample != snapshot.now
         if state.start is None:
             start = self._start(snapshot, job)
@@ -78,7 +78,7 @@ class PlannerPolicy:
         if fresh:
             slow, flagged = update_stragglers(state, cur.members, snapshot.now, cfg)
             state = replace(state, slow=slow, flagged=flagged)
-            g = memory_growth(state, cur.members)
+            g = memory_growth(state, cur.members, cfg)
             if g is not None:  # conservative: the largest growth seen (a restart pause flattens a window)
                 state = replace(state, growth_total=max(g * len(cur.members), state.growth_total or 0.0))
         alive = {n.node_id for n in nodes}
@@ -158,8 +158,10 @@ class PlannerPolicy:
 
     def _lost(self, snapshot, state, old, survivors, healthy, waiting):
         want = min(len(old), snapshot.max_nodes)
-        fill = healthy + [n for n in waiting if n not in healthy]  # stragglers only as a last resort
-        members = survivors + fill[: max(want - len(survivors), 0)]
+        fill = healthy + [n for n in waiting if n not in healthy]
+        members = survivors + healthy[: max(want - len(survivors), 0)]
+        if len(members) < snapshot.min_nodes:  # a flagged straggler only to keep the job at MIN
+            members += [n for n in fill if n not in members][: snapshot.min_nodes - len(members)]
         lost = len(old) - len(survivors)
         if len(members) < snapshot.min_nodes:
             # as MembershipPolicy: an empty round stops the survivors' workers; they wait as standby

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from .config import PlannerConfig
 from .memory_model import Trend, fit_trend, time_to_limit
-from .state import NodeSample, PlannerState
+from .state import NodeSample, PlannerState, warmed_up
 
 
 def _is_slow(s: NodeSample, med_busy: float, med_gpu: float, k: float, cfg: PlannerConfig) -> bool:
@@ -29,6 +29,8 @@ def update_stragglers(
     latest = {m: state.nodes[m][-1] for m in members if m in state.nodes and state.nodes[m][-1].t == now}
     slow = {m: c for m, c in state.slow.items() if m in members}
     flagged = set(state.flagged)  # non-members keep their flag while alive (the caller prunes the dead)
+    if not warmed_up(state, now, cfg.round_warmup_s):  # a new world's first steps are not its pace
+        return slow, frozenset(flagged)
     if len(latest) < 2:
         return slow, frozenset(flagged)
     med_busy = statistics.median(s.busy_s for s in latest.values())
@@ -51,6 +53,9 @@ def update_stragglers(
     return slow, frozenset(flagged)
 
 
+MAX_EXTRAPOLATION = 5.0
+
+
 @dataclass(frozen=True)
 class OomRisk:
     node: str
@@ -63,24 +68,29 @@ def oom_risks(state: PlannerState, members: tuple[str, ...], cfg: PlannerConfig)
     """Members whose memory trend (this round only) crosses the threshold within the horizon."""
     risks = []
     for m in members:
-        pts = [(s.t, s.mem_used) for s in state.nodes.get(m, ()) if s.t >= state.round_seen_at]
+        since = state.round_active_at + cfg.round_warmup_s  # workers still loading: not a trend
+        pts = [(s.t, s.mem_used) for s in state.nodes.get(m, ()) if s.t >= since]
         trend = fit_trend(pts)
-        if trend is None:
+        if trend is None or trend.span_s < cfg.min_trend_span_s:
             continue
         limit = cfg.oom_threshold * state.nodes[m][-1].mem_total
         if limit <= 0:
             continue
         secs = time_to_limit(trend, limit)
-        if secs <= cfg.oom_horizon_s:
+        # A line through a few seconds of samples says little about the next quarter hour: extrapolate at
+        # most MAX_EXTRAPOLATION times the time observed (an OOM that comes sooner is still handled).
+        if secs <= min(cfg.oom_horizon_s, MAX_EXTRAPOLATION * trend.span_s):
             risks.append(OomRisk(m, secs, trend, limit))
     return sorted(risks, key=lambda r: (r.seconds, r.node))
 
 
-def memory_growth(state: PlannerState, members: tuple[str, ...]) -> float | None:
-    """Mean per-node memory slope (bytes/s, >= 0) over this round; None until a trend exists."""
+def memory_growth(state: PlannerState, members: tuple[str, ...], cfg: PlannerConfig) -> float | None:
+    """Mean per-node memory slope (bytes/s, >= 0) over this round after its warm-up; None until a trend
+    over at least ``min_trend_span_s`` exists."""
     slopes = []
+    since = state.round_active_at + cfg.round_warmup_s
     for m in members:
-        trend = fit_trend([(s.t, s.mem_used) for s in state.nodes.get(m, ()) if s.t >= state.round_seen_at])
-        if trend is not None:
+        trend = fit_trend([(s.t, s.mem_used) for s in state.nodes.get(m, ()) if s.t >= since])
+        if trend is not None and trend.span_s >= cfg.min_trend_span_s:
             slopes.append(trend.slope)
     return max(statistics.fmean(slopes), 0.0) if slopes else None

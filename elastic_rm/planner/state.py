@@ -17,7 +17,7 @@ from .interface import ClusterSnapshot, NodeView
 @dataclass(frozen=True)
 class NodeSample:
     t: float
-    busy_s: float  # the node's own step time (p50), see docs/planner.md
+    busy_s: float  # the node's own busy time per step (p50; wall time from agents without it), docs/planner.md
     samples_per_s: float
     mem_used: float
     mem_total: float
@@ -57,6 +57,9 @@ class PlannerState:
     last_round_at: float = float("-inf")
     last_round_number: int = -1
     round_seen_at: float = float("-inf")  # when the current round was first seen
+    # when every member of the current round first reported steps (its workers started; +inf until then):
+    # warm-ups count from here, since starting workers can take longer than any fixed allowance
+    round_active_at: float = float("-inf")
     probed: frozenset[int] = frozenset()  # world sizes tried
     start: StartPlan | None = None  # stage 1, once computed
     advice: Advice = Advice()
@@ -85,7 +88,7 @@ def _sample(node: NodeView, now: float) -> NodeSample | None:
     gpu = sum(m.gpu_util) / len(m.gpu_util) if m.gpu_util else -1.0
     return NodeSample(
         t=now,
-        busy_s=m.steps.p50_s,
+        busy_s=m.steps.p50_s if m.steps.busy_p50_s is None else m.steps.busy_p50_s,
         samples_per_s=m.steps.samples_per_s,
         mem_used=float(m.mem_used_bytes),
         mem_total=float(m.mem_total_bytes or node.mem_total_bytes),
@@ -95,17 +98,23 @@ def _sample(node: NodeView, now: float) -> NodeSample | None:
     )
 
 
+def warmed_up(state: PlannerState, now: float, warmup_s: float) -> bool:
+    """Whether the current round's workers have run ``warmup_s`` since they all reported steps."""
+    return now >= state.round_active_at + warmup_s
+
+
 def observe(
     snapshot: ClusterSnapshot,
     state: PlannerState,
     sample_interval_s: float,
     window: int,
     straggler_k: float = 1.5,
+    warmup_s: float = 0.0,
 ) -> PlannerState:
     """Record one sample per node and one job-level step time, at most once per interval.
 
-    Samples in the first interval after a new round are skipped for the job-level step time (restart
-    warm-up), so each configuration is judged on steady steps only.
+    Job-level step times are recorded only ``warmup_s`` after every member first reported steps in this
+    round (and not in the round's first interval), so each configuration is judged on steady steps only.
     """
     now = snapshot.now
     cur = snapshot.current
@@ -113,7 +122,11 @@ def observe(
     new = replace(state, nodes={k: v for k, v in state.nodes.items() if k in alive})
     if cur and cur.number != state.last_round_number:
         new = replace(
-            new, last_round_number=cur.number, round_seen_at=now, probed=new.probed | {len(cur.members)}
+            new,
+            last_round_number=cur.number,
+            round_seen_at=now,
+            round_active_at=float("inf"),
+            probed=new.probed | {len(cur.members)},
         )
     if now - state.last_sample_at < sample_interval_s:
         return new
@@ -129,7 +142,10 @@ def observe(
             peak_mem = max(peak_mem, s.mem_used)
             peak_cpu = max(peak_cpu, s.cpu_used)
     new = replace(new, nodes=nodes, peak_mem=peak_mem, peak_cpu=peak_cpu, last_sample_at=now)
-    if cur and cur.members and now - new.round_seen_at >= sample_interval_s:
+    if cur and cur.members and new.round_active_at == float("inf"):
+        if all(m in nodes and nodes[m][-1].t == now for m in cur.members):
+            new = replace(new, round_active_at=now)
+    if cur and cur.members and now - new.round_seen_at >= sample_interval_s and warmed_up(new, now, warmup_s):
         latest = [nodes[m][-1] for m in cur.members if m in nodes]
         if len(latest) == len(cur.members) and all(s.t == now for s in latest):
             tp = sum(s.samples_per_s for s in latest)

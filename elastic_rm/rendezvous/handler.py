@@ -40,12 +40,12 @@ from torch.distributed.elastic.rendezvous import (
 )
 
 from ..etcd.client import EtcdClient
-from ..etcd.errors import EtcdError
+from ..etcd.errors import EtcdAuthError, EtcdError
 from ..etcd.lease import KeptLease
+from ..obs.events import EventLog
 from ..planner.interface import NodeMetrics, RoundPolicy
 from ..planner.membership import MembershipPolicy
 from .bootstrap import default_local_addr, pick_master_port
-from ..obs.events import EventLog
 from .etcd_store import EtcdStore
 from .history import build_history_record
 from .leader import RoundLeader
@@ -87,7 +87,13 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             password=settings.password,
         )
         try:
-            self._client.ping()
+            self._client.ping(self._keys.run)  # only the run's prefix: a role may grant just that
+        except EtcdAuthError as exc:
+            self._client.close()
+            raise RendezvousConnectionError(
+                f"elastic-rm rendezvous: {exc}; the etcd user {settings.user!r} needs a role with "
+                f"read-write permission on the prefix {self._keys.run}"
+            ) from None
         except EtcdError as exc:
             self._client.close()
             raise RendezvousConnectionError(f"elastic-rm rendezvous: {exc}") from exc
@@ -99,7 +105,13 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
         self._lease: KeptLease | None = None
         self._incarnation = 0
         self._completed: RoundRecord | None = None  # the last round this node completed
+        # A round sealed before this process first registered was made with an earlier process under the
+        # same --node-id: joining it would start workers into a world the peers already left. Its number is
+        # advertised instead (NodeRecord.round), so the leader sees a restart and writes a new round.
+        self._registered_rev = 0  # etcd revision of this incarnation's first registration
+        self._stale_round = 0
         self._master_port = 0  # picked when joining; MASTER_PORT if this node becomes rank 0
+        self._ckpt_endpoint = (0, "")  # the agent's checkpoint server: port and token (none: 0, "")
         self._view = JobView(self._client, self._keys, metrics_parser)
         # The run's event log in etcd; the agent attaches its --event-log file (elastic_rm.obs.events).
         self.events = EventLog(self._keys.run_id, self._node_id, client=self._client, keys=self._keys)
@@ -155,13 +167,44 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             pid=os.getpid(),
             nproc=self.settings.nproc,
             state=state,
-            round=self._completed.round if self._completed else 0,
+            round=self._completed.round if self._completed else self._stale_round,
             cpu_count=os.cpu_count() or 0,
             mem_total_bytes=self._mem_total,
             master_port=self._master_port if waiting else 0,
+            ckpt_port=self._ckpt_endpoint[0],
+            ckpt_token=self._ckpt_endpoint[1],
         )
 
-    def _ensure_registered(self, state: str, wait: bool = True) -> None:
+    @property
+    def addr(self) -> str:
+        """This node's address (its record's ``addr``): where its agent serves peers."""
+        return self._addr
+
+    def set_checkpoint_endpoint(self, port: int, token: str) -> None:
+        """The agent's checkpoint server, published in this node's record from its next registration on
+        (the agent calls this before the first rendezvous)."""
+        self._ckpt_endpoint = (port, token)
+
+    def checkpoint_peers(self) -> dict[str, tuple[str, int, str]]:
+        """Every other alive node that serves checkpoints, members or not (a node just left out of the
+        round, a replaced straggler say, still holds its shards): node -> (addr, port, token), read from
+        their lease-bound records in etcd (one read, at each worker start)."""
+        r = self._completed
+        if r is None:
+            return {}
+        kvs, _ = self._client.get_prefix(self._keys.nodes)
+        out = {}
+        for kv in kvs:
+            try:
+                rec = NodeRecord.parse(kv.key, kv.value)
+            except RendezvousStateError as exc:
+                log.error("%s (not used as a checkpoint peer)", exc)
+                continue
+            if rec.node != self._node_id and rec.ckpt_port and rec.ckpt_token:
+                out[rec.node] = (rec.addr, rec.ckpt_port, rec.ckpt_token)
+        return out
+
+    def _ensure_registered(self, state: str, wait: bool = True, retry_lost_lease: int = 1) -> None:
         """(Re)register under a live lease. A node whose lease expired rejoins as a new member.
 
         ``wait=False`` sends the update without waiting for etcd's answer (a failure is logged; the
@@ -174,6 +217,7 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
                 given = self.settings.node_id
                 self._node_id = f"{given}-r{self._incarnation}" if given else _new_node_id(self._host)
                 self._completed = None
+                self._registered_rev, self._stale_round = 0, 0
                 self._lease = None
                 log.warning("lease of node %s expired; rejoining as %s", old, self._node_id)
                 self.events.set_node(self._node_id)
@@ -183,10 +227,19 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             if self._lease is None:
                 self._lease = KeptLease(self._client, self.settings.lease_ttl)
             key, value = self._keys.node(self._node_id), dumps(self._node_record(state))
-            if wait:
-                self._client.put(key, value, lease=self._lease.id)
-            else:
+            if not wait:
                 self._client.put_nowait(key, value, lease=self._lease.id)
+                return
+            try:
+                rev = self._client.put(key, value, lease=self._lease.id)
+                self._registered_rev = self._registered_rev or rev
+            except EtcdError as exc:
+                if "lease not found" not in str(exc) or retry_lost_lease <= 0:
+                    raise
+                # The lease expired before its keeper noticed (a paused or starved process): rejoin
+                # as a new member now, as when the keeper reports it.
+                self._lease.mark_lost()
+                self._ensure_registered(state, wait, retry_lost_lease - 1)
 
     # -- RendezvousHandler ------------------------------------------------------------------------------
 
@@ -225,7 +278,7 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             if self._shut:
                 raise RendezvousClosedError("this rendezvous handler was shut down while waiting")
             with view.cond:
-                closed, error, r = view.closed, view.error, view.round
+                closed, error, r, r_rev = view.closed, view.error, view.round, view.round_rev
                 seen = view.version
             if error is not None:
                 raise error
@@ -238,7 +291,16 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
                 after, acked = 0, 0
             member = r is not None and r.round > after and self._node_id in r.members
             if member and r is not None:
-                if r.complete:
+                if r.complete and r_rev < self._registered_rev and self._completed is None:
+                    if self._stale_round != r.round:  # sealed before we existed: ask for a new round
+                        log.warning(
+                            "node %s: round %d was sealed before this process registered (an earlier "
+                            "process with this node id); asking for a new round",
+                            self._node_id, r.round,
+                        )  # fmt: skip
+                        self._stale_round = r.round
+                        self._ensure_registered("joining")
+                elif r.complete:
                     return self._complete(r)
                 if acked != r.round:
                     self._ack(r)
@@ -355,12 +417,16 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
         return max(1, len(set(r.members) - set(done.members)))
 
     def peers_all_kept(self) -> bool:
-        """Whether the pending round keeps every member of ours: only then can our workers finish a
-        step (a collective with a lost peer never returns), so only then is draining them worth waiting for."""
+        """Whether every member of our round is still alive for the pending round: kept in it, or left
+        out of it by a planned decision while alive (the leader lists the old members it saw alive in
+        the record's ``extra.alive``). Only then can our workers finish a step (a collective with a lost
+        peer never returns), so only then is draining them worth waiting for."""
         r, done = self._view.round, self._completed
         if r is None or done is None or r.round <= done.round:
             return False
-        return set(done.members) <= set(r.members)
+        alive = r.extra.get("alive") if r.round == done.round + 1 else None
+        alive_set = {a for a in alive if isinstance(a, str)} if isinstance(alive, list) else set()
+        return set(done.members) <= set(r.members) | alive_set
 
     def shutdown(self) -> bool:
         """Close the run (torch semantics), drop this node's keys, stop threads."""

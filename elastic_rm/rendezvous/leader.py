@@ -110,7 +110,10 @@ class RoundLeader:
             view.track_members()
             self._history = self._read_history()
             with view.cond:
-                view.leader, view.leader_rev = self._node_id(), election.revision or 0
+                # Ahead of the watch, unless the watch already saw a later change (the key deleted
+                # with an expired lease): then the view stays as the watch says and we campaign again.
+                if view.leader_event_rev < (election.revision or 0):
+                    view.leader, view.leader_rev = self._node_id(), election.revision or 0
             log.info("node %s leads run %s", self._node_id(), view.keys.run_id)
             self._emit("leader", f"{self._node_id()} leads run {view.keys.run_id}")
             self._demand = None  # a new leader states the demand afresh
@@ -145,8 +148,8 @@ class RoundLeader:
         """Write ``demand`` when the policy's wanted node count changed (policies without one: never)."""
         wanted = getattr(self._policy, "wanted_nodes", None)
         demand = wanted() if wanted is not None else None
-        if demand is None or demand == self._demand or demand[0] <= 0:
-            return
+        if demand is None or demand[0] <= 0 or (self._demand and demand[0] == self._demand[0]):
+            return  # only a new count is news; the reason's wording changes with every sample
         target, reason = demand
         r = self._view.round
         record = DemandRecord(target, reason, self._node_id(), r.round if r else 0, time.time())
@@ -228,6 +231,8 @@ class RoundLeader:
 
     def _write_round(self, decision: Decision) -> None:
         current = self._view.round
+        with self._view.cond:  # the old members still alive: they can drain at a step boundary
+            alive = [m for m in (current.members if current else ()) if m in self._view.nodes]
         record = RoundRecord(
             round=(current.round if current else 0) + 1,
             members=tuple(decision.members),
@@ -237,6 +242,7 @@ class RoundLeader:
             predicted_gain=decision.predicted_gain,
             confidence=decision.confidence,
             time=time.time(),
+            extra={"alive": alive},
         )
         record = self._sealed_at_once(record)
         if self._fenced_write(record):

@@ -71,6 +71,16 @@ def _address(key: str, data: dict[str, Any], name: str) -> tuple[str, int] | Non
     return addr, port
 
 
+def _port(key: str, data: dict[str, Any], name: str) -> int:
+    """A TCP port or 0 (none)."""
+    port = _field(key, data, name, int, 0)
+    if not 0 <= port < 65536:
+        raise RecordError(
+            f"malformed value in etcd key {key}: field {name!r} must be a port (0-65535), got {port}"
+        )
+    return port
+
+
 def dumps(record: Any, **extra: Any) -> bytes:
     """The record as versioned JSON; ``extra`` adds derived fields for readers (never parsed back)."""
     body = {"v": VERSION, **asdict(record), **extra}
@@ -95,6 +105,9 @@ class NodeRecord:
     mem_total_bytes: int = 0
     gpu_count: int = 0
     master_port: int = 0  # a free port on addr, for the workers' MASTER_PORT should this node be rank 0
+    # the agent's checkpoint server on addr (elastic_rm/agent/ckpt_server.py) and its bearer token; 0/"": none
+    ckpt_port: int = 0
+    ckpt_token: str = field(default="", repr=False)
 
     @classmethod
     def parse(cls, key: str, raw: bytes) -> NodeRecord:
@@ -114,6 +127,8 @@ class NodeRecord:
             mem_total_bytes=_field(key, d, "mem_total_bytes", int, 0),
             gpu_count=_field(key, d, "gpu_count", int, 0),
             master_port=_field(key, d, "master_port", int, 0),
+            ckpt_port=_port(key, d, "ckpt_port"),
+            ckpt_token=_field(key, d, "ckpt_token", str, ""),
         )
 
 

@@ -20,9 +20,10 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler:
     settings = RendezvousSettings.from_parameters(params)
     policy = None
     if settings.policy == "planner":
+        from ..planner.config import config_from_job
         from ..planner.policy import PlannerPolicy
 
-        policy = PlannerPolicy()
+        policy = PlannerPolicy(config_from_job(settings.job))
 
     def metrics_parser(key: str, raw: bytes):
         return to_node_metrics(parse_record(raw, key=key))

@@ -137,8 +137,11 @@ def _load_job(path: str) -> dict:
         raise ValueError(f"job description {path!r} cannot be read: {exc.strerror}") from None
     except (ValueError, RecursionError) as exc:  # not JSON, a number too long to convert, absurd nesting
         raise ValueError(f"job description {path!r} is not JSON: {exc}") from None
+    from ..planner.config import config_from_job
+
     try:
         parse_job(job, where=path)
     except JobSpecError as exc:
         raise ValueError(str(exc)) from None
+    config_from_job(job, where=f"{path}: planner")
     return job

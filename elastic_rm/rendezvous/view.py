@@ -46,6 +46,7 @@ class JobView:
         self.round_rev = 0  # mod revision of the round key (0: absent)
         self.leader: str | None = None
         self.leader_rev = 0  # create revision of the leader key
+        self.leader_event_rev = 0  # revision of the last change of the leader key the watch delivered
         self.closed: ClosedRecord | None = None
         self.error: RecordError | None = None  # a malformed round/closed value: fatal for the rendezvous
         self.watch_error: EtcdError | None = None
@@ -122,6 +123,7 @@ class JobView:
             elif kv.key == keys.leader:
                 self.leader = None if deleted else kv.value.decode(errors="replace")
                 self.leader_rev = 0 if deleted else kv.create_revision
+                self.leader_event_rev = max(self.leader_event_rev, kv.mod_revision)
             elif kv.key == keys.closed:
                 self.closed = None if deleted else ClosedRecord.parse(kv.key, kv.value)
             elif kv.key.startswith(keys.nodes):

@@ -1,6 +1,7 @@
 """Flash checkpoint: pause the step loop only for an in-memory snapshot, write it with DCP into this
 node's shared-memory directory in the background, optionally replicate it into one peer node's memory
-and persist it to a durable directory; restore it into any world size with a new plan.
+(pushed to that node's agent over HTTP) and persist it to a durable directory; restore it into any world
+size with a new plan, reading each file from this node's memory, a peer's memory over HTTP, or durable.
 
 Every collective of the background work runs on a private gloo group, so training collectives on the
 default group can proceed meanwhile. Manifests and the training position are JSON.
@@ -41,10 +42,11 @@ from elastic_rm.train.manifest import (
     write_file,
 )
 from elastic_rm.train.paths import run_memory_dir
+from elastic_rm.train.peers import PeerClient, PeerEndpoint, PeerError, peers_from_env
 from elastic_rm.train.restore import RestoreResult, restore_checkpoint
 from elastic_rm.train.sharding import plan_digest, plan_summary
 from elastic_rm.train.snapshot import Snapshotter, app_state
-from elastic_rm.train.sources import CheckpointSource, DirectorySource
+from elastic_rm.train.sources import CheckpointSource, DirectorySource, HttpPeerSource
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,9 @@ class FlashConfig:
     node_id names this node's memory directory; it must be stable across rounds (the agent sets
     ERM_NODE_ID; the host name otherwise). durable_dir must be shared by all nodes (or local with one
     node); None disables persisting. persist_every: persist every n-th flash save.
+    peers: the other members' checkpoint servers (node id -> endpoint), from ELASTIC_RM_CKPT_PEERS, which
+    ermrun's agent sets; None (plain torchrun): no peers, so restores read local memory and durable only,
+    and replicate=True has no peer to replicate to.
     """
 
     run_id: str = field(default_factory=_default_run_id)
@@ -73,6 +78,8 @@ class FlashConfig:
     sync_durable: bool = True
     verify_checksums: bool = True  # False: restore checks sizes only (faster; misses flipped bytes)
     timeout_s: float = 600.0
+    peers: dict[str, PeerEndpoint] | None = field(default_factory=peers_from_env)
+    peer_timeout_s: float = 30.0  # per socket operation with a peer's checkpoint server
 
     def root(self) -> Path:
         return Path(self.memory_root) if self.memory_root is not None else run_memory_dir(self.run_id)
@@ -114,6 +121,8 @@ class FlashCheckpointer:
         self._saves = 0
         self.last_committed: int | None = None
         self.last_persisted: int | None = None
+        self.last_replicated: int | None = None
+        self._warned_no_peer = False
 
     # ---- saving -------------------------------------------------------------------------------
     def prepare(self) -> float:
@@ -220,22 +229,48 @@ class FlashCheckpointer:
         return self.nodes[(self.nodes.index(node) + 1) % len(self.nodes)]
 
     def _replicate(self, step: int, manifest: dict[str, Any]) -> None:
-        """Copy this node's files into its peer's memory directory (on one machine; across machines the
-        peer's agent would fetch them, see docs/train.md)."""
+        """Push this node's files of `step` (and .metadata) to its ring peer's checkpoint server, which
+        checks them against the manifest and commits them atomically. A failure is a warning: the memory
+        copy is committed; only the protection against losing this node is missing for this step."""
         peer = self.peer_of(self.node)
         if not self.leader or peer is None:
             return
+        endpoint = (self.cfg.peers or {}).get(peer)
+        if endpoint is None:
+            if not self._warned_no_peer:
+                self._warned_no_peer = True
+                log.warning(
+                    "flash checkpoint: not replicating to %s: it has no checkpoint server in %s (replication "
+                    "needs ermrun's agents; under plain torchrun only the durable copy survives a lost node)",
+                    peer,
+                    "ELASTIC_RM_CKPT_PEERS" if self.cfg.peers is not None else "FlashConfig.peers (unset)",
+                )
+            return
         src = self.node_dir / step_dirname(step)
-        dst_root = self.cfg.root() / peer / "replicas" / self.node
-        tmp = dst_root / (step_dirname(step) + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        for name, entry in manifest["files"].items():
-            if entry["node"] in (self.node, "*"):
-                copy_file(src / name, tmp / name, sync=False)
-        copy_file(src / MANIFEST, tmp / MANIFEST, sync=False)
-        publish_dir(tmp, dst_root / step_dirname(step), sync=False)
-        prune_steps(dst_root, self.cfg.keep_memory)
+        files = sorted(n for n, e in manifest["files"].items() if e["node"] in (self.node, "*"))
+        t0 = time.perf_counter()
+        try:
+            sent = PeerClient(endpoint, self.cfg.peer_timeout_s).push_replica(
+                self.node, step, src, files, (src / MANIFEST).read_bytes(), self.cfg.keep_memory
+            )
+        except (PeerError, OSError) as e:
+            log.warning(
+                "flash checkpoint: replica of step %d to %s failed (%s); if this node is lost before the next "
+                "save, its shards of step %d come from the durable copy",
+                step,
+                peer,
+                e,
+                step,
+            )
+            return
+        self.last_replicated = step
+        log.info(
+            "flash checkpoint: step %d replicated to %s (%d bytes in %.2fs)",
+            step,
+            peer,
+            sent,
+            time.perf_counter() - t0,
+        )
 
     def _persist(self, step: int, manifest: dict[str, Any]) -> None:
         """Copy every node's files into <durable>/step-N.tmp, then rank 0 publishes it atomically."""
@@ -261,13 +296,17 @@ class FlashCheckpointer:
 
     # ---- restoring ----------------------------------------------------------------------------
     def sources(self) -> list[CheckpointSource]:
-        """Fastest first: this node's memory, the memory of the other current members, durable."""
-        root = self.cfg.root()
+        """Fastest first: this node's memory (with the replicas it holds), the other members' memory
+        over HTTP (when the agent gave us their servers), the durable copy."""
         out: list[CheckpointSource] = [
             DirectorySource(f"local:{self.node}", self.node_dir, with_replicas=True)
         ]
+        peers = self.cfg.peers or {}
+        cache = self.node_dir / "fetch" / f"rank{self.rank}"  # this node's memory, never a step directory
         out += [
-            DirectorySource(f"peer:{n}", root / n, with_replicas=True) for n in self.nodes if n != self.node
+            HttpPeerSource(peers[n], cache / n, self.cfg.peer_timeout_s)
+            for n in sorted(peers)
+            if n != self.node
         ]
         if self.cfg.durable_dir is not None:
             out.append(DirectorySource("durable", Path(self.cfg.durable_dir)))
@@ -277,14 +316,22 @@ class FlashCheckpointer:
         """Load the newest good checkpoint into this world's model (collective). None: nothing saved
         yet (fresh start). Raises CorruptCheckpointError when checkpoints exist but none is good."""
         self.wait()
-        return restore_checkpoint(
-            self.dmp,
-            self.dense_optimizer,
-            sources or self.sources(),
-            self.pg,
-            self.rank,
-            self.cfg.verify_checksums,
-        )
+        srcs = sources or self.sources()
+        try:
+            return restore_checkpoint(
+                self.dmp,
+                self.dense_optimizer,
+                srcs,
+                self.pg,
+                self.rank,
+                self.cfg.verify_checksums,
+            )
+        finally:
+            for src in srcs:
+                if isinstance(src, HttpPeerSource):
+                    if src.bytes_fetched:
+                        log.info("restore: %d bytes fetched from %s", src.bytes_fetched, src.name)
+                    src.clear()
 
     def close(self) -> None:
         """Finish the background save and free the snapshot buffers; call before destroying the group."""

@@ -35,6 +35,9 @@ class LedgerError(RuntimeError):
     pass
 
 
+MAX_RANGES = 100_000_000  # a checkpointed ledger with more ranges is malformed (and would not fit)
+
+
 class RangeLedger:
     def __init__(self, num_samples: int, range_size: int, epoch: int = 0) -> None:
         if num_samples < 0 or range_size <= 0:
@@ -111,11 +114,28 @@ class RangeLedger:
 
     @classmethod
     def from_checkpoint(cls, state: dict[str, Any]) -> RangeLedger:
-        if state.get("v") != 1:
-            raise LedgerError(f"unknown ledger state version {state.get('v')!r}; expected 1")
-        led = cls(int(state["num_samples"]), int(state["range_size"]), int(state.get("epoch", 0)))
-        led.done = set(_expand(state["done"]))
-        led.progress = {int(k): int(v) for k, v in state.get("progress", {}).items()}
+        if not isinstance(state, dict) or state.get("v") != 1:
+            got = state.get("v") if isinstance(state, dict) else type(state).__name__
+            raise LedgerError(f"unknown ledger state version {got!r}; expected 1")
+        # Validated before use: a hostile state must be a LedgerError, never a crash, and never a hang
+        # expanding a run such as [0, 10**18] (found by tests/chaos/test_hostile_input.py).
+        try:
+            num, size, epoch = (state["num_samples"], state["range_size"], state.get("epoch", 0))
+            runs, progress = state["done"], state.get("progress", {})
+            ints = [num, size, epoch, *(x for run in runs for x in run)]
+            if not all(isinstance(x, int) and not isinstance(x, bool) for x in ints) or not isinstance(
+                progress, dict
+            ):
+                raise TypeError("fields must be integers")
+            if size > 0 and -(-num // size) > MAX_RANGES:
+                raise ValueError(f"{num} samples in ranges of {size} exceed {MAX_RANGES} ranges")
+            led = cls(num, size, epoch)
+            if any(len(run) != 2 or not 0 <= run[0] <= run[1] < led.num_ranges for run in runs):
+                raise ValueError(f"'done' runs must be [first, last] within [0, {led.num_ranges})")
+            led.progress = {int(k): int(v) for k, v in progress.items()}
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            raise LedgerError(f"malformed ledger state: {type(exc).__name__}: {exc}") from None
+        led.done = set(_expand(runs))
         led._todo = [r for r in range(led.num_ranges) if r not in led.done]
         return led
 

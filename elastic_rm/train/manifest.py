@@ -104,15 +104,68 @@ def make_manifest(body: dict[str, Any]) -> bytes:
 def parse_manifest(data: bytes, where: str) -> dict[str, Any]:
     try:
         doc = json.loads(data)
-    except ValueError as e:
-        raise CorruptCheckpointError(f"{where}: manifest is not valid JSON ({e})") from e
+    except (ValueError, RecursionError) as e:  # RecursionError: absurd nesting
+        raise CorruptCheckpointError(f"{where}: manifest is not valid JSON ({e})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("v") != 1:
         raise CorruptCheckpointError(f"{where}: not an elastic-rm v1 manifest")
     claimed = doc.pop("manifest_sha256", None)
     if claimed != _body_digest(doc):
         raise CorruptCheckpointError(f"{where}: manifest checksum mismatch (torn or edited)")
     doc["manifest_sha256"] = claimed
+    _check_fields(doc, where)
     return doc
+
+
+def _check_fields(doc: dict[str, Any], where: str) -> None:
+    """The fields restore reads, with their types: the self-checksum detects a torn manifest, not a
+    forged one (anyone can compute a sha256), so a hostile manifest must fail here, not crash restore.
+    File names are plain names: a manifest cannot make restore read outside its step directory."""
+
+    def bad(what: str) -> CorruptCheckpointError:
+        return CorruptCheckpointError(f"{where}: malformed manifest: {what}")
+
+    def is_int(v: Any, minimum: int) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= minimum
+
+    if not is_int(doc.get("step"), 0) or not is_int(doc.get("world_size"), 1):
+        raise bad("'step' and 'world_size' must be integers (>= 0, >= 1)")
+    if not isinstance(doc.get("position"), dict):
+        raise bad("'position' must be a JSON object")
+    files = doc.get("files")
+    if not isinstance(files, dict):
+        raise bad("'files' must be a JSON object")
+    for name, e in files.items():
+        if not name or "/" in name or "\\" in name or name in (".", ".."):
+            raise bad(f"file name {name!r} is not a plain file name")
+        if not isinstance(e, dict) or not isinstance(e.get("sha256"), str) or not is_int(e.get("size"), 0):
+            raise bad(f"entry of {name!r} needs 'sha256' (string) and 'size' (integer >= 0)")
+        if not isinstance(e.get("node", ""), str):
+            raise bad(f"entry of {name!r}: 'node' must be a string")
+        if "blocks" in e and (
+            not is_int(e.get("block"), 1)
+            or not isinstance(e["blocks"], list)
+            or not all(isinstance(b, str) for b in e["blocks"])
+        ):
+            raise bad(f"entry of {name!r}: 'block' must be an integer >= 1 and 'blocks' a list of strings")
+
+
+def blocks_covering(block: int, ranges: list[tuple[int, int]]) -> list[int]:
+    """The checksum blocks that (offset, length) ranges touch, sorted."""
+    return sorted({b for off, n in ranges for b in range(off // block, (off + max(n, 1) - 1) // block + 1)})
+
+
+def block_spans(entry: dict[str, Any], ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(offset, length) byte spans of whole checksum blocks covering `ranges`, adjacent blocks merged:
+    what a reader must fetch so that every block it reads can be verified."""
+    bs, size = entry["block"], entry["size"]
+    spans: list[tuple[int, int]] = []
+    for b in blocks_covering(bs, ranges):
+        lo, hi = b * bs, min(size, (b + 1) * bs)
+        if spans and spans[-1][0] + spans[-1][1] == lo:
+            spans[-1] = (spans[-1][0], hi - spans[-1][0])
+        elif hi > lo:
+            spans.append((lo, hi - lo))
+    return spans
 
 
 def verify_file(path: Path, entry: dict[str, Any], ranges: list[tuple[int, int]] | None = None) -> str | None:
@@ -127,7 +180,7 @@ def verify_file(path: Path, entry: dict[str, Any], ranges: list[tuple[int, int]]
     if ranges is None or "blocks" not in entry:
         return None if sha256_file(path) == entry["sha256"] else "sha256 mismatch (corrupt)"
     bs = entry["block"]
-    wanted = sorted({b for off, n in ranges for b in range(off // bs, (off + max(n, 1) - 1) // bs + 1)})
+    wanted = blocks_covering(bs, ranges)
     with _mapped(path) as view:
         for b in wanted:
             if hashlib.sha256(view[b * bs : (b + 1) * bs]).hexdigest() != entry["blocks"][b]:

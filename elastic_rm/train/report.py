@@ -34,6 +34,7 @@ import os
 import socket
 import struct
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
@@ -45,12 +46,12 @@ SOCKET_NAME = "agent.sock"
 CONTROL_NAME = "control"
 
 MAGIC = 0xE7A1
-VERSION = 1
+VERSION = 2  # 2: each step carries its busy time next to its wall time
 KIND_HELLO, KIND_STEPS, KIND_ACK, KIND_BYE = 1, 2, 3, 4
 ACK_OK, ACK_HOOK_FAILED = 0, 1
 HEADER = struct.Struct("<HBBiii")  # magic, version, kind, pid, rank, local_rank
-STEPS = struct.Struct("<qqI4x")  # completed steps after this batch, samples in the batch, n durations
-DURATION = struct.Struct("<d")  # n of these follow STEPS: seconds per step, oldest first
+STEPS = struct.Struct("<qqI4x")  # completed steps after this batch, samples in the batch, n steps
+# STEPS is followed by n doubles (wall seconds per step, oldest first), then n doubles (busy seconds).
 ACK = struct.Struct("<qB7x")  # last completed step, status
 CONTROL = struct.Struct("<HBxIQ")  # magic, version, drain (0/1), drain sequence number
 MAX_BATCH = 1024  # steps that trigger a send before the interval is up (fast steps)
@@ -94,6 +95,9 @@ class StepReporter:
         self._sock: socket.socket | None = None
         self._mm: mmap.mmap | None = None
         self._durs: list[float] = []
+        self._busy: list[float] = []
+        self._clock = BusyClock()
+        self._last_busy: float | None = None
         self._samples = 0
         self._dropped = 0
         self._last = self._flushed = self._reconnect_at = time.perf_counter()
@@ -108,6 +112,7 @@ class StepReporter:
         self._local_rank = _env_int("LOCAL_RANK")
         if agent_dir is None:
             return
+        self._last_busy = self._clock.read()
         self._connect()
         try:
             fd = os.open(os.path.join(agent_dir, CONTROL_NAME), os.O_RDONLY)
@@ -140,6 +145,7 @@ class StepReporter:
     def reset_timer(self) -> None:
         """Start the next step's clock now (after warm-up, evaluation or a checkpoint outside the loop)."""
         self._last = time.perf_counter()
+        self._last_busy = self._clock.read()
 
     def should_stop(self) -> bool:
         """True once a drain was agreed at a step boundary (the hook has run)."""
@@ -156,8 +162,11 @@ class StepReporter:
         if self.agent_dir is None or self._stopping:
             return self._stopping
         now = time.perf_counter()
-        self._durs.append(now - self._last)
-        self._last = now
+        busy = self._clock.read()
+        wall = now - self._last
+        self._durs.append(wall)
+        self._busy.append(wall if busy is None or self._last_busy is None else min(busy - self._last_busy, wall))
+        self._last, self._last_busy = now, busy
         self._samples += samples
         if not len(self._durs) % MAX_BATCH or now - self._flushed >= self._flush_interval:
             self._flush(now)
@@ -256,10 +265,13 @@ class StepReporter:
             drop = len(durs) - MAX_PENDING
             self._samples -= self._samples * drop // len(durs)  # keep samples/s right for what remains
             del durs[:drop]
+            del self._busy[:drop]
             self._dropped += drop
-        body = STEPS.pack(self._steps, self._samples, len(durs)) + struct.pack(f"<{len(durs)}d", *durs)
+        n = len(durs)
+        body = STEPS.pack(self._steps, self._samples, n) + struct.pack(f"<{2 * n}d", *durs, *self._busy)
         if self._send(self._header(KIND_STEPS) + body, wait_s=wait_s, count_drop=False):
             self._durs = []
+            self._busy = []
             self._samples = 0
 
     def _connect(self) -> None:
@@ -303,6 +315,48 @@ class StepReporter:
                     self._dropped += 1
                 return False
             time.sleep(0.005)
+
+
+class BusyClock:
+    """Seconds the calling thread ran or wanted to run (on-CPU time + run-queue delay), from Linux's
+    ``/proc/<pid>/task/<tid>/schedstat``.
+
+    Why: in synchronous training every rank's *wall* step time is the same (the fast ones wait for the
+    slowest in the collectives), so wall time cannot tell which node is slow. Busy time leaves out the
+    time a thread sleeps in a collective or on I/O, and keeps the time it was runnable but had no CPU,
+    which is where a throttled (cgroup quota) or oversubscribed node loses its time. ``read()`` returns
+    None where schedstat is missing (not Linux, or a kernel without it): callers then use wall time.
+    One ``pread`` of a kept file descriptor, about 2 us.
+    """
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        self._tid = 0
+        self._broken = False
+
+    def read(self) -> float | None:
+        if self._broken:
+            return None
+        tid = threading.get_native_id()
+        if tid != self._tid or os.getpid() != getattr(self, "_pid", None):
+            self._reopen(tid)
+            if self._fd is None:
+                return None
+        try:
+            fields = os.pread(self._fd, 128, 0).split()
+            return (int(fields[0]) + int(fields[1])) / 1e9
+        except (OSError, ValueError, IndexError):
+            self._broken = True
+            return None
+
+    def _reopen(self, tid: int) -> None:
+        if self._fd is not None and getattr(self, "_pid", None) == os.getpid():
+            os.close(self._fd)
+        self._fd, self._tid, self._pid = None, tid, os.getpid()
+        try:
+            self._fd = os.open(f"/proc/{self._pid}/task/{tid}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self._broken = True
 
 
 def _env_int(name: str) -> int:

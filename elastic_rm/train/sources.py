@@ -1,16 +1,17 @@
 """Where a checkpoint's files can be read from, fastest first, and a DCP reader that takes each file
 from the first place holding a copy whose checksum matches the manifest.
 
-A source is anything with steps / manifest bytes / a local path for a file. This module has the
-directory-backed ones: this node's memory directory, a peer node's memory directory (on one machine
-the stand-in for a fetch from that peer's agent), and the durable directory. A network source would
-implement the same protocol by downloading the requested file into a local cache and returning that
-path (see docs/train.md, "Sources").
+A source is anything with steps / manifest bytes / a local path for a file. `DirectorySource` covers
+this node's memory directory (with the replicas it holds for peers) and the durable directory;
+`HttpPeerSource` is a peer node's memory, fetched from that node's agent (elastic_rm/agent/ckpt_server.py)
+into a cache in this node's own memory. Nodes never read each other's directories, even on one machine:
+a node that is gone has lost its memory copy.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,11 +25,13 @@ from elastic_rm.train.manifest import (
     DCP_METADATA,
     MANIFEST,
     CorruptCheckpointError,
+    block_spans,
     committed_steps,
     parse_manifest,
     step_dirname,
     verify_file,
 )
+from elastic_rm.train.peers import PeerClient, PeerEndpoint, PeerError
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +82,77 @@ class DirectorySource:
         return None
 
 
+class SourceUnavailable(RuntimeError):
+    """A source that should hold a file could not deliver it (a peer died, timed out or refused)."""
+
+
+class HttpPeerSource:
+    """A peer node's memory (its own steps and the replicas it keeps), through its agent's checkpoint
+    server. Files are downloaded into `cache_dir` (in this node's memory) and verified by the resolver
+    like any other copy. After a connection failure the peer counts as down for this restore: a dead or
+    hung peer costs one timeout, not one per file."""
+
+    def __init__(self, peer: PeerEndpoint, cache_dir: Path, timeout_s: float = 30.0) -> None:
+        self.name = f"peer:{peer.node}"
+        self.client = PeerClient(peer, timeout_s)
+        self.cache_dir = Path(cache_dir)
+        self.down: str | None = None  # why, once a request failed
+        self.bytes_fetched = 0
+
+    def _failed(self, what: str, e: PeerError) -> None:
+        if e.status is None:  # could not talk to it at all: do not try again in this restore
+            self.down = str(e)
+        log.warning("checkpoint source %s: %s failed (%s); trying the next source", self.name, what, e)
+
+    def steps(self) -> list[int]:
+        if self.down:
+            return []
+        try:
+            return self.client.steps()
+        except PeerError as e:
+            self._failed("listing steps", e)
+            return []
+
+    def manifest_bytes(self, step: int) -> bytes | None:
+        if self.down:
+            return None
+        try:
+            return self.client.manifest(step)
+        except PeerError as e:
+            self._failed(f"manifest of step {step}", e)
+            return None
+
+    def file_path(self, step: int, file: str) -> Path | None:
+        return self.file_blocks(step, file, None, None)
+
+    def file_blocks(
+        self, step: int, file: str, entry: dict[str, Any] | None, ranges: list[tuple[int, int]] | None
+    ) -> Path | None:
+        """Download the file, or with `entry` and `ranges` only the checksum blocks covering the ranges
+        (the rest of the local copy stays zero; the resolver verifies exactly those blocks and DCP reads
+        only those ranges)."""
+        if self.down:
+            raise SourceUnavailable(f"peer unreachable ({self.down})")
+        dest = self.cache_dir / step_dirname(step) / file
+        spans, size = None, 0
+        if entry is not None and ranges is not None and "blocks" in entry:
+            spans, size = block_spans(entry, ranges), entry["size"]
+        try:
+            got = self.client.download(step, file, dest, spans, size)
+        except PeerError as e:
+            if e.status is None:
+                self.down = str(e)
+            raise SourceUnavailable(f"download failed ({e})") from None
+        if got is None:
+            return None
+        self.bytes_fetched += got
+        return dest
+
+    def clear(self) -> None:
+        """Drop the downloaded copies (after the load: they only hold memory)."""
+        shutil.rmtree(self.cache_dir, ignore_errors=True)
+
+
 def find_manifest(step: int, sources: Sequence[CheckpointSource]) -> tuple[dict[str, Any] | None, list[str]]:
     """The first manifest of `step` that parses and passes its checksum, and why others did not."""
     problems = []
@@ -118,7 +192,18 @@ class FileResolver:
             raise CorruptCheckpointError(f"step {self.step}: file {file!r} is not in the manifest")
         why = []
         for src in self.sources:
-            p = src.file_path(self.step, file)
+            partial = getattr(src, "file_blocks", None)  # a network source fetches only what is read
+            try:
+                if partial is not None and ranges is not None:
+                    p = partial(self.step, file, entry, ranges)
+                else:
+                    p = src.file_path(self.step, file)
+            except SourceUnavailable as e:
+                why.append(f"{src.name}: {e}")
+                log.warning(
+                    "checkpoint step %d: %s from %s: %s; trying the next copy", self.step, file, src.name, e
+                )
+                continue
             if p is None:
                 continue
             t0 = time.perf_counter()

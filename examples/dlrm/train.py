@@ -96,15 +96,17 @@ def init_tables(dmp: torch.nn.Module, tables: list[EmbeddingBagConfig], seed: in
                 loc.copy_(full[off[0] : off[0] + loc.shape[0], off[1] : off[1] + loc.shape[1]])
 
 
-def embedding_checksum(dmp: torch.nn.Module) -> str:
-    """A digest of every embedding row, the same at any world size (sum of per-row hashes over ranks)."""
+def embedding_checksum(dmp: torch.nn.Module) -> tuple[str, float]:
+    """A digest of every embedding row, the same at any world size: the sum over all rows of (sum + sum of
+    squares), all-reduced over ranks; returned as a short hash (exact comparisons) and as the number
+    (comparisons with a run at another world size, equal up to float reassociation)."""
     total = torch.zeros(1, dtype=torch.float64)
     for key, value in dmp.state_dict().items():
         if "embedding_bags" in key:
             for _off, loc in local_pieces(value):
                 total += loc.double().sum() + (loc.double() ** 2).sum()
     dist.all_reduce(total)
-    return hashlib.sha256(f"{total.item():.10e}".encode()).hexdigest()[:12]
+    return hashlib.sha256(f"{total.item():.10e}".encode()).hexdigest()[:12], float(total.item())
 
 
 def main() -> None:
@@ -114,6 +116,7 @@ def main() -> None:
     if args.global_batch % world:
         raise SystemExit(f"--global-batch {args.global_batch} must be divisible by the world size {world}")
     local_batch = args.global_batch // world
+    torch.manual_seed(args.seed)  # the dense layers' initial weights: the same in every run and world size
     model, tables = build_model(args)
     apply_optimizer_in_backward(
         trec_optim.RowWiseAdagrad, model.model.sparse_arch.parameters(), {"lr": args.lr}
@@ -152,9 +155,16 @@ def main() -> None:
             )
             progress.flush()
 
-    emit(start=True, restored_step=step if restored else None, checksum=embedding_checksum(dmp))
+    digest, value = embedding_checksum(dmp)
+    emit(start=True, restored_step=step if restored else None, checksum=digest, checksum_value=value)
     reporter = get_reporter(sync_every=5)
-    reporter.on_stop(lambda done: ckpt.save(step, {"step": step}, block=True))
+
+    @reporter.on_stop
+    def drained(_done: int) -> None:  # every rank stops at this same step (sync_every), so a collective is fine
+        ckpt.save(step, {"step": step}, block=True)
+        digest, value = embedding_checksum(dmp)
+        emit(drained_step=step, checksum=digest, checksum_value=value)
+
     stop_file = os.path.join(args.progress_dir, "stop") if args.progress_dir else None
     loss_fn_batch = args.global_batch
     while not (args.steps and step >= args.steps):
@@ -184,7 +194,8 @@ def main() -> None:
             if flag.item():
                 break
     ckpt.save(step, {"step": step}, block=True)
-    emit(end=True, final_step=step, checksum=embedding_checksum(dmp))
+    digest, value = embedding_checksum(dmp)
+    emit(end=True, final_step=step, checksum=digest, checksum_value=value)
     ckpt.close()
     if progress is not None:
         progress.close()

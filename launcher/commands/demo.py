@@ -1,4 +1,5 @@
-"""`erm demo`: scale-up, node failure and recovery of a TorchRec DLRM job on this machine, watched live."""
+"""`erm demo`: a TorchRec DLRM job on this machine run by the planner through a scale-up, a straggler and a
+node failure, watched live; a summary with checks at the end."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import signal
 import sys
 import time
 
-HELP = "Run a whole elastic job on this machine: scale-up, a killed node, recovery; then a summary."
+HELP = (
+    "Run a whole elastic job on this machine: a planned scale-up, a straggler replaced, a killed node; "
+    "then a summary."
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -55,16 +59,35 @@ def _view(demo, rows, phase: str):
 
 
 def run(args: argparse.Namespace) -> int:
+    from elastic_rm.agent import cgroup as cg
     from elastic_rm.etcd.server import EtcdServer
-    from elastic_rm.train.paths import run_memory_dir
-    from launcher.demo import DEFAULT_SCRIPT, Demo, new_workdir, rounds_from_etcd, summarize, world_reached
+    from elastic_rm.train.paths import remove_node_memory, run_memory_dir
+    from launcher.demo import (
+        DEFAULT_JOB,
+        DEFAULT_SCRIPT,
+        Demo,
+        checks,
+        decisions_from_etcd,
+        new_workdir,
+        restarted_at,
+        rounds_from_etcd,
+        summarize,
+        world_reached,
+    )
 
     if not os.path.isfile(DEFAULT_SCRIPT):
         print(f"erm demo: error: the example {DEFAULT_SCRIPT} is missing", file=sys.stderr)
         return 2
     workdir = args.workdir or new_workdir()
     os.makedirs(workdir, exist_ok=True)
-    demo = Demo(workdir=workdir, script=DEFAULT_SCRIPT, script_args=[])
+    # a reused workdir: an old run's progress (and its stop file) would end this one at once
+    shutil.rmtree(os.path.join(workdir, "progress"), ignore_errors=True)
+    shutil.rmtree(os.path.join(workdir, "ckpt"), ignore_errors=True)
+    layout = cg.detect()
+    agent_args = ["--job", DEFAULT_JOB]
+    if layout is not None:  # each node in a cgroup of its own (no quota yet), so one can be slowed down
+        agent_args += ["--cpu-limit", str(os.cpu_count() or 1)]
+    demo = Demo(workdir=workdir, script=DEFAULT_SCRIPT, script_args=[], nnodes="1:3", agent_args=agent_args)
     live = None
     phase = "starting"
     t_begin = time.time()
@@ -73,13 +96,14 @@ def run(args: argparse.Namespace) -> int:
         if live is not None:
             live.update(_view(demo, rows, phase))
 
-    def wait_for(predicate, what: str) -> None:
+    def wait_for(predicate, what: str):
         deadline = time.time() + args.phase_timeout
         while time.time() < deadline:
             rows = demo.progress()
             refresh(rows)
-            if predicate(rows):
-                return
+            value = predicate(rows)
+            if value:
+                return value
             time.sleep(0.25)
         raise TimeoutError(f"{what} did not happen within {args.phase_timeout:.0f}s; logs in {workdir}")
 
@@ -94,7 +118,13 @@ def run(args: argparse.Namespace) -> int:
         if live is None:
             print(f"[erm demo] {text}", flush=True)
 
+    def decided(since: float, words: str):
+        return lambda _rows: [
+            d for d in decisions_from_etcd(etcd.endpoint, demo.run_id) if d["t"] >= since and words in d["reason"]
+        ]
+
     etcd = EtcdServer().start()
+    throttled = None
     try:
         if not args.no_live and sys.stdout.isatty():
             from rich.live import Live
@@ -107,22 +137,42 @@ def run(args: argparse.Namespace) -> int:
             demo.start_node(name, etcd.endpoint)
         t0 = time.time()
         wait_for(lambda rows: world_reached(rows, 2, t0), "training at world 2")
-        say("round", "training at world 2")
+        say("round", "training at world 2 (the planner's cold start for the job's request)")
         hold(args.hold)
 
         phase = "scale-up"
         t_up = time.time()
         demo.start_node("node-c", etcd.endpoint)
-        say("node", "node-c arrives: the leader admits it in a new round")
+        say("node", "node-c arrives: the planner profiles world 2, then decides whether a third node pays")
+        d = wait_for(decided(t_up, "scale up"), "the planner's scale-up decision")[0]
+        say("decision", f"round {d['round']}: {d['reason']}")
         wait_for(lambda rows: world_reached(rows, 3, t_up), "training at world 3")
         say("round", f"training at world 3, {time.time() - t_up:.1f}s after node-c started")
         hold(args.hold)
 
+        if layout is not None:
+            phase = "straggler"
+            demo.start_node("node-d", etcd.endpoint)
+            say("node", "node-d arrives and waits as the standby (the job is at its maximum of 3)")
+            hold(args.hold)
+            victim = "node-b"
+            throttled = cg.NodeCgroup(layout, f"{demo.run_id}.{victim}")
+            throttled.set_cpu(0.1)
+            t_slow = time.time()
+            say("fault", f"{victim} throttled to 0.1 CPU (its cgroup's quota): a straggler")
+            d = wait_for(decided(t_slow, "straggler"), "the straggler's replacement")[0]
+            say("decision", f"round {d['round']}: {d['reason']} ({time.time() - t_slow:.1f}s after the throttle)")
+            wait_for(lambda rows: restarted_at(rows, 3, d["t"]), "training again at world 3")
+            hold(args.hold)
+        else:
+            say("skip", "no writable cgroup here (needs root): the straggler phase is skipped")
+
         phase = "failure"
-        victim = demo.nodes["node-b"]
-        victim.signal(signal.SIGKILL)
-        victim.killed = t_kill = time.time()
-        say("fault", "node-b killed with SIGKILL")
+        victim_node = demo.nodes["node-c"]
+        victim_node.signal(signal.SIGKILL)
+        victim_node.killed = t_kill = time.time()
+        remove_node_memory(demo.run_id, "node-c")  # a dead machine's memory is gone with it
+        say("fault", "node-c killed with SIGKILL (and its node memory removed)")
         wait_for(lambda rows: world_reached(rows, 2, t_kill), "survivors training at world 2")
         say("round", f"survivors training at world 2, {time.time() - t_kill:.1f}s after the kill")
         hold(args.hold)
@@ -146,11 +196,15 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if live is not None:
             live.stop()
+        if throttled is not None and throttled.cpu_dir.exists():  # gone when its node exited
+            throttled.set_cpu(None)
         demo.stop_all()
         etcd.stop()
         shutil.rmtree(run_memory_dir(demo.run_id), ignore_errors=True)  # the killed node's copies too
 
-    summary = summarize(demo.progress(), rounds)
+    rows = demo.progress()
+    summary = summarize(rows, rounds)
+    summary["checks"] = checks(rows)
     summary["events"] = demo.events
     summary["wall_s"] = time.time() - t_begin
     with open(os.path.join(workdir, "summary.json"), "w") as fh:
@@ -159,11 +213,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         from elastic_rm.obs.timeline import plot_demo
 
-        png = plot_demo(demo.progress(), demo.events, os.path.join(workdir, "timeline.png"))
+        png = plot_demo(rows, demo.events, os.path.join(workdir, "timeline.png"))
         print(f"timeline: {png}")
     except ImportError:
         pass
-    ok = {2, 3} <= set(summary["throughput"])
+    ok = {2, 3} <= set(summary["throughput"]) and all(c["ok"] for c in summary["checks"])
     return 0 if ok else 1
 
 
@@ -197,4 +251,10 @@ def _print_summary(summary: dict, workdir: str) -> None:
             f"restored at world {r['world']} from step {r['restored_step']} "
             f"(embedding checksum after the restore {r.get('checksum', '-')})"
         )
+    checks = Table(title="checks (rank 0's progress at every restart)")
+    for col in ("check", "ok", "detail"):
+        checks.add_column(col)
+    for c in summary.get("checks", []):
+        checks.add_row(c["what"], "yes" if c["ok"] else "NO", c["detail"])
+    console.print(checks)
     console.print(f"total {summary['wall_s']:.0f}s; logs and summary.json in {workdir}")

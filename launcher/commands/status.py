@@ -1,73 +1,133 @@
-"""`erm status`: what a job is doing and why it changed, from etcd."""
+"""`erm status`: what a job is doing and why it changed, from etcd. ``render`` is shared with `erm top`."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import time
+from typing import Any
 
 HELP = "Show a job's round, members (resources, step times), leader and last decisions."
+MEASURED_SHORT = (
+    "measured: samples/s of the round vs the earlier one, from the agents' samples in the event log "
+    "(the leader does not record it; docs/operate.md)"
+)
+
+
+def add_connection_arguments(p: argparse.ArgumentParser, endpoint_required: bool = True) -> None:
+    p.add_argument(
+        "--endpoint", required=endpoint_required, help="etcd endpoint(s), host:port[,host:port...]"
+    )
+    p.add_argument("--run-id", help="the job's --rdzv-id (default: the only run under the prefix)")
+    p.add_argument("--prefix", default="/elastic-rm", help="etcd key prefix (default /elastic-rm)")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds for each etcd call (default 5)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--endpoint", required=True, help="etcd endpoint(s), host:port[,host:port...]")
-    p.add_argument("--run-id", help="the job's --rdzv-id (default: the only run under the prefix)")
-    p.add_argument("--prefix", default="/elastic-rm", help="etcd key prefix (default /elastic-rm)")
+    add_connection_arguments(p)
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
-    p.add_argument("--timeout", type=float, default=5.0, help="seconds for each etcd call (default 5)")
+    p.add_argument(
+        "--decisions", type=int, default=5, help="how many of the last decisions to show (default 5)"
+    )
+
+
+class UsageError(Exception):
+    """A problem with the command line that the user can fix; printed without a traceback."""
+
+
+def resolve_run(client: Any, prefix: str, run_id: str | None) -> str:
+    """The run id given, or the only run under the prefix."""
+    from elastic_rm.obs.status import list_runs
+
+    if run_id is not None:
+        return run_id
+    runs = list_runs(client, prefix)
+    if len(runs) != 1:
+        raise UsageError(f"pass --run-id (runs under {prefix}: {', '.join(runs) or 'none'})")
+    return runs[0]
 
 
 def run(args: argparse.Namespace) -> int:
     from elastic_rm.etcd.client import EtcdClient
     from elastic_rm.etcd.errors import EtcdError
-    from elastic_rm.obs.status import job_status, list_runs
+    from elastic_rm.obs.status import job_status
     from elastic_rm.rendezvous.keyspace import Keyspace
 
     try:
         with EtcdClient(args.endpoint, timeout=args.timeout) as client:
-            run_id = args.run_id
-            if run_id is None:
-                runs = list_runs(client, args.prefix)
-                if len(runs) != 1:
-                    found = ", ".join(runs) or "none"
-                    print(
-                        f"erm status: error: pass --run-id (runs under {args.prefix}: {found})",
-                        file=sys.stderr,
-                    )
-                    return 2
-                run_id = runs[0]
-            status = job_status(client, Keyspace(args.prefix, run_id))
-    except (EtcdError, ValueError) as exc:
+            run_id = resolve_run(client, args.prefix, args.run_id)
+            status = job_status(client, Keyspace(args.prefix, run_id), decisions=max(0, args.decisions))
+    except (EtcdError, ValueError, UsageError) as exc:
         print(f"erm status: error: {exc}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(status, indent=2, sort_keys=True))
     else:
-        _print(status)
+        from rich.console import Console
+
+        Console().print(render(status))
     return 0
 
 
-def _print(s: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.0%}"
 
-    console = Console()
+
+def _rate(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.0f}"
+
+
+def render(s: dict, title: str = "") -> Any:
+    """The status as rich renderables: headline, members, decisions, recent events, malformed records.
+    Tables shrink to the console's width (80 columns is the design target)."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
     state = "closed" if s["closed"] else ("running" if s["complete"] else "forming")
-    console.print(
-        f"run {s['run']}: round {s['round']} ({state}), world {s['world_size']}, leader {s['leader']}"
+    head = Text(
+        f"{title}run {s['run']}: round {s['round']} ({state}), world {s['world_size']}, "
+        f"leader {s['leader']}, {_rate(s.get('samples_per_s'))} samples/s",
+        style="bold",
     )
-    table = Table()
-    for col in ("rank", "node", "state", "cpu", "mem", "step p50", "samples/s"):
-        table.add_column(col)
-    for m in s["members"] + [{**x, "rank": "standby"} for x in s["standby"]]:
-        mem = f"{m['mem_used_bytes'] / 2**30:.1f} GiB" if m.get("mem_used_bytes") is not None else "-"
-        p50 = f"{m['step_p50_s'] * 1000:.1f} ms" if m.get("step_p50_s") is not None else "-"
-        rate = f"{m['samples_per_s']:,.0f}" if m.get("samples_per_s") is not None else "-"
+    nodes = Table(expand=False, pad_edge=False)
+    for col, just in (("rank", "right"), ("node", "left"), ("state", "left"), ("cpu", "right"),
+                      ("mem", "right"), ("gpu", "right"), ("p50", "right"), ("samples/s", "right")):  # fmt: skip
+        nodes.add_column(col, justify=just, overflow="fold")
+    for m in s["members"] + [{**x, "rank": "sb"} for x in s["standby"]]:
+        mem = f"{m['mem_used_bytes'] / 2**30:.1f}G" if m.get("mem_used_bytes") is not None else "-"
+        p50 = f"{m['step_p50_s'] * 1000:.0f}ms" if m.get("step_p50_s") is not None else "-"
         cpu = f"{m['cpu_util']:.0%}" if m.get("cpu_util") is not None else "-"
-        table.add_row(str(m["rank"]), m["node"], m.get("state", "-"), cpu, mem, p50, rate)
-    console.print(table)
-    for d in s["decisions"]:
-        gain = f", predicted gain {d['predicted_gain']:+.0%}" if d.get("predicted_gain") is not None else ""
-        console.print(f"round {d['round']}: {len(d['members'])} node(s) - {d['reason']}{gain}")
+        utils = [u for u in m.get("gpu_util") or [] if u is not None]
+        gpu = f"{sum(utils) / len(utils):.0%}" if utils else ("-" if not m.get("gpus") else "?")
+        nodes.add_row(str(m["rank"]), m["node"], m.get("state", "-"), cpu, mem, gpu, p50,
+                      _rate(m.get("samples_per_s")))  # fmt: skip
+    parts: list[Any] = [head, nodes]
+    if s["decisions"]:
+        dec = Table(title="decisions", title_justify="left", expand=False, pad_edge=False)
+        for col, just in (("round", "right"), ("time", "left"), ("world", "right"), ("reason", "left"),
+                          ("pred.", "right"), ("measured", "right")):  # fmt: skip
+            dec.add_column(col, justify=just, overflow="fold")
+        for d in s["decisions"]:
+            when = time.strftime("%H:%M:%S", time.localtime(d["time"])) if d.get("time") else "-"
+            measured = _pct(d.get("measured_gain"))
+            if d.get("measured_gain") is not None:
+                measured += f" (vs r{d['compared_to_round']})"
+            dec.add_row(str(d["round"]), when, str(len(d["members"])), d["reason"] or "-",
+                        _pct(d.get("predicted_gain")), measured)  # fmt: skip
+        parts += [dec, Text(MEASURED_SHORT, style="dim")]
+    if s.get("events"):
+        ev = Table(title="recent events", title_justify="left", show_header=False, box=None, pad_edge=False)
+        ev.add_column("time", no_wrap=True)
+        ev.add_column("node", overflow="fold")
+        ev.add_column("kind", no_wrap=True)
+        ev.add_column("message", overflow="fold")
+        for e in s["events"]:
+            ev.add_row(
+                time.strftime("%H:%M:%S", time.localtime(e["time"])), e["node"], e["kind"], e["message"]
+            )
+        parts.append(ev)
     for e in s["errors"]:
-        console.print(f"[red]malformed:[/red] {e}")
+        parts.append(Text.assemble(("malformed: ", "red"), e))
+    return Group(*parts)

@@ -25,6 +25,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=32)
     ap.add_argument("--sync-every", type=int, default=0)
     ap.add_argument("--iterate", action="store_true", help="use rep.iterate() instead of rep.step()")
+    ap.add_argument("--work", type=int, default=0, help="each step computes this many loop iterations instead of sleeping")
     ap.add_argument("--gloo", action="store_true", help="init a gloo group and all_reduce every step")
     args = ap.parse_args()
     out = Path(args.out)
@@ -51,7 +52,12 @@ def main() -> None:
 
     def body(i: int) -> None:
         slow = args.slow_every and i % args.slow_every == 0
-        time.sleep((args.slow_ms if slow else args.step_ms) / 1000.0)
+        if args.work:
+            x = 0
+            for j in range(args.work):
+                x += j
+        else:
+            time.sleep((args.slow_ms if slow else args.step_ms) / 1000.0)
         if allreduce is not None:
             allreduce()
         log.write(f"{i}\n")

@@ -42,7 +42,9 @@ def record() -> dict:
     mon.sample_once()
     resources = mon.summary()
     assert resources is not None
-    steps = StepSummary(p50_s=0.01, p90_s=0.012, samples_per_s=3200.0, steps=250, age_s=0.1, workers=2)
+    steps = StepSummary(
+        p50_s=0.01, p90_s=0.012, busy_p50_s=0.004, samples_per_s=3200.0, steps=250, age_s=0.1, workers=2
+    )
     return build_record("node-a", resources, steps)
 
 
@@ -57,7 +59,10 @@ def test_round_trip_and_planner_view(record):
     assert nm.cpu_util == record["cpu"]["util_mean"]
     assert nm.mem_total_bytes == record["mem"]["total_bytes"]
     assert nm.gpu_util == (0.5, 0.0) and nm.gpu_mem_used_bytes == (3 << 30, 1) and nm.gpu_throttled
-    assert nm.steps == StepStats(p50_s=0.01, p90_s=0.012, samples_per_s=3200.0, steps=250)
+    assert nm.steps == StepStats(p50_s=0.01, p90_s=0.012, samples_per_s=3200.0, steps=250, busy_p50_s=0.004)
+    older = copy.deepcopy(record)
+    del older["steps"]["busy_p50_s"]  # an agent before busy times: accepted, busy unknown
+    assert to_node_metrics(parse_record(older)).steps.busy_p50_s is None
     no_steps = dict(record, steps=None)
     assert to_node_metrics(parse_record(no_steps)).steps is None
     assert parse_record(dict(record, extra={"future": 1})).node == "node-a"  # unknown keys are ignored

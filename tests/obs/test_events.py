@@ -58,7 +58,10 @@ def test_a_bad_value_in_etcd_is_reported_by_key(etcd, run_id):
     keys = Keyspace("/elastic-rm", run_id)
     with EtcdClient(etcd.endpoint, timeout=2) as c:
         c.put(keys.events + "00000000000000000001-x-000000", b"\xff not json")
-        c.put(keys.events + "00000000000000000002-x-000000", b'{"v":1,"time":1,"run":"r","node":"x","kind":"bogus","message":""}')
+        c.put(
+            keys.events + "00000000000000000002-x-000000",
+            b'{"v":1,"time":1,"run":"r","node":"x","kind":"bogus","message":""}',
+        )
         events, errors, _ = ev.read_etcd(c, keys)
     assert events == [] and len(errors) == 2
     assert "00000000000000000001-x-000000" in errors[0] and "not a JSON event" in errors[0]
@@ -92,3 +95,52 @@ def test_emit_refuses_unknown_kinds_and_non_json_data(tmp_path):
         log.emit("job", "x" * (ev.MAX_VALUE_BYTES + 1))
     log.close()
     assert (tmp_path / "e.jsonl").read_text() == ""
+
+
+def test_a_file_attached_late_gets_the_earlier_events_and_listeners_see_each_once(tmp_path):
+    log = ev.EventLog("r", "n")
+    log.emit("leader", "n leads run r")  # before the agent knows the file: the handler emits first
+    seen = []
+    log.add_listener(seen.append)
+    log.attach_file(tmp_path / "e.jsonl")
+    log.emit("job", "started", status="started")
+    log.add_listener(lambda e: 1 / 0)  # a broken listener is logged, never raised into the emitter
+    log.emit("job", "finished", status="succeeded")
+    log.close()
+    assert [e.message for e in ev.read_file(tmp_path / "e.jsonl")] == ["n leads run r", "started", "finished"]
+    assert [e.message for e in seen] == ["n leads run r", "started", "finished"]
+
+
+def test_trim_keeps_decisions_when_samples_are_many(etcd, run_id):
+    keys = Keyspace("/elastic-rm", run_id)
+    with EtcdClient(etcd.endpoint, timeout=2) as c:
+        log = ev.EventLog(run_id, "n0", client=c, keys=keys)
+        log.emit("decision", "round 1", round=1)
+        for i in range(8):
+            log.emit("sample", f"sample {i}", round=1, samples_per_s=float(i))
+        log.emit("decision", "round 2", round=2)
+        log.emit("sample", "sample 8", round=2, samples_per_s=8.0)
+        assert log.flush()
+        assert _wait_for(lambda: len(ev.read_etcd(c, keys)[0]) == 11)
+        assert ev.trim(c, keys, keep=3) == 6  # samples 0-5 go; both decisions stay
+        kept, _, _ = ev.read_etcd(c, keys)
+    assert [e.message for e in kept] == ["round 1", "sample 6", "sample 7", "round 2", "sample 8"]
+
+
+def test_follow_delivers_new_events_and_reports_bad_values(etcd, run_id):
+    keys = Keyspace("/elastic-rm", run_id)
+    got, bad = [], []
+    with EtcdClient(etcd.endpoint, timeout=2) as c:
+        log = ev.EventLog(run_id, "n0", client=c, keys=keys)
+        log.emit("job", "before the watch")
+        assert log.flush()
+        _, _, revision = ev.read_etcd(c, keys)
+        cancel = ev.follow_etcd(c, keys, revision + 1, got.append, bad.append)
+        try:
+            log.emit("failure", "rank 0 exited 3", ranks=[0], exit_codes=[3])
+            c.put(keys.events + "99999999999999999999-x-000000", b"garbage")
+            assert _wait_for(lambda: got and bad)
+        finally:
+            cancel()
+    assert [e.message for e in got] == ["rank 0 exited 3"] and got[0].data["exit_codes"] == [3]
+    assert "99999999999999999999-x-000000" in bad[0] and "not a JSON event" in bad[0]

@@ -60,3 +60,23 @@ def test_trend_and_time_to_limit():
     flat = fit_trend([(t, 5.0) for t in range(5)])
     assert math.isinf(time_to_limit(flat, 10.0))
     assert fit_trend(pts[:2]) is None  # two points are not a trend
+
+
+def test_job_planner_section_overrides_config_field_by_field():
+    from elastic_rm.planner.config import PlannerConfig, config_from_job
+
+    cfg = config_from_job({"planner": {"sample_interval_s": 2, "cooldown_s": 20.5, "window": 4, "profiling": False}})
+    assert (cfg.sample_interval_s, cfg.cooldown_s, cfg.window, cfg.profiling) == (2, 20.5, 4, False)
+    assert cfg.straggler_k == PlannerConfig().straggler_k
+    assert config_from_job({}) == PlannerConfig()
+    for bad, message in [
+        ({"sample_intervl_s": 2}, "unknown field 'sample_intervl_s'"),
+        ({"window": 2.5}, "whole number"),
+        ({"cooldown_s": -1}, "number >= 0"),
+        ({"cooldown_s": True}, "number >= 0"),
+        ({"profiling": 1}, "true or false"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            config_from_job({"planner": bad})
+    with pytest.raises(ValueError, match="JSON object"):
+        config_from_job({"planner": [1]})

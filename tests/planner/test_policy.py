@@ -13,7 +13,7 @@ from .helpers import JOB, node, running
 
 CFG = PlannerConfig(
     sample_interval_s=10, profile_window_s=30, min_profile_samples=2, cooldown_s=60, straggler_enter=3,
-    straggler_exit=2, oom_horizon_s=300, mem_growth_horizon_s=600,
+    straggler_exit=2, oom_horizon_s=300, mem_growth_horizon_s=600, round_warmup_s=0, min_trend_span_s=0,
 )  # fmt: skip
 
 
@@ -101,6 +101,31 @@ def test_hysteresis_ignores_a_short_blip():
     answers, st = feed(p, snaps, st)
     assert not any(isinstance(a, Decision) and "straggler" in a.reason for a in answers)
     assert "d" not in st.flagged
+
+
+def test_a_new_rounds_memory_ramp_is_not_an_oom_trend():
+    """Workers loading tables fill memory fast for a few seconds; that is not a trend to act on."""
+    p = PlannerPolicy(replace(CFG, round_warmup_s=40))
+    members = ["a", "b"]
+    mem = lambda t: min(10.0 + 1.0 * t, 30.0)  # GiB: +1 GiB/s for 20 s, then flat  # noqa: E731
+    answers, st = feed(p, [running(t, members, extra=["c"], number=1, mem_gib=mem(t)) for t in range(0, 120, 10)])
+    assert not any("OOM" in a.reason or "memory floor" in a.reason for a in answers)
+    assert any(isinstance(a, Decision) and "scale up" in a.reason for a in answers)  # for throughput
+    # the same ramp with no warm-up would have been read as a trend towards the limit
+    eager = PlannerPolicy(CFG)
+    answers, _ = feed(eager, [running(t, members, extra=["c"], number=1, mem_gib=mem(t)) for t in range(0, 40, 10)])
+    assert any("OOM" in a.reason for a in answers)
+
+
+def test_a_trend_through_a_few_seconds_is_not_extrapolated():
+    """+1 GiB/s for 15 s would reach the limit in minutes, but 15 s say little about the next minutes."""
+    cfg = replace(CFG, sample_interval_s=1, window=30, min_trend_span_s=30, round_warmup_s=0)
+    mem = lambda t: 10.0 + 1.0 * t  # noqa: E731
+    snaps = [running(t, ["a", "b"], number=1, mem_gib=mem(t)) for t in range(0, 16)]
+    answers, _ = feed(PlannerPolicy(cfg), snaps)
+    assert not any("OOM" in a.reason or "memory floor" in a.reason for a in answers)
+    answers, _ = feed(PlannerPolicy(replace(cfg, min_trend_span_s=5)), snaps)
+    assert any("OOM" in a.reason for a in answers)
 
 
 def test_gpu_throttling_counts_as_slow():
@@ -225,3 +250,15 @@ def test_profiling_flag_off_decides_on_the_first_sample():
         answers, _ = feed(p, [running(t, members, extra=extra) for t in range(10, 300, 10)], st)
         first[flag] = next(10 + 10 * i for i, a in enumerate(answers) if isinstance(a, Decision))
     assert first[False] < 100 <= first[True]
+
+
+def test_a_lost_member_is_not_replaced_by_a_flagged_straggler_unless_min_needs_it():
+    p = PlannerPolicy(CFG)
+    st = settled(p, ["a", "b", "c"], t0=20)
+    st = replace(st, flagged=frozenset({"s"}))  # s was replaced as a straggler and waits
+    snap = running(20.0, ["a", "b", "c"], extra=["s"], decided_at=15.0)
+    snap = replace(snap, nodes=tuple(n for n in snap.nodes if n.node_id != "b"))
+    a, _ = p.step(snap, st)
+    assert isinstance(a, Decision) and a.members == ("a", "c") and "s" not in a.standby
+    a, _ = p.step(replace(snap, min_nodes=3), st)  # but a slow node beats stopping the job
+    assert isinstance(a, Decision) and a.members == ("a", "c", "s")

@@ -220,3 +220,18 @@ def test_unreachable_endpoint_is_a_connection_error_naming_it():
     with pytest.raises(RendezvousConnectionError, match="127.0.0.1:9"):
         create_handler(RendezvousParameters("elastic-rm", "127.0.0.1:9", "r", 1, 1, etcd_timeout="1"))
     assert time.monotonic() - t0 < 5
+
+
+def test_a_lease_that_expired_unnoticed_rejoins_as_a_new_member(etcd, run_id):
+    """A starved process can miss its lease's expiry; its next registration then fails with 'lease not
+    found'. That must not end the node: it rejoins under a new lease and a new id, as when the keeper
+    notices first."""
+    h = make(etcd, run_id, 1, 1, node_id="n0")
+    try:
+        h._lease.stop()  # the keeper is starved: it neither refreshes nor notices
+        with EtcdClient(etcd.endpoint, timeout=2) as other:
+            other.lease_revoke(h._lease.id)  # as etcd does when the TTL passes
+        info = h.next_rendezvous()
+        assert h.node_id == "n0-r1" and info.world_size == 1 and info.rank == 0
+    finally:
+        h.release()

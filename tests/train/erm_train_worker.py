@@ -15,6 +15,7 @@ import gc
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 import traceback
@@ -40,6 +41,7 @@ from elastic_rm.train import (
 )
 from elastic_rm.train.ledger import RangeLedger
 from elastic_rm.train.manifest import CorruptCheckpointError
+from elastic_rm.train.peers import PEERS_ENV
 from elastic_rm.train.snapshot import dense_optimizer_state, local_pieces
 
 GLOBAL_BATCH = 12  # divisible by 1, 2 and 3: the loss is a mean over a fixed global batch
@@ -116,6 +118,12 @@ class World:
         self.dmp = wrap_model(model, self.plan)
         dense = [p for _, p in dense_parameters(self.dmp)]
         self.dense_opt = torch.optim.Adagrad(dense, lr=LR, eps=EPS) if dense else None
+        # the agent's part: this round's peers' checkpoint servers (absent: none, as under plain torchrun)
+        peers = phase.get("peers", {}).get(phase["nodes"][rank])
+        if peers is None:
+            os.environ.pop(PEERS_ENV, None)
+        else:
+            os.environ[PEERS_ENV] = json.dumps(peers)
         fc = dict(phase.get("flash", {}))
         cfg = FlashConfig(
             run_id="test",
@@ -275,9 +283,11 @@ def run_action(w: World, a: dict[str, Any], workdir: Path, res: dict[str, Any]) 
         d = workdir / "dump" / a["name"]
         d.mkdir(parents=True, exist_ok=True)
         torch.save(w.pieces(), d / f"rank{w.rank}.pt")
-    elif do in ("corrupt", "rm_dir"):
+    elif do in ("corrupt", "rm_dir", "kill"):
         if w.rank == 0:
-            if do == "rm_dir":
+            if do == "kill":  # a node's agent (its checkpoint server), started by the test: by its pid
+                os.kill(a["pid"], signal.SIGKILL)
+            elif do == "rm_dir":
                 shutil.rmtree(a["path"])
             else:
                 hits = [p for root in a["roots"] for p in matching(Path(root), a["step"], a["file"])]

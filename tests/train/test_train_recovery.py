@@ -5,8 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ckpt_servers import node_servers, peer_lists
 from erm_harness import assemble, assert_bit_exact, run_world
 from test_train_reshard import TABLES, pinned
+
+from elastic_rm.train.manifest import step_dirname
 
 
 def phase(world: int, flash: dict[str, Any], actions: list[dict[str, Any]]) -> dict[str, Any]:
@@ -83,44 +86,67 @@ def test_corrupt_checkpoints_fall_back_or_fail_clearly(tmp_path: Path) -> None:
 
 
 def test_node_lost_restores_from_peer_replica_else_durable(tmp_path: Path) -> None:
-    """Three simulated nodes; n2 dies (its memory directory is removed). With replication on, world 2
-    restores from the replica n0 holds (the durable copy is deleted first, so it cannot be used);
-    with replication off, n2's files come from the durable copy."""
+    """Three simulated nodes, each with its own checkpoint server process serving only its own memory
+    directory (as each node's agent does). Replicas are pushed to the ring peer's server over HTTP. Then
+    n2 dies: its server is killed and its memory directory deleted. With replication on, world 2
+    restores n2's shards from the replica n0 holds (n0 reads it locally, n1 over HTTP), and the durable
+    copy is deleted first so it cannot be used; with replication off, n2's files come from durable."""
     m1, d1, m2, d2 = (tmp_path / x for x in ("shm1", "durable1", "shm2", "durable2"))
     rep = {"memory_root": str(m1), "durable_dir": str(d1), "replicate": True}
     norep = {"memory_root": str(m2), "durable_dir": str(d2), "replicate": False}
-    phases = [
-        phase(
-            3,
-            rep,
-            [
-                {"do": "init"},
-                {"do": "train", "seeds": [1, 2]},
-                {"do": "save", "step": 10},
-                {"do": "dump", "name": "b1"},
-                {"do": "rm_dir", "path": str(m1 / "n2")},
-                {"do": "rm_dir", "path": str(d1)},
-            ],
-        ),
-        phase(2, rep, [{"do": "restore"}, {"do": "dump", "name": "r1"}]),
-        phase(
-            3,
-            norep,
-            [
-                {"do": "init"},
-                {"do": "train", "seeds": [3, 4]},
-                {"do": "save", "step": 20},
-                {"do": "dump", "name": "b2"},
-                {"do": "rm_dir", "path": str(m2 / "n2")},
-            ],
-        ),
-        phase(2, norep, [{"do": "restore"}, {"do": "dump", "name": "r2"}]),
-    ]
-    results = run_world(3, spec(phases), tmp_path, timeout=300)
+    nodes3, nodes2 = ["n0", "n1", "n2"], ["n0", "n1"]
+    with node_servers(m1, nodes3) as s1, node_servers(m2, nodes3) as s2:
+        phases = [
+            {
+                **phase(
+                    3,
+                    rep,
+                    [
+                        {"do": "init"},
+                        {"do": "train", "seeds": [1, 2]},
+                        {"do": "save", "step": 10},
+                        {"do": "dump", "name": "b1"},
+                        {"do": "kill", "pid": s1["n2"].proc.pid},
+                        {"do": "rm_dir", "path": str(m1 / "n2")},
+                        {"do": "rm_dir", "path": str(d1)},
+                    ],
+                ),
+                "peers": peer_lists(s1, nodes3),
+            },
+            {
+                **phase(2, rep, [{"do": "restore"}, {"do": "dump", "name": "r1"}]),
+                "peers": peer_lists(s1, nodes2),
+            },
+            {
+                **phase(
+                    3,
+                    norep,
+                    [
+                        {"do": "init"},
+                        {"do": "train", "seeds": [3, 4]},
+                        {"do": "save", "step": 20},
+                        {"do": "dump", "name": "b2"},
+                        {"do": "kill", "pid": s2["n2"].proc.pid},
+                        {"do": "rm_dir", "path": str(m2 / "n2")},
+                    ],
+                ),
+                "peers": peer_lists(s2, nodes3),
+            },
+            {
+                **phase(2, norep, [{"do": "restore"}, {"do": "dump", "name": "r2"}]),
+                "peers": peer_lists(s2, nodes2),
+            },
+        ]
+        results = run_world(3, spec(phases), tmp_path, timeout=300)
+        assert s1["n2"].proc.wait(timeout=30) != 0 and s2["n2"].proc.wait(timeout=30) != 0  # really killed
+    # replicas reached the ring peers only through their servers (n0 -> n1 -> n2 -> n0)
+    assert (m1 / "n0" / "replicas" / "n2" / step_dirname(10) / "manifest.json").is_file()
+    assert (m1 / "n1" / "replicas" / "n0" / step_dirname(10) / "manifest.json").is_file()
+    assert not (m1 / "n2").exists() and not (m2 / "n0" / "replicas").exists()
     r1 = [results[r][1]["restores"][0] for r in range(2)]
     assert all(r["step"] == 10 and r["saved_world"] == 3 for r in r1)
     n2_file = [r["file_sources"].get("__2_0.distcp") for r in r1]
-    assert set(n2_file) - {None} <= {"local:n0", "peer:n0"} and set(n2_file) - {None}, n2_file
+    assert set(n2_file) - {None} <= {"local:n0", "peer:n0"} and "peer:n0" in n2_file, n2_file
     assert all("durable" not in r["sources"] for r in r1)
     assert_bit_exact(assemble(tmp_path, "b1"), assemble(tmp_path, "r1"), "replica restore 3->2")
     r2 = [results[r][3]["restores"][0] for r in range(2)]

@@ -94,7 +94,7 @@ def test_manifest_self_checksum_and_file_verification(tmp_path: Path) -> None:
     import hashlib
 
     entry = {"sha256": hashlib.sha256(f.read_bytes()).hexdigest(), "size": 300}
-    raw = make_manifest({"step": 3, "files": {"x.bin": entry}})
+    raw = make_manifest({"step": 3, "world_size": 1, "position": {}, "files": {"x.bin": entry}})
     assert parse_manifest(raw, "t")["step"] == 3
     doc = json.loads(raw)
     doc["step"] = 4

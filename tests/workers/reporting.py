@@ -1,6 +1,7 @@
 """A worker that uses elastic_rm.train.report: steps of ~20 ms, a final hook that records its step.
 
 Writes $STEPS_DIR/<node>-<local_rank>.jsonl: one line per step, {"stopped_at": n} from the drain hook.
+Ends when $STEPS_DIR/stop exists (all ranks at the same step).
 """
 
 import gc
@@ -29,9 +30,13 @@ def main() -> None:
         fh.flush()
 
     step = 0
-    while not os.path.exists(os.path.join(os.environ["STEPS_DIR"], "stop")):
-        t = torch.ones(1)
+    while True:
+        # The stop file is agreed on in the step's all_reduce: every rank stops at the same step (a rank
+        # that stopped alone would leave its peers failing in the next collective).
+        t = torch.tensor([1.0, float(os.path.exists(os.path.join(os.environ["STEPS_DIR"], "stop")))])
         dist.all_reduce(t)
+        if t[1] > 0:
+            break
         end = time.perf_counter() + 0.02
         while time.perf_counter() < end:  # busy: the monitor must see about one core per worker
             pass

@@ -1,0 +1,1 @@
+"""`erm launch`: start and release `ermrun` agents on bare-metal hosts over ssh (docs/launch.md)."""

@@ -1,0 +1,91 @@
+"""One node started by `erm launch`: the local ssh client, its log stream, and how to stop it."""
+
+from __future__ import annotations
+
+import collections
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+
+from ..proc import kill_tree
+from .hostfile import Host
+
+TAIL_LINES = 20  # output lines kept for failure reports
+
+
+class RemoteNode:
+    """``ssh HOST <supervisor> ermrun ...`` as a local process in its own session (Ctrl-C on the launcher's
+    terminal reaches the launcher only, which then stops every node in order). Its output is printed line
+    by line with the host's name as prefix."""
+
+    def __init__(self, host: Host, argv: list[str], print_line: Callable[[str], None]):
+        self.host = host
+        self.started_at = time.monotonic()
+        self.stop_requested_at: float | None = None
+        self.stop_reason = ""
+        self.registered = False  # its node key appeared in etcd (the agent came up)
+        self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self._print = print_line
+        self.popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.pid = self.popen.pid
+        self._pump = threading.Thread(target=self._read, name=f"log-{host.name}", daemon=True)
+        self._pump.start()
+
+    @property
+    def node_id(self) -> str:
+        return self.host.node_id
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_requested_at is not None
+
+    def _read(self) -> None:
+        assert self.popen.stdout is not None
+        for raw in self.popen.stdout:
+            line = raw.decode(errors="replace").rstrip("\n")
+            self._tail.append(line)
+            self._print(f"[{self.host.name}] {line}")
+
+    def poll(self) -> int | None:
+        rc = self.popen.poll()
+        if rc is not None:
+            self._pump.join(timeout=2)  # the last lines belong to this exit's report
+        return rc
+
+    def tail(self, lines: int = 5) -> str:
+        return "\n".join(list(self._tail)[-lines:])
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the supervisor on the host to stop ermrun (it sends SIGTERM, then kills after its grace)."""
+        if self.stop_requested_at is not None:
+            return
+        self.stop_requested_at = time.monotonic()
+        self.stop_reason = reason
+        stdin = self.popen.stdin
+        if stdin is None:
+            return
+        try:
+            stdin.write(b"stop\n")
+            stdin.flush()
+        except OSError:
+            pass  # the connection is gone already
+        try:
+            stdin.close()
+        except OSError:
+            pass
+
+    def kill(self) -> None:
+        """The local ssh client and anything it started; the host's supervisor sees its input end and stops
+        ermrun by itself."""
+        kill_tree(self.pid)
+        try:
+            self.popen.wait(5)
+        except subprocess.TimeoutExpired:
+            pass

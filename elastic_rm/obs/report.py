@@ -1,0 +1,141 @@
+"""`erm report`: a recorded run as a PNG and a self-contained HTML page.
+
+Sources: the event log (etcd's compacted copy and/or ``--event-log`` files, merged without duplicates) and
+the round records in etcd (``rounds/<n>/record``, kept for audits). Per-node utilisation over time comes
+from the agents' "sample" events: etcd keeps only each node's latest ``metrics/<node>``.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..etcd.client import EtcdClient
+from ..rendezvous.keyspace import Keyspace
+from ..rendezvous.records import RecordError, RoundRecord
+from .events import Event, EventError, merge, read_etcd, read_file
+from .status import MEASURED_HOW, decision_rows, round_throughput
+
+
+@dataclass
+class RunData:
+    run_id: str
+    events: list[Event]
+    decisions: list[dict[str, Any]]  # as in `erm status --json`: round, members, reason, gains, time
+    errors: list[str] = field(default_factory=list)
+
+
+def load_run(
+    run_id: str, client: EtcdClient | None = None, prefix: str = "/elastic-rm", files: tuple[str, ...] = ()
+) -> RunData:
+    """Everything recorded about a run; malformed values and lines are listed in ``errors``, not fatal."""
+    errors: list[str] = []
+    streams: list[list[Event]] = []
+    records: dict[int, RoundRecord] = {}
+    if client is not None:
+        keys = Keyspace(prefix, run_id)
+        from_etcd, bad, _ = read_etcd(client, keys)
+        streams.append(from_etcd)
+        errors += bad
+        kvs, _ = client.get_prefix(keys.rounds)
+        for kv in kvs:
+            if kv.key.endswith("/record"):
+                try:
+                    r = RoundRecord.parse(kv.key, kv.value)
+                except RecordError as exc:
+                    errors.append(str(exc))
+                    continue
+                if r.complete or not r.members:
+                    records[r.round] = r
+    for path in files:
+        mine = []
+        for item in read_file(path):
+            if isinstance(item, EventError):
+                errors.append(str(item))
+            elif item.run == run_id:
+                mine.append(item)
+        streams.append(mine)
+    events = merge(*streams)
+    for e in events:  # rounds whose record is gone (another etcd, or a file only): the leader's event
+        r = e.data.get("round")
+        if e.kind == "decision" and isinstance(r, int) and r not in records:
+            try:
+                records[r] = RoundRecord(
+                    round=r,
+                    members=tuple(e.data.get("members") or ()),
+                    reason=str(e.data.get("reason") or ""),
+                    predicted_gain=e.data.get("predicted_gain"),
+                    confidence=e.data.get("confidence"),
+                    time=e.time,
+                )
+            except (TypeError, ValueError) as exc:
+                errors.append(f"decision event at {e.time}: {exc}")
+    throughput = round_throughput(e for e in events if e.kind == "sample")
+    decisions = decision_rows([records[n] for n in sorted(records)], throughput)
+    return RunData(run_id, events, decisions, errors)
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.1%}"
+
+
+def write_report(run: RunData, out_dir: str) -> tuple[str, str, list[str]]:
+    """Write ``<run>.png`` and ``<run>.html`` (the PNG embedded) into ``out_dir``; returns both paths and
+    the decision labels drawn on the picture."""
+    from .timeline import plot_run
+
+    os.makedirs(out_dir, exist_ok=True)
+    png = os.path.join(out_dir, f"{run.run_id}.png")
+    labels = plot_run(run, png)
+    with open(png, "rb") as f:
+        image = base64.b64encode(f.read()).decode()
+    esc = html.escape
+    rows = []
+    for d in run.decisions:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d["time"])) if d.get("time") else "-"
+        measured = _pct(d.get("measured_gain"))
+        if d.get("measured_gain") is not None:
+            measured += (
+                f" ({d['throughput_before']:,.0f} &rarr; {d['throughput_after']:,.0f} samples/s,"
+                f" vs round {d['compared_to_round']})"
+            )
+        rows.append(
+            f"<tr><td>{d['round']}</td><td>{esc(when)}</td><td>{len(d['members'])}</td>"
+            f"<td>{esc(', '.join(d['members']))}</td><td>{esc(d['reason'] or '-')}</td>"
+            f"<td>{_pct(d.get('predicted_gain'))}</td><td>{measured}</td></tr>"
+        )
+    event_rows = [
+        f"<tr><td>{esc(time.strftime('%H:%M:%S', time.localtime(e.time)))}</td><td>{esc(e.node)}</td>"
+        f"<td>{esc(e.kind)}</td><td>{esc(e.message)}</td></tr>"
+        for e in run.events
+        if e.kind != "sample"
+    ]
+    errors = "".join(f"<li>{esc(m)}</li>" for m in run.errors)
+    page = f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>elastic-rm run {esc(run.run_id)}</title>
+<style>body{{font-family:sans-serif;margin:2em;max-width:75em}} table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:.2em .5em;text-align:left;vertical-align:top}} img{{max-width:100%}}
+.note{{color:#666;font-size:90%}}</style></head><body>
+<h1>elastic-rm run {esc(run.run_id)}</h1>
+<p>{len(run.events)} events, {len(run.decisions)} decisions, {sum(e.kind == "sample" for e in run.events)}
+samples from {len({e.node for e in run.events if e.kind == "sample"})} node(s).</p>
+<img alt="timeline of run {esc(run.run_id)}" src="data:image/png;base64,{image}">
+<h2>Decisions</h2>
+<table><tr><th>round</th><th>time</th><th>world</th><th>members</th><th>reason</th><th>predicted gain</th>
+<th>measured gain</th></tr>
+{"".join(rows)}</table>
+<p class="note">{esc(MEASURED_HOW)}.</p>
+<h2>Events</h2>
+<table><tr><th>time</th><th>node</th><th>kind</th><th>message</th></tr>
+{"".join(event_rows)}</table>
+{f"<h2>Malformed records (skipped)</h2><ul>{errors}</ul>" if errors else ""}
+</body></html>
+"""
+    path = os.path.join(out_dir, f"{run.run_id}.html")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(page)
+    return png, path, labels

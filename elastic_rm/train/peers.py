@@ -1,0 +1,238 @@
+"""The worker's side of the checkpoint transport between nodes: who the peers are (the agent's
+ELASTIC_RM_CKPT_PEERS), and a small HTTP client for a peer agent's checkpoint server
+(elastic_rm/agent/ckpt_server.py): list steps, fetch a manifest, download a file, push a replica.
+
+Light on purpose (stdlib only): the agent imports the names shared with its server from here.
+Everything on the wire is JSON or raw checkpoint bytes; nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+PEERS_ENV = "ELASTIC_RM_CKPT_PEERS"  # JSON: {"v": 1, "peers": [{"node", "url", "token"}]}, set by the agent
+API = "/v1"
+SAFE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")  # node ids and checkpoint file names on the wire
+CHUNK = 4 << 20
+
+
+def safe_name(name: str) -> bool:
+    """A plain name that cannot leave its directory (no separators, no '.', '..', no escapes)."""
+    return bool(SAFE_NAME.match(name)) and name not in (".", "..")
+
+
+class PeerError(RuntimeError):
+    """A peer's checkpoint server could not be reached or refused a request; the message says which."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class PeerEndpoint:
+    """A peer node's checkpoint server. The token is kept out of repr (configs get logged)."""
+
+    node: str
+    url: str
+    token: str = field(repr=False)
+
+    @property
+    def hostport(self) -> tuple[str, int]:
+        u = urlsplit(self.url)
+        assert u.hostname is not None and u.port is not None
+        return u.hostname, u.port
+
+
+def encode_peers(peers: list[PeerEndpoint]) -> str:
+    return json.dumps({"v": 1, "peers": [{"node": p.node, "url": p.url, "token": p.token} for p in peers]})
+
+
+def parse_peers(text: str, where: str = PEERS_ENV) -> list[PeerEndpoint]:
+    """Strict: a malformed value is an error naming the variable (the agent wrote it; a bad one is a bug)."""
+
+    def bad(what: str) -> ValueError:
+        return ValueError(f'{where}: {what}; expected {{"v": 1, "peers": [{{"node", "url", "token"}}]}}')
+
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise bad(f"not JSON ({e})") from None
+    if not isinstance(doc, dict) or doc.get("v") != 1 or not isinstance(doc.get("peers"), list):
+        raise bad("not a v1 peer list")
+    out = []
+    for p in doc["peers"]:
+        if not isinstance(p, dict) or not all(isinstance(p.get(k), str) for k in ("node", "url", "token")):
+            raise bad(f"entry {p!r} needs string fields node, url, token")
+        if not safe_name(p["node"]) or not p["token"]:
+            raise bad(f"entry for node {p['node']!r}: bad node id or empty token")
+        u = urlsplit(p["url"])
+        try:
+            port = u.port
+        except ValueError:
+            port = None
+        if u.scheme != "http" or not u.hostname or not port or u.path not in ("", "/"):
+            raise bad(f"entry for node {p['node']!r}: url {p['url']!r} is not http://host:port")
+        out.append(PeerEndpoint(p["node"], p["url"].rstrip("/"), p["token"]))
+    return out
+
+
+def peers_from_env() -> dict[str, PeerEndpoint] | None:
+    """The peers the agent gave this worker (node id -> endpoint); None without an agent (torchrun)."""
+    text = os.environ.get(PEERS_ENV)
+    if not text:
+        return None
+    return {p.node: p for p in parse_peers(text)}
+
+
+class PeerClient:
+    """Requests to one peer's checkpoint server; every call is bounded by `timeout_s` per socket operation."""
+
+    def __init__(self, peer: PeerEndpoint, timeout_s: float = 30.0) -> None:
+        self.peer = peer
+        self.timeout_s = timeout_s
+
+    def _conn(self) -> http.client.HTTPConnection:
+        host, port = self.peer.hostport
+        return http.client.HTTPConnection(host, port, timeout=self.timeout_s, blocksize=1 << 20)
+
+    def _headers(self, **extra: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.peer.token}", **extra}
+
+    def _fail(self, what: str, resp: http.client.HTTPResponse) -> PeerError:
+        body = resp.read(4096)
+        try:
+            msg = json.loads(body).get("error", "")
+        except (ValueError, AttributeError):
+            msg = body.decode(errors="replace")
+        return PeerError(f"{self.peer.node} ({self.peer.url}): {what}: HTTP {resp.status} {msg}", resp.status)
+
+    def _request(
+        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
+    ) -> bytes:
+        """A whole small response body; PeerError on any failure (404 included, with status 404)."""
+        conn = self._conn()
+        try:
+            try:
+                conn.request(method, API + path, body=body, headers=self._headers(**(headers or {})))
+            except OSError:  # the server may have answered (401, 413, 507) and closed while we were sending
+                if conn.sock is None:  # not even connected
+                    raise
+                resp = conn.getresponse()
+                raise self._fail(f"{method} {path}", resp) from None
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise self._fail(f"{method} {path}", resp)
+            return resp.read()
+        except (OSError, http.client.HTTPException) as e:
+            raise PeerError(f"{self.peer.node} ({self.peer.url}): {method} {path}: {e}") from e
+        finally:
+            conn.close()
+
+    # ---- reading a peer's memory --------------------------------------------------------------
+    def steps(self) -> list[int]:
+        doc = json.loads(self._request("GET", "/steps"))
+        found = set(doc.get("steps", []))
+        for steps in doc.get("replicas", {}).values():
+            found.update(steps)
+        if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in found):
+            raise PeerError(f"{self.peer.node} ({self.peer.url}): malformed step list")
+        return sorted(found)
+
+    def manifest(self, step: int) -> bytes | None:
+        try:
+            return self._request("GET", f"/steps/{step}/manifest")
+        except PeerError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def download(
+        self, step: int, file: str, dest: Path, spans: list[tuple[int, int]] | None = None, size: int = 0
+    ) -> int | None:
+        """Stream a file of `step` into `dest` (written as dest.part, then renamed); the bytes received,
+        or None when the peer does not hold it. With `spans` ((offset, length) pairs) only those bytes are
+        fetched (HTTP range requests) into a file of `size` bytes: the rest stays zero and unread."""
+        if not safe_name(file):
+            raise PeerError(f"refusing to request file {file!r}: not a plain file name")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        part = dest.with_name(dest.name + ".part")
+        path = f"/steps/{step}/files/{file}"
+        try:
+            with open(part, "wb") as f:
+                if spans is None:
+                    got = self._get_into(path, f, None)
+                else:
+                    f.truncate(size)
+                    got = 0
+                    for off, n in spans:
+                        r = self._get_into(path, f, (off, n))
+                        got += r if r is not None else 0
+                        if r is None:
+                            break
+            if got is None or (spans is not None and got != sum(n for _, n in spans)):
+                return None
+            os.replace(part, dest)
+            return got
+        except (OSError, http.client.HTTPException) as e:
+            raise PeerError(f"{self.peer.node} ({self.peer.url}): GET {path}: {e}") from e
+        finally:
+            part.unlink(missing_ok=True)
+
+    def _get_into(self, path: str, f: Any, span: tuple[int, int] | None) -> int | None:
+        """GET `path` (or one byte span of it) into `f` at the span's offset; None on 404."""
+        headers = self._headers()
+        if span is not None:
+            headers["Range"] = f"bytes={span[0]}-{span[0] + span[1] - 1}"
+            f.seek(span[0])
+        conn = self._conn()
+        try:
+            conn.request("GET", API + path, headers=headers)
+            resp = conn.getresponse()
+            if resp.status == 404:
+                resp.read(4096)
+                return None
+            if resp.status != (200 if span is None else 206):
+                raise self._fail(f"GET {path} ({headers.get('Range', 'whole file')})", resp)
+            length = int(resp.getheader("Content-Length", "-1"))
+            got = 0
+            view = memoryview(bytearray(CHUNK))
+            while n := resp.readinto(view):
+                f.write(view[:n])
+                got += n
+            if got != length or (span is not None and got != span[1]):
+                raise PeerError(f"{self.peer.node}: GET {path}: got {got} of {length} bytes (connection cut)")
+            return got
+        finally:
+            conn.close()
+
+    # ---- keeping a replica on a peer ----------------------------------------------------------
+    def push_replica(
+        self, src: str, step: int, step_dir: Path, files: list[str], manifest: bytes, keep: int
+    ) -> int:
+        """Upload `files` of `step_dir` as `src`'s replica of `step`, then commit it with `manifest`
+        (the server checks every file against it and publishes atomically). Returns the bytes sent."""
+        base = f"/replicas/{src}/{step}"
+        self._request("POST", base + "/begin", body=b"")
+        sent = 0
+        for name in files:
+            size = (step_dir / name).stat().st_size
+            with open(step_dir / name, "rb") as f:
+                self._request(
+                    "PUT",
+                    f"{base}/files/{name}",
+                    body=f,
+                    headers={"Content-Length": str(size), "Content-Type": "application/octet-stream"},
+                )
+            sent += size
+        self._request(
+            "POST", f"{base}/commit?keep={keep}", body=manifest, headers={"Content-Type": "application/json"}
+        )
+        return sent

@@ -1,0 +1,139 @@
+"""`erm events`: print or follow a run's event log, from etcd (all nodes, compacted) or from a node's
+``--event-log`` file (complete for that node). Following etcd is a watch, not polling."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+
+from .status import UsageError, add_connection_arguments, resolve_run
+
+HELP = "Print or follow a run's event log (rounds, decisions, failures, drains, job start/end)."
+FILE_POLL_S = 0.5  # --follow --file: how often to look for new lines (a file has no watch)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_connection_arguments(p, endpoint_required=False)
+    p.add_argument("--file", action="append", default=[], metavar="F",
+                   help="read this --event-log file instead of etcd (repeatable: files are merged)")  # fmt: skip
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing new events (Ctrl-C to stop)")
+    p.add_argument("--json", action="store_true", help="one JSON event per line, as written")
+    p.add_argument("--kind", action="append", default=[],
+                   help="only events of this kind (repeatable); default: all but 'sample'")  # fmt: skip
+
+
+def format_event(e, as_json: bool) -> str:
+    if as_json:
+        return e.to_json()
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.time)) + f".{int(e.time * 1000) % 1000:03d}"
+    return f"{stamp} {e.node or '-':<16} {e.kind:<9} {e.message}"
+
+
+def run(args: argparse.Namespace) -> int:
+    from elastic_rm.etcd.errors import EtcdError
+
+    kinds = set(args.kind)
+    from elastic_rm.obs.events import KINDS
+
+    unknown = kinds - set(KINDS)
+    if unknown:
+        print(
+            f"erm events: error: unknown kind(s) {sorted(unknown)}; known: {', '.join(KINDS)}",
+            file=sys.stderr,
+        )
+        return 2
+    wanted = (lambda e: e.kind in kinds) if kinds else (lambda e: e.kind != "sample")
+
+    def show(e) -> None:
+        if wanted(e):
+            print(format_event(e, args.json), flush=True)
+
+    def bad(message: str) -> None:
+        print(f"erm events: malformed: {message}", file=sys.stderr, flush=True)
+
+    try:
+        if args.file:
+            return _from_files(args, show, bad)
+        if not args.endpoint:
+            raise UsageError("pass --endpoint (etcd) or --file (a node's --event-log)")
+        return _from_etcd(args, show, bad)
+    except (EtcdError, ValueError, UsageError, OSError) as exc:
+        print(f"erm events: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+
+
+def _from_etcd(args, show, bad) -> int:
+    from elastic_rm.etcd.client import EtcdClient
+    from elastic_rm.obs.events import follow_etcd, read_etcd
+    from elastic_rm.rendezvous.keyspace import Keyspace
+
+    with EtcdClient(args.endpoint, timeout=args.timeout) as client:
+        keys = Keyspace(args.prefix, resolve_run(client, args.prefix, args.run_id))
+        events, errors, revision = read_etcd(client, keys)
+        for message in errors:
+            bad(message)
+        for e in events:
+            show(e)
+        if not args.follow:
+            return 0
+        lock = threading.Lock()  # the watch calls back on the client's thread
+
+        def on_event(e) -> None:
+            with lock:
+                show(e)
+
+        def on_error(message: str) -> None:
+            with lock:
+                bad(message)
+
+        cancel = follow_etcd(client, keys, revision + 1, on_event, on_error)
+        try:
+            threading.Event().wait()  # until Ctrl-C
+        finally:
+            cancel()
+    return 0
+
+
+def _from_files(args, show, bad) -> int:
+    from elastic_rm.obs.events import EventError, merge, read_file
+
+    events = []
+    for path in args.file:
+        for item in read_file(path):
+            if isinstance(item, EventError):
+                bad(str(item))
+            else:
+                events.append(item)
+    for e in merge(events):
+        show(e)
+    if not args.follow:
+        return 0
+    if len(args.file) != 1:
+        raise UsageError("--follow follows one --file")
+    from elastic_rm.obs.events import Event
+
+    path = args.file[0]
+    with open(path, encoding="utf-8", errors="replace") as f:
+        f.seek(0, os.SEEK_END)
+        number = sum(1 for _ in open(path, encoding="utf-8", errors="replace"))
+        pending = ""
+        while True:
+            chunk = f.readline()
+            if not chunk:
+                time.sleep(FILE_POLL_S)
+                continue
+            pending += chunk
+            if not pending.endswith("\n"):
+                continue  # a line being written
+            number += 1
+            line, pending = pending, ""
+            if line.strip():
+                try:
+                    show(Event.parse(f"{path}:{number}", line))
+                except EventError as exc:
+                    bad(str(exc))

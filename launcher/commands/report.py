@@ -1,0 +1,48 @@
+"""`erm report RUN`: a PNG and a self-contained HTML page of a run's timeline and decisions."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "Write a PNG and an HTML page of a run: world size, throughput, utilisation, decisions."
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run", metavar="RUN", help="the run id (the job's --rdzv-id)")
+    p.add_argument("--endpoint", help="etcd endpoint(s): the run's events and round records")
+    p.add_argument("--prefix", default="/elastic-rm", help="etcd key prefix (default /elastic-rm)")
+    p.add_argument("--events", action="append", default=[], metavar="FILE",
+                   help="an --event-log file (repeatable; merged with etcd's copy without duplicates)")  # fmt: skip
+    p.add_argument("-o", "--out-dir", default=".", help="directory for RUN.png and RUN.html (default: .)")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds for each etcd call (default 5)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from elastic_rm.etcd.client import EtcdClient
+    from elastic_rm.etcd.errors import EtcdError
+    from elastic_rm.obs.report import load_run, write_report
+
+    if not args.endpoint and not args.events:
+        print("erm report: error: pass --endpoint (etcd) and/or --events FILE", file=sys.stderr)
+        return 2
+    try:
+        if args.endpoint:
+            with EtcdClient(args.endpoint, timeout=args.timeout) as client:
+                data = load_run(args.run, client, args.prefix, tuple(args.events))
+        else:
+            data = load_run(args.run, None, args.prefix, tuple(args.events))
+        if not data.events and not data.decisions:
+            print(f"erm report: error: nothing recorded for run {args.run!r} (check RUN, --endpoint, "
+                  "--prefix and --events)", file=sys.stderr)  # fmt: skip
+            return 2
+        png, page, labels = write_report(data, args.out_dir)
+    except (EtcdError, ValueError, OSError) as exc:
+        print(f"erm report: error: {exc}", file=sys.stderr)
+        return 2
+    for message in data.errors:
+        print(f"erm report: malformed (skipped): {message}", file=sys.stderr)
+    print(f"{len(data.decisions)} decision(s), {len(data.events)} event(s)")
+    print(f"picture: {png}")
+    print(f"page:    {page}")
+    return 0

@@ -1,0 +1,113 @@
+"""`erm top`: `erm status`, live. One read of the run's keys, then an etcd watch keeps a local copy current;
+the screen is redrawn when something changed (at most 5 times a second), never by polling etcd."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+
+from .status import UsageError, add_connection_arguments, render, resolve_run
+
+HELP = "Live view of a job (erm status, refreshed from etcd watches); Ctrl-C to quit."
+MIN_FRAME_S = 0.2  # coalesce bursts of changes into one redraw
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_connection_arguments(p)
+    p.add_argument(
+        "--decisions", type=int, default=5, help="how many of the last decisions to show (default 5)"
+    )
+
+
+class WatchedRun:
+    """The run's keys, read once and then kept current by a prefix watch (re-read after a compaction)."""
+
+    def __init__(self, client, keys) -> None:
+        self._client, self._keys = client, keys
+        self._lock = threading.Lock()
+        self.changed = threading.Event()
+        self._kvs: dict = {}
+        self.revision = 0
+        self.error = ""
+        self._cancel = None
+        self._load()
+
+    def _load(self) -> None:
+        kvs, revision = self._client.get_prefix(self._keys.run)
+        with self._lock:
+            self._kvs = {kv.key: kv for kv in kvs}
+            self.revision = revision
+        self._cancel = self._client.watch_prefix(self._keys.run, revision + 1, self._apply, self._failed)
+        self.changed.set()
+
+    def _apply(self, changes) -> None:
+        with self._lock:
+            for c in changes:
+                if c.kind == "put":
+                    self._kvs[c.kv.key] = c.kv
+                else:
+                    self._kvs.pop(c.kv.key, None)
+                self.revision = max(self.revision, c.kv.mod_revision)
+        self.changed.set()
+
+    def _failed(self, exc) -> None:
+        with self._lock:
+            self.error = f"watch failed ({exc}); re-reading"
+        self.changed.set()
+
+    def snapshot(self) -> tuple[list, int, str]:
+        with self._lock:
+            return sorted(self._kvs.values(), key=lambda kv: kv.key), self.revision, self.error
+
+    def reload_if_failed(self) -> None:
+        if self.error:
+            self.close()
+            self.error = ""
+            self._load()
+
+    def close(self) -> None:
+        if self._cancel is not None:
+            self._cancel()
+            self._cancel = None
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.live import Live
+
+    from elastic_rm.etcd.client import EtcdClient
+    from elastic_rm.etcd.errors import EtcdError
+    from elastic_rm.obs.status import status_from_kvs
+    from elastic_rm.rendezvous.keyspace import Keyspace
+
+    console = Console()
+    try:
+        with EtcdClient(args.endpoint, timeout=args.timeout) as client:
+            keys = Keyspace(args.prefix, resolve_run(client, args.prefix, args.run_id))
+            watched = WatchedRun(client, keys)
+
+            def frame():
+                kvs, revision, error = watched.snapshot()
+                status = status_from_kvs(keys, kvs, revision, decisions=max(0, args.decisions))
+                if error:
+                    status["errors"].append(error)
+                stamp = time.strftime("%H:%M:%S")
+                return render(status, title=f"{stamp} rev {revision}  ")
+
+            try:
+                with Live(frame(), console=console, auto_refresh=False, vertical_overflow="crop") as live:
+                    while True:
+                        watched.changed.wait()
+                        watched.changed.clear()
+                        watched.reload_if_failed()
+                        live.update(frame(), refresh=True)
+                        time.sleep(MIN_FRAME_S)
+            except KeyboardInterrupt:
+                return 0
+            finally:
+                watched.close()
+    except (EtcdError, ValueError, UsageError) as exc:
+        print(f"erm top: error: {exc}", file=sys.stderr)
+        return 2

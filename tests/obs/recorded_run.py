@@ -1,0 +1,52 @@
+"""A recorded run for report and status tests: 3 decisions, a lost node, samples from 3 nodes (one with a
+GPU), as the agents and the leader write them: round records in etcd, events in etcd and in a file."""
+
+from __future__ import annotations
+
+from elastic_rm.etcd.client import EtcdClient
+from elastic_rm.obs.events import Event
+from elastic_rm.rendezvous.keyspace import Keyspace
+from elastic_rm.rendezvous.records import RoundRecord
+
+T0 = 1_764_500_000.0
+ROUNDS = (  # round, start (s), members, reason, predicted gain
+    (1, 0.0, ("n0", "n1"), "first round of 2 node(s)", None),
+    (2, 40.0, ("n0", "n1", "n2"), "scale up: predicted gain above 20%", 0.4),
+    (3, 80.0, ("n0", "n1"), "node n2 lost", None),
+)
+RATE = {1: 1000.0, 2: 1300.0, 3: 950.0}  # samples/s of each node's workers, summed per round below
+
+
+def events(run_id: str) -> list[Event]:
+    out = []
+    for number, start, members, reason, gain in ROUNDS:
+        data = {"round": number, "members": list(members), "standby": [], "reason": reason,
+                "predicted_gain": gain, "confidence": None if gain is None else 0.8, "sealed": False}  # fmt: skip
+        out.append(Event(T0 + start, run_id, "n0", "decision", f"round {number}: {reason}", data))
+        end = next((s for n, s, *_ in ROUNDS if n == number + 1), 120.0)
+        for node in members:
+            for i, t in enumerate(range(int(start) + 2, int(end), 5)):
+                rate = RATE[number] / len(members) * (0.5 if i == 0 else 1.0)  # the first sample ramps up
+                data = {"round": number, "world": len(members), "rank": members.index(node),
+                        "cpu": 0.3 + 0.1 * members.index(node), "mem_used_bytes": (4 + i % 3) * 2**30,
+                        "mem_total_bytes": 16 * 2**30, "gpu_util": [0.7] if node == "n0" else [],
+                        "samples_per_s": rate, "step_p50_s": 0.01}  # fmt: skip
+                out.append(Event(T0 + t + 0.1 * members.index(node), run_id, node, "sample", "s", data))
+    out.append(Event(T0 + 77.0, run_id, "n2", "failure", "worker group failed: rank(s) [2] exit code(s) [-9]",
+                     {"ranks": [2], "exit_codes": [-9]}))  # fmt: skip
+    return sorted(out, key=lambda e: e.time)
+
+
+def write(client: EtcdClient, keys: Keyspace, file_path: str) -> list[Event]:
+    """Round records and every other event in etcd; every event in the file (so they overlap)."""
+    evs = events(keys.run_id)
+    for number, start, members, reason, gain in ROUNDS:
+        record = RoundRecord(number, members, reason=reason, leader="n0", complete=True, predicted_gain=gain,
+                             confidence=None if gain is None else 0.8, time=T0 + start)  # fmt: skip
+        client.put(keys.record(number), record.to_json())
+    for i, e in enumerate(evs):
+        if i % 2 == 0:
+            client.put(f"{keys.events}{int(e.time * 1e9):020d}-{e.node}-{i:06d}", e.to_json())
+    with open(file_path, "w") as f:
+        f.writelines(e.to_json() + "\n" for e in evs)
+    return evs

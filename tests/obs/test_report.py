@@ -1,0 +1,71 @@
+"""`erm report` of a recorded run renders, names each decision and survives malformed records; measured
+gains are what the samples say."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+
+from elastic_rm.etcd.client import EtcdClient
+from elastic_rm.obs.report import load_run, write_report
+from elastic_rm.obs.status import measured_gain, round_throughput
+from elastic_rm.rendezvous.keyspace import Keyspace
+from launcher.erm import main as erm_main
+from tests.obs import recorded_run
+
+
+def test_measured_gain_uses_the_settled_samples_of_each_round():
+    samples = [e for e in recorded_run.events("r") if e.kind == "sample"]
+    tput = round_throughput(samples)
+    assert tput == {1: 1000.0, 2: 1300.0, 3: 950.0}  # the ramp-up sample is in each round's first half
+    assert measured_gain(2, tput)["measured_gain"] == 1300.0 / 1000.0 - 1
+    assert measured_gain(1, tput) == {"measured_gain": None, "throughput_after": 1000.0,
+                                      "throughput_before": None, "compared_to_round": None}  # fmt: skip
+    assert measured_gain(4, {1: 5.0})["measured_gain"] is None
+
+
+def test_report_of_a_recorded_run_renders_and_names_each_decision(etcd, run_id, tmp_path):
+    keys = Keyspace("/elastic-rm", run_id)
+    file_path = str(tmp_path / "n0.events.jsonl")
+    with EtcdClient(etcd.endpoint, timeout=2) as c:
+        written = recorded_run.write(c, keys, file_path)
+        c.put(keys.record(9), b'{"v": 1, "round": "nine"}')
+        c.put(keys.events + "00000000000000000001-x-000000", b"\xff")
+        data = load_run(run_id, c, files=(file_path,))
+    assert len(data.events) == len(written)  # etcd's copy and the file's merge without duplicates
+    assert [d["round"] for d in data.decisions] == [1, 2, 3]
+    assert any("rounds/00000009/record" in m for m in data.errors)
+    assert any("00000000000000000001-x-000000" in m for m in data.errors)
+    png, page, labels = write_report(data, str(tmp_path / "out"))
+    for number, _, members, reason, _ in recorded_run.ROUNDS:
+        assert any(
+            label.startswith(f"round {number}: {len(members)} node(s), {reason}"[:60]) for label in labels
+        )
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n" and os.path.getsize(png) > 20_000
+    html = open(page, encoding="utf-8").read()
+    assert "data:image/png;base64,iVBORw0KGgo" in html  # the PNG itself, embedded
+    for _, _, _, reason, _ in recorded_run.ROUNDS:
+        assert f"<td>{reason}</td>" in html
+    assert "+40.0%" in html and "+30.0% (1,000 &rarr; 1,300 samples/s, vs round 1)" in html
+    assert "rounds/00000009/record" in html  # malformed records are listed, not fatal
+
+
+def erm(*args: str) -> tuple[int, str, str]:
+    """`erm ARGS` in this process (a subprocess would spend seconds importing torch)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = erm_main(list(args))
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_erm_report_from_a_file_alone(run_id, tmp_path):
+    file_path = tmp_path / "events.jsonl"
+    file_path.write_text("".join(e.to_json() + "\n" for e in recorded_run.events(run_id)) + "not json\n")
+    code, out, err = erm("report", run_id, "--events", str(file_path), "-o", str(tmp_path / "o"))
+    assert code == 0, err
+    assert "3 decision(s)" in out and f"events.jsonl:{len(recorded_run.events(run_id)) + 1}" in err
+    assert (tmp_path / "o" / f"{run_id}.png").stat().st_size > 20_000
+    code, _, err = erm("report", "other-run", "--events", str(file_path), "-o", str(tmp_path))
+    assert code == 2 and "nothing recorded for run 'other-run'" in err

@@ -1,0 +1,74 @@
+"""End to end under ermrun: three agents train the example DLRM with replicated flash checkpoints and no
+durable copy; one node is killed and its memory deleted; the survivors restore its shards from the
+replica its ring peer received over HTTP (the only copy left)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+
+from elastic_rm.train.paths import run_memory_dir
+from tests.conftest import BIN, REPO, Proc
+from tests.launcher.helpers import records, wait_until
+
+TRAIN = os.path.join(REPO, "examples", "dlrm", "train.py")
+
+
+def node(tmp_path: Path, etcd, run_id: str, name: str) -> Proc:
+    argv = [os.path.join(BIN, "ermrun"), "--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-endpoint", etcd.endpoint,
+            "--rdzv-id", run_id, "--node-id", name, "--monitor-interval", "0.1", "--max-restarts", "3",
+            "--rdzv-conf", "lease_ttl=2,last_call_timeout=3,join_timeout=300",
+            TRAIN, "--progress-dir", str(tmp_path), "--checkpoint-every", "5", "--tables", "4", "--rows", "4000",
+            "--global-batch", "60"]  # fmt: skip
+    return Proc(argv, str(tmp_path / f"{name}.agent.log"), env={"OMP_NUM_THREADS": "1"})
+
+
+@pytest.mark.slow
+def test_lost_node_restored_from_replica_over_http(etcd, run_id, tmp_path: Path, procs) -> None:
+    memory = run_memory_dir(run_id)
+    try:
+        nodes = {n: node(tmp_path, etcd, run_id, n) for n in ("a", "b", "c")}
+        procs.extend(nodes.values())
+        # c's ring peer is a (sorted node ids): a's agent keeps c's replica, received over HTTP
+        held = memory / "a" / "replicas" / "c"
+
+        def replica_at_world3() -> bool:
+            steps = (
+                [p for p in held.glob("step-*") if (p / "manifest.json").is_file()] if held.is_dir() else []
+            )
+            return any(json.loads((p / "manifest.json").read_text())["world_size"] == 3 for p in steps)
+
+        wait_until(replica_at_world3, 300, "a world-3 replica of c's shards on a", list(nodes.values()))
+        nodes["c"].signal(signal.SIGKILL)  # agent and worker: the node is lost
+        nodes["c"].wait(30)
+        shutil.rmtree(memory / "c")  # and with it its memory copy
+
+        def restored_at_world2(name: str) -> list[dict]:
+            return [r for r in records(tmp_path, name) if r.get("start") and r.get("world") == 2]
+
+        wait_until(
+            lambda: (
+                all(restored_at_world2(n) for n in ("a", "b"))
+                and all(
+                    any(r.get("world") == 2 and "step" in r for r in records(tmp_path, n)) for n in ("a", "b")
+                )
+            ),
+            240,
+            "a and b training at world 2 after a restore",
+            [nodes["a"], nodes["b"]],
+        )
+        starts = [restored_at_world2(n)[0] for n in ("a", "b")]
+        # no durable copy exists: the restore could only take c's shards from the replica a holds
+        assert all(s["restored_step"] is not None and s["restored_step"] >= 5 for s in starts), starts
+        assert len({s["restored_step"] for s in starts}) == 1 and len({s["checksum"] for s in starts}) == 1
+        assert not (memory / "c").exists()
+        (tmp_path / "stop").write_text("")
+        for n in ("a", "b"):
+            assert nodes[n].wait(120) == 0, nodes[n].output()[-3000:]
+    finally:
+        shutil.rmtree(memory, ignore_errors=True)
