@@ -123,22 +123,17 @@ def rounds_from_etcd(endpoint: str, run_id: str) -> list[dict]:
     """The sealed rounds of the run, as recorded by the leader under rounds/<n>/record."""
     from elastic_rm.etcd.client import EtcdClient
     from elastic_rm.rendezvous.keyspace import DEFAULT_PREFIX, Keyspace
-    from elastic_rm.rendezvous.records import RecordError, RoundRecord
+    from elastic_rm.rendezvous.records import sealed_rounds
 
     keys = Keyspace(DEFAULT_PREFIX, run_id)
-    out = []
+    errors: list[str] = []
     with EtcdClient(endpoint, timeout=5) as client:
         kvs, _ = client.get_prefix(keys.rounds)
-    for kv in kvs:
-        if kv.key.endswith("/record"):
-            try:
-                r = RoundRecord.parse(kv.key, kv.value)
-            except RecordError as exc:
-                out.append({"round": None, "error": str(exc)})
-                continue
-            if r.complete:
-                out.append({"round": r.round, "members": list(r.members), "reason": r.reason, "t": r.time})
-    return out
+    out = [
+        {"round": r.round, "members": list(r.members), "reason": r.reason, "t": r.time}
+        for r in sealed_rounds(kvs, errors)
+    ]
+    return out + [{"round": None, "error": e} for e in errors]
 
 
 def decisions_from_etcd(endpoint: str, run_id: str) -> list[dict]:

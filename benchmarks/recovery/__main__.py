@@ -1,10 +1,18 @@
-"""Recovery benchmark (issue 6, part a): time from a node's SIGKILL / SIGSTOP to the survivors training again.
+"""Recovery benchmark (issue 6).
 
-Three nodes on this machine train the example TorchRec DLRM (examples/dlrm/train.py, flash checkpoints);
-one node is killed (SIGKILL) or frozen (SIGSTOP) and we measure until the two survivors take a step at
-world size 2. elastic-rm: `ermrun` with its defaults (lease TTL 5 s). Baseline in the same run: stock
-`torchrun` with the c10d backend and `--max-restarts 3` (its defaults otherwise; the frozen or killed node is
-never the one hosting the c10d store). Writes benchmarks/results/recovery.json and prints ratios.
+Part a: time from a node's SIGKILL / SIGSTOP to the survivors training again. Three nodes on this machine
+train the example TorchRec DLRM (examples/dlrm/train.py, flash checkpoints); one node is killed (SIGKILL)
+or frozen (SIGSTOP) and we measure until the two survivors take a step at world size 2. elastic-rm:
+`ermrun` with its defaults (lease TTL 5 s). Baseline in the same run: stock `torchrun` with the c10d backend
+and `--max-restarts 3` (its defaults otherwise; the frozen or killed node is never the one hosting the c10d
+store). Writes benchmarks/results/recovery.json and prints ratios.
+
+Part b (``--part b``): downtime of a planned round, from rank 0's last step before it to the first step
+after it at the new size: a scale-up 2 -> 3 (a third node arrives) and, where cgroups are writable, a
+straggler swap (a member throttled to 0.1 CPU, replaced by the waiting node; the planner with
+examples/dlrm/job.json). Baselines in the same run: torchrun's own scale-up (c10d: a third torchrun
+arrives) and the restart from a disk checkpoint (the 2-node torchrun job stopped, a 3-node one started on
+the same durable checkpoint directory). Writes benchmarks/results/recovery-planned.json.
 """
 
 from __future__ import annotations
@@ -45,24 +53,28 @@ def steps_at(rows: list[dict], world: int, since: float) -> list[dict]:
     return [r for r in rows if "step" in r and r["world"] == world and r["t"] > since]
 
 
+def start_node(
+    launcher: str, workdir: Path, endpoint: str, run_id: str, i: int, nnodes: str = "2:3", extra=(), tag: str = ""
+) -> subprocess.Popen:
+    argv = [str(BIN / launcher), "--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-endpoint", endpoint,
+            "--rdzv-id", run_id, "--max-restarts", "3", "--monitor-interval", "0.1"]  # fmt: skip
+    if launcher == "torchrun":
+        argv += ["--rdzv-backend", "c10d"]
+    else:
+        argv += ["--node-id", f"n{i}", *extra]
+    # a durable directory: torchrun has no peer transport, so a lost node's shards come from disk
+    argv += [str(SCRIPT), "--progress-dir", str(workdir / "progress"), "--checkpoint-every", "10",
+             "--checkpoint-dir", str(workdir / "durable")]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    log = open(workdir / f"{launcher}{tag}-{i}.log", "wb")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    if i == 0 and launcher == "torchrun":
+        time.sleep(3)  # node 0 hosts the c10d store; let it bind first
+    return proc
+
+
 def start_nodes(launcher: str, workdir: Path, endpoint: str, run_id: str) -> list[subprocess.Popen]:
-    procs = []
-    for i in range(3):
-        argv = [str(BIN / launcher), "--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-endpoint", endpoint,
-                "--rdzv-id", run_id, "--max-restarts", "3", "--monitor-interval", "0.1"]  # fmt: skip
-        if launcher == "torchrun":
-            argv += ["--rdzv-backend", "c10d"]
-        else:
-            argv += ["--node-id", f"n{i}"]
-        argv += [str(SCRIPT), "--progress-dir", str(workdir / "progress"), "--checkpoint-every", "10"]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-        log = open(workdir / f"{launcher}-{i}.log", "wb")
-        procs.append(
-            subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        )
-        if i == 0 and launcher == "torchrun":
-            time.sleep(3)  # node 0 hosts the c10d store; let it bind first
-    return procs
+    return [start_node(launcher, workdir, endpoint, run_id, i) for i in range(3)]
 
 
 def stop(procs: list[subprocess.Popen]) -> None:
@@ -109,12 +121,134 @@ def trial(launcher: str, sig: int, limit: float) -> dict:
         shutil.rmtree(Path("/dev/shm/elastic-rm") / run_id, ignore_errors=True)
 
 
+def round_change(rows: list[dict], since: float) -> dict | None:
+    """Rank 0's last step before the first worker start after ``since``, and the first step after it."""
+    rank0 = sorted((r for r in rows if r.get("rank") == 0), key=lambda r: r["t"])
+    start = next((r for r in rank0 if r.get("start") and r["t"] > since), None)
+    if start is None:
+        return None
+    before = [r for r in rank0 if "step" in r and r["t"] < start["t"]]
+    after = [r for r in rows if "step" in r and r["t"] > start["t"] and r["world"] == start["world"]]
+    if not before or len({r["rank"] for r in after}) < start["world"]:
+        return None
+    first = max(min(r["t"] for r in after if r["rank"] == k) for k in range(start["world"]))
+    return {
+        "downtime_s": first - before[-1]["t"],
+        "world": start["world"],
+        "steps_redone": before[-1]["step"] - (start.get("restored_step") or 0),
+    }
+
+
+def wait_steps(workdir: Path, world: int, n: int, since: float = 0.0, limit: float = 240.0) -> bool:
+    deadline = time.time() + limit
+    while time.time() < deadline:
+        if len({r["step"] for r in steps_at(progress(workdir), world, since)}) >= n:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def wait_change(workdir: Path, since: float, limit: float) -> dict | None:
+    deadline = time.time() + limit
+    while time.time() < deadline:
+        change = round_change(progress(workdir), since)
+        if change is not None:
+            return change
+        time.sleep(0.2)
+    return None
+
+
+def planned_trial(kind: str, limit: float) -> dict:
+    """One planned size change; see the module docstring for what each kind is."""
+    launcher = kind.split("/")[0]
+    workdir = Path(tempfile.mkdtemp(prefix="erm-planned-"))
+    run_id = f"pl-{uuid.uuid4().hex[:8]}"
+    etcd = EtcdServer().start() if launcher == "ermrun" else None
+    endpoint = etcd.endpoint if etcd else f"127.0.0.1:{free_port()}"
+    extra: list[str] = []
+    if kind == "ermrun/straggler-swap":
+        job = json.loads((REPO / "examples" / "dlrm" / "job.json").read_text())
+        job["planner"].update(max_step=0)  # never resize for throughput: n2 stays the spare
+        (workdir / "job.json").write_text(json.dumps(job))
+        extra = ["--job", str(workdir / "job.json"), "--cpu-limit", str(os.cpu_count() or 1)]
+    procs = [start_node(launcher, workdir, endpoint, run_id, i, extra=extra) for i in range(2)]
+    try:
+        if not wait_steps(workdir, 2, 60 if kind == "torchrun/disk-restart" else 20):
+            return {"ok": False, "error": "never trained at world 2", "workdir": str(workdir)}
+        t0 = time.time()
+        if kind.endswith("scale-up"):
+            procs.append(start_node(launcher, workdir, endpoint, run_id, 2, extra=extra))
+        elif kind == "ermrun/straggler-swap":
+            from elastic_rm.agent import cgroup as cg
+
+            procs.append(start_node(launcher, workdir, endpoint, run_id, 2, extra=extra))
+            time.sleep(25)  # n2 waits as the spare; the round is past its warm-up
+            t0 = time.time()
+            cg.NodeCgroup(cg.detect(), f"{run_id}.n1").set_cpu(0.1)
+        else:  # torchrun/disk-restart: stop the 2-node job, start a 3-node one on the same disk copy
+            for p in procs:
+                signal_tree(p.pid, signal.SIGTERM)
+            for p in procs:
+                p.wait(60)
+            new_id, new_endpoint = f"{run_id}-b", f"127.0.0.1:{free_port()}"
+            procs += [
+                start_node(launcher, workdir, new_endpoint, new_id, i, nnodes="3", tag="-restart") for i in range(3)
+            ]
+        change = wait_change(workdir, t0 + (5 if kind == "ermrun/straggler-swap" else 0), limit)
+        if change is None:
+            return {"ok": False, "error": f"no new round trained within {limit:.0f}s", "workdir": str(workdir)}
+        return {"ok": True, **change}
+    finally:
+        stop(procs)
+        if etcd is not None:
+            etcd.stop()
+        for rid in (run_id, f"{run_id}-b"):
+            shutil.rmtree(Path("/dev/shm/elastic-rm") / rid, ignore_errors=True)
+
+
+def main_planned(args: argparse.Namespace) -> None:
+    from elastic_rm.agent import cgroup as cg
+
+    kinds = ["ermrun/scale-up", "torchrun/scale-up", "torchrun/disk-restart"]
+    if cg.detect() is not None:
+        kinds.insert(1, "ermrun/straggler-swap")
+    results: dict = {}
+    for kind in kinds:
+        trials = [planned_trial(kind, args.limit) for _ in range(args.runs)]
+        down = [t["downtime_s"] for t in trials if t["ok"]]
+        results[kind] = {**summarize(down), "runs": args.runs, "failed": args.runs - len(down),
+                         "steps_redone": [t.get("steps_redone") for t in trials if t["ok"]],
+                         "errors": [t.get("error") for t in trials if not t["ok"]]}  # fmt: skip
+        print(f"{kind:24s} downtime median {fmt(results[kind]['median']):>9s}  failed {args.runs - len(down)}/{args.runs}",
+              flush=True)  # fmt: skip
+    disk = results["torchrun/disk-restart"]["median"]
+    ratios = {
+        k: (disk / v["median"] if disk and v["median"] else None)
+        for k, v in results.items()
+        if k.startswith("ermrun/")
+    }
+    ratios["torchrun/scale-up"] = (
+        results["torchrun/scale-up"]["median"] / results["ermrun/scale-up"]["median"]
+        if results["torchrun/scale-up"]["median"] and results["ermrun/scale-up"]["median"]
+        else None
+    )
+    print("\nratios (baseline downtime / elastic-rm downtime; higher is better):")
+    for k, v in ratios.items():
+        base = "torchrun scale-up" if k == "torchrun/scale-up" else "torchrun disk restart"
+        print(f"  {k if k.startswith('ermrun') else 'ermrun/scale-up'} vs {base}: {v:.1f}x" if v else f"  {k}: n/a")
+    print("wrote", write_result("recovery-planned", {"results": results, "ratios": ratios, "config": vars(args)}))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", type=int, default=2, help="trials of elastic-rm per fault (default 2)")
     p.add_argument("--baseline-runs", type=int, default=1, help="trials of torchrun per fault (default 1)")
     p.add_argument("--limit", type=float, default=90.0, help="seconds to wait for recovery (default 90)")
+    p.add_argument("--part", choices=("a", "b"), default="a", help="a: faults (default); b: planned rounds")
     args = p.parse_args()
+    if args.part == "b":
+        main_planned(args)
+        return
     results: dict = {}
     for sig in (signal.SIGKILL, signal.SIGSTOP):
         for launcher, runs in (("ermrun", args.runs), ("torchrun", args.baseline_runs)):

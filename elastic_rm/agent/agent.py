@@ -27,17 +27,17 @@ from typing import Any
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
-from .channel import AgentChannel
-
-# Step times are summarised over this window: long enough for a stable median, short enough that a node
-# that turns slow shows within a few of the planner's samples (each of which is a fresh summary).
-STEP_WINDOW_S = 10.0
 from . import ckpt_server
+from .channel import AgentChannel
 from .http import AgentHttpServer
 from .metrics_record import build_record, encode_record
 from .monitor import ResourceMonitor
 
 log = logging.getLogger(__name__)
+
+# Step times are summarised over this window: long enough for a stable median, short enough that a node
+# that turns slow shows within a few of the planner's samples (each of which is a fresh summary).
+STEP_WINDOW_S = 10.0
 
 PUBLISH_INTERVAL_S = 1.0  # etcd writes of metrics/<node>: at most once a second
 

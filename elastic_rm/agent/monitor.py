@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import psutil
 
-from .cgroup import NodeCgroup, current_node_cgroup
-
 from elastic_rm.agent.gpu import THROTTLE_REASON_BITS, GpuProbe, GpuSample, make_gpu_probe
+
+from .cgroup import NodeCgroup, current_node_cgroup
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..etcd.client import EtcdClient
 from ..rendezvous.keyspace import Keyspace
-from ..rendezvous.records import RecordError, RoundRecord
+from ..rendezvous.records import RoundRecord, sealed_rounds
 from .events import Event, EventError, merge, read_etcd, read_file
 from .status import MEASURED_HOW, decision_rows, round_throughput
 
@@ -42,15 +42,7 @@ def load_run(
         streams.append(from_etcd)
         errors += bad
         kvs, _ = client.get_prefix(keys.rounds)
-        for kv in kvs:
-            if kv.key.endswith("/record"):
-                try:
-                    r = RoundRecord.parse(kv.key, kv.value)
-                except RecordError as exc:
-                    errors.append(str(exc))
-                    continue
-                if r.complete or not r.members:
-                    records[r.round] = r
+        records.update((r.round, r) for r in sealed_rounds(kvs, errors))
     for path in files:
         mine = []
         for item in read_file(path):

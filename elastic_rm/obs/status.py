@@ -15,7 +15,7 @@ from typing import Any
 from ..agent.metrics_record import parse_record
 from ..etcd.client import EtcdClient, KeyValue
 from ..rendezvous.keyspace import Keyspace
-from ..rendezvous.records import NodeRecord, RecordError, RoundRecord
+from ..rendezvous.records import NodeRecord, RecordError, RoundRecord, sealed_rounds
 from .events import Event, EventError
 
 RECENT_EVENTS = 8
@@ -134,17 +134,7 @@ def status_from_kvs(keys: Keyspace, kvs: list[KeyValue], revision: int, decision
                     "samples_per_s": m.steps.samples_per_s if m.steps else None,
                 }
             )
-    records = []
-    for kv in kvs:
-        if kv.key.startswith(keys.rounds) and kv.key.endswith("/record"):
-            try:
-                r = RoundRecord.parse(kv.key, kv.value)
-            except RecordError as exc:
-                errors.append(str(exc))
-                continue
-            if r.complete or not r.members:
-                records.append(r)
-    records.sort(key=lambda r: r.round)
+    records = sealed_rounds([kv for kv in kvs if kv.key.startswith(keys.rounds)], errors)
     events = parse_events(keys, kvs, errors)
     throughput = round_throughput(e for e in events if e.kind == "sample")
     members = list(current.members) if current else []

@@ -56,6 +56,7 @@ from .view import JobView
 log = logging.getLogger(__name__)
 
 POLL_S = 0.5  # upper bound between re-checks while waiting (changes wake us at once)
+ACK_RESEND_S = 2.0  # resend our ack of a round that is still unsealed after this long
 
 
 def _new_node_id(host: str) -> str:
@@ -109,6 +110,7 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
         # same --node-id: joining it would start workers into a world the peers already left. Its number is
         # advertised instead (NodeRecord.round), so the leader sees a restart and writes a new round.
         self._registered_rev = 0  # etcd revision of this incarnation's first registration
+        self._last_ack: tuple[int, bytes] | None = None  # (round, ack record) last sent
         self._stale_round = 0
         self._master_port = 0  # picked when joining; MASTER_PORT if this node becomes rank 0
         self._ckpt_endpoint = (0, "")  # the agent's checkpoint server: port and token (none: 0, "")
@@ -270,7 +272,7 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
         self._ensure_registered("joining")
         deadline = time.monotonic() + settings.join_timeout
         after = self._completed.round if self._completed else 0
-        acked = 0
+        acked, acked_at = 0, 0.0
         seen = -1
         state = "joining"
         log.info("node %s joining run %s (rounds after %d)", self._node_id, self._keys.run_id, after)
@@ -302,9 +304,12 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
                         self._ensure_registered("joining")
                 elif r.complete:
                     return self._complete(r)
-                if acked != r.round:
+                elif acked != r.round:
                     self._ack(r)
-                    acked = r.round
+                    acked, acked_at = r.round, time.monotonic()
+                elif time.monotonic() - acked_at > ACK_RESEND_S:
+                    self._ack(r, again=True)  # a put lost in an etcd failover must not stall the round
+                    acked_at = time.monotonic()
             else:
                 standby = r is not None and r.round > after and r.members and self._node_id not in r.members
                 wanted = "standby" if standby else "joining"
@@ -318,11 +323,14 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
                     )
             view.wait(seen, POLL_S)
 
-    def _ack(self, r: RoundRecord) -> None:
-        master = (self._addr, pick_master_port()) if r.members[0] == self._node_id else None
-        ack = AckRecord(node=self._node_id, master=master)
+    def _ack(self, r: RoundRecord, again: bool = False) -> None:
+        """Send the ack without waiting (the join path). ``again``: the round is still unsealed a while
+        later: send the same ack once more (idempotent), in case etcd lost the first one."""
+        if not again or self._last_ack is None or self._last_ack[0] != r.round:
+            master = (self._addr, pick_master_port()) if r.members[0] == self._node_id else None
+            self._last_ack = (r.round, dumps(AckRecord(node=self._node_id, master=master)))
         lease = self._lease.id if self._lease else None
-        self._client.put_nowait(self._keys.ack(r.round, self._node_id), dumps(ack), lease=lease)
+        self._client.put_nowait(self._keys.ack(r.round, self._node_id), self._last_ack[1], lease=lease)
 
     def _complete(self, r: RoundRecord) -> RendezvousInfo:
         if r.master is None:

@@ -19,8 +19,8 @@ from dataclasses import replace
 from ..etcd.client import Compare, EtcdClient, Op
 from ..etcd.errors import EtcdError
 from ..etcd.lease import Election
-from ..planner.interface import ClusterSnapshot, Decision, NodeView, RoundPolicy, RoundView
 from ..obs.events import EventLog
+from ..planner.interface import ClusterSnapshot, Decision, NodeView, RoundPolicy, RoundView
 from .records import DemandRecord, RoundRecord
 from .view import JobView
 

@@ -186,6 +186,22 @@ class RoundRecord:
         return dumps(self, world_size=self.world_size)
 
 
+def sealed_rounds(kvs, errors: list[str]) -> list[RoundRecord]:
+    """The rounds recorded under ``rounds/<n>/record`` among ``kvs`` that took effect (sealed, or empty:
+    suspended), in round order. A malformed record is reported in ``errors`` and left out."""
+    rounds = {}
+    for kv in kvs:
+        if "/rounds/" in kv.key and kv.key.endswith("/record"):
+            try:
+                r = RoundRecord.parse(kv.key, kv.value)
+            except RecordError as exc:
+                errors.append(str(exc))
+                continue
+            if r.complete or not r.members:
+                rounds[r.round] = r
+    return [rounds[n] for n in sorted(rounds)]
+
+
 @dataclass(frozen=True)
 class AckRecord:
     """``rounds/<n>/acks/<node>``: a member is ready for round n. Rank 0 adds the workers' bootstrap address."""

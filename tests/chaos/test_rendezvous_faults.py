@@ -50,3 +50,29 @@ def test_a_process_restarted_under_the_same_node_id_does_not_join_the_stale_roun
     finally:
         for h in handlers:
             h.release()
+
+
+def test_an_ack_lost_by_etcd_is_sent_again_and_the_round_is_sealed(etcd, run_id):
+    """An ack is sent without waiting for etcd's answer (the join path); during an etcd failover such a put
+    can be lost (seen with a 3-member cluster whose leader was killed). Simulated here by deleting the ack:
+    the member sends it again while the round stays unsealed, and the round is sealed."""
+    a, b = (
+        make(etcd, run_id, 2, 2, node_id="a", lease_ttl="5"),
+        make(etcd, run_id, 2, 2, node_id="b", lease_ttl="5"),
+    )
+    try:
+        join_all([a, b])
+        number = a.view.round.round
+        box: dict = {}
+        t = threading.Thread(target=lambda: box.setdefault("info", a.next_rendezvous()), daemon=True)
+        t.start()  # a's workers failed: it asks for a new round with the same members and acks it
+        ack_key = f"/elastic-rm/{run_id}/rounds/{number + 1:08d}/acks/a"
+        assert wait_for(lambda: a._client.get(ack_key) is not None, timeout=20), "a never acked"
+        assert a._client.delete(ack_key)  # the ack is lost
+        done = join_all([b], timeout=30)
+        t.join(30)
+        assert 0 in done and "info" in box, "the round was never sealed after a lost ack"
+        assert a.completed_round.round == b.completed_round.round == number + 1
+    finally:
+        a.release()
+        b.release()

@@ -62,7 +62,7 @@ def wait_for(demo: Demo, predicate, timeout: float, what: str):
         value = predicate(demo.progress())
         if value:
             return value
-        for name, node in demo.nodes.items():
+        for node in demo.nodes.values():
             if node.killed is None and node.proc.poll() not in (None, 0):
                 break
         else:

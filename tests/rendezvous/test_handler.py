@@ -235,3 +235,27 @@ def test_a_lease_that_expired_unnoticed_rejoins_as_a_new_member(etcd, run_id):
         assert h.node_id == "n0-r1" and info.world_size == 1 and info.rank == 0
     finally:
         h.release()
+
+
+def test_drain_is_possible_when_the_old_members_are_alive_even_if_left_out(etcd, run_id):
+    """A planned round that leaves a live member out (a straggler swap, a scale-down) can drain: every old
+    member reaches a step boundary. A round after a loss cannot: a collective with the dead never returns."""
+    from elastic_rm.rendezvous.records import RoundRecord
+
+    hs = [make(etcd, run_id, 2, 2, node_id=f"n{i}") for i in range(2)]
+    try:
+        join_all(hs)
+        keys = hs[0].settings.keys
+        wait = lambda pred: [time.sleep(0.05) for _ in range(100) if not pred()]  # noqa: E731
+        with EtcdClient(etcd.endpoint, timeout=2) as c:
+            planned = RoundRecord(round=2, members=("n0",), reason="planned", extra={"alive": ["n0", "n1"]})
+            c.put(keys.round, planned.to_json())
+            wait(lambda: hs[0].view.round.round == 2)
+            assert hs[0].peers_all_kept() and hs[1].peers_all_kept()
+            lost = RoundRecord(round=2, members=("n0",), reason="1 member(s) lost", extra={"alive": ["n0"]})
+            c.put(keys.round, lost.to_json())
+            wait(lambda: hs[0].view.round.extra == {"alive": ["n0"]})
+            assert not hs[0].peers_all_kept()
+    finally:
+        for h in hs:
+            h.release()
