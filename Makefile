@@ -26,11 +26,12 @@ test: setup
 test-all: setup
 	$(BIN)/python -m pytest -q -m "" $(PYTEST_ARGS)
 
-BENCHMARKS ?= rendezvous agent_overhead reshard planner
+BENCHMARKS ?= rendezvous agent_overhead reshard planner recovery
 
 bench: setup
 	$(BIN)/pip install -q --disable-pip-version-check python-etcd==0.4.5 urllib3==2.8.0 dnspython==2.9.2
 	for b in $(BENCHMARKS); do $(BIN)/python -m benchmarks.$$b || exit 1; done
+	case " $(BENCHMARKS) " in *" recovery "*) $(BIN)/python -m benchmarks.recovery --part b || exit 1;; esac
 
 lint: setup
 	$(BIN)/ruff check elastic_rm launcher tests benchmarks examples

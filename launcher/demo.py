@@ -136,6 +136,17 @@ def rounds_from_etcd(endpoint: str, run_id: str) -> list[dict]:
     return out + [{"round": None, "error": e} for e in errors]
 
 
+def outcomes_from_etcd(endpoint: str, run_id: str) -> dict[int, dict]:
+    """Round -> the leader's measured outcome of it (throughput before/after, measured and predicted gain)."""
+    from elastic_rm.etcd.client import EtcdClient
+    from elastic_rm.obs.events import read_etcd
+    from elastic_rm.rendezvous.keyspace import DEFAULT_PREFIX, Keyspace
+
+    with EtcdClient(endpoint, timeout=5) as client:
+        found, _errors, _ = read_etcd(client, Keyspace(DEFAULT_PREFIX, run_id))
+    return {e.data["round"]: e.data for e in found if e.kind == "outcome" and isinstance(e.data.get("round"), int)}
+
+
 def decisions_from_etcd(endpoint: str, run_id: str) -> list[dict]:
     """The leader's decisions from the run's event log: round, members, reason, unix time."""
     from elastic_rm.etcd.client import EtcdClient

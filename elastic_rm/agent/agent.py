@@ -27,6 +27,7 @@ from typing import Any
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
+from ..rendezvous.etcd_store import RoundSupersededError
 from . import ckpt_server
 from .channel import AgentChannel
 from .http import AgentHttpServer
@@ -34,6 +35,8 @@ from .metrics_record import build_record, encode_record
 from .monitor import ResourceMonitor
 
 log = logging.getLogger(__name__)
+
+MAX_SUPERSEDED_ROUNDS = 10  # rounds in a row that may be superseded while their ranks are exchanged
 
 # Step times are summarised over this window: long enough for a stable median, short enough that a node
 # that turns slow shows within a few of the planner's samples (each of which is a fresh summary).
@@ -194,6 +197,19 @@ class ElasticRMAgent(LocalElasticAgent):
         )
 
     # -- torch hooks ------------------------------------------------------------------------------------
+
+    def _rendezvous(self, worker_group: WorkerGroup) -> None:
+        """torch's rendezvous and rank exchange, once more when a member died right after the round was
+        sealed: the exchange then waits for the dead member in the round's store, a newer round (without
+        it) ends that wait (RoundSupersededError), and this node joins the newer round."""
+        for attempt in range(1, MAX_SUPERSEDED_ROUNDS + 1):
+            try:
+                return super()._rendezvous(worker_group)
+            except RoundSupersededError as exc:
+                if attempt == MAX_SUPERSEDED_ROUNDS:
+                    raise
+                log.warning("%s (attempt %d)", exc, attempt)
+                self.events.emit("round", "round superseded during the rank exchange; joining the newer one")
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         """Workers inherit this process's environment: the channel's directory and this node's id

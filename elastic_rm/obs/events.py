@@ -39,6 +39,7 @@ VERSION = 1
 KINDS = (
     "round",  # a round was written or completed (leader) or joined (agent)
     "decision",  # the policy decided a round: reason, predicted gain
+    "outcome",  # a decided round's measured throughput after it settled, against before and the prediction
     "demand",  # the policy's wanted node count changed
     "leader",  # this node became the leader
     "failure",  # a worker group failed, a node was lost

@@ -11,6 +11,7 @@ dynamic handler does with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, so training traf
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 from torch.distributed import DistStoreError, Store
@@ -24,12 +25,26 @@ def _bytes(value: str | bytes | bytearray) -> bytes:
     return value.encode() if isinstance(value, str) else bytes(value)
 
 
+class RoundSupersededError(DistStoreError):
+    """A newer round was written while this round's members were still exchanging ranks in its store (a
+    member died right after the round was sealed): waiting for the dead member would last until the
+    timeout, so the wait ends at once and the agent joins the newer round."""
+
+
 class EtcdStore(Store):
-    def __init__(self, client: EtcdClient, prefix: str, timeout: float = 300.0):
+    def __init__(
+        self,
+        client: EtcdClient,
+        prefix: str,
+        timeout: float = 300.0,
+        superseded: Callable[[], bool] | None = None,
+    ):
+        """``superseded``: asked while waiting for keys; True ends the wait with RoundSupersededError."""
         super().__init__()
         self._client = client
         self._prefix = prefix if prefix.endswith("/") else prefix + "/"
         self._timeout = timeout
+        self._superseded = superseded
 
     def _key(self, key: str) -> str:
         return self._prefix + key
@@ -76,6 +91,11 @@ class EtcdStore(Store):
             pending = [k for k in pending if self._client.get(self._key(k)) is None]
             if not pending:
                 return
+            if self._superseded is not None and self._superseded():
+                raise RoundSupersededError(
+                    f"a newer round superseded the one of etcd store {self._prefix} while waiting for keys "
+                    f"{pending}: join the newer round"
+                )
             if time.monotonic() > deadline:
                 raise DistStoreError(
                     f"wait timeout after {limit:.0f}s for keys {pending} in etcd store {self._prefix}"

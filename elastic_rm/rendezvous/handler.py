@@ -338,7 +338,13 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
                 f"round {r.round} in {self._keys.round} is sealed without a master address"
             )
         rank = r.members.index(self._node_id)
-        store = EtcdStore(self._client, self._keys.store(r.round), timeout=self.settings.join_timeout)
+        view = self._view
+        store = EtcdStore(
+            self._client,
+            self._keys.store(r.round),
+            timeout=self.settings.join_timeout,
+            superseded=lambda: view.round is not None and view.round.round > r.round,
+        )
         self._completed = r
         self._master_port = 0  # a fresh port for the next round
         self._ensure_registered("active", wait=False)

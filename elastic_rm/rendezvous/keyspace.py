@@ -74,6 +74,10 @@ class Keyspace:
     def record(self, number: int) -> str:
         return f"{self.rounds}{number:08d}/record"
 
+    def outcome(self, number: int) -> str:
+        """What round n did: job throughput before and after it, measured and predicted gain (leader)."""
+        return f"{self.rounds}{number:08d}/outcome"
+
     def store(self, number: int) -> str:
         """The agents' torch Store of round n (rank assignment, exit barrier)."""
         return f"{self.run}store/{number:08d}/"

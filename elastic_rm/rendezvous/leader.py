@@ -27,6 +27,9 @@ from .view import JobView
 log = logging.getLogger(__name__)
 
 IDLE_WAKEUP_S = 1.0  # re-evaluate at least this often, even with no change
+# A decided round's outcome is measured once every member reported steps for this long: one full window
+# of the agents' step summaries (elastic_rm.agent.agent.STEP_WINDOW_S), so it holds only the new round.
+OUTCOME_WINDOW_S = 10.0
 
 
 class RoundLeader:
@@ -55,6 +58,7 @@ class RoundLeader:
         self._on_decision = on_decision
         self._events = events
         self._demand: tuple[int, str] | None = None  # last written (target_nodes, reason)
+        self._outcome: dict | None = None  # the last written round, until its outcome is measured
         self._election: Election | None = None
         self._decided_at_version = -1  # membership_version of the view when the policy last ran
         self._metrics_seen = -1  # metrics_version of the view when the policy last ran
@@ -118,6 +122,7 @@ class RoundLeader:
             self._emit("leader", f"{self._node_id()} leads run {view.keys.run_id}")
             self._demand = None  # a new leader states the demand afresh
         self._seal_if_acked()
+        self._measure_outcome()
         # The policy runs when membership changed or when it asked to be woken; an ack alone does not
         # change what it would decide (and running it per ack would cost O(N^2) at large N).
         due = self._wake_at and time.monotonic() >= self._wake_at
@@ -161,6 +166,51 @@ class RoundLeader:
             self._demand = demand
             log.info("demand: %d node(s) (%s)", target, reason)
             self._emit("demand", f"wants {target} node(s): {reason}", target_nodes=target, reason=reason)
+
+    def _job_throughput(self, members) -> float | None:
+        """Samples/s of the job over the agents' last step window, or None until every member has steps."""
+        with self._view.cond:
+            metrics = [self._view.metrics.get(m) for m in members]
+        if not members or any(m is None or m.steps is None for m in metrics):
+            return None
+        return sum(m.steps.samples_per_s for m in metrics)  # type: ignore[union-attr]
+
+    def _measure_outcome(self) -> None:
+        """Once a written round has run a full step window, record what it did against what was predicted:
+        ``rounds/<n>/outcome`` and an "outcome" event (the planner's model meets the measurement)."""
+        o, r = self._outcome, self._view.round
+        if o is None:
+            return
+        if r is None or r.round != o["round"]:
+            self._outcome = None  # superseded before it could be measured
+            return
+        throughput = self._job_throughput(r.members) if r.complete else None
+        now = time.monotonic()
+        if throughput is None:
+            o["since"] = None
+            return
+        if o["since"] is None:
+            o["since"] = now
+        if now - o["since"] < OUTCOME_WINDOW_S:
+            return
+        before = o["before"]
+        measured = throughput / before - 1 if before else None
+        outcome = {
+            "v": 1, "round": r.round, "reason": r.reason, "world": len(r.members),
+            "throughput_before": before, "throughput_after": throughput,
+            "measured_gain": measured, "predicted_gain": r.predicted_gain, "time": time.time(),
+        }  # fmt: skip
+        assert self._election is not None
+        self._client.txn(
+            [self._election.fence()], [Op.put(self._view.keys.outcome(r.round), json.dumps(outcome))]
+        )
+        self._outcome = None
+        fmt = lambda g: "-" if g is None else f"{g:+.0%}"  # noqa: E731
+        self._emit(
+            "outcome",
+            f"round {r.round}: {throughput:,.0f} samples/s, measured {fmt(measured)}, predicted {fmt(r.predicted_gain)}",
+            **{k: v for k, v in outcome.items() if k != "v"},
+        )
 
     def _read_history(self) -> tuple[dict, ...]:
         """Finished runs of this job's signature (stage 1 of the planner), as JSON objects."""
@@ -265,6 +315,11 @@ class RoundLeader:
                 confidence=record.confidence,
                 sealed=record.complete,
             )
+            self._outcome = {
+                "round": record.round,
+                "before": self._job_throughput(current.members) if current else None,
+                "since": None,
+            }
             if self._on_decision is not None:
                 self._on_decision(record)
 
@@ -297,8 +352,12 @@ class RoundLeader:
         if self._fenced_write(replace(r, complete=True, master=rank0.master)):
             log.info("round %d complete: world of %d node(s)", r.round, len(r.members))
             self._emit(
-                "round", f"round {r.round} complete: world of {len(r.members)} node(s)",
-                round=r.round, members=r.members, standby=r.standby, reason=r.reason,
+                "round",
+                f"round {r.round} complete: world of {len(r.members)} node(s)",
+                round=r.round,
+                members=r.members,
+                standby=r.standby,
+                reason=r.reason,
             )
             if r.round > 2:  # the agents' stores of rounds before the previous one are done with
                 self._client.delete(self._view.keys.store(r.round - 2), prefix=True)

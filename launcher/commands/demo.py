@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         checks,
         decisions_from_etcd,
         new_workdir,
+        outcomes_from_etcd,
         restarted_at,
         rounds_from_etcd,
         summarize,
@@ -162,19 +163,23 @@ def run(args: argparse.Namespace) -> int:
             say("fault", f"{victim} throttled to 0.1 CPU (its cgroup's quota): a straggler")
             d = wait_for(decided(t_slow, "straggler"), "the straggler's replacement")[0]
             say("decision", f"round {d['round']}: {d['reason']} ({time.time() - t_slow:.1f}s after the throttle)")
-            wait_for(lambda rows: restarted_at(rows, 3, d["t"]), "training again at world 3")
+            world = len(d["members"])
+            wait_for(lambda rows: restarted_at(rows, world, d["t"]), f"training again at world {world}")
             hold(args.hold)
         else:
             say("skip", "no writable cgroup here (needs root): the straggler phase is skipped")
 
         phase = "failure"
-        victim_node = demo.nodes["node-c"]
+        members = rounds_from_etcd(etcd.endpoint, demo.run_id)[-1]["members"]
+        victim = members[-1]  # a member: its loss needs a new round
+        victim_node = demo.nodes[victim]
         victim_node.signal(signal.SIGKILL)
         victim_node.killed = t_kill = time.time()
-        remove_node_memory(demo.run_id, "node-c")  # a dead machine's memory is gone with it
-        say("fault", "node-c killed with SIGKILL (and its node memory removed)")
-        wait_for(lambda rows: world_reached(rows, 2, t_kill), "survivors training at world 2")
-        say("round", f"survivors training at world 2, {time.time() - t_kill:.1f}s after the kill")
+        remove_node_memory(demo.run_id, victim)  # a dead machine's memory is gone with it
+        say("fault", f"{victim} killed with SIGKILL (and its node memory removed)")
+        world = len(members) - 1
+        wait_for(lambda rows: restarted_at(rows, world, t_kill), f"survivors training at world {world}")
+        say("round", f"survivors training at world {world}, {time.time() - t_kill:.1f}s after the kill")
         hold(args.hold)
 
         phase = "stopping"
@@ -187,6 +192,10 @@ def run(args: argparse.Namespace) -> int:
                 except Exception:  # noqa: BLE001 - stop_all below ends it
                     say("stop", f"{name} did not exit in time; stopping it")
         rounds = rounds_from_etcd(etcd.endpoint, demo.run_id)
+        outcomes = outcomes_from_etcd(etcd.endpoint, demo.run_id)
+        for r in rounds:
+            o = outcomes.get(r.get("round"), {})
+            r["predicted_gain"], r["measured_gain"] = o.get("predicted_gain"), o.get("measured_gain")
     except (TimeoutError, KeyboardInterrupt) as exc:
         if live is not None:
             live.stop()
@@ -226,12 +235,17 @@ def _print_summary(summary: dict, workdir: str) -> None:
     from rich.table import Table
 
     console = Console()
-    rounds = Table(title="rounds (from etcd)")
-    for col in ("round", "members", "reason"):
+    rounds = Table(title="rounds (from etcd); gain = job throughput after / before - 1")
+    for col in ("round", "members", "reason", "predicted", "measured"):
         rounds.add_column(col)
+    pct = lambda g: "-" if g is None else f"{g:+.0%}"  # noqa: E731
     for r in summary["rounds"]:
         rounds.add_row(
-            str(r.get("round")), ", ".join(r.get("members", [])), r.get("reason", r.get("error", ""))
+            str(r.get("round")),
+            ", ".join(r.get("members", [])),
+            r.get("reason", r.get("error", "")),
+            pct(r.get("predicted_gain")),
+            pct(r.get("measured_gain")),
         )
     console.print(rounds)
     worlds = Table(title="throughput per world size")

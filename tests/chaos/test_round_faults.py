@@ -94,12 +94,6 @@ def test_member_killed_before_acking_a_new_round_converges_to_one_round(etcd, ru
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: torch's rank exchange in the agents' store (SimpleElasticAgent._assign_worker_ranks) "
-    "waits for the dead member until join_timeout, then the survivors' agents exit; needs ElasticRMAgent to "
-    "re-rendezvous when the round it was completing is superseded (see docs/guarantees.md)",
-)
 def test_member_killed_right_after_the_seal_converges_to_one_round(etcd, run_id, tmp_path, procs):
     _kill_during_a_round(
         etcd, run_id, tmp_path, procs, "after_seal", "lease_ttl=5,last_call_timeout=0.5,join_timeout=60"

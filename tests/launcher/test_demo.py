@@ -29,7 +29,7 @@ def test_demo_scales_up_survives_a_kill_and_cleans_up(tmp_path):
     assert any(r.startswith("scale up 2 -> 3") for r in reasons), reasons  # the planner admitted node-c
     assert any("lost" in r for r in reasons), reasons
     if cgroup.detect() is not None:
-        assert any(r.startswith("straggler(s) node-b replaced by node-d") for r in reasons), reasons
+        assert any(r.startswith("straggler(s) node-b replaced by ") for r in reasons), reasons
     assert summary["restores"], "the survivors must restore from the flash checkpoint"
     assert summary["checks"] and all(c["ok"] for c in summary["checks"]), summary["checks"]
     assert (tmp_path / "timeline.png").stat().st_size > 10_000

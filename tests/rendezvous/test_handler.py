@@ -259,3 +259,18 @@ def test_drain_is_possible_when_the_old_members_are_alive_even_if_left_out(etcd,
     finally:
         for h in hs:
             h.release()
+
+
+def test_a_store_wait_ends_when_its_round_is_superseded(etcd, run_id):
+    """torch's rank exchange waits in the round's store for every member; with a member dead right after
+    the seal it would wait until the timeout. A newer round ends the wait at once, with its own error."""
+    from elastic_rm.rendezvous.etcd_store import EtcdStore, RoundSupersededError
+
+    newer = threading.Event()
+    with EtcdClient(etcd.endpoint, timeout=2) as c:
+        store = EtcdStore(c, f"/{run_id}/store/1/", timeout=60, superseded=newer.is_set)
+        store.set("a", b"1")
+        assert store.get("a") == b"1"  # present keys never ask
+        threading.Timer(0.3, newer.set).start()
+        with pytest.raises(RoundSupersededError, match="join the newer round"):  # not the timeout's error
+            store.get("dead-member")
