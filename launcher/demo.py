@@ -106,7 +106,11 @@ class Demo:
 
 def restarted_at(rows: list[dict], world: int, since: float, min_steps: int = 3) -> bool:
     """Rank 0's workers started anew at ``world`` after ``since`` and trained ``min_steps`` steps."""
-    starts = [r["t"] for r in rows if r.get("start") and r.get("rank") == 0 and r["world"] == world and r["t"] >= since]
+    starts = [
+        r["t"]
+        for r in rows
+        if r.get("start") and r.get("rank") == 0 and r["world"] == world and r["t"] >= since
+    ]
     return bool(starts) and world_reached(rows, world, starts[-1], min_steps)
 
 
@@ -144,7 +148,9 @@ def outcomes_from_etcd(endpoint: str, run_id: str) -> dict[int, dict]:
 
     with EtcdClient(endpoint, timeout=5) as client:
         found, _errors, _ = read_etcd(client, Keyspace(DEFAULT_PREFIX, run_id))
-    return {e.data["round"]: e.data for e in found if e.kind == "outcome" and isinstance(e.data.get("round"), int)}
+    return {
+        e.data["round"]: e.data for e in found if e.kind == "outcome" and isinstance(e.data.get("round"), int)
+    }
 
 
 def decisions_from_etcd(endpoint: str, run_id: str) -> list[dict]:
@@ -156,7 +162,12 @@ def decisions_from_etcd(endpoint: str, run_id: str) -> list[dict]:
     with EtcdClient(endpoint, timeout=5) as client:
         found, _errors, _ = read_etcd(client, Keyspace(DEFAULT_PREFIX, run_id))
     return [
-        {"round": e.data.get("round"), "members": e.data.get("members", []), "reason": e.data.get("reason", ""), "t": e.time}
+        {
+            "round": e.data.get("round"),
+            "members": e.data.get("members", []),
+            "reason": e.data.get("reason", ""),
+            "t": e.time,
+        }
         for e in found
         if e.kind == "decision"
     ]
@@ -192,7 +203,9 @@ def checks(rows: list[dict]) -> list[dict]:
                 "ok": restored is not None and restored <= last,
                 "detail": f"step {restored} of {last} trained before the fault; steps after it are trained again",
             })  # fmt: skip
-        consecutive = bool(after) and after == list(range((restored or 0) + 1, (restored or 0) + 1 + len(after)))
+        consecutive = bool(after) and after == list(
+            range((restored or 0) + 1, (restored or 0) + 1 + len(after))
+        )
         out.append({
             "what": f"{label}: every step (sample range) once",
             "ok": consecutive,

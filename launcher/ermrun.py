@@ -173,9 +173,7 @@ def _apply_node_limits(args: argparse.Namespace, run_id: str):
     """Put this agent (and so its workers) under --cpu-limit/--memory-limit (elastic_rm.agent.cgroup)."""
     from elastic_rm.agent.cgroup import NodeLimits, apply_node_limits, parse_size
 
-    limits = NodeLimits(
-        args.cpu_limit, None if args.memory_limit is None else parse_size(args.memory_limit)
-    )
+    limits = NodeLimits(args.cpu_limit, None if args.memory_limit is None else parse_size(args.memory_limit))
     return apply_node_limits(f"{run_id}.{args.node_id or os.getpid()}", limits)
 
 

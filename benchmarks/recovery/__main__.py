@@ -54,7 +54,14 @@ def steps_at(rows: list[dict], world: int, since: float) -> list[dict]:
 
 
 def start_node(
-    launcher: str, workdir: Path, endpoint: str, run_id: str, i: int, nnodes: str = "2:3", extra=(), tag: str = ""
+    launcher: str,
+    workdir: Path,
+    endpoint: str,
+    run_id: str,
+    i: int,
+    nnodes: str = "2:3",
+    extra=(),
+    tag: str = "",
 ) -> subprocess.Popen:
     argv = [str(BIN / launcher), "--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-endpoint", endpoint,
             "--rdzv-id", run_id, "--max-restarts", "3", "--monitor-interval", "0.1"]  # fmt: skip
@@ -192,11 +199,16 @@ def planned_trial(kind: str, limit: float) -> dict:
                 p.wait(60)
             new_id, new_endpoint = f"{run_id}-b", f"127.0.0.1:{free_port()}"
             procs += [
-                start_node(launcher, workdir, new_endpoint, new_id, i, nnodes="3", tag="-restart") for i in range(3)
+                start_node(launcher, workdir, new_endpoint, new_id, i, nnodes="3", tag="-restart")
+                for i in range(3)
             ]
         change = wait_change(workdir, t0 + (5 if kind == "ermrun/straggler-swap" else 0), limit)
         if change is None:
-            return {"ok": False, "error": f"no new round trained within {limit:.0f}s", "workdir": str(workdir)}
+            return {
+                "ok": False,
+                "error": f"no new round trained within {limit:.0f}s",
+                "workdir": str(workdir),
+            }
         return {"ok": True, **change}
     finally:
         stop(procs)
@@ -235,8 +247,15 @@ def main_planned(args: argparse.Namespace) -> None:
     print("\nratios (baseline downtime / elastic-rm downtime; higher is better):")
     for k, v in ratios.items():
         base = "torchrun scale-up" if k == "torchrun/scale-up" else "torchrun disk restart"
-        print(f"  {k if k.startswith('ermrun') else 'ermrun/scale-up'} vs {base}: {v:.1f}x" if v else f"  {k}: n/a")
-    print("wrote", write_result("recovery-planned", {"results": results, "ratios": ratios, "config": vars(args)}))
+        print(
+            f"  {k if k.startswith('ermrun') else 'ermrun/scale-up'} vs {base}: {v:.1f}x"
+            if v
+            else f"  {k}: n/a"
+        )
+    print(
+        "wrote",
+        write_result("recovery-planned", {"results": results, "ratios": ratios, "config": vars(args)}),
+    )
 
 
 def main() -> None:

@@ -99,6 +99,7 @@ class ElasticRMAgent(LocalElasticAgent):
         self._started = False
         self._closed = False
         self._next_sample = 0.0  # monotonic time of the next "sample" event
+        self._last_checkpoint = 0  # the newest flash checkpoint step reported as a "checkpoint" event
         self.last_record: dict[str, Any] | None = None  # the newest metrics record (ermrun's status line)
 
     def _event_log(self, handler: Any):
@@ -171,10 +172,33 @@ class ElasticRMAgent(LocalElasticAgent):
         publish = getattr(self._handler, "publish_metrics", None)
         if publish is not None:
             publish(encode_record(record))
+        self._note_checkpoints()
         interval = self.options.event_sample_interval_s
         if interval > 0 and completed is not None and time.monotonic() >= self._next_sample:
             self._next_sample = time.monotonic() + interval
             self._emit_sample(record, completed)
+
+    def _note_checkpoints(self) -> None:
+        """A "checkpoint" event for each new flash checkpoint this node's workers committed in its memory
+        (a step directory with its manifest): seen from the agent, so workers need no extra channel."""
+        from ..train.manifest import MANIFEST, committed_steps, step_dirname
+        from ..train.paths import run_memory_dir
+
+        node = getattr(self._handler, "node_id", None) or self.node_id
+        node_dir = run_memory_dir(self._worker_group.spec.rdzv_handler.get_run_id()) / node
+        committed = [
+            s
+            for s in committed_steps(node_dir)
+            if s > self._last_checkpoint and (node_dir / step_dirname(s) / MANIFEST).is_file()
+        ]
+        if committed:
+            self._last_checkpoint = committed[-1]
+            self.events.emit(
+                "checkpoint",
+                f"flash checkpoint of step {committed[-1]} committed in node memory",
+                step=committed[-1],
+                directory=str(node_dir),
+            )
 
     def _emit_sample(self, record: dict[str, Any], completed: Any) -> None:
         """A compact "sample" event: what ``erm report`` plots per node and ``erm status`` measures gains

@@ -58,13 +58,21 @@ def detect(root: str | os.PathLike | None = None) -> Layout | None:
     the limits a machine's operator set still apply to them."""
     base = Path(root or os.environ.get("ELASTIC_RM_CGROUP_ROOT") or "/sys/fs/cgroup")
     try:
-        own = _own_paths(Path("/proc/self/cgroup").read_text()) if root is None and base == Path("/sys/fs/cgroup") else {}
+        own = (
+            _own_paths(Path("/proc/self/cgroup").read_text())
+            if root is None and base == Path("/sys/fs/cgroup")
+            else {}
+        )
     except OSError:
         own = {}
     controllers = base / "cgroup.controllers"
     if controllers.is_file():  # v2 mounted at base
         here = base / own.get("", "/").lstrip("/")
-        have = (here / "cgroup.controllers").read_text().split() if (here / "cgroup.controllers").is_file() else []
+        have = (
+            (here / "cgroup.controllers").read_text().split()
+            if (here / "cgroup.controllers").is_file()
+            else []
+        )
         if {"cpu", "memory"} <= set(have) and os.access(here, os.W_OK):
             return Layout(2, here, here)
         return None
@@ -124,7 +132,9 @@ class NodeCgroup:
         if self.layout.version == 2:
             self._write(self.memory_dir / "memory.max", "max" if limit_bytes is None else str(limit_bytes))
         else:
-            self._write(self.memory_dir / "memory.limit_in_bytes", "-1" if limit_bytes is None else str(limit_bytes))
+            self._write(
+                self.memory_dir / "memory.limit_in_bytes", "-1" if limit_bytes is None else str(limit_bytes)
+            )
 
     def memory_usage(self) -> tuple[int, int | None]:
         """(working set in bytes, limit or None): usage minus inactive file cache, as container runtimes
@@ -189,7 +199,9 @@ def _enable_v2_controllers(root: Path, group_parent: Path) -> None:
         try:
             (d / "cgroup.subtree_control").write_text("+cpu +memory")
         except OSError as exc:
-            raise CgroupError(f"cannot enable the cpu and memory controllers in {d}: {exc.strerror}") from None
+            raise CgroupError(
+                f"cannot enable the cpu and memory controllers in {d}: {exc.strerror}"
+            ) from None
 
 
 def pin_to_cores(cores: int, pid: int = 0) -> tuple[int, ...]:
@@ -245,7 +257,9 @@ def parse_size(text: str) -> int:
     try:
         value = float(num)
     except ValueError:
-        raise ValueError(f"invalid size {text!r}: use bytes or a number with K, M, G or T (e.g. 2G)") from None
+        raise ValueError(
+            f"invalid size {text!r}: use bytes or a number with K, M, G or T (e.g. 2G)"
+        ) from None
     if not value > 0 or value != value:
         raise ValueError(f"invalid size {text!r}: must be positive")
     return int(value * units[unit])

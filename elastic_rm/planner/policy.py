@@ -62,7 +62,9 @@ class PlannerPolicy:
         if job is None:
             return MembershipPolicy().decide(snapshot), state
         prev_sample = state.last_sample_at
-        state = observe(snapshot, state, cfg.sample_interval_s, cfg.window, cfg.straggler_k, cfg.round_warmup_s)
+        state = observe(
+            snapshot, state, cfg.sample_interval_s, cfg.window, cfg.straggler_k, cfg.round_warmup_s
+        )
         fresh = state.last_sample_at == snapshot.now and prev_sample != snapshot.now
         if state.start is None:
             start = self._start(snapshot, job)

@@ -17,7 +17,9 @@ from .interface import ClusterSnapshot, NodeView
 @dataclass(frozen=True)
 class NodeSample:
     t: float
-    busy_s: float  # the node's own busy time per step (p50; wall time from agents without it), docs/planner.md
+    busy_s: (
+        float  # the node's own busy time per step (p50; wall time from agents without it), docs/planner.md
+    )
     samples_per_s: float
     mem_used: float
     mem_total: float

@@ -224,7 +224,10 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
                 log.warning("lease of node %s expired; rejoining as %s", old, self._node_id)
                 self.events.set_node(self._node_id)
                 self.events.emit(
-                    "node", f"lease of {old} expired; rejoining as {self._node_id}", old=old, new=self._node_id
+                    "node",
+                    f"lease of {old} expired; rejoining as {self._node_id}",
+                    old=old,
+                    new=self._node_id,
                 )
             if self._lease is None:
                 self._lease = KeptLease(self._client, self.settings.lease_ttl)
@@ -350,8 +353,11 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
         self._ensure_registered("active", wait=False)
         log.info("node %s: round %d, group rank %d of %d", self._node_id, r.round, rank, r.world_size)
         self.events.emit(
-            "round", f"joined round {r.round} as group rank {rank} of {r.world_size}",
-            round=r.round, rank=rank, world=r.world_size,
+            "round",
+            f"joined round {r.round} as group rank {rank} of {r.world_size}",
+            round=r.round,
+            rank=rank,
+            world=r.world_size,
         )
         return RendezvousInfo(
             store,

@@ -33,7 +33,9 @@ class EtcdLedgerStore:
         try:
             state = json.loads(kv.value)
         except (ValueError, RecursionError) as e:  # RecursionError: absurd nesting
-            raise LedgerError(f"etcd key {self.key}: ledger state is not JSON ({e}); delete the key") from None
+            raise LedgerError(
+                f"etcd key {self.key}: ledger state is not JSON ({e}); delete the key"
+            ) from None
         if not isinstance(state, dict):
             raise LedgerError(f"etcd key {self.key}: ledger state is not a JSON object; delete the key")
         return state

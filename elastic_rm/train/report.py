@@ -165,7 +165,9 @@ class StepReporter:
         busy = self._clock.read()
         wall = now - self._last
         self._durs.append(wall)
-        self._busy.append(wall if busy is None or self._last_busy is None else min(busy - self._last_busy, wall))
+        self._busy.append(
+            wall if busy is None or self._last_busy is None else min(busy - self._last_busy, wall)
+        )
         self._last, self._last_busy = now, busy
         self._samples += samples
         if not len(self._durs) % MAX_BATCH or now - self._flushed >= self._flush_interval:

@@ -160,7 +160,9 @@ def main() -> None:
     reporter = get_reporter(sync_every=5)
 
     @reporter.on_stop
-    def drained(_done: int) -> None:  # every rank stops at this same step (sync_every), so a collective is fine
+    def drained(
+        _done: int,
+    ) -> None:  # every rank stops at this same step (sync_every), so a collective is fine
         ckpt.save(step, {"step": step}, block=True)
         digest, value = embedding_checksum(dmp)
         emit(drained_step=step, checksum=digest, checksum_value=value)

@@ -121,7 +121,9 @@ def run(args: argparse.Namespace) -> int:
 
     def decided(since: float, words: str):
         return lambda _rows: [
-            d for d in decisions_from_etcd(etcd.endpoint, demo.run_id) if d["t"] >= since and words in d["reason"]
+            d
+            for d in decisions_from_etcd(etcd.endpoint, demo.run_id)
+            if d["t"] >= since and words in d["reason"]
         ]
 
     etcd = EtcdServer().start()
@@ -162,7 +164,10 @@ def run(args: argparse.Namespace) -> int:
             t_slow = time.time()
             say("fault", f"{victim} throttled to 0.1 CPU (its cgroup's quota): a straggler")
             d = wait_for(decided(t_slow, "straggler"), "the straggler's replacement")[0]
-            say("decision", f"round {d['round']}: {d['reason']} ({time.time() - t_slow:.1f}s after the throttle)")
+            say(
+                "decision",
+                f"round {d['round']}: {d['reason']} ({time.time() - t_slow:.1f}s after the throttle)",
+            )
             world = len(d["members"])
             wait_for(lambda rows: restarted_at(rows, world, d["t"]), f"training again at world {world}")
             hold(args.hold)

@@ -25,7 +25,9 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=32)
     ap.add_argument("--sync-every", type=int, default=0)
     ap.add_argument("--iterate", action="store_true", help="use rep.iterate() instead of rep.step()")
-    ap.add_argument("--work", type=int, default=0, help="each step computes this many loop iterations instead of sleeping")
+    ap.add_argument(
+        "--work", type=int, default=0, help="each step computes this many loop iterations instead of sleeping"
+    )
     ap.add_argument("--gloo", action="store_true", help="init a gloo group and all_reduce every step")
     args = ap.parse_args()
     out = Path(args.out)

@@ -108,7 +108,8 @@ def test_no_cgroup_gives_a_clear_error_and_pins_whole_cores(tmp_path, monkeypatc
 
 
 @pytest.mark.parametrize(
-    "text, value", [("1048576", 1 << 20), ("512M", 512 << 20), ("2G", 2 << 30), ("1.5GiB", 3 << 29), ("4k", 4096)]
+    "text, value",
+    [("1048576", 1 << 20), ("512M", 512 << 20), ("2G", 2 << 30), ("1.5GiB", 3 << 29), ("4k", 4096)],
 )
 def test_parse_size(text, value):
     assert cg.parse_size(text) == value

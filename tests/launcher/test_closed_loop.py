@@ -82,7 +82,10 @@ def steps_of(rows, world: int | None = None, since: float = 0.0, rank: int = 0) 
         (
             r
             for r in rows
-            if "step" in r and r.get("rank") == rank and r["t"] >= since and (world is None or r["world"] == world)
+            if "step" in r
+            and r.get("rank") == rank
+            and r["t"] >= since
+            and (world is None or r["world"] == world)
         ),
         key=lambda r: r["t"],
     )
@@ -178,6 +181,9 @@ def test_sigkill_of_a_node_survivors_continue_from_the_checkpoint(etcd, tmp_path
     expected = reference_checksum(tmp_path, end["final_step"], nproc=2)
     assert end["checksum_value"] == pytest.approx(expected, rel=1e-5)  # measured: 2e-7 after 20 steps
     assert not run_memory_dir(demo.run_id).joinpath("node-a").exists()  # cleaned up at success
+    checkpoints = events_of(etcd.endpoint, demo.run_id, "checkpoint")  # the agents saw the flash checkpoints
+    assert {e.node for e in checkpoints} >= {"node-a", "node-b"}
+    assert any(e.data["step"] % 10 == 0 for e in checkpoints)  # --checkpoint-every 10 (drains add others)
 
 
 # ---- planner-driven rounds (slow) -----------------------------------------------------------------------
@@ -190,7 +196,12 @@ def test_scale_up_admitted_by_the_planner_keeps_every_row_and_sample(etcd, tmp_p
     wait_for(demo, lambda rows: len(steps_of(rows, world=2)) >= 5, 240, "training at world 2")
     demo.start_node("node-c", etcd.endpoint)
     wait_for(demo, lambda rows: len(steps_of(rows, world=3)) >= 5, 300, "training at world 3")
-    wait_for(demo, lambda _rows: events_of(etcd.endpoint, demo.run_id, "outcome"), 120, "the round's measured outcome")
+    wait_for(
+        demo,
+        lambda _rows: events_of(etcd.endpoint, demo.run_id, "outcome"),
+        120,
+        "the round's measured outcome",
+    )
     stop_job(demo)
 
     decisions = [e for e in events_of(etcd.endpoint, demo.run_id, "decision") if e.data["round"] > 1]
@@ -201,7 +212,9 @@ def test_scale_up_admitted_by_the_planner_keeps_every_row_and_sample(etcd, tmp_p
     # sooner, e.g. a scale-down after measuring the scale-up, has none)
     outcome = events_of(etcd.endpoint, demo.run_id, "outcome")[0]
     decided = next(e for e in decisions if e.data["round"] == outcome.data["round"])
-    assert outcome.data["throughput_before"] > 0 and outcome.data["throughput_after"] > 0  # measured, both sides
+    assert (
+        outcome.data["throughput_before"] > 0 and outcome.data["throughput_after"] > 0
+    )  # measured, both sides
     assert outcome.data["measured_gain"] == pytest.approx(
         outcome.data["throughput_after"] / outcome.data["throughput_before"] - 1
     )
@@ -218,7 +231,9 @@ def test_scale_up_admitted_by_the_planner_keeps_every_row_and_sample(etcd, tmp_p
     assert steps3 == list(range(steps3[0], steps3[-1] + 1))
 
 
-needs_cgroups = pytest.mark.skipif(cg.detect() is None, reason="CPU throttling needs a writable cgroup (root)")
+needs_cgroups = pytest.mark.skipif(
+    cg.detect() is None, reason="CPU throttling needs a writable cgroup (root)"
+)
 
 
 @pytest.mark.slow
@@ -246,13 +261,18 @@ def test_a_throttled_node_is_replaced_by_the_standby_and_throughput_recovers(etc
     t_throttle = time.time()
 
     def swapped(_rows):
-        return [e for e in events_of(etcd.endpoint, demo.run_id, "decision") if "straggler" in e.data["reason"]]
+        return [
+            e for e in events_of(etcd.endpoint, demo.run_id, "decision") if "straggler" in e.data["reason"]
+        ]
 
     decision = wait_for(demo, swapped, 180, "the straggler to be replaced")[0]
     assert decision.data["reason"] == f"straggler(s) {slow_node} replaced by node-c"
     assert slow_node not in decision.data["members"] and "node-c" in decision.data["members"]
     wait_for(
-        demo, lambda rows: len(steps_of(rows, world=2, since=decision.time)) >= 5, 240, "training after the swap"
+        demo,
+        lambda rows: len(steps_of(rows, world=2, since=decision.time)) >= 5,
+        240,
+        "training after the swap",
     )
     time.sleep(12)  # the new world's first steps are not its pace: measured here, 19 -> 30 steps/s in ~12 s
     t_after = time.time()

@@ -65,7 +65,9 @@ def test_trend_and_time_to_limit():
 def test_job_planner_section_overrides_config_field_by_field():
     from elastic_rm.planner.config import PlannerConfig, config_from_job
 
-    cfg = config_from_job({"planner": {"sample_interval_s": 2, "cooldown_s": 20.5, "window": 4, "profiling": False}})
+    cfg = config_from_job(
+        {"planner": {"sample_interval_s": 2, "cooldown_s": 20.5, "window": 4, "profiling": False}}
+    )
     assert (cfg.sample_interval_s, cfg.cooldown_s, cfg.window, cfg.profiling) == (2, 20.5, 4, False)
     assert cfg.straggler_k == PlannerConfig().straggler_k
     assert config_from_job({}) == PlannerConfig()

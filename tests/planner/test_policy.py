@@ -108,12 +108,16 @@ def test_a_new_rounds_memory_ramp_is_not_an_oom_trend():
     p = PlannerPolicy(replace(CFG, round_warmup_s=40))
     members = ["a", "b"]
     mem = lambda t: min(10.0 + 1.0 * t, 30.0)  # GiB: +1 GiB/s for 20 s, then flat  # noqa: E731
-    answers, st = feed(p, [running(t, members, extra=["c"], number=1, mem_gib=mem(t)) for t in range(0, 120, 10)])
+    answers, st = feed(
+        p, [running(t, members, extra=["c"], number=1, mem_gib=mem(t)) for t in range(0, 120, 10)]
+    )
     assert not any("OOM" in a.reason or "memory floor" in a.reason for a in answers)
     assert any(isinstance(a, Decision) and "scale up" in a.reason for a in answers)  # for throughput
     # the same ramp with no warm-up would have been read as a trend towards the limit
     eager = PlannerPolicy(CFG)
-    answers, _ = feed(eager, [running(t, members, extra=["c"], number=1, mem_gib=mem(t)) for t in range(0, 40, 10)])
+    answers, _ = feed(
+        eager, [running(t, members, extra=["c"], number=1, mem_gib=mem(t)) for t in range(0, 40, 10)]
+    )
     assert any("OOM" in a.reason for a in answers)
 
 
