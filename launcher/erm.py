@@ -14,7 +14,9 @@ def _load(name: str):
     return importlib.import_module(f"launcher.commands.{name}")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """All subcommands; with ``only``, the arguments of that one alone (``erm launch`` builds on ermrun's
+    parser, which imports torch: 2 s that ``erm status`` should not pay)."""
     parser = argparse.ArgumentParser(prog="erm", description="Operate elastic-rm jobs.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
@@ -24,12 +26,16 @@ def build_parser() -> argparse.ArgumentParser:
             if exc.name != f"launcher.commands.{name}":
                 raise
             continue
-        module.add_arguments(sub.add_parser(name, help=module.HELP, description=module.HELP))
+        command = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        if only is None or name == only:
+            module.add_arguments(command)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(chosen if chosen in SUBCOMMANDS else None)
     args = parser.parse_args(argv)
     if not args.command:
         parser.print_help()

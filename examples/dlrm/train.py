@@ -62,6 +62,12 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--progress-dir", default=None, help="write one JSON line per step here (for erm demo)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--pace",
+        type=float,
+        default=0.0,
+        help="at most this many steps per second (0: as fast as it goes; soaks)",
+    )
     return p.parse_args()
 
 
@@ -169,6 +175,7 @@ def main() -> None:
 
     stop_file = os.path.join(args.progress_dir, "stop") if args.progress_dir else None
     loss_fn_batch = args.global_batch
+    paced_at = time.monotonic() - step / args.pace if args.pace > 0 else 0.0
     while not (args.steps and step >= args.steps):
         start = (step * loss_fn_batch + rank * local_batch) % (data.num_samples - local_batch)
         batch = data.batch(start, start + local_batch)
@@ -187,6 +194,8 @@ def main() -> None:
         emit(step=step, samples=local_batch, loss=float(loss.detach()))
         if step % args.checkpoint_every == 0:
             ckpt.save(step, {"step": step})
+        if args.pace > 0:  # sleep off the rest of the step's share of time (sleeping is not busy time)
+            time.sleep(max(0.0, paced_at + step / args.pace - time.monotonic()))
         stop_now = reporter.step(samples=local_batch)
         if stop_now:
             break
