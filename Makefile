@@ -23,8 +23,9 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+# everything, the 30-minute soak included (ERM_SOAK=0 leaves it out; ERM_SOAK_MINUTES shortens it)
 test-all: setup
-	$(BIN)/python -m pytest -q -m "" $(PYTEST_ARGS)
+	ERM_SOAK=$${ERM_SOAK:-1} $(BIN)/python -m pytest -q -m "" $(PYTEST_ARGS)
 
 BENCHMARKS ?= rendezvous agent_overhead reshard planner recovery
 

@@ -274,3 +274,54 @@ def test_a_discovered_host_gets_a_node_when_the_planners_demand_is_above_the_nod
         e for e in launch_events(etcd, run_id) if e.data.get("action") == "start" and e.data["host"] == "h4"
     ]
     assert len(start) == 1 and "demand 4" in start[0].data["reason"]
+
+
+@pytest.mark.slow
+def test_the_planner_asks_for_a_node_erm_launch_starts_it_on_a_discovered_host_and_a_scale_up_admits_it(
+    etcd, run_id, tmp_path, procs, ssh_hosts
+):
+    """The whole loop with the planner: it profiles the TorchRec job at 2 nodes, wants 3 (demand), erm launch
+    starts a node on the host discovery just found, and the planner's scale-up round admits it."""
+    with open(os.path.join(REPO, "examples", "dlrm", "job.json")) as fh:
+        job = json.load(fh)
+    job["name"] = run_id  # no earlier run's history warm-starts this one
+    job["planner"]["round_warmup_s"] = 5
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    listing = tmp_path / "listing"
+    listing.write_text("h1 addr=127.0.0.1\nh2 addr=127.0.0.1\n")
+    progress = tmp_path / "progress"
+    argv = [
+        os.path.join(BIN, "erm"), "launch", "--discovery-script", f"cat {listing}", "--discovery-interval", "1",
+        *ssh_hosts.ssh_flags(), "--workdir", REPO, "--env", "OMP_NUM_THREADS=1",
+        "--poll-interval", "0.3", "--stop-grace", "15", "--exit-grace", "90",
+        "--nnodes", "1:3", "--nproc-per-node", "1", "--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id,
+        "--rdzv-conf", "lease_ttl=3,last_call_timeout=1,join_timeout=120", "--job", str(tmp_path / "job.json"),
+        os.path.join("examples", "dlrm", "train.py"), "--progress-dir", str(progress),
+    ]  # fmt: skip
+    p = Proc(argv, str(tmp_path / "launch.log"), cwd=str(tmp_path))
+    procs.append(p)
+    keys = Keyspace("/elastic-rm", run_id)
+    with EtcdClient(etcd.endpoint) as client:
+
+        def demand() -> int:
+            kv = client.get(keys.demand)
+            return DemandRecord.parse(keys.demand, kv.value).target_nodes if kv else 0
+
+        def round_now() -> RoundRecord | None:
+            kv = client.get(keys.round)
+            return RoundRecord.parse(keys.round, kv.value) if kv else None
+
+        wait_until(lambda: demand() == 3, 300, "the planner's demand for a third node", [p])
+        listing.write_text("h1 addr=127.0.0.1\nh2 addr=127.0.0.1\nh3 addr=127.0.0.1\n")
+        wait_until(
+            lambda: (r := round_now()) is not None and r.complete and "h3" in r.members, 300,
+            "a round with the discovered host", [p],
+        )  # fmt: skip
+        admitted = round_now()
+    (progress / "stop").write_text("")
+    assert p.wait(240) == 0, p.output()[-4000:]
+    assert admitted.reason.startswith("scale up 2 -> 3"), admitted.reason
+    start = [
+        e for e in launch_events(etcd, run_id) if e.data.get("action") == "start" and e.data["host"] == "h3"
+    ]
+    assert len(start) == 1 and "demand 3" in start[0].data["reason"], [e.data for e in start]
