@@ -53,6 +53,7 @@ from ..train.manifest import (
 )
 from ..train.paths import run_memory_dir
 from ..train.peers import API, PEERS_ENV, PeerEndpoint, encode_peers, safe_name
+from .http import serve_in_thread, shut_down
 
 log = logging.getLogger(__name__)
 
@@ -117,24 +118,15 @@ class CheckpointServer:
             return self
         server_cls = _Server6 if ":" in self.host else _Server
         server = server_cls((self.host, self._want_port), _make_handler(self))
-        server.daemon_threads = True
         self._server = server
-        self._thread = threading.Thread(
-            target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="erm-ckpt-server", daemon=True
-        )
-        self._thread.start()
+        self._thread = serve_in_thread(server, "erm-ckpt-server")
         log.info("checkpoint server of %s on %s", self.node_dir, self.url)
         return self
 
     def stop(self, timeout_s: float = 5.0) -> None:
         server, self._server = self._server, None
         thread, self._thread = self._thread, None
-        if server is None:
-            return
-        server.shutdown()
-        server.server_close()
-        if thread is not None:
-            thread.join(timeout_s)
+        shut_down(server, thread, timeout_s)
 
     def __enter__(self) -> CheckpointServer:
         return self.start()

@@ -73,23 +73,14 @@ class AgentHttpServer:
                     "turn the endpoint off"
                 ) from None
             raise EndpointError(f"cannot serve metrics on {self.host}:{self.port}: {exc}") from None
-        server.daemon_threads = True
         self._server = server
-        self._thread = threading.Thread(
-            target=server.serve_forever, kwargs={"poll_interval": 0.2}, name="elastic-rm-http", daemon=True
-        )
-        self._thread.start()
+        self._thread = serve_in_thread(server, "elastic-rm-http")
         return self
 
     def stop(self, timeout_s: float = 5.0) -> None:
         server, self._server = self._server, None
         thread, self._thread = self._thread, None
-        if server is None:
-            return
-        server.shutdown()  # returns once serve_forever has left its loop (<= poll_interval)
-        server.server_close()
-        if thread is not None:
-            thread.join(timeout_s)
+        shut_down(server, thread, timeout_s)
 
     def __enter__(self) -> AgentHttpServer:
         return self.start()
@@ -127,3 +118,24 @@ def _make_handler(owner: AgentHttpServer) -> type[BaseHTTPRequestHandler]:
             log.debug("http %s", format % args)
 
     return Handler
+
+
+def serve_in_thread(server: ThreadingHTTPServer, name: str) -> threading.Thread:
+    """Serve on a daemon thread (request threads are daemons too): an agent's endpoints never keep the
+    process alive."""
+    server.daemon_threads = True
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.2}, name=name, daemon=True
+    )
+    thread.start()
+    return thread
+
+
+def shut_down(server: ThreadingHTTPServer | None, thread: threading.Thread | None, timeout_s: float) -> None:
+    """Stop a server started with :func:`serve_in_thread` (a no-op for None)."""
+    if server is None:
+        return
+    server.shutdown()  # returns once serve_forever has left its loop (<= poll_interval)
+    server.server_close()
+    if thread is not None:
+        thread.join(timeout_s)
