@@ -102,6 +102,18 @@ class Demo:
     def stop_all(self) -> None:
         for node in self.nodes.values():
             node.stop()
+        self.remove_cgroups()
+
+    def remove_cgroups(self) -> None:
+        """The node cgroups (``--cpu-limit``) of agents that could not remove their own (SIGKILLed)."""
+        from elastic_rm.agent import cgroup as cg
+
+        layout = cg.detect()
+        if layout is not None:
+            for name in self.nodes:
+                group = cg.NodeCgroup(layout, f"{self.run_id}.{name}")
+                if group.cpu_dir.exists() or group.memory_dir.exists():
+                    group.remove()
 
 
 def restarted_at(rows: list[dict], world: int, since: float, min_steps: int = 3) -> bool:

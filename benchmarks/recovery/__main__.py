@@ -214,6 +214,13 @@ def planned_trial(kind: str, limit: float) -> dict:
         stop(procs)
         if etcd is not None:
             etcd.stop()
+        if (
+            kind == "ermrun/straggler-swap"
+        ):  # the agents were SIGKILLed: their node cgroups are ours to remove
+            from elastic_rm.agent import cgroup as cg
+
+            for i in range(3):
+                cg.NodeCgroup(cg.detect(), f"{run_id}.n{i}").remove()
         for rid in (run_id, f"{run_id}-b"):
             shutil.rmtree(Path("/dev/shm/elastic-rm") / rid, ignore_errors=True)
 

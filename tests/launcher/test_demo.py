@@ -33,6 +33,13 @@ def test_demo_scales_up_survives_a_kill_and_cleans_up(tmp_path):
     assert summary["restores"], "the survivors must restore from the flash checkpoint"
     assert summary["checks"] and all(c["ok"] for c in summary["checks"]), summary["checks"]
     assert (tmp_path / "timeline.png").stat().st_size > 10_000
+    layout = cgroup.detect()
+    if layout is not None:  # the SIGKILLed node could not remove its node cgroup: the demo did
+        run_id = next(
+            w for e in summary["events"] for w in e["text"].replace(";", " ").split() if w.startswith("demo-")
+        )
+        groups = layout.cpu / cgroup.GROUP
+        assert not [p for p in (groups.iterdir() if groups.is_dir() else []) if p.name.startswith(run_id)]
     leftovers = [
         p for p in psutil.process_iter(["pid", "cmdline"])
         if p.info["pid"] not in before and any("ermrun" in c or "train.py" in c for c in (p.info["cmdline"] or []))
