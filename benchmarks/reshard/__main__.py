@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
 import shutil
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import fmt, write_result
+from elastic_rm.agent.local_ckpt_servers import node_servers, peer_lists
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -62,55 +62,6 @@ def launch(spec: dict[str, Any], nprocs: int, timeout: float) -> list[list[dict[
     return [json.loads((work / f"result-{r}.json").read_text()) for r in range(nprocs)]
 
 
-def start_servers(
-    shm: Path, nodes: list[str], timeout: float = 60
-) -> dict[str, tuple[subprocess.Popen, dict]]:
-    """One checkpoint server process per simulated node, serving only that node's memory directory (what
-    each node's agent runs under ermrun)."""
-    out: dict[str, tuple[subprocess.Popen, dict]] = {}
-    try:
-        for n in nodes:
-            token = secrets.token_urlsafe(16)
-            port_file = shm.parent / f"{shm.name}.port-{n}"
-            env = {**os.environ, "PYTHONPATH": str(REPO), "ELASTIC_RM_CKPT_TOKEN": token}
-            cmd = [
-                sys.executable,
-                "-m",
-                "elastic_rm.agent.ckpt_server",
-                "--dir",
-                str(shm / n),
-                "--port-file",
-                str(port_file),
-            ]
-            proc = subprocess.Popen(cmd, cwd=REPO, env=env)
-            out[n] = (proc, {"node": n, "token": token, "port_file": str(port_file)})
-        deadline = time.monotonic() + timeout
-        for n, (proc, info) in out.items():
-            pf = Path(info.pop("port_file"))
-            while not pf.exists():
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"checkpoint server of {n} did not start (rc {proc.poll()})")
-                time.sleep(0.05)
-            info["url"] = f"http://127.0.0.1:{int(pf.read_text())}"
-            pf.unlink()
-    except BaseException:
-        stop_servers(out)
-        raise
-    return out
-
-
-def stop_servers(servers: dict[str, tuple[subprocess.Popen, dict]]) -> None:
-    for proc, _ in servers.values():
-        if proc.poll() is None:
-            proc.kill()  # by pid: only the servers this benchmark started
-            proc.wait(timeout=30)
-
-
-def peer_lists(servers: dict[str, dict], world: int) -> dict[str, dict]:
-    members = [f"n{r}" for r in range(world)]
-    return {n: {"v": 1, "peers": [servers[m] for m in members if m != n]} for n in members}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--gib", type=float, default=1.0, help="embeddings + optimizer state, GiB (default 1)")
@@ -142,20 +93,18 @@ def main() -> None:
             {"world": 2, "restore": True, "disk_from": str(disk / "w3")},
         ],
     }
-    servers = start_servers(shm, ["n0", "n1", "n2"])
-    endpoints = {n: info for n, (_, info) in servers.items()}
-    spec["servers"] = endpoints
-    for ph in spec["phases"]:
-        ph["peers"] = peer_lists(endpoints, ph["world"])
     print(
         f"reshard benchmark: {args.tables} tables x {rows} rows x {args.dim} dim, fp32, fused Adagrad "
         f"(~{args.gib:g} GiB weights + state); load avg {os.getloadavg()[0]:.1f}",
         flush=True,
     )
     try:
-        per_rank = launch(spec, 3, args.timeout)
+        with node_servers(shm, ["n0", "n1", "n2"]) as servers:  # what each node's agent runs under ermrun
+            spec["servers"] = {n: s.peer() for n, s in servers.items()}
+            for ph in spec["phases"]:
+                ph["peers"] = peer_lists(servers, [f"n{r}" for r in range(ph["world"])])
+            per_rank = launch(spec, 3, args.timeout)
     finally:
-        stop_servers(servers)
         shutil.rmtree(shm, ignore_errors=True)
         shutil.rmtree(disk, ignore_errors=True)
     phases = {r["phase"]: r for r in per_rank[0]}  # every value is already the max/sum over ranks

@@ -13,9 +13,9 @@ import threading
 from pathlib import Path
 
 import pytest
-from ckpt_servers import NodeServer, node_servers
 
 from elastic_rm.agent.ckpt_server import CheckpointServer, peers_env
+from elastic_rm.agent.local_ckpt_servers import NodeServer, node_servers
 from elastic_rm.rendezvous.records import NodeRecord, RecordError, dumps
 from elastic_rm.train.manifest import CorruptCheckpointError, file_entry, make_manifest, step_dirname
 from elastic_rm.train.peers import PeerClient, PeerEndpoint, PeerError, parse_peers

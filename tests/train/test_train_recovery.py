@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ckpt_servers import node_servers, peer_lists
 from erm_harness import assemble, assert_bit_exact, run_world
 from test_train_reshard import TABLES, pinned
 
+from elastic_rm.agent.local_ckpt_servers import node_servers, peer_lists
 from elastic_rm.train.manifest import step_dirname
 
 

@@ -1,6 +1,7 @@
-"""Checkpoint servers for simulated nodes: one real process per node (python -m
-elastic_rm.agent.ckpt_server), each serving only its node's memory directory, on loopback; and the
-peer lists an agent would hand to each node's workers (ELASTIC_RM_CKPT_PEERS)."""
+"""Checkpoint servers for simulated nodes on one machine (tests, benchmarks): one real process per node
+(python -m elastic_rm.agent.ckpt_server), each serving only its node's memory directory, on loopback; and
+the peer lists an agent would hand to each node's workers (ELASTIC_RM_CKPT_PEERS). Under ermrun each
+node's agent runs its own server instead."""
 
 from __future__ import annotations
 
