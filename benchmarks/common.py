@@ -24,9 +24,9 @@ def machine() -> dict[str, Any]:
     }
 
 
-def write_result(name: str, payload: dict[str, Any]) -> str:
-    os.makedirs(RESULTS, exist_ok=True)
-    path = os.path.join(RESULTS, f"{name}.json")
+def write_result(name: str, payload: dict[str, Any], results_dir: str = RESULTS) -> str:
+    os.makedirs(results_dir, exist_ok=True)
+    path = os.path.join(results_dir, f"{name}.json")
     body = {
         "benchmark": name,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -62,6 +62,18 @@ def launch(spec: dict[str, Any], nprocs: int, timeout: float) -> list[list[dict[
     return [json.loads((work / f"result-{r}.json").read_text()) for r in range(nprocs)]
 
 
+def new_spec(gib: float, tables: int, dim: int, prefix: str) -> dict[str, Any]:
+    """A benchmark spec without phases: table shape for `gib` GiB of fp32 weights + Adagrad state (as big
+    as the weights), a work directory and a node-memory directory in /dev/shm."""
+    return {
+        "workdir": tempfile.mkdtemp(prefix=prefix),
+        "shm": tempfile.mkdtemp(prefix=prefix, dir="/dev/shm"),
+        "tables": tables,
+        "dim": dim,
+        "rows": int(gib * 2**30 / 2 / (tables * dim * 4)),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--gib", type=float, default=1.0, help="embeddings + optimizer state, GiB (default 1)")
@@ -71,16 +83,10 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=1200)
     ap.add_argument("--name", default="reshard", help="results file benchmarks/results/<name>.json")
     args = ap.parse_args()
-    rows = int(args.gib * 2**30 / 2 / (args.tables * args.dim * 4))  # Adagrad: state as big as weights
-    work = Path(tempfile.mkdtemp(prefix="erm-reshard-bench-"))
+    spec = new_spec(args.gib, args.tables, args.dim, "erm-reshard-bench-")
+    work, shm, rows = Path(spec["workdir"]), Path(spec["shm"]), spec["rows"]
     disk = Path(args.disk_dir or work / "disk")
-    shm = Path(tempfile.mkdtemp(prefix="erm-reshard-bench-", dir="/dev/shm"))
-    spec = {
-        "workdir": str(work),
-        "shm": str(shm),
-        "tables": args.tables,
-        "dim": args.dim,
-        "rows": rows,
+    spec.update({
         "phases": [
             {"world": 2, "save": True, "disk_to": str(disk / "w2")},
             {
@@ -92,7 +98,7 @@ def main() -> None:
             },
             {"world": 2, "restore": True, "disk_from": str(disk / "w3")},
         ],
-    }
+    })  # fmt: skip
     print(
         f"reshard benchmark: {args.tables} tables x {rows} rows x {args.dim} dim, fp32, fused Adagrad "
         f"(~{args.gib:g} GiB weights + state); load avg {os.getloadavg()[0]:.1f}",
@@ -154,7 +160,7 @@ def main() -> None:
             f"{fmt(r['restore_budget_s']):>8} {('yes' if r['pause_target_met'] else 'NO') + '/' + ('yes' if r['restore_target_met'] else 'NO'):>6}"
         )
         print(
-            f"  {r['transition']} restore: {r['state_gib']:.2f} GiB, of which sha256 block checks "
+            f"  {r['transition']} restore: {r['state_gib']:.2f} GiB, of which checksum block checks (xxh3) "
             f"{fmt(r['flash_restore_verify_s'])} (slowest rank); same restore with size checks only "
             f"{fmt(r['flash_restore_noverify_s'])}; restore/memcpy {r['restore_over_memcpy']:.1f}x"
         )

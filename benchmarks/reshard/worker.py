@@ -62,7 +62,9 @@ def fill_or_check(dmp: Any, check: bool) -> int:
         t2 = t.view(t.shape[0], -1)
         for lo in range(0, t2.shape[0], CHUNK):
             hi = min(lo + CHUNK, t2.shape[0])
-            ref = pattern(off[0] + lo, hi - lo, off[1] if len(off) > 1 else 0, t2.shape[1], salt)
+            ref = pattern(off[0] + lo, hi - lo, off[1] if len(off) > 1 else 0, t2.shape[1], salt).to(
+                t2.device
+            )
             if check:
                 bad += int((t2[lo:hi] != ref).sum())
             else:
@@ -70,27 +72,31 @@ def fill_or_check(dmp: Any, check: bool) -> int:
     return bad
 
 
+def _reduce(x: float, op: Any = dist.ReduceOp.SUM) -> float:
+    """All-reduce one number (on the GPU under NCCL, which reduces device tensors only)."""
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([x], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=op)
+    return float(t)
+
+
 def timed(fn: Any) -> float:
     """Wall time of a collective section: barrier, run, barrier; the slowest rank's view."""
     dist.barrier()
     t0 = time.perf_counter()
     fn()
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
     dist.barrier()
-    dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-    dist.all_reduce(dt, op=dist.ReduceOp.MAX)
-    return float(dt)
+    return slowest(time.perf_counter() - t0)
 
 
 def slowest(x: float) -> float:
-    t = torch.tensor([x], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t)
+    return _reduce(x, dist.ReduceOp.MAX)
 
 
 def total(x: float) -> float:
-    t = torch.tensor([x], dtype=torch.float64)
-    dist.all_reduce(t)
-    return float(t)
+    return _reduce(x)
 
 
 def run_phase(spec: dict[str, Any], k: int, rank: int) -> dict[str, Any]:
@@ -104,7 +110,7 @@ def run_phase(spec: dict[str, Any], k: int, rank: int) -> dict[str, Any]:
     ]
     model = Net(tables)
     apply_optimizer_in_backward(torch.optim.Adagrad, model.ebc.parameters(), {"lr": 0.01, "eps": 1e-8})
-    plan = plan_sharding(model, WorldTopology(world, world))
+    plan = plan_sharding(model, WorldTopology(world, world, device=ph.get("device", "cpu")))
     dmp = wrap_model(model, plan)
     peers = ph.get("peers", {}).get(f"n{rank}")  # as the agent sets it: the other members' servers
     if peers is None:
@@ -112,13 +118,18 @@ def run_phase(spec: dict[str, Any], k: int, rank: int) -> dict[str, Any]:
     else:
         os.environ[PEERS_ENV] = json.dumps(peers)
     cfg = FlashConfig(
-        run_id="bench", node_id=f"n{rank}", memory_root=Path(spec["shm"]), keep_memory=1, replicate=True
+        run_id="bench",
+        node_id=ph.get("node", f"n{rank}"),  # one node per rank, unless the phase puts all ranks on one
+        memory_root=Path(spec["shm"]),
+        keep_memory=1,
+        replicate=True,
     )
     ckpt = FlashCheckpointer(dmp, plan, config=cfg)
     res: dict[str, Any] = {"world": world, "plan": {n: p["type"] for n, p in plan_summary_ebc(plan).items()}}
     local = [t for _, _, t in tensors(dmp)]
     res["state_bytes"] = total(sum(t.numel() * t.element_size() for t in local))
-    held = {"bufs": [torch.empty_like(t) for t in local]}
+    # the floor is a copy into host memory, which is where a flash snapshot goes (device -> host on a GPU)
+    held = {"bufs": [torch.empty(t.shape, dtype=t.dtype, device="cpu") for t in local]}
 
     def memcpy() -> None:
         for b, t in zip(held["bufs"], local, strict=True):
@@ -148,8 +159,9 @@ def run_phase(spec: dict[str, Any], k: int, rank: int) -> dict[str, Any]:
             dcp.load(state, storage_reader=FileSystemReader(ph["disk_from"]))
             load_app_state(dmp, state)
 
-        res["disk_restore_s"] = timed(disk_load)
-        res["disk_restore_bad"] = total(fill_or_check(dmp, check=True))
+        if ph.get("disk_from"):
+            res["disk_restore_s"] = timed(disk_load)
+            res["disk_restore_bad"] = total(fill_or_check(dmp, check=True))
     else:
         fill_or_check(dmp, check=False)
     if ph.get("save"):
@@ -165,9 +177,12 @@ def run_phase(spec: dict[str, Any], k: int, rank: int) -> dict[str, Any]:
             ckpt.wait()
             res[f"{name}_background_s"] = slowest(stats.pause_s + time.perf_counter() - t0)
         res["flash_bytes"] = total(stats.bytes)
-        res["disk_save_s"] = timed(
-            lambda: dcp.save(app_state(dmp), storage_writer=FileSystemWriter(ph["disk_to"], sync_files=True))
-        )
+        if ph.get("disk_to"):
+            res["disk_save_s"] = timed(
+                lambda: dcp.save(
+                    app_state(dmp), storage_writer=FileSystemWriter(ph["disk_to"], sync_files=True)
+                )
+            )
     ckpt.close()
     return res
 
@@ -210,8 +225,12 @@ def main() -> None:
 
         trec_cu._INITIALIZED = False  # once-per-process handshake; each phase is a new world
         store = dist.FileStore(str(Path(spec["workdir"]) / f"store-{k}"), ph["world"])
+        backend = ph.get("backend", "gloo")  # "nccl": this phase's model lives on cuda:<rank>
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+            os.environ["LOCAL_RANK"] = str(rank)
         dist.init_process_group(
-            "gloo", store=store, rank=rank, world_size=ph["world"], timeout=datetime.timedelta(seconds=300)
+            backend, store=store, rank=rank, world_size=ph["world"], timeout=datetime.timedelta(seconds=300)
         )
         res = run_phase(spec, k, rank)
         res["phase"] = k

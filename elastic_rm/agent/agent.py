@@ -100,6 +100,8 @@ class ElasticRMAgent(LocalElasticAgent):
         self._closed = False
         self._next_sample = 0.0  # monotonic time of the next "sample" event
         self._last_checkpoint = 0  # the newest flash checkpoint step reported as a "checkpoint" event
+        self._publish_errors: set[str] = set()  # metrics-loop errors already logged as warnings
+        self.ledger_mirror = self._ledger_mirror(handler)
         self.last_record: dict[str, Any] | None = None  # the newest metrics record (ermrun's status line)
 
     def _event_log(self, handler: Any):
@@ -118,6 +120,22 @@ class ElasticRMAgent(LocalElasticAgent):
                     f"--event-log {self.options.event_log}: cannot append to it ({exc})"
                 ) from exc
         return events
+
+    def _ledger_mirror(self, handler: Any):
+        """The leader's etcd copy of the checkpointed sample ledger, for handlers that can write it."""
+        from ..train.paths import run_memory_dir
+        from .ledger_mirror import LedgerMirror
+
+        if not hasattr(handler, "publish_ledger"):
+            return None
+        root = run_memory_dir(handler.get_run_id())
+        return LedgerMirror(
+            self.node_id,
+            node_dir=lambda: root / handler.node_id,  # the id changes when the node rejoins
+            publish=handler.publish_ledger,
+            leading=lambda: handler.leading,
+            peers=lambda: ckpt_server.peer_endpoints(handler),
+        )
 
     # -- life cycle -------------------------------------------------------------------------------------
 
@@ -155,7 +173,11 @@ class ElasticRMAgent(LocalElasticAgent):
             try:
                 self._publish_once()
             except Exception as exc:  # noqa: BLE001 - metrics must never take the agent down
-                log.debug("metrics publish failed: %s", exc)
+                if repr(exc) not in self._publish_errors:  # loudly once (a bug must not hide), then quietly
+                    self._publish_errors.add(repr(exc))
+                    log.warning("metrics publish failed: %r", exc, exc_info=True)
+                else:
+                    log.debug("metrics publish failed: %s", exc)
 
     def _publish_once(self) -> None:
         resources = self.monitor.summary()
@@ -173,6 +195,10 @@ class ElasticRMAgent(LocalElasticAgent):
         if publish is not None:
             publish(encode_record(record))
         self._note_checkpoints()
+        if self.ledger_mirror is not None:
+            mirrored = self.ledger_mirror.poll()
+            if mirrored is not None:
+                log.debug("ledger of step %d mirrored: %d samples done", mirrored.step, mirrored.samples_done)
         interval = self.options.event_sample_interval_s
         if interval > 0 and completed is not None and time.monotonic() >= self._next_sample:
             self._next_sample = time.monotonic() + interval

@@ -11,7 +11,7 @@ replicas into it when they save, so that losing one node loses nothing that is o
     POST /v1/replicas/<src>/<step>/begin            start a replica upload (clears a stale one)
     PUT  /v1/replicas/<src>/<step>/files/<name>     upload one file (Content-Length required; hashed as it arrives)
     POST /v1/replicas/<src>/<step>/commit?keep=N    body: the manifest. Every file of `src` is checked against it
-                                                    (size, sha256); then replicas/<src>/step-N is published
+                                                    (size, checksum); then replicas/<src>/step-N is published
                                                     atomically and all but the newest N replica steps pruned.
 
 Every request needs ``Authorization: Bearer <token>`` (a random token per agent, published with the
@@ -24,7 +24,6 @@ short-lived thread per request, each bounded by a socket timeout.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import hmac
 import json
 import logging
@@ -42,9 +41,13 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from ..train.manifest import (
+    FILE_HASH,
     MANIFEST,
     CorruptCheckpointError,
     committed_steps,
+    entry_hash,
+    file_digest,
+    new_hasher,
     parse_manifest,
     prune_steps,
     publish_dir,
@@ -96,7 +99,7 @@ class CheckpointServer:
         self._lock = threading.Lock()  # replica upload state and commits
         self._pending: dict[
             tuple[str, int], dict[str, tuple[int, str]]
-        ] = {}  # (src, step) -> name -> (size, sha)
+        ] = {}  # (src, step) -> name -> (size, checksum)
 
     @property
     def node_dir(self) -> Path:
@@ -202,7 +205,7 @@ class CheckpointServer:
         free = shutil.disk_usage(tmp).free
         if length + FREE_RESERVE_BYTES > free:
             raise _Refused(507, f"{name}: {length} bytes do not fit in {tmp.parent} ({free} bytes free)")
-        h = hashlib.sha256()
+        h = new_hasher(FILE_HASH)
         part = tmp / (name + ".part")
         got = 0
         try:
@@ -243,10 +246,13 @@ class CheckpointServer:
                     f"{n}: not a file of {src} in the manifest" for n in sorted(set(pending) - set(wanted))
                 ]
                 for n in sorted(set(wanted) & set(pending)):
-                    size, sha = pending[n]
-                    if size != wanted[n]["size"] or sha != wanted[n]["sha256"]:
+                    size, got = pending[n]
+                    alg, expected = entry_hash(wanted[n])
+                    if alg != FILE_HASH and size == wanted[n]["size"]:  # a manifest of an older version
+                        got = file_digest(tmp / n, alg)
+                    if size != wanted[n]["size"] or got != expected:
                         problems.append(
-                            f"{n}: size/sha256 do not match the manifest (corrupt in transit or at source)"
+                            f"{n}: size/checksum do not match the manifest (corrupt in transit or at source)"
                         )
                 if problems:
                     raise CorruptCheckpointError("; ".join(problems))
@@ -437,9 +443,9 @@ def start_for_agent(handler: Any, run_id: str) -> CheckpointServer | None:
     return server
 
 
-def peers_env(handler: Any) -> str | None:
-    """ELASTIC_RM_CKPT_PEERS for this round's workers: every other member of the round that serves its
-    checkpoints. None when the handler does not know (torch's backends)."""
+def peer_endpoints(handler: Any) -> list[PeerEndpoint] | None:
+    """Every other alive node that serves its checkpoints (one etcd read). None when the handler does
+    not know (torch's backends)."""
     records = getattr(handler, "checkpoint_peers", None)
     if records is None:
         return None
@@ -447,7 +453,13 @@ def peers_env(handler: Any) -> str | None:
     for node, (addr, port, token) in sorted(records().items()):
         host = f"[{addr}]" if ":" in addr else addr
         peers.append(PeerEndpoint(node, f"http://{host}:{port}", token))
-    return encode_peers(peers)
+    return peers
+
+
+def peers_env(handler: Any) -> str | None:
+    """ELASTIC_RM_CKPT_PEERS for this round's workers."""
+    peers = peer_endpoints(handler)
+    return None if peers is None else encode_peers(peers)
 
 
 def set_worker_env(handler: Any) -> None:

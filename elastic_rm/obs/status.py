@@ -15,7 +15,7 @@ from typing import Any
 from ..agent.metrics_record import parse_record
 from ..etcd.client import EtcdClient, KeyValue
 from ..rendezvous.keyspace import Keyspace
-from ..rendezvous.records import NodeRecord, RecordError, RoundRecord, sealed_rounds
+from ..rendezvous.records import LedgerRecord, NodeRecord, RecordError, RoundRecord, sealed_rounds
 from .events import Event, EventError
 
 RECENT_EVENTS = 8
@@ -134,6 +134,14 @@ def status_from_kvs(keys: Keyspace, kvs: list[KeyValue], revision: int, decision
                     "samples_per_s": m.steps.samples_per_s if m.steps else None,
                 }
             )
+    data = None
+    if keys.ledger in by_key:
+        try:
+            led = LedgerRecord.parse(keys.ledger, by_key[keys.ledger].value)
+            data = {"step": led.step, "epoch": led.epoch, "samples_done": led.samples_done,
+                    "epoch_samples": led.epoch_samples, "by": led.node, "time": led.time}  # fmt: skip
+        except RecordError as exc:
+            errors.append(str(exc))
     records = sealed_rounds([kv for kv in kvs if kv.key.startswith(keys.rounds)], errors)
     events = parse_events(keys, kvs, errors)
     throughput = round_throughput(e for e in events if e.kind == "sample")
@@ -153,6 +161,7 @@ def status_from_kvs(keys: Keyspace, kvs: list[KeyValue], revision: int, decision
         "samples_per_s": sum(r for r in rates if r is not None)
         if any(r is not None for r in rates)
         else None,
+        "data": data,  # the sample ledger as of the newest checkpoint (None: no ledger mirrored)
         "decisions": decision_rows(records[-decisions:], throughput),
         "measured_how": MEASURED_HOW,
         "events": [

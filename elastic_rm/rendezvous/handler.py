@@ -49,7 +49,7 @@ from .bootstrap import default_local_addr, pick_master_port
 from .etcd_store import EtcdStore
 from .history import build_history_record
 from .leader import RoundLeader
-from .records import AckRecord, ClosedRecord, NodeRecord, RoundRecord, dumps
+from .records import AckRecord, ClosedRecord, LedgerRecord, NodeRecord, RoundRecord, dumps
 from .settings import BACKEND, RendezvousSettings
 from .view import JobView
 
@@ -205,6 +205,15 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             if rec.node != self._node_id and rec.ckpt_port and rec.ckpt_token:
                 out[rec.node] = (rec.addr, rec.ckpt_port, rec.ckpt_token)
         return out
+
+    @property
+    def leading(self) -> bool:
+        """Whether this node's agent leads the run now (it may stop leading at any time)."""
+        return self._leader.leading
+
+    def publish_ledger(self, record: LedgerRecord) -> bool:
+        """Mirror the checkpointed sample ledger to etcd if this node leads (fenced); see LedgerRecord."""
+        return self._leader.publish_ledger(record)
 
     def _ensure_registered(self, state: str, wait: bool = True, retry_lost_lease: int = 1) -> None:
         """(Re)register under a live lease. A node whose lease expired rejoins as a new member.

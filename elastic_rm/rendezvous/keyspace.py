@@ -93,6 +93,11 @@ class Keyspace:
         return f"{self.run}demand"
 
     @property
+    def ledger(self) -> str:
+        """The sample ledger as of the newest committed checkpoint, mirrored by the leader."""
+        return f"{self.run}ledger"
+
+    @property
     def closed(self) -> str:
         return f"{self.run}closed"
 

@@ -21,7 +21,7 @@ from ..etcd.errors import EtcdError
 from ..etcd.lease import Election
 from ..obs.events import EventLog
 from ..planner.interface import ClusterSnapshot, Decision, NodeView, RoundPolicy, RoundView
-from .records import DemandRecord, RoundRecord
+from .records import DemandRecord, LedgerRecord, RoundRecord
 from .view import JobView
 
 log = logging.getLogger(__name__)
@@ -166,6 +166,15 @@ class RoundLeader:
             self._demand = demand
             log.info("demand: %d node(s) (%s)", target, reason)
             self._emit("demand", f"wants {target} node(s): {reason}", target_nodes=target, reason=reason)
+
+    def publish_ledger(self, record: LedgerRecord) -> bool:
+        """Write ``ledger``, fenced by the election (a deposed leader's write fails). False when this node
+        does not lead or lost the fence; any thread may call it."""
+        election = self._election
+        if not self.leading or election is None:
+            return False
+        result = self._client.txn([election.fence()], [Op.put(self._view.keys.ledger, record.to_json())])
+        return result.succeeded
 
     def _job_throughput(self, members) -> float | None:
         """Samples/s of the job over the agents' last step window, or None until every member has steps."""

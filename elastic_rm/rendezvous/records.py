@@ -255,3 +255,36 @@ class DemandRecord:
 
     def to_json(self) -> bytes:
         return dumps(self)
+
+
+@dataclass(frozen=True)
+class LedgerRecord:
+    """``ledger``: the sample ledger as of the newest committed flash checkpoint (the ``ledger`` of its
+    manifest's position), mirrored by the leader: one write per checkpoint, never per batch. The
+    checkpoint stays the source of truth (its done marks commit with the model state that contains
+    them), so this copy is never ahead of the model. ``ledger`` is RangeLedger.checkpoint_state(),
+    validated by its reader (RangeLedger.from_checkpoint); the counts are the writer's summary of it."""
+
+    step: int
+    node: str
+    time: float
+    epoch: int
+    samples_done: int  # over all epochs
+    epoch_samples: int  # samples in one epoch (the ledger's num_samples)
+    ledger: dict = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, key: str, raw: bytes) -> LedgerRecord:
+        d = _load(key, raw)
+        counts = {n: _field(key, d, n, int) for n in ("step", "epoch", "samples_done", "epoch_samples")}
+        if any(v < 0 for v in counts.values()):
+            raise RecordError(f"malformed value in etcd key {key}: negative count in {counts}")
+        return cls(
+            node=_field(key, d, "node", str),
+            time=float(_field(key, d, "time", (int, float))),
+            ledger=_field(key, d, "ledger", dict),
+            **counts,
+        )
+
+    def to_json(self) -> bytes:
+        return dumps(self)

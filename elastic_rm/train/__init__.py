@@ -24,6 +24,7 @@ _EXPORTS = {
     "dense_parameters": "sharding",
     "RangeLedger": "ledger",
     "DataRange": "ledger",
+    "GlobalBatches": "ledger",
     "JsonFileLedgerStore": "ledger",
     "EtcdLedgerStore": "ledger_etcd",
     "SyntheticClickData": "data",

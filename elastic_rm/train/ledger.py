@@ -140,6 +140,61 @@ class RangeLedger:
         return led
 
 
+class GlobalBatches:
+    """The global batches of a synchronous job, drawn range by range from a RangeLedger.
+
+    In synchronous data-parallel training the world steps together, so the world as a whole takes one
+    range at a time and cuts one global batch per step from it; every rank holds the same ledger and
+    advances it identically (no collective per range), and rank 0's state goes into the checkpoint.
+    An exhausted ledger starts the next epoch. Ranges must hold whole global batches: a dataset whose
+    size is not a multiple of the range size drops its tail (`drop_last`).
+    """
+
+    OWNER = "world"
+
+    def __init__(self, ledger: RangeLedger, batch: int) -> None:
+        if batch <= 0 or ledger.range_size % batch or ledger.num_samples % ledger.range_size:
+            raise ValueError(
+                f"ranges of {ledger.range_size} samples over {ledger.num_samples} must hold whole global "
+                f"batches of {batch}: make the range size a multiple of the batch and the sample count a "
+                "multiple of the range size"
+            )
+        self.ledger, self.batch = ledger, batch
+        self._range: DataRange | None = None
+        self._cursor = 0
+
+    def next(self) -> tuple[int, int]:
+        """[start, end) of this step's global batch (the same on every rank); call `consumed` after it."""
+        if self._range is None or self._cursor >= self._range.end:
+            r = self.ledger.acquire(self.OWNER)
+            if r is None:  # every range is done: the next epoch
+                led = self.ledger
+                self.ledger = RangeLedger(led.num_samples, led.range_size, led.epoch + 1)
+                r = self.ledger.acquire(self.OWNER)
+            assert r is not None  # a fresh ledger of a non-empty dataset has ranges
+            lo, _hi = self.ledger.bounds(r.id)
+            if (r.start - lo) % self.batch:
+                raise LedgerError(
+                    f"range {r.id} was partly consumed up to sample {r.start}, not a whole number of global "
+                    f"batches of {self.batch} from its start {lo}: resume with the global batch it was "
+                    "saved with"
+                )
+            self._range, self._cursor = r, r.start
+        return self._cursor, self._cursor + self.batch
+
+    def consumed(self) -> None:
+        """The batch `next` returned is in the model now (after the optimizer step)."""
+        if self._range is None:
+            raise LedgerError("consumed() before next()")
+        self._cursor += self.batch
+        self.ledger.report(self._range.id, self._cursor)
+
+    def samples_done(self) -> int:
+        """Samples in the model over all epochs, as the ledger counts them."""
+        led = self.ledger
+        return led.epoch * led.num_samples + led.num_samples - led.remaining_samples()
+
+
 def _compress(ids: list[int]) -> list[list[int]]:
     """Sorted ids as [first, last] runs, so a long run's state stays small."""
     runs: list[list[int]] = []

@@ -6,9 +6,13 @@ between restarts). What makes it elastic, in order of appearance:
 1. Tables are sharded for the world at hand (`plan_sharding` under the elastic rules, `wrap_model`).
 2. The loss is a mean over a fixed global batch, so learning-rate semantics do not change with the
    world size (feasibility.md: gradients are averaged over ranks).
-3. Samples are a pure function of the step: step s trains on samples [s*B, (s+1)*B), split evenly over
-   the ranks. After a restore at step s the job continues at s+1: no sample is lost or seen twice in the
-   model state.
+3. Samples come from a sample ledger (`GlobalBatches` over a `RangeLedger`): the dataset is cut into
+   ranges of --range-steps global batches, the world takes one range at a time, and each step trains on
+   the next global batch of it, split evenly over the ranks. The ledger state (ranges done, progress in
+   the current one) is saved in every checkpoint, so the done marks commit with the model state that
+   contains their effect; after a restore, everything the checkpoint does not contain is handed out
+   again, and nothing it contains is. The agent that leads the run mirrors the checkpointed ledger to
+   etcd (`erm status` shows it).
 4. A flash checkpoint every --checkpoint-every steps (node memory first, durable copy in the
    background), and a final one when the agent drains the workers before a new round.
 5. On start, the newest good checkpoint is restored into this world's sharding plan.
@@ -29,6 +33,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torchrec.optim as trec_optim
+from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 from torchrec.models.dlrm import DLRM, DLRMTrain
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
@@ -36,6 +41,8 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from elastic_rm.train import (
     FlashCheckpointer,
     FlashConfig,
+    GlobalBatches,
+    RangeLedger,
     SyntheticClickData,
     WorldTopology,
     dense_parameters,
@@ -56,9 +63,21 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--rows", type=int, default=20_000, help="rows per table")
     p.add_argument("--dim", type=int, default=16, help="embedding dimension")
     p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument(
+        "--range-steps",
+        type=int,
+        default=10,
+        help="global batches per range of the sample ledger (the ledger changes once per range)",
+    )
     p.add_argument("--checkpoint-every", type=int, default=20, help="flash checkpoint every n steps")
     p.add_argument(
         "--checkpoint-dir", default=None, help="durable checkpoint directory (shared by all nodes)"
+    )
+    p.add_argument(
+        "--persist-every",
+        type=int,
+        default=5,
+        help="persist every n-th flash checkpoint to --checkpoint-dir (the final one: when its count is due)",
     )
     p.add_argument("--progress-dir", default=None, help="write one JSON line per step here (for erm demo)")
     p.add_argument("--seed", type=int, default=0)
@@ -67,6 +86,12 @@ def parse_args() -> argparse.Namespace:
         type=float,
         default=0.0,
         help="at most this many steps per second (0: as fast as it goes; soaks)",
+    )
+    p.add_argument(
+        "--checksum-every",
+        type=int,
+        default=0,
+        help="log the embedding checksum every n steps to the progress file (0: only at start, drain and end)",
     )
     return p.parse_args()
 
@@ -102,17 +127,36 @@ def init_tables(dmp: torch.nn.Module, tables: list[EmbeddingBagConfig], seed: in
                 loc.copy_(full[off[0] : off[0] + loc.shape[0], off[1] : off[1] + loc.shape[1]])
 
 
-def embedding_checksum(dmp: torch.nn.Module) -> tuple[str, float]:
-    """A digest of every embedding row, the same at any world size: the sum over all rows of (sum + sum of
-    squares), all-reduced over ranks; returned as a short hash (exact comparisons) and as the number
-    (comparisons with a run at another world size, equal up to float reassociation)."""
-    total = torch.zeros(1, dtype=torch.float64)
+def state_checksum(dmp: torch.nn.Module, dense_opt: torch.optim.Optimizer) -> dict[str, object]:
+    """Digests of the whole training state, the same at any world size: for (embedding rows, the fused
+    optimizer's state, dense weights and their optimizer's state), the sum over all values of
+    (value + value squared), all-reduced over ranks (replicated tensors counted once). Returned as a
+    short hash of all three (`checksum`: exact comparisons, a restore must give back what was saved) and
+    as the numbers (`checksum_value` of the embeddings, `optim_value`, `dense_value`: comparisons with a run
+    at another world size, equal up to float reassociation). Collective: every rank at the same step."""
+    sums = torch.zeros(3, dtype=torch.float64)
+
+    def add(i: int, value: object) -> None:
+        if not isinstance(value, ShardedTensor | torch.Tensor):
+            return
+        if not isinstance(value, ShardedTensor) and dist.get_rank() != 0:
+            return  # replicated on every rank: count rank 0's copy only
+        for _off, loc in local_pieces(value):
+            sums[i] += loc.double().sum() + (loc.double() ** 2).sum()
+
     for key, value in dmp.state_dict().items():
-        if "embedding_bags" in key:
-            for _off, loc in local_pieces(value):
-                total += loc.double().sum() + (loc.double() ** 2).sum()
-    dist.all_reduce(total)
-    return hashlib.sha256(f"{total.item():.10e}".encode()).hexdigest()[:12], float(total.item())
+        add(0 if "embedding_bags" in key else 2, value)
+    for per_param in dmp.fused_optimizer.state_dict()["state"].values():
+        for value in per_param.values():
+            add(1, value)
+    for group in dense_opt.param_groups:
+        for p in group["params"]:
+            for value in dense_opt.state.get(p, {}).values():
+                add(2, value)
+    dist.all_reduce(sums)
+    values = [float(v) for v in sums]
+    digest = hashlib.sha256(" ".join(f"{v:.10e}" for v in values).encode()).hexdigest()[:12]
+    return dict(zip(("checksum_value", "optim_value", "dense_value"), values, strict=True), checksum=digest)
 
 
 def main() -> None:
@@ -137,7 +181,7 @@ def main() -> None:
     ckpt_cfg = FlashConfig(
         node_id=node,
         durable_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else None,
-        persist_every=5,
+        persist_every=args.persist_every,
         replicate=True,
     )
     ckpt = FlashCheckpointer(dmp, plan, dense_opt, ckpt_cfg)
@@ -146,6 +190,16 @@ def main() -> None:
     if restored is None:
         init_tables(dmp, tables, args.seed)
     data = SyntheticClickData(num_samples=10_000_000, vocab_sizes=args.rows, seed=args.seed)
+    range_size = args.range_steps * args.global_batch
+    if restored is not None and "ledger" in restored.position:
+        ledger = RangeLedger.from_checkpoint(restored.position["ledger"])
+    else:
+        ledger = RangeLedger((data.num_samples // range_size) * range_size, range_size)  # drop_last
+    batches = GlobalBatches(ledger, args.global_batch)
+    if restored is not None and "ledger" not in restored.position:
+        for _ in range(step):  # a checkpoint from before the ledger: step s held the s-th global batch
+            batches.next()
+            batches.consumed()
     features = [f"cat_{i}" for i in range(args.tables)]
     progress = None
     if args.progress_dir:
@@ -161,23 +215,30 @@ def main() -> None:
             )
             progress.flush()
 
-    digest, value = embedding_checksum(dmp)
-    emit(start=True, restored_step=step if restored else None, checksum=digest, checksum_value=value)
+    emit(
+        start=True,
+        restored_step=step if restored else None,
+        ledger_samples_done=batches.samples_done(),
+        epoch_samples=batches.ledger.num_samples,
+        **state_checksum(dmp, dense_opt),
+    )
     reporter = get_reporter(sync_every=5)
 
     @reporter.on_stop
     def drained(
         _done: int,
     ) -> None:  # every rank stops at this same step (sync_every), so a collective is fine
-        ckpt.save(step, {"step": step}, block=True)
-        digest, value = embedding_checksum(dmp)
-        emit(drained_step=step, checksum=digest, checksum_value=value)
+        ckpt.save(step, position(), block=True)
+        emit(drained_step=step, **state_checksum(dmp, dense_opt))
+
+    def position() -> dict:
+        return {"step": step, "ledger": batches.ledger.checkpoint_state()}
 
     stop_file = os.path.join(args.progress_dir, "stop") if args.progress_dir else None
-    loss_fn_batch = args.global_batch
     paced_at = time.monotonic() - step / args.pace if args.pace > 0 else 0.0
     while not (args.steps and step >= args.steps):
-        start = (step * loss_fn_batch + rank * local_batch) % (data.num_samples - local_batch)
+        lo, hi = batches.next()  # this step's global batch; this rank takes its slice
+        start = lo + rank * local_batch
         batch = data.batch(start, start + local_batch)
         kjt = KeyedJaggedTensor.from_lengths_sync(
             keys=features,
@@ -190,10 +251,14 @@ def main() -> None:
         dense_opt.zero_grad()
         loss.backward()  # DLRMTrain's loss is the mean over the local batch: a global mean after averaging
         dense_opt.step()
+        batches.consumed()  # the batch is in the model: the ledger marks it
         step += 1
-        emit(step=step, samples=local_batch, loss=float(loss.detach()))
+        emit(step=step, samples=local_batch, loss=float(loss.detach()), epoch=batches.ledger.epoch,
+             sample_start=lo, sample_end=hi)  # fmt: skip
+        if args.checksum_every and step % args.checksum_every == 0:
+            emit(checksum_step=step, **state_checksum(dmp, dense_opt))
         if step % args.checkpoint_every == 0:
-            ckpt.save(step, {"step": step})
+            ckpt.save(step, position())
         if args.pace > 0:  # sleep off the rest of the step's share of time (sleeping is not busy time)
             time.sleep(max(0.0, paced_at + step / args.pace - time.monotonic()))
         stop_now = reporter.step(samples=local_batch)
@@ -204,9 +269,13 @@ def main() -> None:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             if flag.item():
                 break
-    ckpt.save(step, {"step": step}, block=True)
-    digest, value = embedding_checksum(dmp)
-    emit(end=True, final_step=step, checksum=digest, checksum_value=value)
+    ckpt.save(step, position(), block=True)
+    emit(
+        end=True,
+        final_step=step,
+        ledger_samples_done=batches.samples_done(),
+        **state_checksum(dmp, dense_opt),
+    )
     ckpt.close()
     if progress is not None:
         progress.close()

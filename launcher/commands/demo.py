@@ -268,7 +268,7 @@ def _print_summary(summary: dict, workdir: str) -> None:
     for r in summary["restores"]:
         console.print(
             f"restored at world {r['world']} from step {r['restored_step']} "
-            f"(embedding checksum after the restore {r.get('checksum', '-')})"
+            f"(state checksum after the restore {r.get('checksum', '-')})"
         )
     checks = Table(title="checks (rank 0's progress at every restart)")
     for col in ("check", "ok", "detail"):

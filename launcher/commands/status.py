@@ -104,6 +104,13 @@ def render(s: dict, title: str = "") -> Any:
         nodes.add_row(str(m["rank"]), m["node"], m.get("state", "-"), cpu, mem, gpu, p50,
                       _rate(m.get("samples_per_s")))  # fmt: skip
     parts: list[Any] = [head, nodes]
+    if s.get("data"):
+        d = s["data"]
+        into = d["samples_done"] - d["epoch"] * d["epoch_samples"]
+        parts.append(Text(
+            f"data: {d['samples_done']:,} samples trained (epoch {d['epoch']}: {into:,} of "
+            f"{d['epoch_samples']:,}), as of the checkpoint of step {d['step']}"
+        ))  # fmt: skip
     if s["decisions"]:
         dec = Table(title="decisions", title_justify="left", expand=False, pad_edge=False)
         for col, just in (("round", "right"), ("time", "left"), ("world", "right"), ("reason", "left"),

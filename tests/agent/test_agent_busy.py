@@ -62,8 +62,9 @@ def test_a_throttled_worker_is_busy_for_its_whole_step(channel, pyprocs, step_wo
         group.add(proc.pid)
         assert proc.pid in group.pids()
         s = wait_for(lambda: (x := channel.summary()) and x.steps >= 20 and x, 60, "step reports")
-        # At 0.2 cores the worker runs ~1/5 of each step and waits for its quota the rest: all busy.
-        assert s.busy_p50_s >= 0.8 * s.p50_s, s
+        # At 0.2 cores the worker runs ~1/5 of each step and waits for its quota the rest: all busy. (Measured
+        # 0.77-1.0 of the step depending on the machine's load; a sleeping worker stays under 0.3, above.)
+        assert s.busy_p50_s >= 0.6 * s.p50_s, s
         proc.kill()
         proc.wait(timeout=10)
     finally:

@@ -30,12 +30,13 @@ from elastic_rm.rendezvous.records import (
     AckRecord,
     ClosedRecord,
     DemandRecord,
+    LedgerRecord,
     NodeRecord,
     RecordError,
     RoundRecord,
 )
 from elastic_rm.train.ledger import LedgerError, RangeLedger
-from elastic_rm.train.manifest import CorruptCheckpointError, make_manifest, parse_manifest
+from elastic_rm.train.manifest import CorruptCheckpointError, entry_hash, make_manifest, parse_manifest
 from elastic_rm.train.report import HEADER, KIND_ACK, KIND_BYE, KIND_HELLO, KIND_STEPS, MAGIC, STEPS, VERSION
 
 pytestmark = pytest.mark.timeout(600)  # a hang fails here, not in the CI's global timeout
@@ -109,6 +110,7 @@ RDZV = [
     (AckRecord.parse, ["v", "node", "master"]),
     (ClosedRecord.parse, ["v", "by", "time"]),
     (DemandRecord.parse, ["v", "target_nodes", "reason", "leader", "round", "time"]),
+    (LedgerRecord.parse, ["v", "step", "node", "time", "epoch", "samples_done", "epoch_samples", "ledger"]),
 ]  # fmt: skip
 VALID_DEMAND = {"v": 1, "target_nodes": 3, "reason": "gain", "leader": "a", "round": 2, "time": 1.0}
 
@@ -212,7 +214,9 @@ MANIFEST_FIELDS = ["step", "world_size", "nodes", "plan", "plan_digest", "positi
 file_entries = st.dictionaries(
     st.text(min_size=1, max_size=12),
     st.dictionaries(
-        st.sampled_from(["sha256", "size", "block", "blocks", "node", "rank"]), json_values, max_size=6
+        st.sampled_from(["xxh3_128", "sha256", "size", "block", "blocks", "node", "rank"]),
+        json_values,
+        max_size=6,
     )
     | json_values,
     max_size=3,
@@ -226,7 +230,7 @@ WHERE = "local:n0 step 7"
     | st.fixed_dictionaries({"step": json_values, "world_size": json_values, "files": file_entries})
 )
 def test_manifest_with_a_valid_self_checksum(body):
-    """A manifest with a correct self-checksum but hostile fields (anyone can compute a sha256): the
+    """A manifest with a correct self-checksum but hostile fields (anyone can compute a checksum): the
     parser rejects it as corrupt, so restore falls back instead of crashing on manifest['files']."""
     data = make_manifest(body)
     try:
@@ -239,7 +243,7 @@ def test_manifest_with_a_valid_self_checksum(body):
     assert isinstance(doc["position"], dict)
     for name, entry in doc["files"].items():
         assert "/" not in name and name not in (".", "..")
-        assert isinstance(entry["sha256"], str) and isinstance(entry["size"], int)
+        assert isinstance(entry_hash(entry)[1], str) and isinstance(entry["size"], int)
 
 
 @FUZZ

@@ -22,9 +22,9 @@ from elastic_rm.agent import cgroup as cg
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.obs import events as ev
 from elastic_rm.rendezvous.keyspace import DEFAULT_PREFIX, Keyspace
-from elastic_rm.rendezvous.records import RoundRecord
+from elastic_rm.rendezvous.records import LedgerRecord, RoundRecord
 from elastic_rm.train.paths import remove_node_memory, run_memory_dir
-from launcher.demo import DEFAULT_SCRIPT, Demo
+from launcher.demo import DEFAULT_SCRIPT, Demo, checks
 from tests.conftest import BIN, REPO
 
 EXAMPLE_JOB = os.path.join(REPO, "examples", "dlrm", "job.json")
@@ -184,6 +184,19 @@ def test_sigkill_of_a_node_survivors_continue_from_the_checkpoint(etcd, tmp_path
     checkpoints = events_of(etcd.endpoint, demo.run_id, "checkpoint")  # the agents saw the flash checkpoints
     assert {e.node for e in checkpoints} >= {"node-a", "node-b"}
     assert any(e.data["step"] % 10 == 0 for e in checkpoints)  # --checkpoint-every 10 (drains add others)
+    # exactly once by sample identity, from the ledger's ranges: the restart resumed at the batch after the
+    # restored step's, and the ledger's own count at the end is every step's batch once
+    ledger_checks = [c for c in checks(rows) if "ledger" in c["what"]]
+    assert len(ledger_checks) >= 2 and all(c["ok"] for c in ledger_checks), ledger_checks
+    # the leader mirrored the checkpointed ledger to etcd: as of a committed step, never ahead of the model
+    keys = Keyspace(DEFAULT_PREFIX, demo.run_id)
+    with EtcdClient(etcd.endpoint, timeout=5) as c:
+        kv = c.get(keys.ledger)
+    assert kv is not None, "no ledger in etcd"
+    mirrored = LedgerRecord.parse(keys.ledger, kv.value)
+    batch = next(r["samples"] * r["world"] for r in rows if "samples" in r)
+    assert 0 < mirrored.step <= end["final_step"] and mirrored.samples_done == mirrored.step * batch
+    assert mirrored.node in {"node-a", "node-b", "node-c"}
 
 
 # ---- planner-driven rounds (slow) -----------------------------------------------------------------------

@@ -260,3 +260,28 @@ def test_erm_events_follow_prints_new_events_as_they_come(etcd, run_id):
             if p.poll() is None:
                 p.kill()
             p.wait(10)
+
+
+def test_status_shows_the_mirrored_sample_ledger(etcd, run_id):
+    """The `data:` line and `data` key come from `<run>/ledger` (what the leader mirrors at each checkpoint);
+    a malformed value is reported, not fatal."""
+    from elastic_rm.agent.ledger_mirror import ledger_record
+    from elastic_rm.train.ledger import GlobalBatches, RangeLedger
+
+    batches = GlobalBatches(RangeLedger(1000, 100), 50)
+    for _ in range(23):  # 2 epochs and 150 samples
+        batches.next()
+        batches.consumed()
+    keys = Keyspace("/elastic-rm", run_id)
+    with EtcdClient(etcd.endpoint) as c:
+        c.put(keys.ledger, ledger_record(23, "a", batches.ledger.checkpoint_state()).to_json())
+        s = json.loads(erm("status", "--endpoint", etcd.endpoint, "--run-id", run_id, "--json").stdout)
+        assert {k: s["data"][k] for k in ("step", "epoch", "samples_done", "epoch_samples", "by")} == {
+            "step": 23, "epoch": 1, "samples_done": 1150, "epoch_samples": 1000, "by": "a"
+        }  # fmt: skip
+        text = erm("status", "--endpoint", etcd.endpoint, "--run-id", run_id).stdout
+        expected = "data: 1,150 samples trained (epoch 1: 150 of 1,000), as of the checkpoint of step 23"
+        assert expected in " ".join(text.split())  # the console may wrap it
+        c.put(keys.ledger, b'{"v": 1, "step": "x"}')
+        s = json.loads(erm("status", "--endpoint", etcd.endpoint, "--run-id", run_id, "--json").stdout)
+    assert s["data"] is None and any(keys.ledger in e for e in s["errors"])

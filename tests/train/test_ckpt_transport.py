@@ -17,7 +17,7 @@ import pytest
 from elastic_rm.agent.ckpt_server import CheckpointServer, peers_env
 from elastic_rm.agent.local_ckpt_servers import NodeServer, node_servers
 from elastic_rm.rendezvous.records import NodeRecord, RecordError, dumps
-from elastic_rm.train.manifest import CorruptCheckpointError, file_entry, make_manifest, step_dirname
+from elastic_rm.train.manifest import CorruptCheckpointError, digest, file_entry, make_manifest, step_dirname
 from elastic_rm.train.peers import PeerClient, PeerEndpoint, PeerError, parse_peers
 from elastic_rm.train.sources import DirectorySource, FileResolver, HttpPeerSource
 
@@ -155,7 +155,7 @@ def test_replica_push_is_verified_and_committed_atomically(servers, tmp_path: Pa
     # a file that no longer matches the manifest (flipped in memory or in transit): refused, nothing kept
     body9 = make_step(src, 9, files)
     (src / step_dirname(9) / "__1_0.distcp").write_bytes(b"\0" + files["__1_0.distcp"][1:])
-    with pytest.raises(PeerError, match=r"HTTP 422 .*__1_0.distcp: size/sha256 do not match"):
+    with pytest.raises(PeerError, match=r"HTTP 422 .*__1_0.distcp: size/checksum do not match"):
         c.push_replica("n0", 9, src / step_dirname(9), names, body9, keep=2)
     # a missing file and a torn manifest: refused too
     with pytest.raises(PeerError, match=r"HTTP 422 .*__0_0.distcp: missing"):
@@ -233,12 +233,14 @@ def test_http_source_verifies_downloads_and_skips_dead_peers(servers, tmp_path: 
     assert path.read_bytes() == files["__0_0.distcp"] and resolver.resolved["__0_0.distcp"][0] == "peer:n0"
     text = caplog.text
     assert "peer:n9" in text and "trying the next" in text
-    assert "__0_0.distcp in peer:n1 is sha256 mismatch" in text
+    assert "__0_0.distcp in peer:n1 is checksum mismatch" in text
     assert good.bytes_fetched == 1 << 20
     good.clear()
     assert not (cache / "n0").exists()
     # no good copy anywhere: the error names every source and why
-    with pytest.raises(CorruptCheckpointError, match=r"peer:n9: peer unreachable.*peer:n1: sha256 mismatch"):
+    with pytest.raises(
+        CorruptCheckpointError, match=r"peer:n9: peer unreachable.*peer:n1: checksum mismatch"
+    ):
         FileResolver(2, json.loads(body), [gone, corrupt]).path("__0_0.distcp")
 
 
@@ -345,8 +347,8 @@ def test_range_requests_fetch_only_the_blocks_a_reader_needs(servers, tmp_path: 
         )
         assert status == 416, bad
     # a manifest entry with 1 MiB checksum blocks (the real ones use 16 MiB)
-    blocks = [hashlib.sha256(data[o : o + mib]).hexdigest() for o in range(0, len(data), mib)]
-    entry = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "block": mib, "blocks": blocks}
+    blocks = [digest(data[o : o + mib]) for o in range(0, len(data), mib)]
+    entry = {"xxh3_128": digest(data), "size": len(data), "block": mib, "blocks": blocks}
     manifest = {"files": {"__0_0.distcp": {**entry, "node": "n0", "rank": 0}}}
     ranges = [(mib + mib // 2, mib // 5), (3 * mib + 10, 5)]  # blocks 1 and 3
     src = HttpPeerSource(PeerEndpoint("n0", s["n0"].url, s["n0"].token), tmp_path / "cache", timeout_s=30)
@@ -364,5 +366,5 @@ def test_range_requests_fetch_only_the_blocks_a_reader_needs(servers, tmp_path: 
         FileResolver(1, manifest, [src]).path("__0_0.distcp", ranges).read_bytes()[mib : 2 * mib]
         == data[mib : 2 * mib]
     )
-    with pytest.raises(CorruptCheckpointError, match=r"peer:n0: sha256 mismatch in block 0"):
+    with pytest.raises(CorruptCheckpointError, match=r"peer:n0: checksum mismatch in block 0"):
         FileResolver(1, manifest, [src]).path("__0_0.distcp", [(0, 100)])

@@ -16,7 +16,13 @@ from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 
 from elastic_rm.train.data import CriteoTSVReader, SyntheticClickData, write_criteo_tsv, zipf_head_share
 from elastic_rm.train.ledger import JsonFileLedgerStore, LedgerError, RangeLedger
-from elastic_rm.train.manifest import CorruptCheckpointError, make_manifest, parse_manifest, verify_file
+from elastic_rm.train.manifest import (
+    CorruptCheckpointError,
+    file_entry,
+    make_manifest,
+    parse_manifest,
+    verify_file,
+)
 from elastic_rm.train.sharding import (
     ElasticPlanError,
     ElasticRules,
@@ -104,9 +110,17 @@ def test_manifest_self_checksum_and_file_verification(tmp_path: Path) -> None:
         parse_manifest(raw[:-10], "t")
     assert verify_file(f, entry) is None
     f.write_bytes(b"abd" + b"abc" * 99)
-    assert "sha256" in (verify_file(f, entry) or "")
+    assert "checksum mismatch" in (verify_file(f, entry) or "")
     f.write_bytes(b"abc")
     assert "truncated" in (verify_file(f, entry) or "")
+    # what the flash checkpoint writes today: xxh3_128 for the file and for each block
+    f.write_bytes(b"abc" * 100)
+    current = file_entry(f)
+    assert "xxh3_128" in current and "sha256" not in current and len(current["blocks"]) == 1
+    assert verify_file(f, current) is None and verify_file(f, current, [(0, 10)]) is None
+    f.write_bytes(b"abd" + b"abc" * 99)
+    assert "checksum mismatch" in (verify_file(f, current) or "")
+    assert "checksum mismatch in block 0" in (verify_file(f, current, [(0, 10)]) or "")
     f.unlink()
     assert verify_file(f, entry) == "missing"
 
@@ -210,3 +224,35 @@ def test_criteo_tsv_round_trip(tmp_path: Path) -> None:
         f.write("1\t\t5" + "\t" * 37 + "\n")  # Criteo's empty fields
     last = CriteoTSVReader(path, vocab_sizes=5000).batch(200, 201)
     assert float(last.labels[0]) == 1.0 and int(last.sparse.sum()) == 0 and float(last.dense[0, 1]) > 0
+
+
+def test_global_batches_take_each_sample_once_across_restores_and_epochs() -> None:
+    from elastic_rm.train.ledger import GlobalBatches, LedgerError, RangeLedger
+
+    def run(batches: GlobalBatches, steps: int) -> list[tuple[int, int, int]]:
+        out = []
+        for _ in range(steps):
+            lo, hi = batches.next()
+            out.append((batches.ledger.epoch, lo, hi))
+            batches.consumed()
+        return out
+
+    straight = run(GlobalBatches(RangeLedger(96, 24), 8), 30)  # 12 batches an epoch: 2.5 epochs
+    assert [b[1] for b in straight[:12]] == list(range(0, 96, 8))
+    assert straight[12] == (1, 0, 8) and straight[24] == (2, 0, 8)
+    # restore from the ledger of any step: the rest is exactly what the straight run trained next
+    for cut in (1, 3, 11, 12, 13, 17):
+        first = GlobalBatches(RangeLedger(96, 24), 8)
+        head = run(first, cut)
+        resumed = GlobalBatches(RangeLedger.from_checkpoint(first.ledger.checkpoint_state()), 8)
+        assert head + run(resumed, 30 - cut) == straight, cut
+        assert resumed.samples_done() == 30 * 8
+    with pytest.raises(ValueError, match="whole global batches"):
+        GlobalBatches(RangeLedger(96, 20), 8)
+    with pytest.raises(ValueError, match="whole global batches"):
+        GlobalBatches(RangeLedger(100, 24), 8)
+    # resumed with another global batch in the middle of a range: a clear error, not a skipped sample
+    first = GlobalBatches(RangeLedger(96, 24), 8)
+    run(first, 1)
+    with pytest.raises(LedgerError, match="resume with the global batch it was saved with"):
+        GlobalBatches(RangeLedger.from_checkpoint(first.ledger.checkpoint_state()), 12).next()

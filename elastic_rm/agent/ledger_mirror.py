@@ -1,0 +1,140 @@
+"""The leader's etcd copy of the sample ledger (``<run>/ledger``), as of the newest committed checkpoint.
+
+Why here: the done marks of the sample ledger commit with the flash checkpoint (in its manifest's
+position), so the ledger in etcd is taken from committed manifests, never from a worker's live state:
+it is never ahead of the model. Coarse by construction: one etcd write per checkpoint, by the leader
+only (fenced by its election). Workers need no etcd access for it. The leader reads the manifests in
+its node's memory; a leader whose node holds none (a standby) asks the members' checkpoint servers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..rendezvous.records import LedgerRecord
+from ..train.ledger import LedgerError, RangeLedger
+from ..train.manifest import MANIFEST, CorruptCheckpointError, committed_steps, parse_manifest, step_dirname
+from ..train.peers import PeerClient, PeerEndpoint, PeerError
+
+log = logging.getLogger(__name__)
+
+PEER_POLL_S = 5.0  # a standby leader asks the members' servers at most this often
+PEER_TIMEOUT_S = 3.0
+
+
+def ledger_record(step: int, node: str, state: dict[str, Any]) -> LedgerRecord:
+    """The etcd record of a checkpoint's ledger state; LedgerError when the state is malformed."""
+    ledger = RangeLedger.from_checkpoint(state)
+    done = ledger.num_samples - ledger.remaining_samples()
+    return LedgerRecord(
+        step=step,
+        node=node,
+        time=time.time(),
+        epoch=ledger.epoch,
+        samples_done=ledger.epoch * ledger.num_samples + done,
+        epoch_samples=ledger.num_samples,
+        ledger=state,
+    )
+
+
+class LedgerMirror:
+    """Call `poll()` periodically (the agent's metrics loop, once a second); it writes only when this node
+    leads and a newer committed checkpoint carries a ledger."""
+
+    def __init__(
+        self,
+        node_id: str,
+        node_dir: Callable[[], Path],
+        publish: Callable[[LedgerRecord], bool],
+        leading: Callable[[], bool],
+        peers: Callable[[], list[PeerEndpoint] | None] = lambda: None,
+    ) -> None:
+        self.node_id = node_id
+        self._node_dir = node_dir
+        self._publish = publish
+        self._leading = leading
+        self._peers = peers
+        self.mirrored_step = -1  # the newest step written by this node while leading
+        self._was_leading = False
+        self._next_peer_poll = 0.0
+        self._bad: set[tuple[str, int]] = set()  # (where, step) already reported as malformed
+
+    def poll(self) -> LedgerRecord | None:
+        """Mirror the newest checkpoint's ledger if it is news; the record written, else None."""
+        leading = self._leading()
+        if leading and not self._was_leading:
+            self.mirrored_step = -1  # a new term: state the ledger afresh
+        self._was_leading = leading
+        if not leading:
+            return None
+        found = self._newest_local()
+        if (
+            found is None
+            and not committed_steps(self._node_dir())
+            and time.monotonic() >= self._next_peer_poll
+        ):
+            self._next_peer_poll = time.monotonic() + PEER_POLL_S
+            found = self._newest_from_peers()
+        if found is None:
+            return None
+        step, state = found
+        try:
+            record = ledger_record(step, self.node_id, state)
+        except LedgerError as exc:
+            self._report_bad(f"step {step}", step, exc)
+            return None
+        if not self._publish(record):
+            return None
+        self.mirrored_step = step
+        return record
+
+    def _newest_local(self) -> tuple[int, dict] | None:
+        node_dir = self._node_dir()
+        for step in reversed(committed_steps(node_dir)):
+            if step <= self.mirrored_step:
+                return None
+            path = node_dir / step_dirname(step) / MANIFEST
+            try:
+                raw = path.read_bytes()
+            except FileNotFoundError:  # not committed yet (or pruned meanwhile)
+                continue
+            return self._ledger_of(raw, str(path), step)
+        return None
+
+    def _newest_from_peers(self) -> tuple[int, dict] | None:
+        try:
+            peers = self._peers() or []
+        except Exception as exc:  # noqa: BLE001 - etcd trouble: try again at the next poll
+            log.debug("ledger mirror: no peers (%s)", exc)
+            return None
+        for peer in peers:
+            client = PeerClient(peer, PEER_TIMEOUT_S)
+            try:
+                newest = max(client.steps(), default=-1)
+                raw = client.manifest(newest) if newest > self.mirrored_step else None
+            except (PeerError, OSError, ValueError) as exc:
+                log.debug("ledger mirror: %s: %s", peer.node, exc)
+                continue
+            if raw is not None:
+                return self._ledger_of(raw, f"{peer.node}: manifest of step {newest}", newest)
+        return None
+
+    def _ledger_of(self, raw: bytes, where: str, step: int) -> tuple[int, dict] | None:
+        try:
+            doc = parse_manifest(raw, where)
+        except CorruptCheckpointError as exc:
+            self._report_bad(where, step, exc)
+            return None
+        state = doc["position"].get("ledger")
+        if not isinstance(state, dict):  # a job without a sample ledger: nothing to mirror
+            return None
+        return doc["step"], state
+
+    def _report_bad(self, where: str, step: int, exc: Exception) -> None:
+        if (where, step) not in self._bad:
+            self._bad.add((where, step))
+            log.warning("ledger mirror: not mirroring the ledger of step %d: %s", step, exc)

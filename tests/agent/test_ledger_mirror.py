@@ -1,0 +1,130 @@
+"""The leader's etcd copy of the sample ledger: taken only from committed checkpoint manifests, written
+only while leading and under the election's fence, and by a standby leader from a member's checkpoint
+server. Real etcd, real manifests, a real checkpoint server."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from elastic_rm.agent.ckpt_server import CheckpointServer
+from elastic_rm.agent.ledger_mirror import LedgerMirror, ledger_record
+from elastic_rm.etcd.client import EtcdClient, Op
+from elastic_rm.etcd.lease import Election
+from elastic_rm.rendezvous.keyspace import Keyspace
+from elastic_rm.rendezvous.records import LedgerRecord, RecordError
+from elastic_rm.train.ledger import GlobalBatches, LedgerError, RangeLedger
+from elastic_rm.train.manifest import make_manifest, step_dirname
+from elastic_rm.train.peers import PeerEndpoint
+
+BATCH, RANGE = 8, 32  # samples per global batch and per ledger range
+
+
+def ledger_after(steps: int) -> dict:
+    batches = GlobalBatches(RangeLedger(320, RANGE), BATCH)
+    for _ in range(steps):
+        batches.next()
+        batches.consumed()
+    return batches.ledger.checkpoint_state()
+
+
+def commit(node_dir: Path, step: int, position: dict) -> None:
+    d = node_dir / step_dirname(step)
+    d.mkdir(parents=True)
+    body = {"step": step, "world_size": 1, "nodes": ["n0"], "position": position, "files": {}}
+    (d / "manifest.json").write_bytes(make_manifest(body))
+
+
+class Leader:
+    """A real election on a real lease; `publish` writes as RoundLeader.publish_ledger does (fenced)."""
+
+    def __init__(self, client: EtcdClient, keys: Keyspace, node: str) -> None:
+        self.client, self.keys = client, keys
+        lease, _ttl = client.lease_grant(30)
+        self.election = Election(client, keys.leader, node, lease)
+        self.leading = False
+
+    def campaign(self) -> bool:
+        self.leading = self.election.try_acquire()
+        return self.leading
+
+    def publish(self, record: LedgerRecord) -> bool:
+        return self.client.txn(
+            [self.election.fence()], [Op.put(self.keys.ledger, record.to_json())]
+        ).succeeded
+
+
+def read(client: EtcdClient, keys: Keyspace) -> LedgerRecord | None:
+    kv = client.get(keys.ledger)
+    return None if kv is None else LedgerRecord.parse(keys.ledger, kv.value)
+
+
+def test_mirrors_committed_ledgers_only_while_leading(etcd, run_id, tmp_path, caplog):
+    keys = Keyspace("/elastic-rm", run_id)
+    node_dir = tmp_path / "n0"
+    with EtcdClient(etcd.endpoint, timeout=5) as client:
+        leader = Leader(client, keys, "n0")
+        mirror = LedgerMirror("n0", lambda: node_dir, leader.publish, lambda: leader.leading)
+        commit(node_dir, 10, {"step": 10, "ledger": ledger_after(10)})
+        assert mirror.poll() is None and read(client, keys) is None  # not leading: nothing written
+        assert leader.campaign()
+        rec = mirror.poll()
+        assert rec is not None and read(client, keys) == rec
+        assert (rec.step, rec.samples_done, rec.epoch, rec.epoch_samples) == (10, 10 * BATCH, 0, 320)
+        assert mirror.poll() is None  # nothing new: no write
+        # a step directory without its manifest is not committed: the ledger stays at step 10
+        (node_dir / step_dirname(20)).mkdir()
+        assert mirror.poll() is None and read(client, keys).step == 10
+        (node_dir / step_dirname(20)).rmdir()
+        # past an epoch: 45 steps of 8 over 320 samples = 1 epoch and 40 samples
+        commit(node_dir, 45, {"step": 45, "ledger": ledger_after(45)})
+        rec = mirror.poll()
+        assert (rec.step, rec.epoch, rec.samples_done) == (45, 1, 45 * BATCH) and read(client, keys) == rec
+        # a malformed ledger in a committed manifest: one warning, the etcd copy is left as it was
+        commit(node_dir, 50, {"step": 50, "ledger": {"v": 1, "num_samples": "many"}})
+        with caplog.at_level(logging.WARNING, logger="elastic_rm.agent.ledger_mirror"):
+            assert mirror.poll() is None and mirror.poll() is None
+        assert caplog.text.count("not mirroring the ledger of step 50") == 1
+        assert read(client, keys).step == 45
+        # deposed: another node leads now; our fenced write fails even though we still think we lead
+        client.delete(keys.leader)
+        other = Leader(client, keys, "n1")
+        assert other.campaign()
+        commit(node_dir, 60, {"step": 60, "ledger": ledger_after(60)})
+        assert mirror.poll() is None and read(client, keys).step == 45
+
+
+def test_a_standby_leader_reads_a_members_checkpoint_server(etcd, run_id, tmp_path):
+    keys = Keyspace("/elastic-rm", run_id)
+    member_dir = tmp_path / "member"
+    commit(member_dir, 30, {"step": 30, "ledger": ledger_after(30)})
+    server = CheckpointServer(member_dir)
+    server.start()
+    try:
+        peer = PeerEndpoint("member", f"http://127.0.0.1:{server.port}", server.token)
+        with EtcdClient(etcd.endpoint, timeout=5) as client:
+            leader = Leader(client, keys, "standby")
+            assert leader.campaign()
+            mirror = LedgerMirror(
+                "standby", lambda: tmp_path / "standby", leader.publish, lambda: True, peers=lambda: [peer]
+            )
+            rec = mirror.poll()
+            assert rec is not None and (rec.step, rec.samples_done) == (30, 30 * BATCH)
+            assert read(client, keys) == rec
+    finally:
+        server.stop()
+
+
+def test_ledger_record_and_batches_errors():
+    with pytest.raises(LedgerError, match="malformed ledger state"):
+        ledger_record(1, "n0", {"v": 1, "num_samples": -5})
+    bad = b'{"v": 1, "step": 3, "node": "n0", "time": 1.0, "epoch": 0, "samples_done": -1, "epoch_samples": 9, "ledger": {}}'
+    with pytest.raises(RecordError, match="negative count"):
+        LedgerRecord.parse("/elastic-rm/r/ledger", bad)
+    with pytest.raises(RecordError, match="missing field 'ledger'"):
+        LedgerRecord.parse(
+            "/elastic-rm/r/ledger",
+            bad.replace(b'"samples_done": -1, ', b'"samples_done": 1, ').replace(b', "ledger": {}', b""),
+        )
