@@ -91,7 +91,7 @@ def parse_args() -> argparse.Namespace:
         "--checksum-every",
         type=int,
         default=0,
-        help="log the embedding checksum every n steps to the progress file (0: only at start, drain and end)",
+        help="log the state checksum every n steps to the progress file (0: only at start, drain and end)",
     )
     return p.parse_args()
 
