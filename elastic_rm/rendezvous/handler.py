@@ -450,12 +450,7 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
         out of it by a planned decision while alive (the leader lists the old members it saw alive in
         the record's ``extra.alive``). Only then can our workers finish a step (a collective with a lost
         peer never returns), so only then is draining them worth waiting for."""
-        r, done = self._view.round, self._completed
-        if r is None or done is None or r.round <= done.round:
-            return False
-        alive = r.extra.get("alive") if r.round == done.round + 1 else None
-        alive_set = {a for a in alive if isinstance(a, str)} if isinstance(alive, list) else set()
-        return set(done.members) <= set(r.members) | alive_set
+        return peers_kept(self._view.round, self._completed)
 
     def shutdown(self) -> bool:
         """Close the run (torch semantics), drop this node's keys, stop threads."""
@@ -481,3 +476,14 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             self._lease.revoke()
         self._view.stop()
         self._client.close()
+
+
+def peers_kept(pending: RoundRecord | None, done: RoundRecord | None) -> bool:
+    """`peers_all_kept` for a pending round and the round our workers run in: every member of `done` is a
+    member of `pending` or listed alive in its ``extra.alive``. Only the next round's list counts: a later
+    round was decided without looking at `done`'s members."""
+    if pending is None or done is None or pending.round <= done.round:
+        return False
+    alive = pending.extra.get("alive") if pending.round == done.round + 1 else None
+    alive_set = {a for a in alive if isinstance(a, str)} if isinstance(alive, list) else set()
+    return set(done.members) <= set(pending.members) | alive_set

@@ -239,7 +239,10 @@ def test_a_lease_that_expired_unnoticed_rejoins_as_a_new_member(etcd, run_id):
 
 def test_drain_is_possible_when_the_old_members_are_alive_even_if_left_out(etcd, run_id):
     """A planned round that leaves a live member out (a straggler swap, a scale-down) can drain: every old
-    member reaches a step boundary. A round after a loss cannot: a collective with the dead never returns."""
+    member reaches a step boundary. A round after a loss cannot: a collective with the dead never returns.
+    Live: a planned round written to etcd reaches both handlers' views. The rule itself is checked on
+    records (peers_kept): a second write to the live round key would race the leader's own next round."""
+    from elastic_rm.rendezvous.handler import peers_kept
     from elastic_rm.rendezvous.records import RoundRecord
 
     hs = [make(etcd, run_id, 2, 2, node_id=f"n{i}") for i in range(2)]
@@ -252,13 +255,17 @@ def test_drain_is_possible_when_the_old_members_are_alive_even_if_left_out(etcd,
             c.put(keys.round, planned.to_json())
             wait(lambda: hs[0].view.round.round == 2)
             assert hs[0].peers_all_kept() and hs[1].peers_all_kept()
-            lost = RoundRecord(round=2, members=("n0",), reason="1 member(s) lost", extra={"alive": ["n0"]})
-            c.put(keys.round, lost.to_json())
-            wait(lambda: hs[0].view.round.extra == {"alive": ["n0"]})
-            assert not hs[0].peers_all_kept()
     finally:
         for h in hs:
             h.release()
+    done = RoundRecord(round=1, members=("n0", "n1"))
+    lost = RoundRecord(round=2, members=("n0",), reason="1 member(s) lost", extra={"alive": ["n0"]})
+    assert peers_kept(planned, done) and not peers_kept(lost, done)
+    assert peers_kept(RoundRecord(round=2, members=("n0", "n1", "n2")), done)  # a scale-up keeps everyone
+    assert not peers_kept(RoundRecord(round=3, members=("n0",), extra={"alive": ["n0", "n1"]}), done)
+    assert not peers_kept(done, done) and not peers_kept(None, done) and not peers_kept(planned, None)
+    junk = RoundRecord(round=2, members=("n0",), extra={"alive": "n1"})  # not a list: nobody counted alive
+    assert not peers_kept(junk, done)
 
 
 def test_a_store_wait_ends_when_its_round_is_superseded(etcd, run_id):
