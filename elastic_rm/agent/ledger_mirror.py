@@ -29,13 +29,12 @@ PEER_TIMEOUT_S = 3.0
 def ledger_record(step: int, node: str, state: dict[str, Any]) -> LedgerRecord:
     """The etcd record of a checkpoint's ledger state; LedgerError when the state is malformed."""
     ledger = RangeLedger.from_checkpoint(state)
-    done = ledger.num_samples - ledger.remaining_samples()
     return LedgerRecord(
         step=step,
         node=node,
         time=time.time(),
         epoch=ledger.epoch,
-        samples_done=ledger.epoch * ledger.num_samples + done,
+        samples_done=ledger.samples_done(),
         epoch_samples=ledger.num_samples,
         ledger=state,
     )
@@ -71,12 +70,10 @@ class LedgerMirror:
         self._was_leading = leading
         if not leading:
             return None
-        found = self._newest_local()
-        if (
-            found is None
-            and not committed_steps(self._node_dir())
-            and time.monotonic() >= self._next_peer_poll
-        ):
+        node_dir = self._node_dir()
+        steps = committed_steps(node_dir)
+        found = self._newest_local(node_dir, steps)
+        if found is None and not steps and time.monotonic() >= self._next_peer_poll:
             self._next_peer_poll = time.monotonic() + PEER_POLL_S
             found = self._newest_from_peers()
         if found is None:
@@ -92,9 +89,8 @@ class LedgerMirror:
         self.mirrored_step = step
         return record
 
-    def _newest_local(self) -> tuple[int, dict] | None:
-        node_dir = self._node_dir()
-        for step in reversed(committed_steps(node_dir)):
+    def _newest_local(self, node_dir: Path, steps: list[int]) -> tuple[int, dict] | None:
+        for step in reversed(steps):
             if step <= self.mirrored_step:
                 return None
             path = node_dir / step_dirname(step) / MANIFEST

@@ -100,6 +100,10 @@ class RangeLedger:
                 total += hi - self.progress.get(r, lo)
         return total
 
+    def samples_done(self) -> int:
+        """Samples in the model over all epochs: every earlier epoch whole, plus this one's done part."""
+        return self.epoch * self.num_samples + self.num_samples - self.remaining_samples()
+
     def checkpoint_state(self) -> dict[str, Any]:
         """JSON state to store in the checkpoint manifest: what the model state contains. Leases are
         not part of it: after a restore, everything not done is handed out again."""
@@ -146,6 +150,7 @@ class GlobalBatches:
     In synchronous data-parallel training the world steps together, so the world as a whole takes one
     range at a time and cuts one global batch per step from it; every rank holds the same ledger and
     advances it identically (no collective per range), and rank 0's state goes into the checkpoint.
+    `ledger` is the current epoch's RangeLedger (replaced at each epoch): checkpoint its state.
     An exhausted ledger starts the next epoch. Ranges must hold whole global batches: a dataset whose
     size is not a multiple of the range size drops its tail (`drop_last`).
     """
@@ -188,11 +193,6 @@ class GlobalBatches:
             raise LedgerError("consumed() before next()")
         self._cursor += self.batch
         self.ledger.report(self._range.id, self._cursor)
-
-    def samples_done(self) -> int:
-        """Samples in the model over all epochs, as the ledger counts them."""
-        led = self.ledger
-        return led.epoch * led.num_samples + led.num_samples - led.remaining_samples()
 
 
 def _compress(ids: list[int]) -> list[list[int]]:

@@ -218,7 +218,7 @@ def main() -> None:
     emit(
         start=True,
         restored_step=step if restored else None,
-        ledger_samples_done=batches.samples_done(),
+        ledger_samples_done=batches.ledger.samples_done(),
         epoch_samples=batches.ledger.num_samples,
         **state_checksum(dmp, dense_opt),
     )
@@ -273,7 +273,7 @@ def main() -> None:
     emit(
         end=True,
         final_step=step,
-        ledger_samples_done=batches.samples_done(),
+        ledger_samples_done=batches.ledger.samples_done(),
         **state_checksum(dmp, dense_opt),
     )
     ckpt.close()

@@ -54,6 +54,12 @@ def actions(events, action: str) -> list[str]:
     return [e.data["host"] for e in events if e.data.get("action") == action]
 
 
+def demand(client: EtcdClient, keys: Keyspace) -> int:
+    """The planner's wanted node count in etcd (0 before the leader wrote one)."""
+    kv = client.get(keys.demand)
+    return DemandRecord.parse(keys.demand, kv.value).target_nodes if kv else 0
+
+
 def worlds(tmp_path, node: str) -> set[int]:
     return {r["world"] for r in records(tmp_path, node) if r.get("start")}
 
@@ -260,12 +266,12 @@ def test_a_discovered_host_gets_a_node_when_the_planners_demand_is_above_the_nod
     procs.append(p)
     keys = Keyspace("/elastic-rm", run_id)
     with EtcdClient(etcd.endpoint) as client:
-
-        def demand() -> int:
-            kv = client.get(keys.demand)
-            return DemandRecord.parse(keys.demand, kv.value).target_nodes if kv else 0
-
-        wait_until(lambda: demand() == 4 and records(tmp_path, "h1"), 180, "the planner's demand of 4", [p])
+        wait_until(
+            lambda: demand(client, keys) == 4 and records(tmp_path, "h1"),
+            180,
+            "the planner's demand of 4",
+            [p],
+        )
         listing.write_text("h1 addr=127.0.0.1\nh2 addr=127.0.0.1\nh3 addr=127.0.0.1\nh4 addr=127.0.0.1\n")
         wait_until(lambda: client.get(keys.node("h4")) is not None, 180, "a node on the new host", [p])
     (tmp_path / "stop").write_text("")
@@ -303,15 +309,11 @@ def test_the_planner_asks_for_a_node_erm_launch_starts_it_on_a_discovered_host_a
     keys = Keyspace("/elastic-rm", run_id)
     with EtcdClient(etcd.endpoint) as client:
 
-        def demand() -> int:
-            kv = client.get(keys.demand)
-            return DemandRecord.parse(keys.demand, kv.value).target_nodes if kv else 0
-
         def round_now() -> RoundRecord | None:
             kv = client.get(keys.round)
             return RoundRecord.parse(keys.round, kv.value) if kv else None
 
-        wait_until(lambda: demand() == 3, 300, "the planner's demand for a third node", [p])
+        wait_until(lambda: demand(client, keys) == 3, 300, "the planner's demand for a third node", [p])
         listing.write_text("h1 addr=127.0.0.1\nh2 addr=127.0.0.1\nh3 addr=127.0.0.1\n")
         wait_until(
             lambda: (r := round_now()) is not None and r.complete and "h3" in r.members, 300,

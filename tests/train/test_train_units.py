@@ -246,7 +246,7 @@ def test_global_batches_take_each_sample_once_across_restores_and_epochs() -> No
         head = run(first, cut)
         resumed = GlobalBatches(RangeLedger.from_checkpoint(first.ledger.checkpoint_state()), 8)
         assert head + run(resumed, 30 - cut) == straight, cut
-        assert resumed.samples_done() == 30 * 8
+        assert resumed.ledger.samples_done() == 30 * 8
     with pytest.raises(ValueError, match="whole global batches"):
         GlobalBatches(RangeLedger(96, 20), 8)
     with pytest.raises(ValueError, match="whole global batches"):
