@@ -4,10 +4,7 @@ node failure, watched live; a summary with checks at the end."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
-import signal
 import sys
 import time
 
@@ -59,148 +56,31 @@ def _view(demo, rows, phase: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    from elastic_rm.agent import cgroup as cg
-    from elastic_rm.etcd.server import EtcdServer
-    from elastic_rm.train.paths import remove_node_memory, run_memory_dir
-    from launcher.demo import (
-        DEFAULT_JOB,
-        DEFAULT_SCRIPT,
-        Demo,
-        checks,
-        decisions_from_etcd,
-        new_workdir,
-        outcomes_from_etcd,
-        restarted_at,
-        rounds_from_etcd,
-        summarize,
-        world_reached,
-    )
+    from elastic_rm.demo.harness import DEFAULT_SCRIPT
+    from elastic_rm.demo.scenario import Scenario, passed
 
     if not os.path.isfile(DEFAULT_SCRIPT):
         print(f"erm demo: error: the example {DEFAULT_SCRIPT} is missing", file=sys.stderr)
         return 2
-    workdir = args.workdir or new_workdir()
-    os.makedirs(workdir, exist_ok=True)
-    # a reused workdir: an old run's progress (and its stop file) would end this one at once
-    shutil.rmtree(os.path.join(workdir, "progress"), ignore_errors=True)
-    shutil.rmtree(os.path.join(workdir, "ckpt"), ignore_errors=True)
-    layout = cg.detect()
-    agent_args = ["--job", DEFAULT_JOB]
-    if layout is not None:  # each node in a cgroup of its own (no quota yet), so one can be slowed down
-        agent_args += ["--cpu-limit", str(os.cpu_count() or 1)]
-    demo = Demo(workdir=workdir, script=DEFAULT_SCRIPT, script_args=[], nnodes="1:3", agent_args=agent_args)
     live = None
-    phase = "starting"
-    t_begin = time.time()
+    if not args.no_live and sys.stdout.isatty():
+        from rich.live import Live
 
-    def refresh(rows):
+        live = Live(refresh_per_second=4)
+
+    def on_rows(rows: list[dict]) -> None:
         if live is not None:
-            live.update(_view(demo, rows, phase))
+            live.update(_view(scenario.demo, rows, scenario.phase))
 
-    def wait_for(predicate, what: str):
-        deadline = time.time() + args.phase_timeout
-        while time.time() < deadline:
-            rows = demo.progress()
-            refresh(rows)
-            value = predicate(rows)
-            if value:
-                return value
-            time.sleep(0.25)
-        raise TimeoutError(f"{what} did not happen within {args.phase_timeout:.0f}s; logs in {workdir}")
-
-    def hold(seconds: float) -> None:
-        end = time.time() + seconds
-        while time.time() < end:
-            refresh(demo.progress())
-            time.sleep(0.25)
-
-    def say(kind: str, text: str) -> None:
-        demo.event(kind, text)
-        if live is None:
+    def on_event(text: str) -> None:
+        if live is None:  # the live view shows the events itself
             print(f"[erm demo] {text}", flush=True)
 
-    def decided(since: float, words: str):
-        return lambda _rows: [
-            d
-            for d in decisions_from_etcd(etcd.endpoint, demo.run_id)
-            if d["t"] >= since and words in d["reason"]
-        ]
-
-    etcd = EtcdServer().start()
-    throttled = None
+    scenario = Scenario(args.workdir, args.phase_timeout, args.hold, on_rows=on_rows, on_event=on_event)
     try:
-        if not args.no_live and sys.stdout.isatty():
-            from rich.live import Live
-
-            live = Live(refresh_per_second=4)
+        if live is not None:
             live.start()
-        say("etcd", f"embedded etcd at {etcd.endpoint}; run {demo.run_id}; workdir {workdir}")
-        phase = "world 2"
-        for name in ("node-a", "node-b"):
-            demo.start_node(name, etcd.endpoint)
-        t0 = time.time()
-        wait_for(lambda rows: world_reached(rows, 2, t0), "training at world 2")
-        say("round", "training at world 2 (the planner's cold start for the job's request)")
-        hold(args.hold)
-
-        phase = "scale-up"
-        t_up = time.time()
-        demo.start_node("node-c", etcd.endpoint)
-        say("node", "node-c arrives: the planner profiles world 2, then decides whether a third node pays")
-        d = wait_for(decided(t_up, "scale up"), "the planner's scale-up decision")[0]
-        say("decision", f"round {d['round']}: {d['reason']}")
-        wait_for(lambda rows: world_reached(rows, 3, t_up), "training at world 3")
-        say("round", f"training at world 3, {time.time() - t_up:.1f}s after node-c started")
-        hold(args.hold)
-
-        if layout is not None:
-            phase = "straggler"
-            demo.start_node("node-d", etcd.endpoint)
-            say("node", "node-d arrives and waits as the standby (the job is at its maximum of 3)")
-            hold(args.hold)
-            victim = "node-b"
-            throttled = cg.NodeCgroup(layout, f"{demo.run_id}.{victim}")
-            throttled.set_cpu(0.1)
-            t_slow = time.time()
-            say("fault", f"{victim} throttled to 0.1 CPU (its cgroup's quota): a straggler")
-            d = wait_for(decided(t_slow, "straggler"), "the straggler's replacement")[0]
-            say(
-                "decision",
-                f"round {d['round']}: {d['reason']} ({time.time() - t_slow:.1f}s after the throttle)",
-            )
-            world = len(d["members"])
-            wait_for(lambda rows: restarted_at(rows, world, d["t"]), f"training again at world {world}")
-            hold(args.hold)
-        else:
-            say("skip", "no writable cgroup here (needs root): the straggler phase is skipped")
-
-        phase = "failure"
-        members = rounds_from_etcd(etcd.endpoint, demo.run_id)[-1]["members"]
-        victim = members[-1]  # a member: its loss needs a new round
-        victim_node = demo.nodes[victim]
-        victim_node.signal(signal.SIGKILL)
-        victim_node.killed = t_kill = time.time()
-        remove_node_memory(demo.run_id, victim)  # a dead machine's memory is gone with it
-        say("fault", f"{victim} killed with SIGKILL (and its node memory removed)")
-        world = len(members) - 1
-        wait_for(lambda rows: restarted_at(rows, world, t_kill), f"survivors training at world {world}")
-        say("round", f"survivors training at world {world}, {time.time() - t_kill:.1f}s after the kill")
-        hold(args.hold)
-
-        phase = "stopping"
-        open(os.path.join(demo.progress_dir, "stop"), "w").close()
-        say("stop", "asking the job to stop")
-        for name, node in demo.nodes.items():
-            if node.killed is None:
-                try:
-                    node.proc.wait(args.phase_timeout)
-                except Exception:  # noqa: BLE001 - stop_all below ends it
-                    say("stop", f"{name} did not exit in time; stopping it")
-        rounds = rounds_from_etcd(etcd.endpoint, demo.run_id)
-        outcomes = outcomes_from_etcd(etcd.endpoint, demo.run_id)
-        for r in rounds:
-            o = outcomes.get(r.get("round"), {})
-            r["predicted_gain"], r["measured_gain"] = o.get("predicted_gain"), o.get("measured_gain")
+        summary = scenario.run()
     except (TimeoutError, KeyboardInterrupt) as exc:
         if live is not None:
             live.stop()
@@ -210,29 +90,10 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if live is not None:
             live.stop()
-        if throttled is not None and throttled.cpu_dir.exists():  # gone when its node exited
-            throttled.set_cpu(None)
-        demo.stop_all()
-        etcd.stop()
-        shutil.rmtree(run_memory_dir(demo.run_id), ignore_errors=True)  # the killed node's copies too
-
-    rows = demo.progress()
-    summary = summarize(rows, rounds)
-    summary["checks"] = checks(rows)
-    summary["events"] = demo.events
-    summary["wall_s"] = time.time() - t_begin
-    with open(os.path.join(workdir, "summary.json"), "w") as fh:
-        json.dump(summary, fh, indent=2)
-    _print_summary(summary, workdir)
-    try:
-        from elastic_rm.obs.timeline import plot_demo
-
-        png = plot_demo(rows, demo.events, os.path.join(workdir, "timeline.png"))
-        print(f"timeline: {png}")
-    except ImportError:
-        pass
-    ok = {2, 3} <= set(summary["throughput"]) and all(c["ok"] for c in summary["checks"])
-    return 0 if ok else 1
+    _print_summary(summary, scenario.workdir)
+    if scenario.timeline is not None:
+        print(f"timeline: {scenario.timeline}")
+    return 0 if passed(summary) else 1
 
 
 def _print_summary(summary: dict, workdir: str) -> None:

@@ -4,7 +4,7 @@ skipped or repeated batch, and `lineage` must leave out steps lost with a fault.
 
 from __future__ import annotations
 
-from launcher.demo import checks, lineage
+from elastic_rm.demo.checks import checks, lineage
 
 B, EPOCH = 10, 50
 

@@ -1,0 +1,111 @@
+"""Exactly-once checks on rank 0's progress lines (as examples/dlrm/train.py writes them): at every
+restart the restored state, the steps and, by sample identity from the ledger's ranges, the samples that
+reached the model; and `lineage`, the world-size schedule the final state holds. The demo, the
+closed-loop tests and the soak rely on them; tests/launcher/test_demo_checks.py shows they catch a
+skipped or repeated batch."""
+
+from __future__ import annotations
+
+
+def checks(rows: list[dict]) -> list[dict]:
+    """What the model state went through, checked from rank 0's progress lines at every restart:
+    a planned round restores exactly the drained state (same step; same checksum of the embeddings,
+    the optimizer states and the dense weights) and every restart continues at the step after the
+    restored one, each step once; and, by sample identity from the ledger's ranges, each global batch
+    follows the one before it, so no sample is lost or doubled in the model."""
+    rank0 = sorted((r for r in rows if r.get("rank") == 0), key=lambda r: r["t"])
+    starts = [i for i, r in enumerate(rank0) if r.get("start")]
+    out = []
+    for n, i in enumerate(starts[1:], 1):
+        start = rank0[i]
+        before = rank0[starts[n - 1] : i]
+        restored = start.get("restored_step")
+        drained = [r for r in before if "drained_step" in r]
+        last = max((r["step"] for r in before if "step" in r), default=0)
+        nxt = starts[n + 1] if n + 1 < len(starts) else len(rank0)
+        after = [r["step"] for r in rank0[i:nxt] if "step" in r]
+        label = f"restart at world {start['world']}"
+        if drained and drained[-1]["drained_step"] == restored:
+            same = drained[-1]["checksum"] == start["checksum"]
+            out.append({
+                "what": f"{label}: state as drained",
+                "ok": same,
+                "detail": f"step {restored}, checksum {start['checksum']} (drained {drained[-1]['checksum']})",
+            })  # fmt: skip
+        else:
+            out.append({
+                "what": f"{label}: restored the last checkpoint",
+                "ok": restored is not None and restored <= last,
+                "detail": f"step {restored} of {last} trained before the fault; steps after it are trained again",
+            })  # fmt: skip
+        consecutive = bool(after) and after == list(
+            range((restored or 0) + 1, (restored or 0) + 1 + len(after))
+        )
+        out.append({
+            "what": f"{label}: every step (sample range) once",
+            "ok": consecutive,
+            "detail": f"steps {after[0] if after else '-'}..{after[-1] if after else '-'} follow step {restored}",
+        })  # fmt: skip
+        if any("sample_start" in r for r in rank0[i:nxt]):
+            out.append(_ledger_check(label, rank0[:i], rank0[i:nxt], restored))
+    ends = [r for r in rank0 if r.get("end") and "ledger_samples_done" in r]
+    if ends:
+        end = ends[-1]
+        batch = next((r["samples"] * r["world"] for r in reversed(rank0) if "samples" in r), 0)
+        out.append({
+            "what": "the ledger counts every trained sample once",
+            "ok": end["ledger_samples_done"] == end["final_step"] * batch,
+            "detail": f"{end['ledger_samples_done']} samples done = {end['final_step']} steps x {batch}",
+        })  # fmt: skip
+    return out
+
+
+def _next_sample(row: dict) -> tuple[int, int]:
+    """(epoch, first sample) of the global batch after `row`'s."""
+    return row["epoch"], row["sample_end"]
+
+
+def _ledger_check(label: str, before: list[dict], after: list[dict], restored: int | None) -> dict:
+    """By sample identity, from the ledger's ranges: the first batch after a restore is the one after the
+    restored step's batch (a fresh start: sample 0), and each later batch follows the one before."""
+    steps = [r for r in after if "sample_start" in r]
+    prior = [r for r in before if r.get("step") == restored and "sample_end" in r] if restored else []
+    expect = _next_sample(prior[-1]) if prior else (0, 0)
+    bad = []
+    for r in steps:
+        if (r["epoch"], r["sample_start"]) != expect and (r["epoch"], r["sample_start"]) != (
+            expect[0] + 1,
+            0,
+        ):
+            bad.append(
+                f"step {r['step']}: samples from {r['sample_start']} (epoch {r['epoch']}), expected {expect[1]}"
+            )
+        expect = _next_sample(r)
+    first = steps[0]["sample_start"] if steps else "-"
+    return {
+        "what": f"{label}: every sample once (ledger)",
+        "ok": bool(steps) and not bad,
+        "detail": bad[0] if bad else f"samples from {first} follow step {restored}'s batch, none skipped or repeated",
+    }  # fmt: skip
+
+
+def lineage(rows: list[dict]) -> list[tuple[int, int, int]]:
+    """The world-size schedule of the final model: (world, first step, last step) of each stretch of
+    steps whose effect the final state holds, oldest first. Steps trained after the checkpoint a restart
+    restored from were lost with the fault and are not in it. From rank 0's progress lines."""
+    rank0 = sorted((r for r in rows if r.get("rank") == 0), key=lambda r: r["t"])
+    starts = [i for i, r in enumerate(rank0) if r.get("start")]
+    runs = []  # (world, restored step, last step trained) per worker start
+    for n, i in enumerate(starts):
+        nxt = starts[n + 1] if n + 1 < len(starts) else len(rank0)
+        trained = [r["step"] for r in rank0[i:nxt] if "step" in r]
+        restored = rank0[i].get("restored_step") or 0
+        runs.append((rank0[i]["world"], restored, max(trained, default=restored)))
+    out: list[tuple[int, int, int]] = []
+    ends = [r["final_step"] for r in rank0 if r.get("end")]
+    upto = ends[-1] if ends else (runs[-1][2] if runs else 0)  # walk back from the final state
+    for world, restored, last in reversed(runs):
+        if restored < upto <= last:  # this run produced steps restored+1..upto of the lineage
+            out.append((world, restored + 1, upto))
+            upto = restored
+    return out[::-1]
