@@ -157,16 +157,22 @@ def prepare(args: argparse.Namespace) -> bool:
     if args.rdzv_backend == "c10d":
         os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")  # torch 2.13 scale-up deadlock
     if args.rdzv_backend == BACKEND:
-        _add_rdzv_conf(
-            args,
-            node_id=args.node_id,
-            ca_cert=args.etcd_cacert,
-            ssl_cert=args.etcd_cert,
-            ssl_cert_key=args.etcd_key,
-            user=args.etcd_user,
-            job_file=args.job,
-        )
+        add_settings_flags(args)
     return embedded
+
+
+def add_settings_flags(args: argparse.Namespace) -> None:
+    """Our flags that are rendezvous settings (--node-id, --etcd-*, --job) join --rdzv-conf, so that
+    `RendezvousSettings` is the one reader of them."""
+    _add_rdzv_conf(
+        args,
+        node_id=args.node_id,
+        ca_cert=args.etcd_cacert,
+        ssl_cert=args.etcd_cert,
+        ssl_cert_key=args.etcd_key,
+        user=args.etcd_user,
+        job_file=args.job,
+    )
 
 
 def _apply_node_limits(args: argparse.Namespace, run_id: str):

@@ -161,7 +161,7 @@ def _fail(message: str) -> int:
     return 2
 
 
-def _conf(text: str) -> dict[str, str]:
+def _labels(text: str) -> dict[str, str]:
     out = {}
     for item in filter(None, (i.strip() for i in (text or "").split(","))):
         key, _, value = item.partition("=")
@@ -169,12 +169,29 @@ def _conf(text: str) -> dict[str, str]:
     return out
 
 
+def _settings(ns: argparse.Namespace, min_nodes: int, max_nodes: int):
+    """The run's rendezvous settings as every node will read them (`RendezvousSettings`): the etcd
+    endpoints, key prefix, TLS, user, password and timeout this launcher uses too. The job description
+    is left to the nodes: its path is theirs (relative to --workdir on the hosts)."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
+
+    from elastic_rm.rendezvous.settings import BACKEND, RendezvousSettings
+    from launcher.ermrun import add_settings_flags
+
+    add_settings_flags(ns)
+    conf = _parse_rendezvous_config(ns.rdzv_conf)
+    for key in ("job_file", "policy"):
+        conf.pop(key, None)
+    params = RendezvousParameters(BACKEND, ns.rdzv_endpoint, ns.rdzv_id, min_nodes, max_nodes, **conf)
+    return RendezvousSettings.from_parameters(params)
+
+
 def run(args: argparse.Namespace) -> int:
     from torch.distributed.run import parse_min_max_nnodes
 
     from elastic_rm.etcd.client import EtcdClient
     from elastic_rm.etcd.errors import EtcdError
-    from elastic_rm.etcd.options import TlsOptions
     from elastic_rm.launch.command import NodeCommand, parse_env
     from elastic_rm.launch.discovery import DiscoveryError, run_discovery
     from elastic_rm.launch.executor import Executor, ExecutorConfig
@@ -183,7 +200,6 @@ def run(args: argparse.Namespace) -> int:
     from elastic_rm.launch.pool import HostPool
     from elastic_rm.launch.ssh import SshConfigError, SshOptions
     from elastic_rm.obs.events import EventLog
-    from elastic_rm.rendezvous.keyspace import DEFAULT_PREFIX, Keyspace
     from elastic_rm.rendezvous.settings import BACKEND
     from launcher.ermrun import build_parser
 
@@ -209,14 +225,14 @@ def run(args: argparse.Namespace) -> int:
         min_nodes, max_nodes = parse_min_max_nnodes(ns.nnodes)
         if not 1 <= min_nodes <= max_nodes:
             raise ValueError(f"--nnodes {ns.nnodes} is invalid: need 1 <= MIN <= MAX (e.g. --nnodes 2:4)")
-        conf = _conf(ns.rdzv_conf)
-        keys = Keyspace(conf.get("prefix") or DEFAULT_PREFIX, ns.rdzv_id)
+        settings = _settings(ns, min_nodes, max_nodes)
+        keys = settings.keys
         ssh = SshOptions(args.ssh_binary, args.ssh_user, args.ssh_port, args.ssh_identity,
                          tuple(args.ssh_option), args.connect_timeout)  # fmt: skip
         ssh.validate()
         env = parse_env(args.env)
         pool = HostPool(args.host_failures, args.blacklist_cooldown, args.max_cooldown)
-        selected = dict(_conf(",".join(args.select)))
+        selected = _labels(",".join(args.select))
         if args.hostfile:
             hosts = read_hostfile(args.hostfile)
         else:
@@ -232,13 +248,9 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"no host in {args.hostfile} has the labels {args.select}")
     for h in hosts:
         pool.add(h)
-    tls = TlsOptions(ns.etcd_cacert or conf.get("ca_cert"), ns.etcd_cert or conf.get("ssl_cert"),
-                     ns.etcd_key or conf.get("ssl_cert_key"))  # fmt: skip
-    user = ns.etcd_user or conf.get("user")
-    password = (conf.get("password") or os.environ.get("ELASTIC_RM_ETCD_PASSWORD")) if user else None
     try:
-        client = EtcdClient(ns.rdzv_endpoint, timeout=float(conf.get("etcd_timeout", 5)), tls=tls,
-                            user=user, password=password)  # fmt: skip
+        client = EtcdClient(list(settings.endpoints), timeout=settings.etcd_timeout, tls=settings.tls,
+                            user=settings.user, password=settings.password)  # fmt: skip
         client.ping()
         if client.get(keys.closed) is not None:
             client.close()

@@ -103,3 +103,39 @@ def test_ermrun_flags_and_script_arguments_pass_through_unchanged(tmp_path):
     assert argv[-1].startswith(
         "cd /wd && exec env A='x y' ERM_LAUNCH_HOST=n1 PYTHONUNBUFFERED=1 /py -m elastic_rm.launch.remote"
     )
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--rdzv-conf", "lease_ttl=2.5"], "lease_ttl=2.5 must be a whole number of seconds"),
+        (["--rdzv-conf", "etcd_timeout=0"], "etcd_timeout='0' must be greater than 0"),
+        (["--rdzv-conf", "lease_ttl"], "lease_ttl"),  # not key=value
+        (["--etcd-user", "alice"], "etcd user given without a password"),
+        (["--etcd-cert", "client.pem"], "etcd TLS"),  # a client certificate without its key
+    ],
+)
+def test_rendezvous_settings_are_checked_by_the_rendezvous_own_reader(
+    capsys, tmp_path, monkeypatch, flags, message
+):
+    """--rdzv-conf and the --etcd-* flags go through RendezvousSettings, as on every node: a bad value
+    fails here, before any host is contacted, with the message a node would give."""
+    monkeypatch.delenv("ELASTIC_RM_ETCD_PASSWORD", raising=False)
+    hosts = tmp_path / "hosts"
+    hosts.write_text("h1\n")
+    rc, err = erm_launch(capsys, "--hostfile", str(hosts), *flags, *job())
+    assert rc == 2 and message in err, err
+
+
+def test_the_run_is_looked_up_under_the_rdzv_conf_prefix(capsys, tmp_path, etcd, run_id):
+    """The prefix comes from the settings too: a closed run under a custom prefix is found there."""
+    from elastic_rm.etcd.client import EtcdClient
+    from elastic_rm.rendezvous.keyspace import Keyspace
+
+    with EtcdClient(etcd.endpoint, timeout=5) as client:
+        client.put(Keyspace("/elsewhere", run_id).closed, '{"v": 1}')
+    hosts = tmp_path / "hosts"
+    hosts.write_text("h1\n")
+    flags = ["--nnodes", "1:2", "--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, "train.py"]
+    rc, err = erm_launch(capsys, "--hostfile", str(hosts), "--rdzv-conf", "prefix=/elsewhere", *flags)
+    assert rc == 2 and f"run {run_id} is closed already" in err, err
