@@ -90,14 +90,14 @@ class Progress:
         agent = self._agent
         if agent is None:
             return ""
-        done = getattr(agent._handler, "completed_round", None)
+        done = agent.completed_round
         parts = [f"ermrun {agent.node_id}"]
         if done is None:
             parts.append("waiting for a round")
         else:
             rank = done.members.index(agent.node_id) if agent.node_id in done.members else "?"
             parts.append(f"round {done.round} rank {rank}/{len(done.members)}")
-        parts.append(str(getattr(agent._worker_group.state, "value", "")).lower())
+        parts.append(str(getattr(agent.worker_state, "value", "")).lower())
         record = agent.last_record
         if record is not None:
             steps = record.get("steps")

@@ -166,6 +166,19 @@ class ElasticRMAgent(LocalElasticAgent):
         ok = state not in (WorkerState.FAILED, WorkerState.UNKNOWN)
         return ok, {"node": self.node_id, "state": str(state.value if hasattr(state, "value") else state)}
 
+    # -- read-only views (ermrun's status line) ---------------------------------------------------------
+
+    @property
+    def completed_round(self) -> Any:
+        """The last round this node joined (its ``round`` and ``members``), or None: before the first
+        round, and with torch's backends, which have no such record."""
+        return getattr(self._handler, "completed_round", None)
+
+    @property
+    def worker_state(self) -> WorkerState:
+        """The state of this node's workers, as torch's agent keeps it."""
+        return self._worker_group.state
+
     # -- metrics ----------------------------------------------------------------------------------------
 
     def _publish_loop(self) -> None:

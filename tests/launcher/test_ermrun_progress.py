@@ -54,7 +54,7 @@ def test_live_status_line_on_a_terminal(tmp_path):
     seen = b""
     try:
         deadline = time.monotonic() + 120
-        while b"round 1 rank 0/1" not in seen:
+        while b"round 1 rank 0/1 | healthy" not in seen:  # the agent's round and its workers' state
             assert time.monotonic() < deadline, seen.decode(errors="replace")
             if select.select([master], [], [], 0.5)[0]:
                 seen += os.read(master, 65536)
@@ -66,5 +66,5 @@ def test_live_status_line_on_a_terminal(tmp_path):
             p.wait(10)
         os.close(master)
     text = seen.decode(errors="replace")
-    assert "\r\x1b[2Kermrun tty | round 1 rank 0/1" in text  # redrawn in place, not scrolled
+    assert "\r\x1b[2Kermrun tty | round 1 rank 0/1 | healthy" in text  # redrawn in place, not scrolled
     assert "decision round 1: 1 member(s)" in text
