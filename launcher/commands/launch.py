@@ -8,6 +8,9 @@ import signal
 import sys
 import threading
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 HELP = "Start a job's nodes (ermrun) on hosts over ssh and keep as many running as the job wants."
 
@@ -161,12 +164,49 @@ def _fail(message: str) -> int:
     return 2
 
 
+class _Refused(Exception):
+    """A reason not to start anything, printed as erm launch's error."""
+
+
 def _labels(text: str) -> dict[str, str]:
     out = {}
     for item in filter(None, (i.strip() for i in (text or "").split(","))):
         key, _, value = item.partition("=")
         out[key.strip()] = value.strip()
     return out
+
+
+def _ermrun_command_line(args: argparse.Namespace) -> tuple[argparse.Namespace, list[str], list[str]]:
+    """The ermrun flags and script every host gets, parsed as ermrun would and checked for what cannot
+    work across hosts; a run id is made up when none is given. SystemExit on a parse error."""
+    from elastic_rm.rendezvous.settings import BACKEND
+    from launcher.ermrun import build_parser
+
+    flags = list(args.ermrun_flags)
+    script = [args.training_script, *args.training_script_args]
+    ns = build_parser().parse_args([*flags, *script])
+    if ns.rdzv_backend != BACKEND:
+        raise _Refused(f"erm launch runs the {BACKEND} rendezvous; remove --rdzv-backend {ns.rdzv_backend}")
+    if ns.standalone or not ns.rdzv_endpoint:
+        raise _Refused(
+            "erm launch needs --rdzv-endpoint HOST:PORT of an etcd that every host reaches (start one with "
+            '`erm etcd`, README "A real cluster"); --standalone\'s loopback etcd cannot serve other hosts'
+        )
+    if ns.node_id:
+        raise _Refused("erm launch names each node after its hostfile entry; remove --node-id")
+    if ns.rdzv_id in ("", "none"):
+        ns.rdzv_id = f"job-{uuid.uuid4().hex[:8]}"
+        flags.append(f"--rdzv-id={ns.rdzv_id}")
+    return ns, flags, script
+
+
+def _nnodes(ns: argparse.Namespace) -> tuple[int, int]:
+    from torch.distributed.run import parse_min_max_nnodes
+
+    min_nodes, max_nodes = parse_min_max_nnodes(ns.nnodes)
+    if not 1 <= min_nodes <= max_nodes:
+        raise _Refused(f"--nnodes {ns.nnodes} is invalid: need 1 <= MIN <= MAX (e.g. --nnodes 2:4)")
+    return min_nodes, max_nodes
 
 
 def _settings(ns: argparse.Namespace, min_nodes: int, max_nodes: int):
@@ -187,77 +227,112 @@ def _settings(ns: argparse.Namespace, min_nodes: int, max_nodes: int):
     return RendezvousSettings.from_parameters(params)
 
 
-def run(args: argparse.Namespace) -> int:
-    from torch.distributed.run import parse_min_max_nnodes
+def _ssh(args: argparse.Namespace):
+    from elastic_rm.launch.ssh import SshOptions
 
-    from elastic_rm.etcd.client import EtcdClient
-    from elastic_rm.etcd.errors import EtcdError
-    from elastic_rm.launch.command import NodeCommand, parse_env
-    from elastic_rm.launch.discovery import DiscoveryError, run_discovery
-    from elastic_rm.launch.executor import Executor, ExecutorConfig
-    from elastic_rm.launch.hostfile import HostfileError, read_hostfile
-    from elastic_rm.launch.node import RemoteNode
-    from elastic_rm.launch.pool import HostPool
-    from elastic_rm.launch.ssh import SshConfigError, SshOptions
-    from elastic_rm.obs.events import EventLog
-    from elastic_rm.rendezvous.settings import BACKEND
-    from launcher.ermrun import build_parser
+    ssh = SshOptions(args.ssh_binary, args.ssh_user, args.ssh_port, args.ssh_identity,
+                     tuple(args.ssh_option), args.connect_timeout)  # fmt: skip
+    ssh.validate()
+    return ssh
 
-    flags = list(args.ermrun_flags)
-    script = [args.training_script, *args.training_script_args]
-    try:
-        ns = build_parser().parse_args([*flags, *script])
-    except SystemExit as exc:
-        return int(exc.code or 2)
-    if ns.rdzv_backend != BACKEND:
-        return _fail(f"erm launch runs the {BACKEND} rendezvous; remove --rdzv-backend {ns.rdzv_backend}")
-    if ns.standalone or not ns.rdzv_endpoint:
-        return _fail(
-            "erm launch needs --rdzv-endpoint HOST:PORT of an etcd that every host reaches (start one with "
-            '`erm etcd`, README "A real cluster"); --standalone\'s loopback etcd cannot serve other hosts'
-        )
-    if ns.node_id:
-        return _fail("erm launch names each node after its hostfile entry; remove --node-id")
-    if ns.rdzv_id in ("", "none"):
-        ns.rdzv_id = f"job-{uuid.uuid4().hex[:8]}"
-        flags.append(f"--rdzv-id={ns.rdzv_id}")
-    try:
-        min_nodes, max_nodes = parse_min_max_nnodes(ns.nnodes)
-        if not 1 <= min_nodes <= max_nodes:
-            raise ValueError(f"--nnodes {ns.nnodes} is invalid: need 1 <= MIN <= MAX (e.g. --nnodes 2:4)")
-        settings = _settings(ns, min_nodes, max_nodes)
-        keys = settings.keys
-        ssh = SshOptions(args.ssh_binary, args.ssh_user, args.ssh_port, args.ssh_identity,
-                         tuple(args.ssh_option), args.connect_timeout)  # fmt: skip
-        ssh.validate()
-        env = parse_env(args.env)
-        pool = HostPool(args.host_failures, args.blacklist_cooldown, args.max_cooldown)
-        selected = _labels(",".join(args.select))
+
+def _host_source(args: argparse.Namespace):
+    """A function that reads the hosts available now, with the --select labels: the discovery script's
+    answer, or the hostfile (edit it to add or drain hosts)."""
+    from elastic_rm.launch.discovery import run_discovery
+    from elastic_rm.launch.hostfile import read_hostfile
+
+    selected = _labels(",".join(args.select))
+
+    def discover():
         if args.hostfile:
-            hosts = read_hostfile(args.hostfile)
+            found = read_hostfile(args.hostfile)
         else:
-            hosts = run_discovery(args.discovery_script, args.discovery_timeout)
-    except (ValueError, SshConfigError, HostfileError, DiscoveryError) as exc:
-        return _fail(str(exc))
-
-    def chosen(found):
+            found = run_discovery(args.discovery_script, args.discovery_timeout)
         return [h for h in found if all(h.labels.get(k) == v for k, v in selected.items())]
 
-    hosts = chosen(hosts)
+    return discover
+
+
+def _connect(settings, run_id: str):
+    """The etcd client of this launcher, once etcd answered and the run is not closed."""
+    from elastic_rm.etcd.client import EtcdClient
+    from elastic_rm.etcd.errors import EtcdError
+
+    client = EtcdClient(list(settings.endpoints), timeout=settings.etcd_timeout, tls=settings.tls,
+                        user=settings.user, password=settings.password)  # fmt: skip
+    try:
+        client.ping()
+        closed = client.get(settings.keys.closed) is not None
+    except EtcdError as exc:
+        client.close()
+        raise _Refused(f"cannot reach etcd: {exc}") from None
+    if closed:
+        client.close()
+        raise _Refused(f"run {run_id} is closed already (it ran before); pass a new --rdzv-id")
+    return client
+
+
+@dataclass
+class _Plan:
+    """What erm launch checked before it starts anything: the nodes' command line, the rendezvous
+    settings, how to reach and choose the hosts."""
+
+    ns: argparse.Namespace  # ermrun's parsed flags
+    flags: list[str]  # ermrun's flags as typed, for every host
+    script: list[str]
+    min_nodes: int
+    max_nodes: int
+    settings: Any  # RendezvousSettings
+    ssh: Any  # SshOptions
+    env: dict[str, str]
+    pool: Any  # HostPool
+    discover: Callable[[], list]
+    hosts: list
+
+
+def _plan(args: argparse.Namespace) -> _Plan:
+    from elastic_rm.launch.command import parse_env
+    from elastic_rm.launch.pool import HostPool
+
+    ns, flags, script = _ermrun_command_line(args)
+    min_nodes, max_nodes = _nnodes(ns)
+    settings = _settings(ns, min_nodes, max_nodes)
+    ssh = _ssh(args)
+    env = parse_env(args.env)
+    pool = HostPool(args.host_failures, args.blacklist_cooldown, args.max_cooldown)
+    discover = _host_source(args)
+    hosts = discover()
     if args.hostfile and not hosts:
-        return _fail(f"no host in {args.hostfile} has the labels {args.select}")
+        raise _Refused(f"no host in {args.hostfile} has the labels {args.select}")
     for h in hosts:
         pool.add(h)
-    try:
-        client = EtcdClient(list(settings.endpoints), timeout=settings.etcd_timeout, tls=settings.tls,
-                            user=settings.user, password=settings.password)  # fmt: skip
-        client.ping()
-        if client.get(keys.closed) is not None:
-            client.close()
-            return _fail(f"run {ns.rdzv_id} is closed already (it ran before); pass a new --rdzv-id")
-    except EtcdError as exc:
-        return _fail(f"cannot reach etcd: {exc}")
+    return _Plan(ns, flags, script, min_nodes, max_nodes, settings, ssh, env, pool, discover, hosts)
 
+
+def run(args: argparse.Namespace) -> int:
+    from elastic_rm.launch.discovery import DiscoveryError
+    from elastic_rm.launch.hostfile import HostfileError
+    from elastic_rm.launch.ssh import SshConfigError
+
+    try:
+        plan = _plan(args)
+        client = _connect(plan.settings, plan.ns.rdzv_id)
+    except SystemExit as exc:  # ermrun's parser printed the usage error
+        return int(exc.code or 2)
+    except (_Refused, ValueError, SshConfigError, HostfileError, DiscoveryError) as exc:
+        return _fail(str(exc))
+    return _execute(args, plan, client)
+
+
+def _execute(args: argparse.Namespace, plan: _Plan, client) -> int:
+    """Run the executor until the job ends (or Ctrl-C, SIGTERM: every node is stopped); its exit status."""
+    from elastic_rm.launch.command import NodeCommand
+    from elastic_rm.launch.executor import Executor, ExecutorConfig
+    from elastic_rm.launch.node import RemoteNode
+    from elastic_rm.obs.events import EventLog
+
+    run_id, keys, hosts = plan.ns.rdzv_id, plan.settings.keys, plan.hosts
     lock = threading.Lock()
 
     def print_line(line: str) -> None:
@@ -270,27 +345,22 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.write(f"[erm launch] {message}\n")
             sys.stderr.flush()
 
-    command = NodeCommand(ssh, args.python, args.workdir, tuple(flags), tuple(script), env, args.stop_grace)
-    events = EventLog(ns.rdzv_id, "erm-launch", path=args.events_file, client=client, keys=keys)
-
-    def discover():
-        """Re-read the hosts: the discovery script's answer, or the hostfile (edit it to add or drain hosts)."""
-        if args.hostfile:
-            return chosen(read_hostfile(args.hostfile))
-        return chosen(run_discovery(args.discovery_script, args.discovery_timeout))
-
+    command = NodeCommand(plan.ssh, args.python, args.workdir, tuple(plan.flags), tuple(plan.script), plan.env,
+                          args.stop_grace)  # fmt: skip
+    events = EventLog(run_id, "erm-launch", path=args.events_file, client=client, keys=keys)
     config = ExecutorConfig(
-        min_nodes, max_nodes, poll_s=args.poll_interval, stop_grace_s=args.stop_grace,
+        plan.min_nodes, plan.max_nodes, poll_s=args.poll_interval, stop_grace_s=args.stop_grace,
         exit_grace_s=args.exit_grace, idle_timeout_s=args.idle_timeout,
         discovery_interval_s=args.discovery_interval,
     )  # fmt: skip
     executor = Executor(
-        client, keys, pool, lambda host: RemoteNode(host, command.argv(host), print_line), events, config,
-        say, discover=discover, known_hosts=hosts,
+        client, keys, plan.pool, lambda host: RemoteNode(host, command.argv(host), print_line), events, config,
+        say, discover=plan.discover, known_hosts=hosts,
     )  # fmt: skip
-    say(f"run {ns.rdzv_id}: {len(hosts)} host(s), {min_nodes}-{max_nodes} node(s), etcd {ns.rdzv_endpoint}")
-    events.emit("launch", f"erm launch started run {ns.rdzv_id} with {len(hosts)} host(s)", action="begin",
-                hosts=[h.name for h in hosts], min_nodes=min_nodes, max_nodes=max_nodes)  # fmt: skip
+    nodes = f"{plan.min_nodes}-{plan.max_nodes} node(s)"
+    say(f"run {run_id}: {len(hosts)} host(s), {nodes}, etcd {plan.ns.rdzv_endpoint}")
+    events.emit("launch", f"erm launch started run {run_id} with {len(hosts)} host(s)", action="begin",
+                hosts=[h.name for h in hosts], min_nodes=plan.min_nodes, max_nodes=plan.max_nodes)  # fmt: skip
 
     def on_term(signum, frame):
         raise KeyboardInterrupt
