@@ -183,24 +183,8 @@ def _apply_node_limits(args: argparse.Namespace, run_id: str):
     return apply_node_limits(f"{run_id}.{args.node_id or os.getpid()}", limits)
 
 
-@record
-def run(argv: list[str] | None = None) -> int:
-    from elastic_rm.agent.cgroup import CgroupError
-    from elastic_rm.agent.http import EndpointError
-    from elastic_rm.agent.launch import launch_agent
-    from elastic_rm.etcd.errors import EtcdError
-    from elastic_rm.etcd.server import EtcdServer, EtcdServerError
-
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    from elastic_rm.launch.slurm import SlurmError, apply_slurm
-
-    try:  # inside srun: node count, run id, node id and etcd address from Slurm (flags given win)
-        from_slurm = apply_slurm(args, parser)
-    except SlurmError as exc:
-        return _fail(str(exc))
-    if from_slurm:
-        log.info("from the Slurm environment: %s", ", ".join(from_slurm))
+def _agent_options(args: argparse.Namespace) -> AgentOptions:
+    """The agent's options from our flags, checked (ValueError says which flag is wrong)."""
     options = AgentOptions(
         node_id=args.node_id,
         membership_grace_s=args.membership_grace,
@@ -211,19 +195,46 @@ def run(argv: list[str] | None = None) -> int:
         event_log=args.event_log,
         event_sample_interval_s=args.event_sample_interval,
     )
-    try:
-        options.validate()
-    except ValueError as exc:
-        return _fail(str(exc))
+    options.validate()
     if args.event_log:
         try:
             open(args.event_log, "a").close()
         except OSError as exc:
-            return _fail(f"--event-log {args.event_log}: cannot append to it ({exc})")
+            raise ValueError(f"--event-log {args.event_log}: cannot append to it ({exc})") from None
+    return options
+
+
+@record
+def run(argv: list[str] | None = None) -> int:
+    from elastic_rm.launch.slurm import SlurmError, apply_slurm
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:  # inside srun: node count, run id, node id and etcd address from Slurm (flags given win)
+        from_slurm = apply_slurm(args, parser)
+        options = _agent_options(args)
+    except (SlurmError, ValueError) as exc:
+        return _fail(str(exc))
+    if from_slurm:
+        log.info("from the Slurm environment: %s", ", ".join(from_slurm))
     from launcher.progress import Progress
 
     progress = Progress("quiet" if args.quiet else args.log_format)
     progress.setup_logging()
+    try:
+        return _launch(args, options, progress)
+    finally:
+        progress.close()
+
+
+def _launch(args: argparse.Namespace, options: AgentOptions, progress) -> int:
+    """Start the embedded etcd when needed, put the node under its limits, run the agent; its exit status."""
+    from elastic_rm.agent.cgroup import CgroupError
+    from elastic_rm.agent.http import EndpointError
+    from elastic_rm.agent.launch import launch_agent
+    from elastic_rm.etcd.errors import EtcdError
+    from elastic_rm.etcd.server import EtcdServer, EtcdServerError
+
     embedded = prepare(args)
     server = None
     try:
@@ -235,15 +246,14 @@ def run(argv: list[str] | None = None) -> int:
         except (AssertionError, ValueError) as exc:
             return _fail(str(exc))
         config.rdzv_configs.setdefault("nproc", config.nproc_per_node)
-        if server is not None:
-            if config.max_nodes > 1:
-                log.warning(
-                    "embedded etcd at %s (loopback only): start the other nodes on this machine with "
-                    "--rdzv-endpoint %s --rdzv-id %s, or run `erm etcd` for a multi-host job",
-                    server.endpoint,
-                    server.endpoint,
-                    config.run_id,
-                )
+        if server is not None and config.max_nodes > 1:
+            log.warning(
+                "embedded etcd at %s (loopback only): start the other nodes on this machine with "
+                "--rdzv-endpoint %s --rdzv-id %s, or run `erm etcd` for a multi-host job",
+                server.endpoint,
+                server.endpoint,
+                config.run_id,
+            )
         cgroup = _apply_node_limits(args, config.run_id)
         try:
             launch_agent(config, cmd, list(cmd_args), options, on_agent=progress.attach)
@@ -260,7 +270,6 @@ def run(argv: list[str] | None = None) -> int:
             return _fail(f"rendezvous: {exc}")
         raise
     finally:
-        progress.close()
         if server is not None:
             server.stop()
 
