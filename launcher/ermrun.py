@@ -145,8 +145,15 @@ def prepare(args: argparse.Namespace) -> bool:
     """Apply ermrun's defaults to torch's namespace. True when an embedded etcd is needed."""
     embedded = False
     if args.standalone:
+        if args.rdzv_endpoint:
+            raise ValueError(
+                f"--standalone starts its own etcd, so --rdzv-endpoint {args.rdzv_endpoint} would be ignored: "
+                "drop --standalone to use that etcd, or drop --rdzv-endpoint"
+            )
         args.standalone = False
-        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = BACKEND, "", str(uuid.uuid4())
+        # an --rdzv-id is honoured: a re-run with the same id finds its node memory (flash checkpoints)
+        run_id = args.rdzv_id if args.rdzv_id not in ("", "none") else str(uuid.uuid4())
+        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = BACKEND, "", run_id
     if args.rdzv_backend == BACKEND and not args.rdzv_endpoint:
         embedded = True
     elif args.rdzv_backend == "static" and not args.rdzv_endpoint and args.master_port is None:
@@ -235,7 +242,10 @@ def _launch(args: argparse.Namespace, options: AgentOptions, progress) -> int:
     from elastic_rm.etcd.errors import EtcdError
     from elastic_rm.etcd.server import EtcdServer, EtcdServerError
 
-    embedded = prepare(args)
+    try:
+        embedded = prepare(args)
+    except ValueError as exc:
+        return _fail(str(exc))
     server = None
     try:
         if embedded:

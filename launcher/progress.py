@@ -90,7 +90,7 @@ class Progress:
         agent = self._agent
         if agent is None:
             return ""
-        done = agent.completed_round
+        done = agent.joined_round
         parts = [f"ermrun {agent.node_id}"]
         if done is None:
             parts.append("waiting for a round")

@@ -28,11 +28,12 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, W
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
 from ..rendezvous.etcd_store import RoundSupersededError
+from ..wire.metrics import encode_record
 from . import ckpt_server
 from .channel import AgentChannel
 from .http import AgentHttpServer
-from .metrics_record import build_record, encode_record
 from .monitor import ResourceMonitor
+from .record import build_record
 
 log = logging.getLogger(__name__)
 
@@ -169,10 +170,10 @@ class ElasticRMAgent(LocalElasticAgent):
     # -- read-only views (ermrun's status line) ---------------------------------------------------------
 
     @property
-    def completed_round(self) -> Any:
+    def joined_round(self) -> Any:
         """The last round this node joined (its ``round`` and ``members``), or None: before the first
         round, and with torch's backends, which have no such record."""
-        return getattr(self._handler, "completed_round", None)
+        return getattr(self._handler, "joined_round", None)
 
     @property
     def worker_state(self) -> WorkerState:
@@ -200,7 +201,7 @@ class ElasticRMAgent(LocalElasticAgent):
         self.last_record = record
         self.metrics.update(record)
         self.metrics.add_steps(self.channel.steps_total)
-        completed = getattr(self._handler, "completed_round", None)
+        completed = getattr(self._handler, "joined_round", None)
         if completed is not None:
             self.metrics.set_round(completed.round)
         self.metrics.set_state(str(self._worker_group.state.value).lower())

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from ..etcd.client import EtcdClient
 from ..obs.events import Event, read_etcd
-from ..rendezvous.keyspace import DEFAULT_PREFIX, Keyspace
-from ..rendezvous.records import sealed_rounds
+from ..wire.keyspace import DEFAULT_PREFIX, Keyspace
+from ..wire.records import effective_rounds
 
 ETCD_TIMEOUT_S = 5.0
 
@@ -20,7 +20,7 @@ def rounds_from_etcd(endpoint: str, run_id: str) -> list[dict]:
         kvs, _ = client.get_prefix(keys.rounds)
     out = [
         {"round": r.round, "members": list(r.members), "reason": r.reason, "t": r.time}
-        for r in sealed_rounds(kvs, errors)
+        for r in effective_rounds(kvs, errors)
     ]
     return out + [{"round": None, "error": e} for e in errors]
 

@@ -15,12 +15,13 @@ from .perf_model import Sample
 from .scaling import choose_world, fit_configs, shape_of
 
 GIB = 1024**3
+PLAN_FIELDS = frozenset({"min_nodes", "max_nodes", "history", "observations"})  # erm plan reads these
 
 
 def explain(desc: object, cfg: PlannerConfig | None = None, where: str = "job") -> dict:
     """Stage 1 (always), the memory model at the start size, stage 2 when observations are given."""
     cfg = cfg or PlannerConfig()
-    job = parse_job(desc, where)
+    job = parse_job(desc, where, also=PLAN_FIELDS)
     assert isinstance(desc, dict)
     req = job.request
     lo = _int(desc, "min_nodes", where, 1)

@@ -6,9 +6,10 @@ and names the field at fault (``JobSpecError``), never guesses.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 DEFAULT_BANDWIDTH = 1.25e9  # bytes/s, 10 GbE: assumed when the job does not say
 
@@ -44,7 +45,6 @@ class JobSpec:
     optimizer_state_factor: float = 1.0  # optimizer bytes per parameter byte (Adagrad 1, Adam 2)
     lookups_per_sample: float = 1.0  # pooled lookups per table per sample
     request: Request | None = None
-    extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def table_bytes(self) -> int:
@@ -91,10 +91,30 @@ def _num(d: dict, key: str, where: str, kind: type = float, minimum: float = 0.0
     return kind(v)
 
 
-def parse_job(d: object, where: str = "job") -> JobSpec:
-    """Validate a job dict (schema in docs/planner.md) and build the JobSpec."""
+FIELDS = frozenset(
+    {"name", "tables", "request", "global_batch", "dense_params", "bandwidth", "bytes_per_param"}
+    | {"optimizer_state_factor", "lookups_per_sample", "planner", "oom_count"}
+)
+TABLE_FIELDS = frozenset({"rows", "dim"})
+REQUEST_FIELDS = frozenset({"nodes", "cpu_per_node", "mem_per_node_bytes", "gpus_per_node"})
+
+
+def reject_unknown(
+    d: dict, known: frozenset[str], where: str, error: type[ValueError] = ValueError, noun: str = "field"
+) -> None:
+    """A field nobody reads is a typo until proven otherwise: fail, naming the closest known field."""
+    for key in sorted(set(d) - known, key=str):
+        close = difflib.get_close_matches(str(key), sorted(known), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else f" (known: {', '.join(sorted(known))})"
+        raise error(f"{where}: unknown {noun} {key!r}{hint}")
+
+
+def parse_job(d: object, where: str = "job", also: frozenset[str] = frozenset()) -> JobSpec:
+    """Validate a job dict (schema in docs/planner.md) and build the JobSpec. Unknown fields are errors;
+    ``also`` names the fields a caller reads itself (`erm plan`'s observations, say)."""
     if not isinstance(d, dict):
         raise JobSpecError(f"{where}: expected a JSON object, got {type(d).__name__}")
+    reject_unknown(d, FIELDS | also, where, JobSpecError)
     name = d.get("name", "job")
     if not isinstance(name, str):
         raise JobSpecError(f"{where}: field 'name' must be a string")
@@ -105,6 +125,7 @@ def parse_job(d: object, where: str = "job") -> JobSpec:
     for i, t in enumerate(tables_raw):
         if not isinstance(t, dict):
             raise JobSpecError(f"{where}: tables[{i}] must be an object")
+        reject_unknown(t, TABLE_FIELDS, f"{where}.tables[{i}]", JobSpecError)
         tables.append(
             Table(
                 _num(t, "rows", f"{where}.tables[{i}]", int, 1),
@@ -117,14 +138,13 @@ def parse_job(d: object, where: str = "job") -> JobSpec:
         if not isinstance(r, dict):
             raise JobSpecError(f"{where}: field 'request' must be an object")
         w = f"{where}.request"
+        reject_unknown(r, REQUEST_FIELDS, w, JobSpecError)
         request = Request(
             nodes=_num(r, "nodes", w, int, 1),
             cpu_per_node=_num(r, "cpu_per_node", w, float, 0.0, default=0.0),
             mem_per_node_bytes=_num(r, "mem_per_node_bytes", w, int, 0, default=0),
             gpus_per_node=_num(r, "gpus_per_node", w, int, 0, default=0),
         )
-    known = {"name", "tables", "request", "global_batch", "dense_params", "bandwidth", "bytes_per_param"}
-    known |= {"optimizer_state_factor", "lookups_per_sample", "planner"}
     return JobSpec(
         name=name,
         global_batch=_num(d, "global_batch", where, int, 1),
@@ -135,5 +155,4 @@ def parse_job(d: object, where: str = "job") -> JobSpec:
         optimizer_state_factor=_num(d, "optimizer_state_factor", where, float, 0.0, default=1.0),
         lookups_per_sample=_num(d, "lookups_per_sample", where, float, 0.0, default=1.0),
         request=request,
-        extra={k: v for k, v in d.items() if k not in known},
     )

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 from ..etcd.client import TlsOptions, parse_endpoints
-from .keyspace import DEFAULT_PREFIX, Keyspace, validate_name
+from ..planner.job import reject_unknown
+from ..wire.keyspace import DEFAULT_PREFIX, Keyspace, validate_name
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,12 @@ def _number(params: RendezvousParameters, key: str, default: float, minimum: flo
     try:
         value = float(raw)
     except (TypeError, ValueError):
-        raise ValueError(f"--rdzv-conf {key}={raw!r} is not a number") from None
+        hint = ""
+        if any(sep in str(raw) for sep in (";", "=", " ", ":")):
+            hint = (
+                " (--rdzv-conf separates key=value pairs with commas, e.g. lease_ttl=3,last_call_timeout=1)"
+            )
+        raise ValueError(f"--rdzv-conf {key}={raw!r} is not a number{hint}") from None
     if value <= minimum:
         raise ValueError(f"--rdzv-conf {key}={raw!r} must be greater than {minimum:g}")
     return value
@@ -77,9 +83,13 @@ class RendezvousSettings:
             raise ValueError(
                 "the elastic-rm rendezvous needs --rdzv-endpoint HOST:PORT of an etcd (or use ermrun)"
             )
-        unknown = sorted(set(params.config) - set(KNOWN_KEYS) - {"rank"})
-        if unknown:
-            log.warning("ignoring unknown --rdzv-conf keys for elastic-rm: %s", ", ".join(unknown))
+        # torch adds "rank" (--node-rank) itself; any other key nobody reads is a typo until proven otherwise
+        reject_unknown(
+            {k: None for k in params.config if k != "rank"},
+            frozenset(KNOWN_KEYS),
+            "--rdzv-conf for elastic-rm",
+            noun="key",
+        )
         endpoints = tuple(f"{h}:{p}" for h, p in parse_endpoints(params.endpoint))
         tls = TlsOptions(params.get("ca_cert"), params.get("ssl_cert"), params.get("ssl_cert_key"))
         tls.validate()

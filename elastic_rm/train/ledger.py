@@ -167,9 +167,19 @@ class GlobalBatches:
         self.ledger, self.batch = ledger, batch
         self._range: DataRange | None = None
         self._cursor = 0
+        self._outstanding = False  # next() handed out a batch that consumed() has not marked done
 
     def next(self) -> tuple[int, int]:
-        """[start, end) of this step's global batch (the same on every rank); call `consumed` after it."""
+        """[start, end) of this step's global batch (the same on every rank); call `consumed` after it.
+
+        A second call before `consumed` is an error, not the same batch again: a data pipeline that
+        fetches ahead would otherwise train one batch twice without a sign."""
+        if self._outstanding:
+            raise LedgerError(
+                f"next() called again before consumed(): the batch [{self._cursor}, {self._cursor + self.batch}) "
+                "is not in the model yet. Call consumed() after each optimizer step; a pipeline that fetches "
+                "batches ahead must call next() only for the batch the step trains"
+            )
         if self._range is None or self._cursor >= self._range.end:
             r = self.ledger.acquire(self.OWNER)
             if r is None:  # every range is done: the next epoch
@@ -185,12 +195,14 @@ class GlobalBatches:
                     "saved with"
                 )
             self._range, self._cursor = r, r.start
+        self._outstanding = True
         return self._cursor, self._cursor + self.batch
 
     def consumed(self) -> None:
         """The batch `next` returned is in the model now (after the optimizer step)."""
-        if self._range is None:
-            raise LedgerError("consumed() before next()")
+        if not self._outstanding or self._range is None:
+            raise LedgerError("consumed() without a batch from next(): nothing to mark done")
+        self._outstanding = False
         self._cursor += self.batch
         self.ledger.report(self._range.id, self._cursor)
 

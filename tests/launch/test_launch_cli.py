@@ -130,7 +130,7 @@ def test_rendezvous_settings_are_checked_by_the_rendezvous_own_reader(
 def test_the_run_is_looked_up_under_the_rdzv_conf_prefix(capsys, tmp_path, etcd, run_id):
     """The prefix comes from the settings too: a closed run under a custom prefix is found there."""
     from elastic_rm.etcd.client import EtcdClient
-    from elastic_rm.rendezvous.keyspace import Keyspace
+    from elastic_rm.wire.keyspace import Keyspace
 
     with EtcdClient(etcd.endpoint, timeout=5) as client:
         client.put(Keyspace("/elsewhere", run_id).closed, '{"v": 1}')

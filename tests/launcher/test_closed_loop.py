@@ -23,9 +23,9 @@ from elastic_rm.demo.checks import checks
 from elastic_rm.demo.harness import DEFAULT_SCRIPT, Demo
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.obs import events as ev
-from elastic_rm.rendezvous.keyspace import DEFAULT_PREFIX, Keyspace
-from elastic_rm.rendezvous.records import LedgerRecord, RoundRecord
 from elastic_rm.train.paths import remove_node_memory, run_memory_dir
+from elastic_rm.wire.keyspace import DEFAULT_PREFIX, Keyspace
+from elastic_rm.wire.records import LedgerRecord, RoundRecord
 from tests.conftest import BIN, REPO
 
 EXAMPLE_JOB = os.path.join(REPO, "examples", "dlrm", "job.json")

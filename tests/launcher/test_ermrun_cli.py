@@ -35,6 +35,14 @@ def test_embedded_etcd_runs_a_job_and_is_stopped(tmp_path, extra):
     assert etcd_children() <= before  # the embedded etcd was stopped
 
 
+def test_standalone_honours_the_run_id(tmp_path):
+    """A re-run of the same --standalone job with the same --rdzv-id is the same run (its node memory)."""
+    result = run(["--standalone", "--rdzv-id", "my-job", "--nproc-per-node", "1", STEPS], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    starts = [r for r in records(tmp_path, "e") if r.get("start")]
+    assert starts and {r["env"]["TORCHELASTIC_RUN_ID"] for r in starts} == {"my-job"}
+
+
 def test_worker_failure_exits_non_zero_like_torchrun(tmp_path):
     script = tmp_path / "fail.py"
     script.write_text("import sys; sys.exit(3)\n")
@@ -59,6 +67,9 @@ def test_unreachable_endpoint_fails_fast_and_names_it(tmp_path):
         (["--etcd-cert", "/etc/hostname"], "both a client certificate and its key"),
         (["--membership-grace", "-1"], "--membership-grace"),
         (["--job", "/nonexistent/job.json"], "cannot be read"),
+        (["--standalone", "--rdzv-endpoint", "127.0.0.1:9"], "--standalone starts its own etcd"),
+        (["--rdzv-conf", "lease_tll=3"], "unknown key 'lease_tll'; did you mean 'lease_ttl'?"),
+        (["--rdzv-conf", "lease_ttl=3;last_call_timeout=1"], "separates key=value pairs with commas"),
     ],
 )
 def test_bad_input_is_a_clear_error(tmp_path, args, message):

@@ -1,4 +1,5 @@
 import math
+import re
 
 import pytest
 
@@ -82,3 +83,20 @@ def test_job_planner_section_overrides_config_field_by_field():
             config_from_job({"planner": bad})
     with pytest.raises(ValueError, match="JSON object"):
         config_from_job({"planner": [1]})
+
+
+@pytest.mark.parametrize(
+    "mutate,message",
+    [
+        (lambda d: d.update(globl_batch=8), "unknown field 'globl_batch'; did you mean 'global_batch'?"),
+        (lambda d: d["tables"][0].update(dims=8), "job.tables[0]: unknown field 'dims'; did you mean 'dim'?"),
+        (lambda d: d["request"].update(node=2), "job.request: unknown field 'node'; did you mean 'nodes'?"),
+        (lambda d: d.update(observations=[]), "unknown field 'observations'"),  # erm plan's, not the job's
+    ],
+)
+def test_a_job_field_nobody_reads_is_an_error_with_a_suggestion(mutate, message):
+    job = {"global_batch": 64, "tables": [{"rows": 10, "dim": 4}], "dense_params": 5, "request": {"nodes": 1}}
+    parse_job(job)
+    mutate(job)
+    with pytest.raises(JobSpecError, match=re.escape(message)):
+        parse_job(job)

@@ -256,3 +256,19 @@ def test_global_batches_take_each_sample_once_across_restores_and_epochs() -> No
     run(first, 1)
     with pytest.raises(LedgerError, match="resume with the global batch it was saved with"):
         GlobalBatches(RangeLedger.from_checkpoint(first.ledger.checkpoint_state()), 12).next()
+
+
+def test_global_batches_refuse_a_second_batch_before_the_first_is_consumed() -> None:
+    """A pipeline that fetches ahead must not get the same batch twice without a sign."""
+    from elastic_rm.train.ledger import GlobalBatches, LedgerError, RangeLedger
+
+    batches = GlobalBatches(RangeLedger(96, 24), 8)
+    with pytest.raises(LedgerError, match="consumed\\(\\) without a batch"):
+        batches.consumed()
+    assert batches.next() == (0, 8)
+    with pytest.raises(LedgerError, match=r"next\(\) called again before consumed\(\): the batch \[0, 8\)"):
+        batches.next()
+    batches.consumed()
+    with pytest.raises(LedgerError, match="consumed\\(\\) without a batch"):
+        batches.consumed()
+    assert batches.next() == (8, 16) and batches.ledger.samples_done() == 8
