@@ -111,6 +111,7 @@ def test_ermrun_flags_and_script_arguments_pass_through_unchanged(tmp_path):
         (["--rdzv-conf", "lease_ttl=2.5"], "lease_ttl=2.5 must be a whole number of seconds"),
         (["--rdzv-conf", "etcd_timeout=0"], "etcd_timeout='0' must be greater than 0"),
         (["--rdzv-conf", "lease_ttl"], "lease_ttl"),  # not key=value
+        (["--rdzv-conf", "lease_tll=3"], "unknown key 'lease_tll'; did you mean 'lease_ttl'?"),
         (["--etcd-user", "alice"], "etcd user given without a password"),
         (["--etcd-cert", "client.pem"], "etcd TLS"),  # a client certificate without its key
     ],
