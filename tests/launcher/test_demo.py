@@ -40,8 +40,10 @@ def test_demo_scales_up_survives_a_kill_and_cleans_up(tmp_path):
         )
         groups = layout.cpu / cgroup.GROUP
         assert not [p for p in (groups.iterdir() if groups.is_dir() else []) if p.name.startswith(run_id)]
+    # the demo's nodes and workers name its workdir (--progress-dir) on their command line: other jobs on a
+    # shared machine do not count
     leftovers = [
         p for p in psutil.process_iter(["pid", "cmdline"])
-        if p.info["pid"] not in before and any("ermrun" in c or "train.py" in c for c in (p.info["cmdline"] or []))
+        if p.info["pid"] not in before and any(str(tmp_path) in c for c in (p.info["cmdline"] or []))
     ]  # fmt: skip
     assert leftovers == []
