@@ -104,8 +104,3 @@ class Election:
         if self.revision is None:
             raise EtcdError(f"not the leader of {self.key}: campaign first")
         return Compare.create(self.key, self.revision)
-
-    def resign(self) -> None:
-        if self.revision is not None:
-            self._client.txn([self.fence()], [Op.delete(self.key)])
-            self.revision = None

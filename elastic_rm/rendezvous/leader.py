@@ -44,7 +44,6 @@ class RoundLeader:
         max_nodes: int,
         last_call_timeout: float,
         job: dict | None = None,
-        on_decision: Callable[[RoundRecord], None] | None = None,
         events: EventLog | None = None,
     ):
         self._client = client
@@ -55,7 +54,6 @@ class RoundLeader:
         self._min, self._max = min_nodes, max_nodes
         self._last_call = last_call_timeout
         self._job = job or {}
-        self._on_decision = on_decision
         self._events = events
         self._demand: tuple[int, str] | None = None  # last written (target_nodes, reason)
         self._outcome: dict | None = None  # the last written round, until its outcome is measured
@@ -329,8 +327,6 @@ class RoundLeader:
                 "before": self._job_throughput(current.members) if current else None,
                 "since": None,
             }
-            if self._on_decision is not None:
-                self._on_decision(record)
 
     def _sealed_at_once(self, record: RoundRecord) -> RoundRecord:
         """When every member is already waiting in next_rendezvous (state joining or standby, under a
