@@ -10,7 +10,7 @@ What it adds:
 - lost-peer handling: workers whose collectives fail because a member vanished are restarted into the
   next round without using one of ``--max-restarts``.
 
-Extension points (anchors.md, B.3): ``_start_workers``, ``_monitor_workers`` and ``_restart_workers``
+Extension points: ``_start_workers``, ``_monitor_workers`` and ``_restart_workers``
 are private torch methods (``_shutdown`` is not ours to hook: torch calls it on every worker stop); ``tests/launcher/test_torch_contract.py`` pins them so that a
 torch upgrade that changes them fails loudly instead of silently skipping our hooks.
 """
