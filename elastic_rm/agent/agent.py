@@ -28,7 +28,7 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, W
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
 from ..rendezvous.etcd_store import RoundSupersededError
-from . import ckpt_server
+from . import ckpt_hooks
 from .channel import AgentChannel
 from .http import AgentHttpServer
 from .metrics_record import build_record, encode_record
@@ -91,7 +91,7 @@ class ElasticRMAgent(LocalElasticAgent):
         )
         self.http.start()  # a port in use fails here, before any worker or thread exists
         # peers fetch and replicate flash checkpoints through it; published in this node's record
-        self.ckpt_server = ckpt_server.start_for_agent(handler, handler.get_run_id())
+        self.ckpt_server = ckpt_hooks.start_for_agent(handler, handler.get_run_id())
         self.monitor = ResourceMonitor(interval_s=self.options.sample_interval_s)
         self.channel = AgentChannel(window_s=STEP_WINDOW_S)
         self._stop = threading.Event()
@@ -134,7 +134,7 @@ class ElasticRMAgent(LocalElasticAgent):
             node_dir=lambda: root / handler.node_id,  # the id changes when the node rejoins
             publish=handler.publish_ledger,
             leading=lambda: handler.leading,
-            peers=lambda: ckpt_server.peer_endpoints(handler),
+            peers=lambda: ckpt_hooks.peer_endpoints(handler),
         )
 
     # -- life cycle -------------------------------------------------------------------------------------
@@ -267,7 +267,7 @@ class ElasticRMAgent(LocalElasticAgent):
         self._start_side_services()
         os.environ.update(self.channel.env())
         os.environ["ERM_NODE_ID"] = getattr(self._handler, "node_id", None) or self.node_id
-        ckpt_server.set_worker_env(self._handler)  # this round's peers' checkpoint servers
+        ckpt_hooks.set_worker_env(self._handler)  # this round's peers' checkpoint servers
         self.channel.clear_drain()
         self.channel.reset_steps()  # a new world: step times of the old one would blur the planner's view
         pids = super()._start_workers(worker_group)
