@@ -138,8 +138,8 @@ def new_workdir() -> str:
 def rounds_from_etcd(endpoint: str, run_id: str) -> list[dict]:
     """The sealed rounds of the run, as recorded by the leader under rounds/<n>/record."""
     from elastic_rm.etcd.client import EtcdClient
-    from elastic_rm.rendezvous.keyspace import DEFAULT_PREFIX, Keyspace
-    from elastic_rm.rendezvous.records import sealed_rounds
+    from elastic_rm.wire.keyspace import DEFAULT_PREFIX, Keyspace
+    from elastic_rm.wire.records import effective_rounds
 
     keys = Keyspace(DEFAULT_PREFIX, run_id)
     errors: list[str] = []
@@ -147,7 +147,7 @@ def rounds_from_etcd(endpoint: str, run_id: str) -> list[dict]:
         kvs, _ = client.get_prefix(keys.rounds)
     out = [
         {"round": r.round, "members": list(r.members), "reason": r.reason, "t": r.time}
-        for r in sealed_rounds(kvs, errors)
+        for r in effective_rounds(kvs, errors)
     ]
     return out + [{"round": None, "error": e} for e in errors]
 
@@ -156,7 +156,7 @@ def outcomes_from_etcd(endpoint: str, run_id: str) -> dict[int, dict]:
     """Round -> the leader's measured outcome of it (throughput before/after, measured and predicted gain)."""
     from elastic_rm.etcd.client import EtcdClient
     from elastic_rm.obs.events import read_etcd
-    from elastic_rm.rendezvous.keyspace import DEFAULT_PREFIX, Keyspace
+    from elastic_rm.wire.keyspace import DEFAULT_PREFIX, Keyspace
 
     with EtcdClient(endpoint, timeout=5) as client:
         found, _errors, _ = read_etcd(client, Keyspace(DEFAULT_PREFIX, run_id))
@@ -169,7 +169,7 @@ def decisions_from_etcd(endpoint: str, run_id: str) -> list[dict]:
     """The leader's decisions from the run's event log: round, members, reason, unix time."""
     from elastic_rm.etcd.client import EtcdClient
     from elastic_rm.obs.events import read_etcd
-    from elastic_rm.rendezvous.keyspace import DEFAULT_PREFIX, Keyspace
+    from elastic_rm.wire.keyspace import DEFAULT_PREFIX, Keyspace
 
     with EtcdClient(endpoint, timeout=5) as client:
         found, _errors, _ = read_etcd(client, Keyspace(DEFAULT_PREFIX, run_id))

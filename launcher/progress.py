@@ -90,7 +90,7 @@ class Progress:
         agent = self._agent
         if agent is None:
             return ""
-        done = getattr(agent._handler, "completed_round", None)
+        done = getattr(agent._handler, "joined_round", None)
         parts = [f"ermrun {agent.node_id}"]
         if done is None:
             parts.append("waiting for a round")

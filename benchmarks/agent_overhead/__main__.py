@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from elastic_rm.agent.monitor import ResourceMonitor
-from elastic_rm.train.report import ENV_AGENT_DIR, StepReporter
+from elastic_rm.train.report import StepReporter
+from elastic_rm.wire.channel import ENV_AGENT_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results" / "agent_overhead.json"

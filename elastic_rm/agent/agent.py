@@ -28,11 +28,12 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, W
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
 from ..rendezvous.etcd_store import RoundSupersededError
+from ..wire.metrics import encode_record
 from . import ckpt_hooks
 from .channel import AgentChannel
 from .http import AgentHttpServer
-from .metrics_record import build_record, encode_record
 from .monitor import ResourceMonitor
+from .record import build_record
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +188,7 @@ class ElasticRMAgent(LocalElasticAgent):
         self.last_record = record
         self.metrics.update(record)
         self.metrics.add_steps(self.channel.steps_total)
-        completed = getattr(self._handler, "completed_round", None)
+        completed = getattr(self._handler, "joined_round", None)
         if completed is not None:
             self.metrics.set_round(completed.round)
         self.metrics.set_state(str(self._worker_group.state.value).lower())

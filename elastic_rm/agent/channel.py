@@ -2,7 +2,7 @@
 
 The agent makes a private directory (mode 0700) with a Unix datagram socket the workers send to and a
 16-byte control file they memory-map to see the drain flag. Workers learn the directory from
-``ELASTIC_RM_AGENT_DIR`` (:meth:`AgentChannel.env`). Wire format: :mod:`elastic_rm.train.report`.
+``ELASTIC_RM_AGENT_DIR`` (:meth:`AgentChannel.env`). Wire format: :mod:`elastic_rm.wire.channel`.
 
 Step times age out: :meth:`AgentChannel.summary` covers the last ``window_s`` seconds of reports and is
 None once no worker reported for that long.
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import psutil
 
-from elastic_rm.background import Background
-from elastic_rm.train.report import (
+from ..background import Background
+from ..wire.channel import (
     ACK,
     ACK_OK,
     CONTROL,

@@ -15,10 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..rendezvous.records import LedgerRecord
 from ..train.ledger import LedgerError, RangeLedger
 from ..train.manifest import MANIFEST, CorruptCheckpointError, committed_steps, parse_manifest, step_dirname
 from ..train.peers import PeerClient, PeerEndpoint, PeerError
+from ..wire.records import LedgerRecord
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,6 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
 from typing import Any
 
 import aetcd
@@ -32,31 +31,10 @@ from .errors import (
 )
 from .ops import Compare, Op
 from .options import TlsOptions, parse_endpoints
+from .types import KeyValue, TxnResult, WatchEvent, key_value
+from .watch import PrefixWatch
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class KeyValue:
-    key: str
-    value: bytes
-    create_revision: int
-    mod_revision: int
-    version: int
-    lease: int
-
-
-@dataclass(frozen=True)
-class WatchEvent:
-    kind: str  # "put" or "delete"
-    kv: KeyValue  # for a delete: the key, empty value, mod_revision = revision of the deletion
-
-
-@dataclass(frozen=True)
-class TxnResult:
-    succeeded: bool
-    revision: int  # the store revision after the transaction (its own revision when it wrote)
-    kvs: tuple[KeyValue, ...] = ()  # values read by Get operations in the branch that ran
 
 
 class _AetcdClient(aetcd.Client):
@@ -118,17 +96,6 @@ def _forget_io_loop_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_io_loop_in_child)
-
-
-def _kv(raw: Any) -> KeyValue:
-    return KeyValue(
-        key=raw.key.decode(),
-        value=bytes(raw.value),
-        create_revision=int(raw.create_revision),
-        mod_revision=int(raw.mod_revision),
-        version=int(raw.version),
-        lease=int(raw.lease),
-    )
 
 
 class EtcdClient:
@@ -237,12 +204,12 @@ class EtcdClient:
 
     def get(self, key: str) -> KeyValue | None:
         got = self.run(lambda c: c.get(key.encode()))
-        return None if got is None else _kv(got)
+        return None if got is None else key_value(got)
 
     def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
         """All keys under ``prefix`` sorted by key, and the store revision they were read at."""
         got = self.run(lambda c: c.get_prefix(prefix.encode(), sort_order="ascend", sort_target="key"))
-        return [_kv(kv) for kv in got], int(got.header.revision)
+        return [key_value(kv) for kv in got], int(got.header.revision)
 
     def put(self, key: str, value: bytes | str, lease: int | None = None) -> int:
         data = value.encode() if isinstance(value, str) else value
@@ -285,7 +252,7 @@ class EtcdClient:
             kvs = []
             for r in resp.responses:
                 if r.WhichOneof("response") == "response_range":
-                    kvs.extend(_kv(kv) for kv in r.response_range.kvs)
+                    kvs.extend(key_value(kv) for kv in r.response_range.kvs)
             return TxnResult(bool(resp.succeeded), int(resp.header.revision), tuple(kvs))
 
         return self.run(call, retry=False)
@@ -326,8 +293,6 @@ class EtcdClient:
         revision is reported to ``on_error`` (re-read and watch again). ``exact``: watch this one key
         only. Returns a cancel function.
         """
-        from .watch import PrefixWatch
-
         watch = PrefixWatch(self, prefix, start_revision, on_events, on_error, exact)
         asyncio.run_coroutine_threadsafe(watch.start(), self._loop).result(self.timeout + 1.0)
         return watch.cancel

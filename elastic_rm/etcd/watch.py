@@ -11,9 +11,10 @@ import aetcd
 import aetcd.exceptions as aexc
 
 from .errors import EtcdCompactedError, EtcdError
+from .types import WatchEvent, key_value
 
 if TYPE_CHECKING:
-    from .client import EtcdClient, WatchEvent
+    from .client import EtcdClient
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +56,6 @@ class PrefixWatch:
             self._client._loop.call_soon_threadsafe(self._task.cancel)
 
     async def _run(self) -> None:
-        from .client import WatchEvent, _kv
-
         while not self._cancelled:
             client = self._client._client
             try:
@@ -68,7 +67,7 @@ class PrefixWatch:
                 )
                 self._started.set()
                 async for event in watch:
-                    kv = _kv(event.kv)
+                    kv = key_value(event.kv)
                     self.next_revision = kv.mod_revision + 1
                     kind = "put" if event.kind == aetcd.rtypes.EventKind.PUT else "delete"
                     try:

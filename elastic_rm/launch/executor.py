@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from ..etcd.client import EtcdClient
 from ..etcd.errors import EtcdError
 from ..obs.events import EventLog
-from ..rendezvous.keyspace import Keyspace
-from ..rendezvous.records import ClosedRecord, DemandRecord, RecordError, RoundRecord
+from ..wire.keyspace import Keyspace
+from ..wire.records import ClosedRecord, DemandRecord, RecordError, RoundRecord
 from .discovery import DiscoveryError, diff_hosts
 from .hostfile import Host, HostfileError
 from .node import RemoteNode

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ..rendezvous.keyspace import validate_name
+from ..wire.keyspace import validate_name
 
 FORMAT = "NAME [slots=N] [addr=HOST] [port=N] [user=USER] [label=value ...]"
 _ADDR = re.compile(r"^[A-Za-z0-9._:-]+$")  # host name, IPv4 or IPv6 address

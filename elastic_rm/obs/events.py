@@ -31,7 +31,7 @@ from typing import IO, Any
 from ..etcd.client import EtcdClient
 from ..etcd.errors import EtcdError
 from ..etcd.ops import Op
-from ..rendezvous.keyspace import Keyspace
+from ..wire.keyspace import Keyspace
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Each agent owns an :class:`AgentMetrics` with a private registry (no process-global state, so several
 agents in one test process do not collide). The agent feeds it the same record it publishes to etcd
-(:func:`elastic_rm.agent.metrics_record.build_record`), so the two views never disagree.
+(:func:`elastic_rm.wire.metrics.build_record`), so the two views never disagree.
 
 Names follow Prometheus conventions: ``elastic_rm_`` prefix, base units in the name (``_bytes``,
 ``_seconds``, ``_ratio`` for 0..1, ``_celsius``), ``_total`` for counters. Every series carries a ``node``
@@ -16,10 +16,13 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from torch.distributed.elastic.agent.server.api import WorkerState
 
 __all__ = ["AgentMetrics", "CONTENT_TYPE_LATEST", "METRIC_NAMES"]
 
-NODE_STATES = ("joining", "active", "standby", "draining", "stopped")
+# The agent's own state, one gauge series each: joining (before its first round), draining (workers
+# asked to stop at a step boundary), else its worker group's state as torch names it (healthy, failed...).
+AGENT_STATES = ("joining", "draining", *(s.value.lower() for s in WorkerState))
 
 
 class AgentMetrics:
@@ -150,7 +153,7 @@ class AgentMetrics:
         """One series per known state, 1 for the current one (the Prometheus "enum" pattern)."""
         with self._lock:
             self.state.clear()
-            for s in sorted({*NODE_STATES, state}):
+            for s in sorted({*AGENT_STATES, state}):
                 self.state.labels(self.node, s).set(1 if s == state else 0)
             self.current_state = state
 

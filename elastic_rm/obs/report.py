@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..etcd.client import EtcdClient
-from ..rendezvous.keyspace import Keyspace
-from ..rendezvous.records import RoundRecord, sealed_rounds
+from ..wire.keyspace import Keyspace
+from ..wire.records import RoundRecord, effective_rounds
 from .events import Event, EventError, merge, read_etcd, read_file
 from .status import MEASURED_HOW, decision_rows, round_throughput
 
@@ -42,7 +42,7 @@ def load_run(
         streams.append(from_etcd)
         errors += bad
         kvs, _ = client.get_prefix(keys.rounds)
-        records.update((r.round, r) for r in sealed_rounds(kvs, errors))
+        records.update((r.round, r) for r in effective_rounds(kvs, errors))
     for path in files:
         mine = []
         for item in read_file(path):

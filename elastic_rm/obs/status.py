@@ -12,10 +12,10 @@ import statistics
 from collections.abc import Iterable
 from typing import Any
 
-from ..agent.metrics_record import parse_record
 from ..etcd.client import EtcdClient, KeyValue
-from ..rendezvous.keyspace import Keyspace
-from ..rendezvous.records import LedgerRecord, NodeRecord, RecordError, RoundRecord, sealed_rounds
+from ..wire.keyspace import Keyspace
+from ..wire.metrics import parse_record
+from ..wire.records import LedgerRecord, NodeRecord, RecordError, RoundRecord, effective_rounds
 from .events import Event, EventError
 
 RECENT_EVENTS = 8
@@ -142,7 +142,7 @@ def status_from_kvs(keys: Keyspace, kvs: list[KeyValue], revision: int, decision
                     "epoch_samples": led.epoch_samples, "by": led.node, "time": led.time}  # fmt: skip
         except RecordError as exc:
             errors.append(str(exc))
-    records = sealed_rounds([kv for kv in kvs if kv.key.startswith(keys.rounds)], errors)
+    records = effective_rounds([kv for kv in kvs if kv.key.startswith(keys.rounds)], errors)
     events = parse_events(keys, kvs, errors)
     throughput = round_throughput(e for e in events if e.kind == "sample")
     members = list(current.members) if current else []
@@ -152,7 +152,7 @@ def status_from_kvs(keys: Keyspace, kvs: list[KeyValue], revision: int, decision
         "run": keys.run_id,
         "revision": revision,
         "round": current.round if current else None,
-        "complete": current.complete if current else False,
+        "sealed": current.sealed if current else False,
         "world_size": len(members),
         "members": [{"rank": i, **nodes.get(n, {"node": n, "state": "gone"})} for i, n in enumerate(members)],
         "standby": [v for k, v in sorted(nodes.items()) if k not in members and v.get("state") != "gone"],

@@ -12,9 +12,16 @@ the simulator.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Protocol
 
-NODE_STATES = ("joining", "active", "standby", "draining")
+
+class NodeState(StrEnum):
+    """A node's state, as its agent registers it (``nodes/<node>`` in etcd) and the planner sees it."""
+
+    JOINING = "joining"  # wants a place in the next round: new, or its workers failed and restarted
+    ACTIVE = "active"  # a member of the sealed round it names, training
+    STANDBY = "standby"  # told to wait (beyond the job's maximum); promoted when a member leaves
 
 
 @dataclass(frozen=True)
@@ -49,7 +56,7 @@ class NodeView:
     node_id: str
     arrival: int  # etcd create revision of the node key: a total order of arrival
     seen_at: float  # when the leader first saw this node (leader clock, seconds)
-    state: str = "joining"
+    state: NodeState = NodeState.JOINING
     round: int = 0  # the last round this node completed (0: none); a member that completed the
     # current round and is "joining" again wants a new round (its workers failed or restarted)
     host: str = ""

@@ -20,12 +20,12 @@ ranks change only when someone before them leaves.
 
 from __future__ import annotations
 
-from .interface import ClusterSnapshot, Decision, NodeView, Wait
+from .interface import ClusterSnapshot, Decision, NodeState, NodeView, Wait
 
 
 def eligible_nodes(snapshot: ClusterSnapshot) -> list[NodeView]:
     """Alive nodes that may be members, in arrival order."""
-    return sorted((n for n in snapshot.nodes if n.state != "draining"), key=lambda n: n.arrival)
+    return sorted(snapshot.nodes, key=lambda n: n.arrival)
 
 
 class MembershipPolicy:
@@ -57,7 +57,9 @@ class MembershipPolicy:
 
         by_id = {n.node_id: n for n in nodes}
         rejoining = [
-            m for m in current.members if by_id[m].state == "joining" and by_id[m].round == current.number
+            m
+            for m in current.members
+            if by_id[m].state == NodeState.JOINING and by_id[m].round == current.number
         ]
         if rejoining:
             members = current.members + tuple(n.node_id for n in waiting[: max(room, 0)])

@@ -25,7 +25,7 @@ from dataclasses import replace
 from .answers import Answer, decide, standby
 from .config import PlannerConfig
 from .history import HistoryError, StartPlan, parse_record, warm_start
-from .interface import ClusterSnapshot, NodeView, Wait
+from .interface import ClusterSnapshot, NodeState, NodeView, Wait
 from .job import JobSpec, JobSpecError, parse_job
 from .membership import MembershipPolicy, eligible_nodes
 from .memory_model import estimate_node_memory, rescale_observed
@@ -94,7 +94,9 @@ class PlannerPolicy:
         if len(survivors) < len(cur.members):
             return self._lost(snapshot, state, cur.members, survivors, healthy, waiting)
         by_id = {n.node_id: n for n in nodes}
-        rejoining = [m for m in cur.members if by_id[m].state == "joining" and by_id[m].round == cur.number]
+        rejoining = [
+            m for m in cur.members if by_id[m].state == NodeState.JOINING and by_id[m].round == cur.number
+        ]
         if rejoining:  # as MembershipPolicy: a member's workers restarted; every member restarts
             reason = f"node(s) {', '.join(rejoining)} restarted their workers"
             rest = self._standby(healthy, state.flagged)

@@ -43,13 +43,13 @@ from ..etcd.client import EtcdClient
 from ..etcd.errors import EtcdAuthError, EtcdError
 from ..etcd.lease import KeptLease
 from ..obs.events import EventLog
-from ..planner.interface import NodeMetrics, RoundPolicy
+from ..planner.interface import NodeMetrics, NodeState, RoundPolicy
 from ..planner.membership import MembershipPolicy
+from ..wire.records import AckRecord, ClosedRecord, LedgerRecord, NodeRecord, RoundRecord, dumps
 from .bootstrap import default_local_addr, pick_master_port
 from .etcd_store import EtcdStore
 from .history import build_history_record
 from .leader import RoundLeader
-from .records import AckRecord, ClosedRecord, LedgerRecord, NodeRecord, RoundRecord, dumps
 from .settings import BACKEND, RendezvousSettings
 from .view import JobView
 
@@ -105,7 +105,7 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
         self._lock = threading.RLock()
         self._lease: KeptLease | None = None
         self._incarnation = 0
-        self._completed: RoundRecord | None = None  # the last round this node completed
+        self._joined: RoundRecord | None = None  # the last round this node joined
         # A round sealed before this process first registered was made with an earlier process under the
         # same --node-id: joining it would start workers into a world the peers already left. Its number is
         # advertised instead (NodeRecord.round), so the leader sees a restart and writes a new round.
@@ -155,11 +155,11 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
         return self._view
 
     @property
-    def completed_round(self) -> RoundRecord | None:
-        return self._completed
+    def joined_round(self) -> RoundRecord | None:
+        return self._joined
 
-    def _node_record(self, state: str) -> NodeRecord:
-        waiting = state in ("joining", "standby")
+    def _node_record(self, state: NodeState) -> NodeRecord:
+        waiting = state in (NodeState.JOINING, NodeState.STANDBY)
         if waiting and not self._master_port:
             self._master_port = pick_master_port()
         return NodeRecord(
@@ -169,7 +169,7 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             pid=os.getpid(),
             nproc=self.settings.nproc,
             state=state,
-            round=self._completed.round if self._completed else self._stale_round,
+            round=self._joined.round if self._joined else self._stale_round,
             cpu_count=os.cpu_count() or 0,
             mem_total_bytes=self._mem_total,
             master_port=self._master_port if waiting else 0,
@@ -191,7 +191,7 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
         """Every other alive node that serves checkpoints, members or not (a node just left out of the
         round, a replaced straggler say, still holds its shards): node -> (addr, port, token), read from
         their lease-bound records in etcd (one read, at each worker start)."""
-        r = self._completed
+        r = self._joined
         if r is None:
             return {}
         kvs, _ = self._client.get_prefix(self._keys.nodes)
@@ -215,7 +215,7 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
         """Mirror the checkpointed sample ledger to etcd if this node leads (fenced); see LedgerRecord."""
         return self._leader.publish_ledger(record)
 
-    def _ensure_registered(self, state: str, wait: bool = True, retry_lost_lease: int = 1) -> None:
+    def _ensure_registered(self, state: NodeState, wait: bool = True, retry_lost_lease: int = 1) -> None:
         """(Re)register under a live lease. A node whose lease expired rejoins as a new member.
 
         ``wait=False`` sends the update without waiting for etcd's answer (a failure is logged; the
@@ -227,7 +227,7 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
                 old = self._node_id
                 given = self.settings.node_id
                 self._node_id = f"{given}-r{self._incarnation}" if given else _new_node_id(self._host)
-                self._completed = None
+                self._joined = None
                 self._registered_rev, self._stale_round = 0, 0
                 self._lease = None
                 log.warning("lease of node %s expired; rejoining as %s", old, self._node_id)
@@ -281,12 +281,12 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
     def _next_rendezvous(self) -> RendezvousInfo:
         settings, view = self.settings, self._view
         self._check_lease()
-        self._ensure_registered("joining")
+        self._ensure_registered(NodeState.JOINING)
         deadline = time.monotonic() + settings.join_timeout
-        after = self._completed.round if self._completed else 0
+        after = self._joined.round if self._joined else 0
         acked, acked_at = 0, 0.0
         seen = -1
-        state = "joining"
+        state = NodeState.JOINING
         log.info("node %s joining run %s (rounds after %d)", self._node_id, self._keys.run_id, after)
         while True:
             if self._shut:
@@ -301,11 +301,11 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
                     f"run {self._keys.run_id} is closed (by {closed.by}); nothing to join"
                 )
             if self._lease is not None and self._lease.lost:
-                self._ensure_registered("joining")
+                self._ensure_registered(NodeState.JOINING)
                 after, acked = 0, 0
             member = r is not None and r.round > after and self._node_id in r.members
             if member and r is not None:
-                if r.complete and r_rev < self._registered_rev and self._completed is None:
+                if r.sealed and r_rev < self._registered_rev and self._joined is None:
                     if self._stale_round != r.round:  # sealed before we existed: ask for a new round
                         log.warning(
                             "node %s: round %d was sealed before this process registered (an earlier "
@@ -313,9 +313,9 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
                             self._node_id, r.round,
                         )  # fmt: skip
                         self._stale_round = r.round
-                        self._ensure_registered("joining")
-                elif r.complete:
-                    return self._complete(r)
+                        self._ensure_registered(NodeState.JOINING)
+                elif r.sealed:
+                    return self._join(r)
                 elif acked != r.round:
                     self._ack(r)
                     acked, acked_at = r.round, time.monotonic()
@@ -324,7 +324,7 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
                     acked_at = time.monotonic()
             else:
                 standby = r is not None and r.round > after and r.members and self._node_id not in r.members
-                wanted = "standby" if standby else "joining"
+                wanted = NodeState.STANDBY if standby else NodeState.JOINING
                 if wanted != state:
                     state = wanted
                     self._ensure_registered(state)
@@ -344,7 +344,7 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
         lease = self._lease.id if self._lease else None
         self._client.put_nowait(self._keys.ack(r.round, self._node_id), self._last_ack[1], lease=lease)
 
-    def _complete(self, r: RoundRecord) -> RendezvousInfo:
+    def _join(self, r: RoundRecord) -> RendezvousInfo:
         if r.master is None:
             raise RendezvousStateError(
                 f"round {r.round} in {self._keys.round} is sealed without a master address"
@@ -357,9 +357,9 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             timeout=self.settings.join_timeout,
             superseded=lambda: view.round is not None and view.round.round > r.round,
         )
-        self._completed = r
+        self._joined = r
         self._master_port = 0  # a fresh port for the next round
-        self._ensure_registered("active", wait=False)
+        self._ensure_registered(NodeState.ACTIVE, wait=False)
         log.info("node %s: round %d, group rank %d of %d", self._node_id, r.round, rank, r.world_size)
         self.events.emit(
             "round",
@@ -378,7 +378,7 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
     def publish_metrics(self, value: bytes) -> None:
         """Write this node's latest metrics record (``metrics/<node>``, under the node's lease)."""
         lease = self._lease
-        if self._shut or lease is None or lease.lost or self._completed is None:
+        if self._shut or lease is None or lease.lost or self._joined is None:
             return
         self._client.put_nowait(self._keys.metric(self._node_id), value, lease=lease.id)
 
@@ -387,7 +387,7 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
 
         Written by the last round's rank 0 only, and only with a job description. Returns whether it wrote.
         """
-        r, job = self._completed, self._job
+        r, job = self._joined, self._job
         if not job or not job.get("tables") or r is None or not r.members or r.members[0] != self._node_id:
             return False
         metrics, cpu_counts = {}, {}
@@ -440,7 +440,7 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             return 0
         if self._lease is not None and self._lease.lost:
             return 1
-        r, done = view.round, self._completed
+        r, done = view.round, self._joined
         if r is None or done is None or r.round <= done.round:
             return 0
         return max(1, len(set(r.members) - set(done.members)))
@@ -450,7 +450,7 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
         out of it by a planned decision while alive (the leader lists the old members it saw alive in
         the record's ``extra.alive``). Only then can our workers finish a step (a collective with a lost
         peer never returns), so only then is draining them worth waiting for."""
-        return peers_kept(self._view.round, self._completed)
+        return peers_kept(self._view.round, self._joined)
 
     def shutdown(self) -> bool:
         """Close the run (torch semantics), drop this node's keys, stop threads."""

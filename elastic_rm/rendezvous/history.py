@@ -7,7 +7,7 @@ import time
 
 from ..planner.interface import NodeMetrics
 from ..planner.job import parse_job
-from .records import RoundRecord
+from ..wire.records import RoundRecord
 
 
 def build_history_record(

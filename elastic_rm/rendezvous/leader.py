@@ -20,8 +20,8 @@ from ..etcd.client import Compare, EtcdClient, Op
 from ..etcd.errors import EtcdError
 from ..etcd.lease import Election
 from ..obs.events import EventLog
-from ..planner.interface import ClusterSnapshot, Decision, NodeView, RoundPolicy, RoundView
-from .records import DemandRecord, LedgerRecord, RoundRecord
+from ..planner.interface import ClusterSnapshot, Decision, NodeState, NodeView, RoundPolicy, RoundView
+from ..wire.records import DemandRecord, LedgerRecord, RoundRecord
 from .view import JobView
 
 log = logging.getLogger(__name__)
@@ -191,7 +191,7 @@ class RoundLeader:
         if r is None or r.round != o["round"]:
             self._outcome = None  # superseded before it could be measured
             return
-        throughput = self._job_throughput(r.members) if r.complete else None
+        throughput = self._job_throughput(r.members) if r.sealed else None
         now = time.monotonic()
         if throughput is None:
             o["since"] = None
@@ -306,7 +306,7 @@ class RoundLeader:
             log.info(
                 "round %d%s: %d member(s) %s; %s",
                 record.round,
-                " (sealed: all members waiting)" if record.complete else "",
+                " (sealed: all members waiting)" if record.sealed else "",
                 len(record.members),
                 list(record.members),
                 record.reason,
@@ -320,7 +320,7 @@ class RoundLeader:
                 reason=record.reason,
                 predicted_gain=record.predicted_gain,
                 confidence=record.confidence,
-                sealed=record.complete,
+                sealed=record.sealed,
             )
             self._outcome = {
                 "round": record.round,
@@ -335,26 +335,26 @@ class RoundLeader:
         with self._view.cond:
             entries = [self._view.nodes.get(m) for m in record.members]
         if not record.members or any(
-            e is None or e.record.state not in ("joining", "standby") for e in entries
+            e is None or e.record.state not in (NodeState.JOINING, NodeState.STANDBY) for e in entries
         ):
             return record
         rank0 = entries[0]
         assert rank0 is not None
         if rank0.record.master_port <= 0:
             return record
-        return replace(record, complete=True, master=(rank0.record.addr, rank0.record.master_port))
+        return replace(record, sealed=True, master=(rank0.record.addr, rank0.record.master_port))
 
     def _seal_if_acked(self) -> None:
         view = self._view
         with view.cond:
             r = view.round
-            if r is None or r.complete or not r.members:
+            if r is None or r.sealed or not r.members:
                 return
             acks = dict(view.acks.get(r.round, {}))
         if not set(r.members) <= set(acks):
             return
         rank0 = acks[r.members[0]]
-        if self._fenced_write(replace(r, complete=True, master=rank0.master)):
+        if self._fenced_write(replace(r, sealed=True, master=rank0.master)):
             log.info("round %d complete: world of %d node(s)", r.round, len(r.members))
             self._emit(
                 "round",

@@ -13,7 +13,7 @@ from .settings import BACKEND
 
 def create_handler(params: RendezvousParameters) -> RendezvousHandler:
     """Wiring: settings, the round policy, and the parser of the agents' metrics records."""
-    from ..agent.metrics_record import parse_record, to_node_metrics
+    from ..wire.metrics import parse_record, to_node_metrics
     from .handler import ElasticRMRendezvousHandler
     from .settings import RendezvousSettings
 

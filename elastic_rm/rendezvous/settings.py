@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 from ..etcd.client import TlsOptions, parse_endpoints
-from .keyspace import DEFAULT_PREFIX, Keyspace, validate_name
+from ..wire.keyspace import DEFAULT_PREFIX, Keyspace, validate_name
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from ..etcd.client import EtcdClient, KeyValue, WatchEvent
 from ..etcd.errors import EtcdError
 from ..planner.interface import NodeMetrics
-from .keyspace import Keyspace
-from .records import AckRecord, ClosedRecord, NodeRecord, RecordError, RoundRecord
+from ..wire.keyspace import Keyspace
+from ..wire.records import AckRecord, ClosedRecord, NodeRecord, RecordError, RoundRecord
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ Without it (``sync_every=0``) a multi-rank worker never stops on its own, since 
 its peers: the agent terminates it after the grace period, as torchrun would. Every rank must use the same
 ``sync_every`` and call :meth:`StepReporter.step` once per step.
 
-The wire format (struct-packed, little endian, no pickle) is defined here and shared by the agent side
-(:mod:`elastic_rm.agent.channel`).
+The wire format (struct-packed, little endian, no pickle) is :mod:`elastic_rm.wire.channel`, shared with
+the agent side (:mod:`elastic_rm.agent.channel`).
 """
 
 from __future__ import annotations
@@ -39,25 +39,30 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
-log = logging.getLogger(__name__)
+from ..wire.channel import (
+    ACK,
+    ACK_HOOK_FAILED,
+    ACK_OK,
+    CONTROL,
+    CONTROL_NAME,
+    ENV_AGENT_DIR,
+    HEADER,
+    KIND_ACK,
+    KIND_BYE,
+    KIND_HELLO,
+    KIND_STEPS,
+    MAGIC,
+    SOCKET_NAME,
+    STEPS,
+    VERSION,
+)
 
-ENV_AGENT_DIR = "ELASTIC_RM_AGENT_DIR"
-SOCKET_NAME = "agent.sock"
-CONTROL_NAME = "control"
-
-MAGIC = 0xE7A1
-VERSION = 2  # 2: each step carries its busy time next to its wall time
-KIND_HELLO, KIND_STEPS, KIND_ACK, KIND_BYE = 1, 2, 3, 4
-ACK_OK, ACK_HOOK_FAILED = 0, 1
-HEADER = struct.Struct("<HBBiii")  # magic, version, kind, pid, rank, local_rank
-STEPS = struct.Struct("<qqI4x")  # completed steps after this batch, samples in the batch, n steps
-# STEPS is followed by n doubles (wall seconds per step, oldest first), then n doubles (busy seconds).
-ACK = struct.Struct("<qB7x")  # last completed step, status
-CONTROL = struct.Struct("<HBxIQ")  # magic, version, drain (0/1), drain sequence number
 MAX_BATCH = 1024  # steps that trigger a send before the interval is up (fast steps)
 MAX_PENDING = 4096  # steps kept while the agent is not reading (32 KiB); beyond, the oldest are dropped
 FLUSH_INTERVAL_S = 0.25
 RELIABLE_WAIT_S = 1.0  # how long hello/ack/goodbye retry a full agent queue (never on the step path)
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
 def _from_etcd(args, show, bad) -> int:
     from elastic_rm.etcd.client import EtcdClient
     from elastic_rm.obs.events import follow_etcd, read_etcd
-    from elastic_rm.rendezvous.keyspace import Keyspace
+    from elastic_rm.wire.keyspace import Keyspace
 
     with EtcdClient(args.endpoint, timeout=args.timeout) as client:
         keys = Keyspace(args.prefix, resolve_run(client, args.prefix, args.run_id))

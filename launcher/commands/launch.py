@@ -183,8 +183,8 @@ def run(args: argparse.Namespace) -> int:
     from elastic_rm.launch.pool import HostPool
     from elastic_rm.launch.ssh import SshConfigError, SshOptions
     from elastic_rm.obs.events import EventLog
-    from elastic_rm.rendezvous.keyspace import DEFAULT_PREFIX, Keyspace
     from elastic_rm.rendezvous.settings import BACKEND
+    from elastic_rm.wire.keyspace import DEFAULT_PREFIX, Keyspace
     from launcher.ermrun import build_parser
 
     flags = list(args.ermrun_flags)

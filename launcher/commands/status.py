@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from elastic_rm.etcd.client import EtcdClient
     from elastic_rm.etcd.errors import EtcdError
     from elastic_rm.obs.status import job_status
-    from elastic_rm.rendezvous.keyspace import Keyspace
+    from elastic_rm.wire.keyspace import Keyspace
 
     try:
         with EtcdClient(args.endpoint, timeout=args.timeout) as client:
@@ -85,7 +85,7 @@ def render(s: dict, title: str = "") -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    state = "closed" if s["closed"] else ("running" if s["complete"] else "forming")
+    state = "closed" if s["closed"] else ("running" if s["sealed"] else "forming")
     head = Text(
         f"{title}run {s['run']}: round {s['round']} ({state}), world {s['world_size']}, "
         f"leader {s['leader']}, {_rate(s.get('samples_per_s'))} samples/s",

@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     from elastic_rm.etcd.client import EtcdClient
     from elastic_rm.etcd.errors import EtcdError
     from elastic_rm.obs.status import status_from_kvs
-    from elastic_rm.rendezvous.keyspace import Keyspace
+    from elastic_rm.wire.keyspace import Keyspace
 
     console = Console()
     try:

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from elastic_rm.agent.channel import AgentChannel
-from elastic_rm.train.report import ENV_AGENT_DIR, SOCKET_NAME, StepReporter
+from elastic_rm.train.report import StepReporter
+from elastic_rm.wire.channel import ENV_AGENT_DIR, SOCKET_NAME
 
 
 def wait_for(pred, timeout_s: float, what: str, every: float = 0.05):

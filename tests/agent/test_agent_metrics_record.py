@@ -12,15 +12,10 @@ from hypothesis import strategies as st
 
 from elastic_rm.agent.channel import StepSummary
 from elastic_rm.agent.gpu import GpuSample
-from elastic_rm.agent.metrics_record import (
-    MalformedMetricsError,
-    build_record,
-    encode_record,
-    parse_record,
-    to_node_metrics,
-)
 from elastic_rm.agent.monitor import ResourceMonitor
+from elastic_rm.agent.record import build_record
 from elastic_rm.planner.interface import NodeMetrics, StepStats
+from elastic_rm.wire.metrics import MalformedMetricsError, encode_record, parse_record, to_node_metrics
 
 
 class _OneGpu:

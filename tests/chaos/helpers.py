@@ -76,7 +76,7 @@ def round_history(client: EtcdClient, run_id: str, settle_s: float = 1.5) -> lis
         cancel()
     with lock:
         events = [e for e in got if e.kind == "put"]
-    return [(json.loads(e.kv.value)["round"], bool(json.loads(e.kv.value).get("complete")), e.kv.mod_revision)
+    return [(json.loads(e.kv.value)["round"], bool(json.loads(e.kv.value).get("sealed")), e.kv.mod_revision)
             for e in events]  # fmt: skip
 
 

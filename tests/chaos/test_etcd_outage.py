@@ -197,7 +197,7 @@ def test_etcd_down_past_the_lease_with_a_node_lost_meanwhile_gives_one_clean_rou
             history = round_history(c, run_id)
         check_round_history(history)
         assert after_round["round"] == before_round["round"] + 1, (before_round, after_round)
-        assert after_round["complete"] and sorted(after_round["members"]) == ["a", "b"]
+        assert after_round["sealed"] and sorted(after_round["members"]) == ["a", "b"]
         for n, rec in before_records.items():  # no lost state: old records untouched
             assert {k: v for k, v in after_records[n].items() if k != "_version"} == {
                 k: v for k, v in rec.items() if k != "_version"
@@ -236,7 +236,7 @@ def test_etcd_leader_member_killed_during_a_rounds_ack_phase_loses_and_doubles_n
         def on_round(events) -> None:
             for e in events:
                 r = json.loads(e.kv.value)
-                if e.kind == "put" and not r.get("complete") and r["round"] >= 2 and not killed.is_set():
+                if e.kind == "put" and not r.get("sealed") and r["round"] >= 2 and not killed.is_set():
                     proc = cluster.members[victim].proc
                     assert proc is not None
                     proc.send_signal(signal.SIGKILL)  # at once, from the watch callback: mid ack phase
@@ -265,7 +265,7 @@ def test_etcd_leader_member_killed_during_a_rounds_ack_phase_loses_and_doubles_n
         check_round_history(history)
         assert sorted(recs) == list(range(1, final["round"] + 1))  # every round's record, once each
         assert all(r["_version"] <= 2 for r in recs.values()), recs  # unsealed + sealed at most
-        assert final["complete"] and sorted(final["members"]) == ["a", "b", "c"]
+        assert final["sealed"] and sorted(final["members"]) == ["a", "b", "c"]
         assert all(keys[n]["round"] == final["round"] for n in ("a", "b", "c")), keys  # members agree
         sealed_after_kill = any(
             r == kill_info["round"] and c and rev > kill_info["revision"] for r, c, rev in history

@@ -19,14 +19,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from elastic_rm.agent.channel import AgentChannel
-from elastic_rm.agent.metrics_record import MalformedMetricsError, parse_record
 from elastic_rm.obs.events import Event, EventError
 from elastic_rm.planner.history import HistoryError
 from elastic_rm.planner.history import parse_record as parse_history
 from elastic_rm.planner.job import JobSpecError, parse_job
 from elastic_rm.planner.sim.trace import FIELDS as TRACE_FIELDS
 from elastic_rm.planner.sim.trace import TraceError, load_trace
-from elastic_rm.rendezvous.records import (
+from elastic_rm.train.ledger import LedgerError, RangeLedger
+from elastic_rm.train.manifest import CorruptCheckpointError, entry_hash, make_manifest, parse_manifest
+from elastic_rm.wire.channel import HEADER, KIND_ACK, KIND_BYE, KIND_HELLO, KIND_STEPS, MAGIC, STEPS, VERSION
+from elastic_rm.wire.metrics import MalformedMetricsError, parse_record
+from elastic_rm.wire.records import (
     AckRecord,
     ClosedRecord,
     DemandRecord,
@@ -35,9 +38,6 @@ from elastic_rm.rendezvous.records import (
     RecordError,
     RoundRecord,
 )
-from elastic_rm.train.ledger import LedgerError, RangeLedger
-from elastic_rm.train.manifest import CorruptCheckpointError, entry_hash, make_manifest, parse_manifest
-from elastic_rm.train.report import HEADER, KIND_ACK, KIND_BYE, KIND_HELLO, KIND_STEPS, MAGIC, STEPS, VERSION
 
 pytestmark = pytest.mark.timeout(600)  # a hang fails here, not in the CI's global timeout
 
@@ -105,7 +105,7 @@ def expect(
 RDZV = [
     (NodeRecord.parse, ["v", "node", "host", "addr", "pid", "nproc", "state", "round", "cpu_count",
                         "mem_total_bytes", "gpu_count", "master_port"]),
-    (RoundRecord.parse, ["v", "round", "members", "standby", "reason", "leader", "complete",
+    (RoundRecord.parse, ["v", "round", "members", "standby", "reason", "leader", "sealed",
                          "predicted_gain", "confidence", "master", "time", "extra"]),
     (AckRecord.parse, ["v", "node", "master"]),
     (ClosedRecord.parse, ["v", "by", "time"]),

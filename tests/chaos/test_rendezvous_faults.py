@@ -41,9 +41,9 @@ def test_a_process_restarted_under_the_same_node_id_does_not_join_the_stale_roun
         again = join_all([a])  # a's workers restart into the new round
         t.join(30)
         assert "info" in box, "the restarted node never completed a round"
-        assert b2.completed_round.round == a.completed_round.round == number + 1
-        assert sorted(b2.completed_round.members) == ["a", "b"]
-        assert b2.completed_round.members == a.completed_round.members  # they agree
+        assert b2.joined_round.round == a.joined_round.round == number + 1
+        assert sorted(b2.joined_round.members) == ["a", "b"]
+        assert b2.joined_round.members == a.joined_round.members  # they agree
         assert box["info"].world_size == again[0].world_size == 2
         assert box["info"].rank + again[0].rank == 1 and first[0].world_size == 2
         check_round_history(round_history(a._client, run_id))
@@ -72,7 +72,7 @@ def test_an_ack_lost_by_etcd_is_sent_again_and_the_round_is_sealed(etcd, run_id)
         done = join_all([b], timeout=30)
         t.join(30)
         assert 0 in done and "info" in box, "the round was never sealed after a lost ack"
-        assert a.completed_round.round == b.completed_round.round == number + 1
+        assert a.joined_round.round == b.joined_round.round == number + 1
     finally:
         a.release()
         b.release()

@@ -55,8 +55,8 @@ def _kill_during_a_round(etcd, run_id, tmp_path, procs, moment: str, conf: str =
                 ack_key = f"/elastic-rm/{run_id}/rounds/{r['round']:08d}/acks/{victim}"
                 if r["round"] <= current or victim not in r["members"]:
                     continue
-                if (moment == "before_ack" and not r.get("complete") and ack_key not in acks) or (
-                    moment == "after_seal" and r.get("complete")
+                if (moment == "before_ack" and not r.get("sealed") and ack_key not in acks) or (
+                    moment == "after_seal" and r.get("sealed")
                 ):
                     nodes[victim].signal(signal.SIGKILL)
                     nodes[victim].signal(signal.SIGCONT)
@@ -78,7 +78,7 @@ def _kill_during_a_round(etcd, run_id, tmp_path, procs, moment: str, conf: str =
         history = round_history(c, run_id)
         keys = node_keys(c, run_id)
     check_round_history(history)
-    assert final["complete"] and sorted(final["members"]) == sorted(survivors), final
+    assert final["sealed"] and sorted(final["members"]) == sorted(survivors), final
     assert final["round"] > info["round"]  # the victim was in that round: a later one replaced it
     assert victim not in keys and all(keys[n]["round"] == final["round"] for n in survivors), keys
     assert all(p.popen.poll() is None for n, p in nodes.items() if n != victim), "a surviving agent exited"

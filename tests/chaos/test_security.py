@@ -154,7 +154,7 @@ def test_a_run_id_cannot_escape_its_prefix(etcd, tmp_path, procs, run):
 
 
 def test_node_id_and_prefix_cannot_escape_either():
-    from elastic_rm.rendezvous.keyspace import Keyspace, validate_name
+    from elastic_rm.wire.keyspace import Keyspace, validate_name
 
     for bad in ("../x", "..", "/", "a/../../b", "x/y", ".hidden", "a b", "a\nb", "é", "x" * 129, "a\x00b"):
         with pytest.raises(ValueError, match="invalid run id"):

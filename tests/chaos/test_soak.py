@@ -143,7 +143,7 @@ def test_soak_three_nodes_a_fault_a_minute(tmp_path):
         shutil.rmtree(run_memory_dir(demo.run_id), ignore_errors=True)
 
     check_round_history(history)
-    assert final is not None and final["complete"] and len(final["members"]) == 3
+    assert final is not None and final["sealed"] and len(final["members"]) == 3
     assert faults  # each one was survived (back at world 3, else wait_rows failed); their count is a figure
     rows = demo.progress()
     ledger = checks(rows)

@@ -16,8 +16,8 @@ import pytest
 
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.obs.events import read_etcd
-from elastic_rm.rendezvous.keyspace import Keyspace
-from elastic_rm.rendezvous.records import DemandRecord, RoundRecord
+from elastic_rm.wire.keyspace import Keyspace
+from elastic_rm.wire.records import DemandRecord, RoundRecord
 from tests.conftest import BIN, REPO, Proc
 from tests.launch.sshd import closed_port
 from tests.launcher.helpers import records, steps_at_world, wait_until
@@ -316,7 +316,7 @@ def test_the_planner_asks_for_a_node_erm_launch_starts_it_on_a_discovered_host_a
         wait_until(lambda: demand(client, keys) == 3, 300, "the planner's demand for a third node", [p])
         listing.write_text("h1 addr=127.0.0.1\nh2 addr=127.0.0.1\nh3 addr=127.0.0.1\n")
         wait_until(
-            lambda: (r := round_now()) is not None and r.complete and "h3" in r.members, 300,
+            lambda: (r := round_now()) is not None and r.sealed and "h3" in r.members, 300,
             "a round with the discovered host", [p],
         )  # fmt: skip
         admitted = round_now()

@@ -8,8 +8,8 @@ import pytest
 
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.launch.slurm import SlurmError, apply_slurm, expand_hostlist, node_list
-from elastic_rm.rendezvous.keyspace import Keyspace
-from elastic_rm.rendezvous.records import RoundRecord
+from elastic_rm.wire.keyspace import Keyspace
+from elastic_rm.wire.records import RoundRecord
 from launcher.ermrun import build_parser
 from tests.launcher.helpers import ermrun, records
 

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from elastic_rm.agent.metrics_record import parse_record
 from elastic_rm.etcd.client import EtcdClient
+from elastic_rm.wire.metrics import parse_record
 from tests.conftest import BIN, REPO, Proc
 from tests.launcher.helpers import records, wait_until
 

@@ -21,9 +21,9 @@ import pytest
 from elastic_rm.agent import cgroup as cg
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.obs import events as ev
-from elastic_rm.rendezvous.keyspace import DEFAULT_PREFIX, Keyspace
-from elastic_rm.rendezvous.records import LedgerRecord, RoundRecord
 from elastic_rm.train.paths import remove_node_memory, run_memory_dir
+from elastic_rm.wire.keyspace import DEFAULT_PREFIX, Keyspace
+from elastic_rm.wire.records import LedgerRecord, RoundRecord
 from launcher.demo import DEFAULT_SCRIPT, Demo, checks
 from tests.conftest import BIN, REPO
 

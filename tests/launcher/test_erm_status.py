@@ -28,7 +28,7 @@ import pytest
 
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.obs.events import EventLog
-from elastic_rm.rendezvous.keyspace import Keyspace
+from elastic_rm.wire.keyspace import Keyspace
 from launcher.erm import main as erm_main
 from tests.conftest import BIN, REPO, Proc
 from tests.launcher.helpers import records, wait_until
@@ -115,7 +115,7 @@ def test_status_json_matches_etcd_and_explains_decisions(job):
     with EtcdClient(job.endpoint) as c:
         truth = json.loads(c.get(f"/elastic-rm/{job.run_id}/round").value)
         leader = c.get(f"/elastic-rm/{job.run_id}/leader").value.decode()
-    assert s["round"] == truth["round"] and s["complete"] and s["world_size"] == 2
+    assert s["round"] == truth["round"] and s["sealed"] and s["world_size"] == 2
     assert [m["node"] for m in s["members"]] == truth["members"] == ["a", "b"] and s["leader"] == leader
     assert all(m["state"] == "active" and m["step_p50_s"] > 0 for m in s["members"])
     first, last = s["decisions"][0], s["decisions"][-1]

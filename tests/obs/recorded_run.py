@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.obs.events import Event
-from elastic_rm.rendezvous.keyspace import Keyspace
-from elastic_rm.rendezvous.records import RoundRecord
+from elastic_rm.wire.keyspace import Keyspace
+from elastic_rm.wire.records import RoundRecord
 
 T0 = 1_764_500_000.0
 ROUNDS = (  # round, start (s), members, reason, predicted gain
@@ -41,7 +41,7 @@ def write(client: EtcdClient, keys: Keyspace, file_path: str) -> list[Event]:
     """Round records and every other event in etcd; every event in the file (so they overlap)."""
     evs = events(keys.run_id)
     for number, start, members, reason, gain in ROUNDS:
-        record = RoundRecord(number, members, reason=reason, leader="n0", complete=True, predicted_gain=gain,
+        record = RoundRecord(number, members, reason=reason, leader="n0", sealed=True, predicted_gain=gain,
                              confidence=None if gain is None else 0.8, time=T0 + start)  # fmt: skip
         client.put(keys.record(number), record.to_json())
     for i, e in enumerate(evs):

@@ -10,7 +10,7 @@ import pytest
 
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.obs import events as ev
-from elastic_rm.rendezvous.keyspace import Keyspace
+from elastic_rm.wire.keyspace import Keyspace
 
 
 def _wait_for(predicate, timeout=5.0):

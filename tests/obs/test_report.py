@@ -10,7 +10,7 @@ import os
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.obs.report import load_run, write_report
 from elastic_rm.obs.status import measured_gain, round_throughput
-from elastic_rm.rendezvous.keyspace import Keyspace
+from elastic_rm.wire.keyspace import Keyspace
 from launcher.erm import main as erm_main
 from tests.obs import recorded_run
 

@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from elastic_rm.planner.config import PlannerConfig
-from elastic_rm.planner.interface import ClusterSnapshot, Decision, RoundView
+from elastic_rm.planner.interface import ClusterSnapshot, Decision, NodeState, RoundView
 from elastic_rm.planner.policy import PlannerPolicy
 from elastic_rm.planner.state import PlannerState
 
@@ -30,9 +30,9 @@ class World:
         for _ in range(n):
             self.add(0.0)
 
-    def add(self, now: float, slow: float = 1.0, draining: bool = False) -> None:
+    def add(self, now: float, slow: float = 1.0, joining: bool = False) -> None:
         nid = f"n{self.next}"
-        self.nodes[nid] = {"arrival": self.next, "seen": now, "slow": slow, "mem": 8.0, "draining": draining}
+        self.nodes[nid] = {"arrival": self.next, "seen": now, "slow": slow, "mem": 8.0, "joining": joining}
         self.next += 1
 
     def snapshot(self, now: float) -> ClusterSnapshot:
@@ -43,7 +43,7 @@ class World:
         for nid, d in self.nodes.items():
             busy = step_s(w) * d["slow"] if nid in members else None
             v = node(nid, d["arrival"], busy=busy, tp=8192 / t / w, mem_gib=d["mem"], seen_at=d["seen"],
-                     state="draining" if d["draining"] else "active")  # fmt: skip
+                     state=NodeState.JOINING if d["joining"] else NodeState.ACTIVE)  # fmt: skip
             views.append(v)
         return ClusterSnapshot(now, self.lo, self.hi, 20.0, tuple(views), self.current, self.job)
 
@@ -53,7 +53,7 @@ class World:
 
 
 events = st.lists(
-    st.tuples(st.sampled_from(["none", "kill", "add", "slow", "fast", "grow", "drain"]), st.integers(0, 30)),
+    st.tuples(st.sampled_from(["none", "kill", "add", "slow", "fast", "grow", "join"]), st.integers(0, 30)),
     min_size=5,
     max_size=60,
 )
@@ -70,8 +70,8 @@ def play(seed_nodes: int, lo: int, hi: int, with_job: bool, evs, check=None):
             del world.nodes[ids[k % len(ids)]]
         elif kind == "add":
             world.add(now)
-        elif kind == "drain":
-            world.add(now, draining=True)
+        elif kind == "join":
+            world.add(now, joining=True)
         elif kind in ("slow", "fast") and ids:
             world.nodes[ids[k % len(ids)]]["slow"] = 2.5 if kind == "slow" else 1.0
         elif kind == "grow" and ids:
@@ -95,12 +95,12 @@ def test_bounds_and_liveness(n, lo, extra, with_job, evs):
     def check(snap: ClusterSnapshot, answer) -> None:
         if not isinstance(answer, Decision):
             return
-        eligible = {v.node_id for v in snap.nodes if v.state != "draining"}
+        eligible = {v.node_id for v in snap.nodes}
         if answer.members:  # an empty round suspends the job (below MIN after a loss)
             assert snap.min_nodes <= len(answer.members) <= snap.max_nodes
         else:
             assert "suspended" in answer.reason
-        assert set(answer.members) <= eligible, "a member that is not alive (or is draining)"
+        assert set(answer.members) <= eligible, "a member that is not alive"
         assert len(set(answer.members)) == len(answer.members)
         assert set(answer.standby) <= eligible and not set(answer.standby) & set(answer.members)
         assert answer.reason
@@ -115,7 +115,7 @@ def test_lost_member_always_answered_when_min_survives(n, lo, extra, with_job, e
 
     def check(snap: ClusterSnapshot, answer) -> None:
         cur = snap.current
-        eligible = {v.node_id for v in snap.nodes if v.state != "draining"}
+        eligible = {v.node_id for v in snap.nodes}
         if cur and any(m not in eligible for m in cur.members) and len(eligible) >= snap.min_nodes:
             assert isinstance(answer, Decision) or "not yet written" in answer.reason
 

@@ -243,7 +243,7 @@ def test_drain_is_possible_when_the_old_members_are_alive_even_if_left_out(etcd,
     Live: a planned round written to etcd reaches both handlers' views. The rule itself is checked on
     records (peers_kept): a second write to the live round key would race the leader's own next round."""
     from elastic_rm.rendezvous.handler import peers_kept
-    from elastic_rm.rendezvous.records import RoundRecord
+    from elastic_rm.wire.records import RoundRecord
 
     hs = [make(etcd, run_id, 2, 2, node_id=f"n{i}") for i in range(2)]
     try:

@@ -114,7 +114,7 @@ def test_a_second_run_of_the_same_job_warm_starts_at_the_size_the_first_ended_at
     try:
         infos = join_all(first, 2)
         assert {i.world_size for i in infos.values()} == {2}
-        rank0 = next(h for h in first if h.completed_round.members[0] == h.node_id)
+        rank0 = next(h for h in first if h.joined_round.members[0] == h.node_id)
         for h in first:
             h.publish_metrics(json.dumps({**RECORD, "node": h.node_id}).encode())
         time.sleep(0.5)

@@ -7,7 +7,8 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from elastic_rm.rendezvous.records import AckRecord, ClosedRecord, NodeRecord, RecordError, RoundRecord
+from elastic_rm.planner.interface import NodeState
+from elastic_rm.wire.records import AckRecord, ClosedRecord, NodeRecord, RecordError, RoundRecord
 
 KEY = "/elastic-rm/run/some-key"
 PARSERS = (NodeRecord.parse, RoundRecord.parse, AckRecord.parse, ClosedRecord.parse)
@@ -18,7 +19,7 @@ json_values = st.recursive(
     max_leaves=30,
 )
 fields = st.sampled_from(
-    ["v", "node", "host", "addr", "pid", "nproc", "state", "round", "members", "standby", "complete",
+    ["v", "node", "host", "addr", "pid", "nproc", "state", "round", "members", "standby", "sealed",
      "master", "reason", "predicted_gain", "confidence", "time", "by", "extra", "master_port"]
 )  # fmt: skip
 records = st.dictionaries(fields, json_values, max_size=12).map(lambda d: {**d, "v": d.get("v", 1)})
@@ -53,7 +54,21 @@ def test_absurd_nesting_and_huge_numbers_are_record_errors():
 
 
 def test_a_valid_round_survives_the_round_trip():
-    from elastic_rm.rendezvous.records import RoundRecord as R
+    from elastic_rm.wire.records import RoundRecord as R
 
-    r = R(round=3, members=("a", "b"), standby=("c",), reason="x", complete=True, master=("h", 1234))
+    r = R(round=3, members=("a", "b"), standby=("c",), reason="x", sealed=True, master=("h", 1234))
     assert R.parse(KEY, r.to_json()) == r
+    assert r.phase == "sealed" and r.took_effect
+    assert R(round=4, members=("a",)).phase == "forming" and not R(round=4, members=("a",)).took_effect
+    assert R(round=5, members=()).phase == "suspended"
+
+
+@given(st.text(max_size=12))
+def test_a_node_state_is_one_of_the_vocabulary(state):
+    raw = json.dumps({"v": 1, "node": "a", "host": "h", "addr": "x", "pid": 1, "nproc": 1, "state": state})
+    try:
+        record = NodeRecord.parse(KEY, raw.encode())
+    except RecordError as exc:
+        assert state not in ("joining", "active", "standby") and "unknown node state" in str(exc)
+    else:
+        assert record.state == state and isinstance(record.state, NodeState)

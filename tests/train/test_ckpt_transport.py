@@ -17,10 +17,10 @@ import pytest
 from elastic_rm.agent.ckpt_hooks import peers_env
 from elastic_rm.agent.ckpt_server import CheckpointServer
 from elastic_rm.agent.local_ckpt_servers import NodeServer, node_servers
-from elastic_rm.rendezvous.records import NodeRecord, RecordError, dumps
 from elastic_rm.train.manifest import CorruptCheckpointError, digest, file_entry, make_manifest, step_dirname
 from elastic_rm.train.peers import PeerClient, PeerEndpoint, PeerError, parse_peers
 from elastic_rm.train.sources import DirectorySource, FileResolver, HttpPeerSource
+from elastic_rm.wire.records import NodeRecord, RecordError, dumps
 
 
 def make_step(

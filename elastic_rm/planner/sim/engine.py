@@ -21,7 +21,7 @@ import numpy as np
 
 from ..baselines import OptimusPolicy, StaticPolicy
 from ..config import PlannerConfig
-from ..interface import ClusterSnapshot, Decision, NodeMetrics, NodeView, RoundView, StepStats
+from ..interface import ClusterSnapshot, Decision, NodeMetrics, NodeState, NodeView, RoundView, StepStats
 from ..job import parse_job
 from ..policy import PlannerPolicy
 from ..state import Advice
@@ -257,7 +257,7 @@ class Simulator:
                 steps=steps,
             )  # fmt: skip
             views.append(
-                NodeView(n.id, n.arrival, n.seen_at, "active", cpu_count=max(int(n.cpu), 1),
+                NodeView(n.id, n.arrival, n.seen_at, NodeState.ACTIVE, cpu_count=max(int(n.cpu), 1),
                          mem_total_bytes=int(n.mem), gpu_count=n.gpus, metrics=metrics)
             )  # fmt: skip
         current = None

@@ -8,11 +8,22 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from torch.distributed.elastic.rendezvous import RendezvousStateError
 
+from ..planner.interface import NodeState
+
 VERSION = 1
+
+
+class RoundPhase(StrEnum):
+    """Where a round record stands. One word per idea: a round is *sealed* once every member acked it."""
+
+    FORMING = "forming"  # written by the leader; members are acking
+    SEALED = "sealed"  # every member acked; the workers' bootstrap address is in it
+    SUSPENDED = "suspended"  # no members: fewer nodes than the job's minimum
 
 
 class RecordError(RendezvousStateError):
@@ -99,8 +110,8 @@ class NodeRecord:
     addr: str
     pid: int
     nproc: int
-    state: str  # joining, active, standby, draining
-    round: int = 0  # the last round this node completed (0: none yet)
+    state: NodeState
+    round: int = 0  # the last round this node joined (0: none yet)
     cpu_count: int = 0
     mem_total_bytes: int = 0
     gpu_count: int = 0
@@ -113,15 +124,18 @@ class NodeRecord:
     def parse(cls, key: str, raw: bytes) -> NodeRecord:
         d = _load(key, raw)
         state = _field(key, d, "state", str)
-        if state not in ("joining", "active", "standby", "draining"):
-            raise RecordError(f"malformed value in etcd key {key}: unknown node state {state!r}")
+        if state not in NodeState.__members__.values():
+            raise RecordError(
+                f"malformed value in etcd key {key}: unknown node state {state!r} "
+                f"(one of {', '.join(NodeState)})"
+            )
         return cls(
             node=_field(key, d, "node", str),
             host=_field(key, d, "host", str),
             addr=_field(key, d, "addr", str),
             pid=_field(key, d, "pid", int),
             nproc=_field(key, d, "nproc", int),
-            state=state,
+            state=NodeState(state),
             round=_field(key, d, "round", int, 0),
             cpu_count=_field(key, d, "cpu_count", int, 0),
             mem_total_bytes=_field(key, d, "mem_total_bytes", int, 0),
@@ -136,8 +150,9 @@ class NodeRecord:
 class RoundRecord:
     """``round``: the current round, written only by the leader in a fenced transaction.
 
-    Written twice: first with ``complete`` false (members ack it), then, once every member acked,
-    with ``complete`` true and the workers' bootstrap address from rank 0's ack.
+    Written twice: first unsealed (members ack it), then, once every member acked, ``sealed`` with the
+    workers' bootstrap address from rank 0's ack. A round without members suspends the run. Its
+    :attr:`phase` names which of these it is.
     """
 
     round: int
@@ -145,7 +160,7 @@ class RoundRecord:
     standby: tuple[str, ...] = ()
     reason: str = ""
     leader: str = ""
-    complete: bool = False
+    sealed: bool = False
     predicted_gain: float | None = None
     confidence: float | None = None
     master: tuple[str, int] | None = None  # MASTER_ADDR/MASTER_PORT for the workers
@@ -155,6 +170,17 @@ class RoundRecord:
     @property
     def world_size(self) -> int:
         return len(self.members)
+
+    @property
+    def phase(self) -> RoundPhase:
+        if not self.members:
+            return RoundPhase.SUSPENDED
+        return RoundPhase.SEALED if self.sealed else RoundPhase.FORMING
+
+    @property
+    def took_effect(self) -> bool:
+        """Sealed or suspended: the round the run is in, not one still forming."""
+        return self.phase is not RoundPhase.FORMING
 
     @classmethod
     def parse(cls, key: str, raw: bytes) -> RoundRecord:
@@ -174,7 +200,7 @@ class RoundRecord:
             standby=standby,
             reason=_field(key, d, "reason", str, ""),
             leader=_field(key, d, "leader", str, ""),
-            complete=_field(key, d, "complete", bool, False),
+            sealed=_field(key, d, "sealed", bool, False),
             predicted_gain=None if gain is None else float(gain),
             confidence=None if conf is None else float(conf),
             master=_address(key, d, "master"),
@@ -186,7 +212,7 @@ class RoundRecord:
         return dumps(self, world_size=self.world_size)
 
 
-def sealed_rounds(kvs, errors: list[str]) -> list[RoundRecord]:
+def effective_rounds(kvs, errors: list[str]) -> list[RoundRecord]:
     """The rounds recorded under ``rounds/<n>/record`` among ``kvs`` that took effect (sealed, or empty:
     suspended), in round order. A malformed record is reported in ``errors`` and left out."""
     rounds = {}
@@ -197,7 +223,7 @@ def sealed_rounds(kvs, errors: list[str]) -> list[RoundRecord]:
             except RecordError as exc:
                 errors.append(str(exc))
                 continue
-            if r.complete or not r.members:
+            if r.took_effect:
                 rounds[r.round] = r
     return [rounds[n] for n in sorted(rounds)]
 

@@ -1,4 +1,6 @@
-"""The ``metrics/<node>`` etcd record: build it, encode it, parse it strictly, convert it for the planner.
+"""The ``metrics/<node>`` etcd record: its format, encoding, strict parsing and the planner's view of it.
+
+The agent builds it from its summaries (:mod:`elastic_rm.agent.record`).
 
 One JSON object per node, rewritten at most once a second by the node's agent (the agent rate-limits;
 this module only shapes the data)::
@@ -23,13 +25,10 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from dataclasses import dataclass
 from typing import Any
 
-from elastic_rm.agent.channel import StepSummary
-from elastic_rm.agent.monitor import ResourceSummary
-from elastic_rm.planner.interface import NodeMetrics, StepStats
+from ..planner.interface import NodeMetrics, StepStats
 
 RECORD_VERSION = 1
 
@@ -57,16 +56,6 @@ class GpuRecord:
 
 
 @dataclass(frozen=True)
-class StepsRecord:
-    p50_s: float
-    p90_s: float
-    samples_per_s: float
-    steps: int
-    age_s: float
-    busy_p50_s: float | None = None
-
-
-@dataclass(frozen=True)
 class MetricsRecord:
     node: str
     t: float
@@ -78,63 +67,13 @@ class MetricsRecord:
     mem_total_bytes: int
     workers: tuple[WorkerRecord, ...]
     gpus: tuple[GpuRecord, ...]
-    steps: StepsRecord | None
-
-
-# ---- build ---------------------------------------------------------------------------------------------
-def build_record(
-    node: str, resources: ResourceSummary, steps: StepSummary | None, t: float | None = None
-) -> dict[str, Any]:
-    """The JSON-ready record from the monitor's and the channel's summaries."""
-    return {
-        "v": RECORD_VERSION,
-        "node": node,
-        "t": time.time() if t is None else t,
-        "cpu": {
-            "util_mean": _unit(resources.cpu_util_mean),
-            "util_max": _unit(resources.cpu_util_max),
-            "util_last": _unit(resources.cpu_util_last),
-        },
-        "mem": {
-            "used_bytes": resources.mem_used_bytes,
-            "available_bytes": resources.mem_available_bytes,
-            "total_bytes": resources.mem_total_bytes,
-        },
-        "workers": [
-            {"pid": w.pid, "rss_bytes": w.rss_bytes, "cpu_util": w.cpu_util} for w in resources.workers
-        ],
-        "gpus": [
-            {
-                "index": g.index,
-                "util": None if g.util is None else _unit(g.util),
-                "mem_used_bytes": g.mem_used_bytes,
-                "mem_total_bytes": g.mem_total_bytes,
-                "temp_c": g.temp_c,
-                "throttled": g.throttled,
-                "throttle_reasons": list(g.throttle_reasons),
-            }
-            for g in resources.gpus
-        ],
-        "steps": None
-        if steps is None
-        else {
-            "p50_s": steps.p50_s,
-            "p90_s": steps.p90_s,
-            "busy_p50_s": steps.busy_p50_s,
-            "samples_per_s": steps.samples_per_s,
-            "steps": steps.steps,
-            "age_s": steps.age_s,
-        },
-    }
+    steps: StepStats | None  # the planner's own type: no second copy of the step summary
+    steps_age_s: float | None = None  # seconds since the newest step report, when steps is known
 
 
 def encode_record(record: dict[str, Any]) -> bytes:
     """Compact JSON bytes for etcd; NaN/inf are refused (JSON has none)."""
     return json.dumps(record, separators=(",", ":"), allow_nan=False).encode()
-
-
-def _unit(x: float) -> float:
-    return min(max(float(x), 0.0), 1.0)
 
 
 # ---- parse ---------------------------------------------------------------------------------------------
@@ -243,15 +182,15 @@ def parse_record(data: bytes | str | dict[str, Any], key: str = "") -> MetricsRe
         )
     if "steps" not in doc:
         raise r.fail("steps", "is missing (null when no step times are known)")
-    steps = None
+    steps, steps_age_s = None, None
     if doc["steps"] is not None:
         s = r.obj(doc, "steps", "steps")
-        steps = StepsRecord(
+        steps_age_s = r.num(s, "age_s", "steps.age_s")
+        steps = StepStats(
             p50_s=r.num(s, "p50_s", "steps.p50_s"),  # type: ignore[arg-type]
             p90_s=r.num(s, "p90_s", "steps.p90_s"),  # type: ignore[arg-type]
             samples_per_s=r.num(s, "samples_per_s", "steps.samples_per_s"),  # type: ignore[arg-type]
             steps=r.int_(s, "steps", "steps.steps"),
-            age_s=r.num(s, "age_s", "steps.age_s"),  # type: ignore[arg-type]
             busy_p50_s=r.num(s, "busy_p50_s", "steps.busy_p50_s") if "busy_p50_s" in s else None,
         )
     return MetricsRecord(
@@ -266,6 +205,7 @@ def parse_record(data: bytes | str | dict[str, Any], key: str = "") -> MetricsRe
         workers=tuple(workers),
         gpus=tuple(gpus),
         steps=steps,
+        steps_age_s=steps_age_s,  # type: ignore[arg-type]
     )
 
 
@@ -296,13 +236,5 @@ def to_node_metrics(record: MetricsRecord) -> NodeMetrics:
         gpu_util=tuple(g.util if g.util is not None else 0.0 for g in record.gpus),
         gpu_mem_used_bytes=tuple(g.mem_used_bytes for g in record.gpus),
         gpu_throttled=any(g.throttled for g in record.gpus),
-        steps=None
-        if record.steps is None
-        else StepStats(
-            p50_s=record.steps.p50_s,
-            p90_s=record.steps.p90_s,
-            samples_per_s=record.steps.samples_per_s,
-            steps=record.steps.steps,
-            busy_p50_s=record.steps.busy_p50_s,
-        ),
+        steps=record.steps,
     )
