@@ -1,8 +1,9 @@
 """A daemon thread that runs a loop until told to stop, and an HTTP server served on one.
 
-Why one helper: the agent's services (the metrics endpoint, the checkpoint server, the worker channel, the
-resource monitor) all start a thread once, stop it with a bounded wait, and must never keep the process
-alive. Written once here, every service starts and stops the same way. Stdlib only.
+Why one helper: the long-lived threads of a node (the metrics endpoint, the checkpoint server, the worker
+channel, the resource monitor, the agent's metrics publisher, the round leader, ermrun's status line) all
+start once, stop with a bounded wait, and must never keep the process alive. Written once here, every one
+starts and stops the same way. Stdlib only.
 """
 
 from __future__ import annotations

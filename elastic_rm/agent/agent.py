@@ -27,6 +27,7 @@ from typing import Any
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
+from ..background import Background
 from ..rendezvous.etcd_store import RoundSupersededError
 from ..wire.metrics import encode_record
 from . import ckpt_hooks
@@ -95,8 +96,7 @@ class ElasticRMAgent(LocalElasticAgent):
         self.ckpt_server = ckpt_hooks.start_for_agent(handler, handler.get_run_id())
         self.monitor = ResourceMonitor(interval_s=self.options.sample_interval_s)
         self.channel = AgentChannel(window_s=STEP_WINDOW_S)
-        self._stop = threading.Event()
-        self._publisher = threading.Thread(target=self._publish_loop, name="erm-metrics", daemon=True)
+        self._publisher = Background(self._publish_loop, "erm-metrics")
         self._started = False
         self._closed = False
         self._next_sample = 0.0  # monotonic time of the next "sample" event
@@ -153,9 +153,8 @@ class ElasticRMAgent(LocalElasticAgent):
         if self._closed:
             return
         self._closed = True
-        self._stop.set()
         if self._started:
-            self._publisher.join(timeout=5)
+            self._publisher.stop(timeout_s=5)
             self.monitor.stop()
             self.channel.close()
         self.http.stop()
@@ -169,8 +168,8 @@ class ElasticRMAgent(LocalElasticAgent):
 
     # -- metrics ----------------------------------------------------------------------------------------
 
-    def _publish_loop(self) -> None:
-        while not self._stop.wait(PUBLISH_INTERVAL_S):
+    def _publish_loop(self, stopping: threading.Event) -> None:
+        while not stopping.wait(PUBLISH_INTERVAL_S):
             try:
                 self._publish_once()
             except Exception as exc:  # noqa: BLE001 - metrics must never take the agent down
