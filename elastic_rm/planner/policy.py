@@ -167,15 +167,8 @@ class PlannerPolicy:
         state = replace(state, last_round_at=snapshot.now)
         reason = f"{lost} member(s) lost; continuing with {len(members)}"
         gain = len(members) / len(old) - 1
-        return decide(
-            state,
-            snapshot.current.number,
-            members,
-            self._standby(rest, state.flagged),
-            reason,
-            gain,
-            0.9,
-        )
+        spare = self._standby(rest, state.flagged)
+        return decide(state, snapshot.current.number, members, spare, reason, gain, 0.9)
 
     def _fit(self, state: PlannerState, job: JobSpec):
         samples = [Sample(c.world, c.capacity, c.step_s) for c in state.configs if c.clean]
@@ -211,15 +204,8 @@ class PlannerPolicy:
             state = replace(state, last_round_at=snapshot.now)
             reason = f"straggler(s) {', '.join(swap)} replaced by {', '.join(swap.values())}"
             rest = [n for n in healthy if n not in swap.values()]
-            return decide(
-                state,
-                snapshot.current.number,
-                new,
-                self._standby(rest, state.flagged),
-                reason,
-                gain,
-                0.7,
-            )
+            spare = self._standby(rest, state.flagged)
+            return decide(state, snapshot.current.number, new, spare, reason, gain, 0.7)
         keep = [m for m in members if m not in bad]
         if len(keep) < max(snapshot.min_nodes, 1) or f is None or not obs:
             spares = max(state.advice.target_nodes, w + len(bad))
@@ -308,15 +294,8 @@ class PlannerPolicy:
             rest = [m for m in members[target:]] + healthy
             reason = f"scale down {w} -> {target}: {t.why}"
         state = replace(state, last_round_at=snapshot.now)
-        return decide(
-            state,
-            cur.number,
-            new,
-            self._standby(rest, state.flagged),
-            reason,
-            gain,
-            t.confidence,
-        )
+        spare = self._standby(rest, state.flagged)
+        return decide(state, cur.number, new, spare, reason, gain, t.confidence)
 
     def _resize(self, snapshot, state, job, members, healthy, nodes):
         cfg = self.config
@@ -337,12 +316,5 @@ class PlannerPolicy:
             state, last_round_at=snapshot.now, mem_asked=a.mem_per_node_bytes if mem_save else state.mem_asked
         )
         reason = f"resize to {a.cpu_per_node:.1f} cores, {a.mem_per_node_bytes / 2**30:.1f} GiB per node (observed peak + margins)"
-        return decide(
-            state,
-            snapshot.current.number,
-            members,
-            self._standby(healthy, state.flagged),
-            reason,
-            0.0,
-            0.8,
-        )
+        spare = self._standby(healthy, state.flagged)
+        return decide(state, snapshot.current.number, members, spare, reason, 0.0, 0.8)
