@@ -21,11 +21,11 @@ demo: setup
 	$(BIN)/erm demo
 
 test: setup
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)
 
 # everything, the 30-minute soak included (ERM_SOAK=0 leaves it out; ERM_SOAK_MINUTES shortens it)
 test-all: setup
-	ERM_SOAK=$${ERM_SOAK:-1} $(BIN)/python -m pytest -q -m "" $(PYTEST_ARGS)
+	ERM_SOAK=$${ERM_SOAK:-1} $(BIN)/python -m pytest -q -rs -m "" $(PYTEST_ARGS)
 
 BENCHMARKS ?= rendezvous agent_overhead reshard planner recovery
 
