@@ -78,13 +78,13 @@ class Figure:
 
 
 def stored(spec: str) -> float:
-    """The unit a value is stored in, from its key: `pause_ms`, `call_us`; anything else is seconds or a
-    plain number (a ratio of two values is a plain number)."""
+    """The unit a value is stored in, from its key (`pause_ms`, `call_us`, or one above it: `cpu_ms.max`);
+    anything else is seconds or a plain number (a ratio of two values is a plain number)."""
     expr = spec.partition(" ")[2]
     if " / " in expr:
         return 1.0
-    last = expr.strip().rsplit(".", 1)[-1]
-    return 1e6 if last.endswith("_us") else 1e3 if last.endswith("_ms") else 1.0
+    units = [k[-3:] for k in expr.strip().split(".") if k.endswith(("_us", "_ms"))]
+    return {"_us": 1e6, "_ms": 1e3}[units[-1]] if units else 1.0
 
 
 def lookup(data: Any, path: str) -> float:

@@ -8,7 +8,8 @@ import json
 from benchmarks.figures import check, figures, unmarked, update
 
 RESULT = {"results": {"ermrun/SIGKILL": {"median": 8.330376, "min": 7.914, "max": 8.7465}, "c10d": 47.88329},
-          "pauses": [0.0652, 0.0563], "rate": -0.3802, "steps": 1173.0, "missing": None}  # fmt: skip
+          "pauses": [0.0652, 0.0563], "rate": -0.3802, "steps": 1173.0, "missing": None,
+          "call_us": 52.51, "step_cpu_ms": {"ermrun": [9.69, 10.43]}}  # fmt: skip
 
 
 def write(tmp_path, doc: str) -> tuple:
@@ -89,3 +90,12 @@ def test_markers_in_a_code_block_are_examples_and_not_checked(tmp_path):
     doc = "```\n1.0 s<!-- fig: nothing.json x -->\n```\n2.0 s<!-- fig: nothing.json y -->\n"
     found = problems(tmp_path, doc)
     assert len(found) == 1 and found[0].startswith("doc.md:4: 2.0 s"), found
+
+
+def test_a_value_stored_in_ms_or_us_is_compared_in_that_unit(tmp_path):
+    doc = (
+        "52.5 us<!-- fig: r.json call_us -->, 0.05 ms<!-- fig: r.json call_us -->, "
+        "10.4 ms<!-- fig: r.json step_cpu_ms.ermrun.max -->, 9.7<!-- fig: r.json step_cpu_ms.ermrun.min -->\n"
+    )
+    assert problems(tmp_path, doc) == []
+    assert "the file says 52.5 us" in problems(tmp_path, "60.0 us<!-- fig: r.json call_us -->\n")[0]
