@@ -33,6 +33,8 @@ bench: setup
 	$(BIN)/pip install -q --disable-pip-version-check python-etcd==0.4.5 urllib3==2.8.0 dnspython==2.9.2
 	for b in $(BENCHMARKS); do $(BIN)/python -m benchmarks.$$b || exit 1; done
 	case " $(BENCHMARKS) " in *" recovery "*) $(BIN)/python -m benchmarks.recovery --part b || exit 1;; esac
+	@echo "figures quoted in README.md and docs/ that the new results change (rewrite: python -m benchmarks.figures --update):"
+	-$(BIN)/python -m benchmarks.figures
 
 lint: setup
 	$(BIN)/ruff check elastic_rm launcher tests benchmarks examples
