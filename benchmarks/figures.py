@@ -5,11 +5,12 @@
 
 The marker names a file under benchmarks/results/ and a path into its JSON (keys joined by "."; a list
 takes an index, or min/max/median/mean of its numbers); "A / B" divides two values, "A / B - 1" is the
-change from B to A. The number right
-before the marker, with its unit (ms x1000, us x1e6, % x100, anything else as is; "in ms" at the end of
-the marker gives the unit of a number written without one, as in 56-65 ms; a key ending in _ms or _us is
-stored in that unit), must equal the value rounded to the decimals the text shows. In the tables that quote results (TABLES) every number outside
-the first column must carry a marker, so that a figure cannot be pasted in unchecked.
+change from B to A. The number right before the marker must equal the value rounded to the decimals the
+text shows, scaled by its unit (ms x1000, us x1e6, % x100, anything else as is; "in ms" at the end of a
+marker gives the unit of a number written without one, as in 56-65 ms; a value under a key ending in _ms
+or _us is stored in that unit). In the tables that quote results (TABLES) every number outside the first
+column must carry a marker, so that a figure cannot be pasted in unchecked. Markers in fenced code blocks
+are examples and are not checked.
 
     .venv/bin/python -m benchmarks.figures            # check every marker; exit 1 on a stale figure
     .venv/bin/python -m benchmarks.figures --update   # rewrite every marked number from its file
@@ -208,11 +209,12 @@ def update(repo: Path = REPO, results: Path = RESULTS, docs: tuple[str, ...] = D
     for doc in docs:
         path = repo / doc
         text = path.read_text()
-        for f in reversed(figures(doc, text, results)):
-            if f.error is None and not f.ok:
-                text = text[: f.start] + f.expected() + text[f.start + len(f.text) :]
-                changed += 1
-        path.write_text(text)
+        stale = [f for f in figures(doc, text, results) if f.error is None and not f.ok]
+        for f in reversed(stale):  # from the end, so that earlier offsets stay valid
+            text = text[: f.start] + f.expected() + text[f.start + len(f.text) :]
+        if stale:
+            path.write_text(text)
+            changed += len(stale)
     return changed
 
 
