@@ -298,6 +298,11 @@ def main(argv: list[str] | None = None) -> None:
             f"runs {tput['steps_per_s']}; load avg {tput['load_avg_at_start'][0]:.1f} -> "
             f"{tput['load_avg_at_end'][0]:.1f})"
         )
+        lc = tput["median_launcher_cores"]
+        print(
+            "    cores the launcher side used while the workers trained (median): "
+            + ", ".join(f"{k} {'-' if v is None else f'{v:.3f}'}" for k, v in lc.items())
+        )
     print(f"wrote {args.out}")
 
 
