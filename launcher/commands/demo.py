@@ -223,6 +223,9 @@ def run(args: argparse.Namespace) -> int:
     summary["wall_s"] = time.time() - t_begin
     with open(os.path.join(workdir, "summary.json"), "w") as fh:
         json.dump(summary, fh, indent=2)
+    from elastic_rm.obs.results_file import write_demo_results
+
+    print(f"figures: {write_demo_results(summary) or 'not written (no benchmarks/results/ in this install)'}")
     _print_summary(summary, workdir)
     try:
         from elastic_rm.obs.timeline import plot_demo
