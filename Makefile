@@ -21,11 +21,11 @@ demo: setup
 	$(BIN)/erm demo
 
 test: setup
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)
 
 # everything, the 30-minute soak included (ERM_SOAK=0 leaves it out; ERM_SOAK_MINUTES shortens it)
 test-all: setup
-	ERM_SOAK=$${ERM_SOAK:-1} $(BIN)/python -m pytest -q -m "" $(PYTEST_ARGS)
+	ERM_SOAK=$${ERM_SOAK:-1} $(BIN)/python -m pytest -q -rs -m "" $(PYTEST_ARGS)
 
 BENCHMARKS ?= rendezvous agent_overhead reshard planner recovery
 
@@ -33,6 +33,8 @@ bench: setup
 	$(BIN)/pip install -q --disable-pip-version-check python-etcd==0.4.5 urllib3==2.8.0 dnspython==2.9.2
 	for b in $(BENCHMARKS); do $(BIN)/python -m benchmarks.$$b || exit 1; done
 	case " $(BENCHMARKS) " in *" recovery "*) $(BIN)/python -m benchmarks.recovery --part b || exit 1;; esac
+	@echo "figures quoted in README.md and docs/ that the new results change (rewrite: python -m benchmarks.figures --update):"
+	-$(BIN)/python -m benchmarks.figures
 
 lint: setup
 	$(BIN)/ruff check elastic_rm launcher tests benchmarks examples

@@ -17,6 +17,8 @@ import threading
 import time
 from typing import IO, Any
 
+from elastic_rm.background import Background
+
 STATUS_EVERY_S = 1.0
 CLEAR = "\r\x1b[2K"
 
@@ -45,8 +47,7 @@ class Progress:
         self._lock = threading.Lock()
         self._agent: Any = None
         self._line = ""
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._status = Background(self._status_loop, "ermrun-status")
 
     def setup_logging(self) -> None:
         """Root logging for ermrun's process: level from $LOGLEVEL (default WARNING), our format."""
@@ -65,8 +66,7 @@ class Progress:
         self._agent = agent
         agent.events.add_listener(self.on_event)
         if self.live:
-            self._thread = threading.Thread(target=self._status_loop, name="ermrun-status", daemon=True)
-            self._thread.start()
+            self._status.start()
 
     def on_event(self, e: Any) -> None:
         if self.mode == "quiet" or e.kind == "sample":
@@ -109,8 +109,8 @@ class Progress:
             parts.append(f"mem {mem['used_bytes'] / 2**30:.1f}/{mem['total_bytes'] / 2**30:.0f} GiB")
         return " | ".join(parts)
 
-    def _status_loop(self) -> None:
-        while not self._stop.wait(STATUS_EVERY_S):
+    def _status_loop(self, stopping: threading.Event) -> None:
+        while not stopping.wait(STATUS_EVERY_S):
             try:
                 width = shutil.get_terminal_size((80, 24)).columns
                 line = self.status_line()[: max(10, width - 1)]
@@ -122,9 +122,7 @@ class Progress:
                 self.stream.flush()
 
     def close(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2)
+        self._status.stop(timeout_s=2)
         with self._lock:
             if self._line:
                 self.stream.write(CLEAR)

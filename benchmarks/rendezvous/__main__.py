@@ -1,7 +1,7 @@
 """Rendezvous benchmark: elastic-rm against torch's c10d and etcd-v2 backends, in one run.
 
 (a) join: time from the last of N nodes starting to join until all N hold their rank, N = 8, 32, 128;
-    handlers in threads of one process (as reference/baselines.md measured torch), and for elastic-rm
+    handlers in threads of one process (for the baselines as for elastic-rm), and for elastic-rm
     also spread over 8 processes. (b) failure: time from a member's SIGKILL (survivors re-join at once,
     as after their workers crash) and from its SIGSTOP (survivors re-join only when num_nodes_waiting()
     says so, as torch's agent does) until the survivors hold the next round.

@@ -1,8 +1,8 @@
 """One rank of the reshard benchmark (started by `python -m benchmarks.reshard`).
 
 Phases: world 2 (fill, save) -> world 3 (restore, save) -> world 2 (restore). Every phase measures the
-memcpy floor of its own state bytes, the flash-checkpoint step pause and restore, and a synchronous
-DCP save to / load from a local disk directory. Values are an exact-in-fp32 function of (row, col), so
+memcpy floor of its own state bytes, the flash-checkpoint step pause and restore, a synchronous
+DCP save to / load from a local disk directory, and torch's `dcp.async_save` to the same disk. Values are an exact-in-fp32 function of (row, col), so
 every rank checks every element it holds after each restore without any gather.
 """
 
@@ -183,8 +183,31 @@ def run_phase(spec: dict[str, Any], k: int, rank: int) -> dict[str, Any]:
                     app_state(dmp), storage_writer=FileSystemWriter(ph["disk_to"], sync_files=True)
                 )
             )
+            res.update(async_disk_save(dmp, ph["disk_to"] + "-async"))
     ckpt.close()
     return res
+
+
+def async_disk_save(dmp: Any, path: str) -> dict[str, Any]:
+    """torch's own non-blocking save: `dcp.async_save` stages the state in CPU memory, then writes it in a
+    thread. The step pause is how long the training loop is blocked (until the call returns and, when
+    torch stages asynchronously, until staging is done: only then may the next step change the weights);
+    the total is until the files are on disk (fsync). Slowest rank of each."""
+    group = dist.new_group(backend="gloo")  # its background collectives never interleave with ours
+    dist.barrier()
+    t0 = time.perf_counter()
+    pending = dcp.async_save(
+        app_state(dmp), storage_writer=FileSystemWriter(path, sync_files=True), process_group=group
+    )
+    done = pending
+    if hasattr(pending, "staging_completion"):  # an AsyncSaveResponse: staging may still run
+        pending.staging_completion.result()
+        done = pending.upload_completion
+    pause = time.perf_counter() - t0
+    done.result()
+    total_s = time.perf_counter() - t0
+    dist.destroy_process_group(group)
+    return {"async_save_pause_s": slowest(pause), "async_save_total_s": slowest(total_s)}
 
 
 def network_vs_memory(spec: dict[str, Any], ckpt: FlashCheckpointer, dmp: Any, rank: int) -> dict[str, Any]:

@@ -10,7 +10,7 @@ What it adds:
 - lost-peer handling: workers whose collectives fail because a member vanished are restarted into the
   next round without using one of ``--max-restarts``.
 
-Extension points (anchors.md, B.3): ``_start_workers``, ``_monitor_workers`` and ``_restart_workers``
+Extension points: ``_start_workers``, ``_monitor_workers`` and ``_restart_workers``
 are private torch methods (``_shutdown`` is not ours to hook: torch calls it on every worker stop); ``tests/launcher/test_torch_contract.py`` pins them so that a
 torch upgrade that changes them fails loudly instead of silently skipping our hooks.
 """
@@ -27,9 +27,10 @@ from typing import Any
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
+from ..background import Background
 from ..rendezvous.etcd_store import RoundSupersededError
 from ..wire.metrics import encode_record
-from . import ckpt_server
+from . import ckpt_hooks
 from .channel import AgentChannel
 from .http import AgentHttpServer
 from .monitor import ResourceMonitor
@@ -92,11 +93,10 @@ class ElasticRMAgent(LocalElasticAgent):
         )
         self.http.start()  # a port in use fails here, before any worker or thread exists
         # peers fetch and replicate flash checkpoints through it; published in this node's record
-        self.ckpt_server = ckpt_server.start_for_agent(handler, handler.get_run_id())
+        self.ckpt_server = ckpt_hooks.start_for_agent(handler, handler.get_run_id())
         self.monitor = ResourceMonitor(interval_s=self.options.sample_interval_s)
         self.channel = AgentChannel(window_s=STEP_WINDOW_S)
-        self._stop = threading.Event()
-        self._publisher = threading.Thread(target=self._publish_loop, name="erm-metrics", daemon=True)
+        self._publisher = Background(self._publish_loop, "erm-metrics")
         self._started = False
         self._closed = False
         self._next_sample = 0.0  # monotonic time of the next "sample" event
@@ -135,7 +135,7 @@ class ElasticRMAgent(LocalElasticAgent):
             node_dir=lambda: root / handler.node_id,  # the id changes when the node rejoins
             publish=handler.publish_ledger,
             leading=lambda: handler.leading,
-            peers=lambda: ckpt_server.peer_endpoints(handler),
+            peers=lambda: ckpt_hooks.peer_endpoints(handler),
         )
 
     # -- life cycle -------------------------------------------------------------------------------------
@@ -153,9 +153,8 @@ class ElasticRMAgent(LocalElasticAgent):
         if self._closed:
             return
         self._closed = True
-        self._stop.set()
         if self._started:
-            self._publisher.join(timeout=5)
+            self._publisher.stop(timeout_s=5)
             self.monitor.stop()
             self.channel.close()
         self.http.stop()
@@ -182,8 +181,8 @@ class ElasticRMAgent(LocalElasticAgent):
 
     # -- metrics ----------------------------------------------------------------------------------------
 
-    def _publish_loop(self) -> None:
-        while not self._stop.wait(PUBLISH_INTERVAL_S):
+    def _publish_loop(self, stopping: threading.Event) -> None:
+        while not stopping.wait(PUBLISH_INTERVAL_S):
             try:
                 self._publish_once()
             except Exception as exc:  # noqa: BLE001 - metrics must never take the agent down
@@ -281,7 +280,7 @@ class ElasticRMAgent(LocalElasticAgent):
         self._start_side_services()
         os.environ.update(self.channel.env())
         os.environ["ERM_NODE_ID"] = getattr(self._handler, "node_id", None) or self.node_id
-        ckpt_server.set_worker_env(self._handler)  # this round's peers' checkpoint servers
+        ckpt_hooks.set_worker_env(self._handler)  # this round's peers' checkpoint servers
         self.channel.clear_drain()
         self.channel.reset_steps()  # a new world: step times of the old one would blur the planner's view
         pids = super()._start_workers(worker_group)

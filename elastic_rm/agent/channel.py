@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from ..background import Background
 from ..wire.channel import (
     ACK,
     ACK_OK,
@@ -134,8 +135,7 @@ class AgentChannel:
         self._expected: set[int] = set()
         self.steps_total = 0
         self.malformed_total = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._receiver = Background(self._run, "elastic-rm-channel")
 
     # ---- lifecycle -----------------------------------------------------------------------------------
     def env(self) -> dict[str, str]:
@@ -143,18 +143,11 @@ class AgentChannel:
         return {ENV_AGENT_DIR: self.directory}
 
     def start(self) -> AgentChannel:
-        if self._thread is not None:
-            raise RuntimeError("AgentChannel already started")
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="elastic-rm-channel", daemon=True)
-        self._thread.start()
+        self._receiver.start()
         return self
 
     def stop(self, timeout_s: float = 2.0) -> None:
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join(timeout_s)
+        self._receiver.stop(timeout_s)
 
     def close(self) -> None:
         """Stop, close the socket and remove the directory if this channel made it."""
@@ -300,8 +293,8 @@ class AgentChannel:
         while self._steps and (self._steps[0][0] < horizon or self._kept > MAX_KEPT_STEPS):
             self._kept -= len(self._steps.popleft()[2])
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
+    def _run(self, stopping: threading.Event) -> None:
+        while not stopping.is_set():
             try:
                 ready, _, _ = select.select([self._sock], [], [], 0.2)
             except (OSError, ValueError):

@@ -2,7 +2,8 @@
 
 Off unless a port is given (0 or None = off). Binds 127.0.0.1 by default: expose it on purpose
 (``host="0.0.0.0"``) when a Prometheus server on another machine scrapes it. Runs on one daemon thread
-(plus a short-lived thread per request, each bounded by a socket timeout).
+(plus a short-lived thread per request, each bounded by a socket timeout), started and stopped by
+:class:`elastic_rm.background.HttpThread`.
 """
 
 from __future__ import annotations
@@ -10,12 +11,13 @@ from __future__ import annotations
 import errno
 import json
 import logging
-import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from elastic_rm.obs.metrics import CONTENT_TYPE_LATEST, AgentMetrics
+
+from ..background import HttpThread
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +46,7 @@ class AgentHttpServer:
         self.port = port or None
         self.host = host
         self._health = health
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._http: HttpThread | None = None
 
     @property
     def enabled(self) -> bool:
@@ -53,7 +54,12 @@ class AgentHttpServer:
 
     @property
     def url(self) -> str | None:
-        return f"http://{self.host}:{self.port}" if self._server is not None else None
+        return f"http://{self.host}:{self.port}" if self._http is not None else None
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        """The address the endpoint is bound to while it serves."""
+        return None if self._http is None else self._http.server.server_address[:2]
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         if self._health is not None:
@@ -61,11 +67,10 @@ class AgentHttpServer:
         return True, {"status": "ok", "node": self.metrics.node, "state": self.metrics.current_state}
 
     def start(self) -> AgentHttpServer:
-        if not self.enabled or self._server is not None:
+        if not self.enabled or self._http is not None:
             return self
-        handler = _make_handler(self)
         try:
-            server = ThreadingHTTPServer((self.host, self.port), handler)  # type: ignore[arg-type]
+            server = _MetricsHttpServer((self.host, self.port), self)
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 raise EndpointError(
@@ -73,14 +78,13 @@ class AgentHttpServer:
                     "turn the endpoint off"
                 ) from None
             raise EndpointError(f"cannot serve metrics on {self.host}:{self.port}: {exc}") from None
-        self._server = server
-        self._thread = serve_in_thread(server, "elastic-rm-http")
+        self._http = HttpThread(server, "elastic-rm-http")
         return self
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        server, self._server = self._server, None
-        thread, self._thread = self._thread, None
-        shut_down(server, thread, timeout_s)
+        http, self._http = self._http, None
+        if http is not None:
+            http.stop(timeout_s)
 
     def __enter__(self) -> AgentHttpServer:
         return self.start()
@@ -89,53 +93,41 @@ class AgentHttpServer:
         self.stop()
 
 
-def _make_handler(owner: AgentHttpServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        timeout = 5.0  # a stuck client cannot hold a thread for long
+class _MetricsHttpServer(ThreadingHTTPServer):
+    """The endpoint's server: its request handler reads the owner from it."""
 
-        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-            path = self.path.split("?", 1)[0]
-            try:
-                if path == "/metrics":
-                    self._send(200, CONTENT_TYPE_LATEST, owner.metrics.exposition())
-                elif path == "/healthz":
-                    ok, detail = owner.health()
-                    self._send(200 if ok else 503, "application/json", json.dumps(detail).encode())
-                else:
-                    self._send(404, "text/plain; charset=utf-8", b"not found: try /healthz or /metrics\n")
-            except Exception as exc:  # a broken callback must not take the endpoint down
-                log.exception("metrics endpoint failed on %s", path)
-                self._send(500, "text/plain; charset=utf-8", f"internal error: {exc}\n".encode())
-
-        def _send(self, code: int, ctype: str, body: bytes) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - signature of the base class
-            log.debug("http %s", format % args)
-
-    return Handler
+    def __init__(self, address: tuple[str, int | None], owner: AgentHttpServer) -> None:
+        self.owner = owner
+        super().__init__(address, _MetricsRequestHandler)  # type: ignore[arg-type]
 
 
-def serve_in_thread(server: ThreadingHTTPServer, name: str) -> threading.Thread:
-    """Serve on a daemon thread (request threads are daemons too): an agent's endpoints never keep the
-    process alive."""
-    server.daemon_threads = True
-    thread = threading.Thread(
-        target=server.serve_forever, kwargs={"poll_interval": 0.2}, name=name, daemon=True
-    )
-    thread.start()
-    return thread
+class _MetricsRequestHandler(BaseHTTPRequestHandler):
+    """``/metrics`` and ``/healthz``; anything else is 404."""
 
+    server: _MetricsHttpServer
+    timeout = 5.0  # a stuck client cannot hold a thread for long
 
-def shut_down(server: ThreadingHTTPServer | None, thread: threading.Thread | None, timeout_s: float) -> None:
-    """Stop a server started with :func:`serve_in_thread` (a no-op for None)."""
-    if server is None:
-        return
-    server.shutdown()  # returns once serve_forever has left its loop (<= poll_interval)
-    server.server_close()
-    if thread is not None:
-        thread.join(timeout_s)
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        owner = self.server.owner
+        path = self.path.split("?", 1)[0]
+        try:
+            if path == "/metrics":
+                self._send(200, CONTENT_TYPE_LATEST, owner.metrics.exposition())
+            elif path == "/healthz":
+                ok, detail = owner.health()
+                self._send(200 if ok else 503, "application/json", json.dumps(detail).encode())
+            else:
+                self._send(404, "text/plain; charset=utf-8", b"not found: try /healthz or /metrics\n")
+        except Exception as exc:  # a broken callback must not take the endpoint down
+            log.exception("metrics endpoint failed on %s", path)
+            self._send(500, "text/plain; charset=utf-8", f"internal error: {exc}\n".encode())
+
+    def _send(self, code: int, ctype: str, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - signature of the base class
+        log.debug("http %s", format % args)

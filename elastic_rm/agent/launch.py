@@ -1,7 +1,7 @@
 """Launch one node's agent the way torch's ``launch_agent`` does, with our agent class.
 
-torchrun has no entry point for the agent (reference/feasibility.md, section 6), so instead of
-patching torch's module globals we rebuild its short launch path from the same public parts:
+torchrun has no entry point for the agent (its ``launch_agent`` builds a ``LocalElasticAgent``), so
+instead of patching torch's module globals we rebuild its short launch path from the same public parts:
 ``RendezvousParameters``, the handler registry, ``WorkerSpec``, and ``ChildFailedError`` for the
 root-cause report. Behaviour kept from torch: signals are forwarded to the workers, and the
 rendezvous is not closed when the agent dies from a signal (so the run can still scale).

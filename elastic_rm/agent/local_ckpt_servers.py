@@ -1,14 +1,18 @@
 """Checkpoint servers for simulated nodes on one machine (tests, benchmarks): one real process per node
-(python -m elastic_rm.agent.ckpt_server), each serving only its node's memory directory, on loopback; and
-the peer lists an agent would hand to each node's workers (ELASTIC_RM_CKPT_PEERS). Under ermrun each
-node's agent runs its own server instead."""
+(``python -m elastic_rm.agent.local_ckpt_servers``, the stand-alone server: :func:`main`), each serving
+only its node's memory directory, on loopback; and the peer lists an agent would hand to each node's
+workers (ELASTIC_RM_CKPT_PEERS). Under ermrun each node's agent runs its own server instead."""
 
 from __future__ import annotations
 
+import argparse
+import logging
 import os
 import secrets
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,7 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .ckpt_server import CheckpointServer
+
 REPO = Path(__file__).resolve().parents[2]
+TOKEN_ENV = "ELASTIC_RM_CKPT_TOKEN"  # the server's token (never on the command line, where `ps` shows it)
 
 
 @dataclass
@@ -45,11 +52,11 @@ def node_servers(root: Path, nodes: list[str], timeout: float = 60.0) -> Iterato
             port_file = root / f".port-{node}"
             port_file.unlink(missing_ok=True)
             root.mkdir(parents=True, exist_ok=True)
-            env = {**os.environ, "PYTHONPATH": str(REPO), "ELASTIC_RM_CKPT_TOKEN": token}
+            env = {**os.environ, "PYTHONPATH": str(REPO), TOKEN_ENV: token}
             cmd = [
                 sys.executable,
                 "-m",
-                "elastic_rm.agent.ckpt_server",
+                "elastic_rm.agent.local_ckpt_servers",
                 "--dir",
                 str(root / node),
                 "--port-file",
@@ -77,3 +84,31 @@ def peer_lists(servers: dict[str, NodeServer], members: list[str]) -> dict[str, 
         node: {"v": 1, "peers": [servers[m].peer() for m in members if m != node and m in servers]}
         for node in members
     }
+
+
+def main(argv: list[str] | None = None) -> None:
+    """One stand-alone server until SIGTERM or SIGINT; the bound port is written to --port-file."""
+    ap = argparse.ArgumentParser(description="Serve one node's flash-checkpoint memory directory.")
+    ap.add_argument("--dir", required=True, type=Path, help="the node's memory directory")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--port-file", type=Path, help="write the bound port here once listening")
+    args = ap.parse_args(argv)
+    token = os.environ.get(TOKEN_ENV)
+    if not token:
+        raise SystemExit(f"set {TOKEN_ENV} to the bearer token peers will use")
+    logging.basicConfig(level=os.environ.get("LOGLEVEL", "WARNING"))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    with CheckpointServer(args.dir, args.host, args.port, token) as server:
+        if args.port_file:
+            tmp = args.port_file.with_name(args.port_file.name + ".tmp")
+            tmp.write_text(str(server.port))
+            tmp.replace(args.port_file)
+        while not stop.wait(1.0):
+            pass
+
+
+if __name__ == "__main__":
+    main()

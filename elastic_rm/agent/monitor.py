@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import psutil
 
 from elastic_rm.agent.gpu import THROTTLE_REASON_BITS, GpuProbe, GpuSample, make_gpu_probe
+from elastic_rm.background import Background
 
 from .cgroup import NodeCgroup, current_node_cgroup
 
@@ -140,8 +141,7 @@ class ResourceMonitor:
         self._samples: deque[NodeSample] = deque()
         self._tracked: dict[int, _Tracked] = {}
         self._last_cpu: tuple[float, float] | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._sampler = Background(self._run, "elastic-rm-monitor")
         self._errors = 0
         self._scope = current_node_cgroup() if scope == "auto" else scope
         if isinstance(self._scope, str):
@@ -270,25 +270,17 @@ class ResourceMonitor:
     # ---- thread --------------------------------------------------------------------------------------
     def start(self) -> ResourceMonitor:
         """Start the sampling thread (takes a first sample at once)."""
-        if self._thread is not None:
+        if self._sampler.running:
             raise RuntimeError("ResourceMonitor already started; call stop() first")
         if self._own_probe and self._gpu is None:  # restarted after stop() closed the probe
             self._gpu = make_gpu_probe()
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="elastic-rm-monitor", daemon=True)
-        self._thread.start()
+        self._sampler.start()
         return self
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the thread (waits at most ``timeout_s``) and close the GPU probe if the monitor made it."""
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join(timeout_s)
-            if thread.is_alive():
-                log.warning(
-                    "resource monitor thread did not stop within %.1f s (a /proc read hangs?)", timeout_s
-                )
+        if not self._sampler.stop(timeout_s):
+            log.warning("the resource monitor is still sampling (a /proc read hangs?)")
         if self._own_probe and self._gpu is not None:
             self._gpu.close()
             self._gpu = None
@@ -299,9 +291,9 @@ class ResourceMonitor:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _run(self) -> None:
+    def _run(self, stopping: threading.Event) -> None:
         deadline = time.monotonic()
-        while not self._stop.is_set():
+        while not stopping.is_set():
             try:
                 self.sample_once()
             except Exception:  # a sampling failure must not kill monitoring; logged, not hidden
@@ -312,7 +304,7 @@ class ResourceMonitor:
             delay = deadline - time.monotonic()
             if delay < 0:  # fell behind (suspended, overloaded): do not burst to catch up
                 deadline, delay = time.monotonic(), 0.0
-            self._stop.wait(delay)
+            stopping.wait(delay)
 
 
 def _gpu_summary(last: GpuSample, window: list[NodeSample]) -> GpuSummary:

@@ -14,6 +14,7 @@ import shutil
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from ..agent import cgroup as cg
 from ..etcd.server import EtcdServer
@@ -52,6 +53,7 @@ class Scenario:
         self.throttled: cg.NodeCgroup | None = None
         self.rounds: list[dict] = []
         self.timeline: str | None = None  # the PNG written by `finish`, when matplotlib is there
+        self.results_file: Path | None = None  # benchmarks/results/demo.json, written by `finish`
 
     # -- waiting and telling ----------------------------------------------------------------------------
 
@@ -205,10 +207,13 @@ class Scenario:
         return summary
 
     def write_results(self, summary: dict) -> None:
-        """Where the run's figures are written: summary.json in the workdir (the results file that the
-        docs' demo figures come from is written here too)."""
+        """Where the run's figures are written: summary.json in the workdir, and the figures README quotes
+        to benchmarks/results/demo.json of a checkout (`results_file`; None outside one)."""
+        from ..obs.results_file import write_demo_results
+
         with open(os.path.join(self.workdir, "summary.json"), "w") as fh:
             json.dump(summary, fh, indent=2)
+        self.results_file = write_demo_results(summary)
 
     # -- the whole scenario -----------------------------------------------------------------------------
 

@@ -1,9 +1,8 @@
 """A small synchronous etcd v3 client: aetcd on a private asyncio loop thread.
 
 torch's rendezvous API is synchronous and our callers are threads, so every call here blocks with a
-timeout. Why aetcd: it is the one maintained v3 client that passed every probe with no workaround
-(reference/etcd.md); a broken watch raises instead of dying silently, and the same client reconnects
-after an etcd restart. What we add: timeouts on every call, failover across several endpoints, TLS,
+timeout. Why aetcd: it is a maintained v3 client that needs no workaround: a broken watch raises
+instead of dying silently, and the same client reconnects after an etcd restart. What we add: timeouts on every call, failover across several endpoints, TLS,
 revision-carrying results, lease keep-alive with loss detection, and watches that resume from the last
 seen revision after an outage.
 """

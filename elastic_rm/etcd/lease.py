@@ -17,8 +17,8 @@ class KeptLease:
     """Grants a lease and refreshes it every ``ttl / 3`` seconds until stopped or lost.
 
     The lease counts as lost only when etcd says so (refresh answers TTL <= 0): during an etcd outage
-    we keep trying, because etcd renews every lease when it elects a leader again (reference/etcd.md,
-    gotcha 5), so the node's keys survive a short outage. ``on_lost`` is called once, from the thread.
+    we keep trying, because etcd renews every lease when it elects a leader again, so the node's keys
+    survive a short outage (tests/chaos/test_etcd_outage.py). ``on_lost`` is called once, from the thread.
     """
 
     def __init__(self, client: EtcdClient, ttl: int, on_lost: Callable[[], None] | None = None):
@@ -104,8 +104,3 @@ class Election:
         if self.revision is None:
             raise EtcdError(f"not the leader of {self.key}: campaign first")
         return Compare.create(self.key, self.revision)
-
-    def resign(self) -> None:
-        if self.revision is not None:
-            self._client.txn([self.fence()], [Op.delete(self.key)])
-            self.revision = None

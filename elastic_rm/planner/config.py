@@ -1,6 +1,6 @@
 """PlannerConfig: every threshold of the three stages, with the defaults and where they come from.
 
-Defaults follow DLRover's open-source constants (reference/dlrover-rm.md, Appendix A) where one exists,
+Defaults follow DLRover's open-source constants (github.com/intelligent-machine-learning/dlrover) where one exists,
 re-read for synchronous TorchRec training; the others are ours and say so.
 """
 

@@ -8,7 +8,8 @@ Order of precedence on every call (the first that answers wins):
    else an empty round (suspended, as MembershipPolicy); a member restarted its workers (``joining``
    again after completing the round): the same members again;
 3. our previous Decision is not written yet: wait (no duplicate rounds);
-4. OOM predicted within the horizon, or an OOM happened: more nodes (tables shard thinner) or more memory;
+4. OOM predicted within the horizon, or an OOM happened: more nodes (tables shard thinner) or more memory
+   (memory_rules.py);
 5. cooldown since the last round;
 6. a flagged straggler: replace it by a standby node, or drop it when that pays;
 7. stage 2: after the profiling window, fit the model and move to the marginal-gain target;
@@ -21,18 +22,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from .answers import Answer, decide, standby
 from .config import PlannerConfig
 from .history import HistoryError, StartPlan, parse_record, warm_start
-from .interface import ClusterSnapshot, Decision, NodeState, NodeView, Wait
+from .interface import ClusterSnapshot, NodeState, NodeView, Wait
 from .job import JobSpec, JobSpecError, parse_job
 from .membership import MembershipPolicy, eligible_nodes
 from .memory_model import estimate_node_memory, rescale_observed
+from .memory_rules import oom_check
 from .perf_model import Sample
-from .runtime import memory_growth, oom_risks, update_stragglers
+from .runtime import memory_growth, update_stragglers
 from .scaling import budgets, choose_world, fit_configs, memory_floor, observed_cap
 from .state import Advice, PlannerState, node_capacity, observe
-
-Answer = Decision | Wait
 
 
 class PlannerPolicy:
@@ -99,9 +100,7 @@ class PlannerPolicy:
         if rejoining:  # as MembershipPolicy: a member's workers restarted; every member restarts
             reason = f"node(s) {', '.join(rejoining)} restarted their workers"
             rest = self._standby(healthy, state.flagged)
-            return self._decide(
-                replace(state, last_round_at=snapshot.now), cur.number, cur.members, rest, reason
-            )
+            return decide(replace(state, last_round_at=snapshot.now), cur.number, cur.members, rest, reason)
         if state.decided_on_round == cur.number:
             return Wait(f"round {cur.number + 1} decided, not yet written"), state
         members = tuple(cur.members)
@@ -122,14 +121,7 @@ class PlannerPolicy:
         return warm_start(job, records, snapshot.min_nodes, snapshot.max_nodes, self.config)
 
     def _standby(self, candidates: list[str], flagged: frozenset[str]) -> tuple[str, ...]:
-        return tuple(n for n in candidates if n not in flagged)[: self.config.standby_max]
-
-    def _decide(self, state: PlannerState, cur_number: int, members, standby, reason, gain=None, conf=None):
-        key = (tuple(members), tuple(standby))
-        if state.decided_on_round == cur_number and state.pending == key:
-            return Wait(f"round after {cur_number} decided, not yet written"), state
-        d = Decision(key[0], key[1], reason, gain, conf)
-        return d, replace(state, decided_on_round=cur_number, pending=key, decisions=state.decisions + 1)
+        return standby(candidates, flagged, self.config.standby_max)
 
     def _first_round(self, snapshot: ClusterSnapshot, state: PlannerState, nodes: list[NodeView]):
         start = state.start
@@ -157,8 +149,8 @@ class PlannerPolicy:
             state = replace(state, advice=replace(state.advice, mem_per_node_bytes=mem))
         reason = f"first round of {len(members)} node(s); {start.reason}"
         number = snapshot.current.number if snapshot.current else -1
-        standby = self._standby(ids[target:], state.flagged)
-        return self._decide(state, number, members, standby, reason, None, start.confidence)
+        spare = self._standby(ids[target:], state.flagged)
+        return decide(state, number, members, spare, reason, None, start.confidence)
 
     def _lost(self, snapshot, state, old, survivors, healthy, waiting):
         want = min(len(old), snapshot.max_nodes)
@@ -170,14 +162,13 @@ class PlannerPolicy:
         if len(members) < snapshot.min_nodes:
             # as MembershipPolicy: an empty round stops the survivors' workers; they wait as standby
             reason = f"{lost} member(s) lost; below {snapshot.min_nodes} node(s), suspended"
-            return self._decide(state, snapshot.current.number, (), tuple(survivors + fill), reason)
+            return decide(state, snapshot.current.number, (), tuple(survivors + fill), reason)
         rest = [n for n in fill if n not in members]
         state = replace(state, last_round_at=snapshot.now)
         reason = f"{lost} member(s) lost; continuing with {len(members)}"
         gain = len(members) / len(old) - 1
-        return self._decide(
-            state, snapshot.current.number, members, self._standby(rest, state.flagged), reason, gain, 0.9
-        )
+        spare = self._standby(rest, state.flagged)
+        return decide(state, snapshot.current.number, members, spare, reason, gain, 0.9)
 
     def _fit(self, state: PlannerState, job: JobSpec):
         samples = [Sample(c.world, c.capacity, c.step_s) for c in state.configs if c.clean]
@@ -187,92 +178,7 @@ class PlannerPolicy:
         return fit_configs(job, samples, prior)
 
     def _oom(self, snapshot, state, job, members, healthy, nodes):
-        """An OOM happened (``job["oom_count"]`` grew) or the trend crosses the threshold soon.
-
-        With resizable rounds, memory is cheaper than a node: raise the budget; when a raise did not take
-        (the node's memory stayed below what we asked), or without resizable rounds, shard thinner.
-        """
-        cfg = self.config
-        by_id = {n.node_id: n for n in nodes}
-        w = len(members)
-        node_mem = min((by_id[m].mem_total_bytes for m in members if m in by_id), default=0)
-        resize_failed = state.mem_asked > 0 and node_mem < 0.99 * state.mem_asked
-        ooms = int(snapshot.job.get("oom_count", 0) or 0)
-        if ooms > state.ooms_seen:
-            state = replace(state, ooms_seen=ooms)
-            level = max((state.nodes[m][-1].mem_used for m in members if m in state.nodes), default=node_mem)
-            growth = (state.growth_total or 0.0) / w
-            need = max(
-                node_mem * cfg.oom_restart_factor,
-                (level + growth * cfg.mem_growth_horizon_s) * (1 + cfg.mem_margin),
-            )
-            why = f"OOM happened at {node_mem / 2**30:.1f} GiB per node"
-            return self._more_memory(snapshot, state, job, members, healthy, need, why, resize_failed)
-        risks = oom_risks(state, members, cfg)
-        if not risks:
-            return None, state
-        r = risks[0]
-        growth = max(r.trend.slope, (state.growth_total or 0.0) / w)
-        need = (r.trend.level + growth * cfg.mem_growth_horizon_s) * (1 + cfg.mem_margin)
-        why = (
-            f"OOM predicted on {r.node} in {r.seconds:.0f} s "
-            f"({r.trend.level / 2**30:.1f} GiB, +{growth * 3600 / 2**30:.2f} GiB/h)"
-        )
-        return self._more_memory(
-            snapshot, state, job, members, healthy, need, why, resize_failed, r.trend.level, growth
-        )
-
-    def _more_memory(
-        self, snapshot, state, job, members, healthy, need, why, resize_failed, level=0.0, growth=0.0
-    ):
-        cfg = self.config
-        w = len(members)
-        cur = snapshot.current
-        standby = self._standby(healthy, state.flagged)
-        if cfg.resize_rounds and not resize_failed:
-            state = replace(
-                state,
-                mem_asked=need,
-                last_round_at=snapshot.now,
-                advice=replace(
-                    state.advice, mem_per_node_bytes=max(need, state.advice.mem_per_node_bytes), reason=why
-                ),
-            )
-            reason = f"{why}; memory budget to {need / 2**30:.1f} GiB per node"
-            return self._decide(state, cur.number, members, standby, reason, 0.0, 0.7)
-        per_node = level or max(
-            (state.nodes[m][-1].mem_used for m in members if m in state.nodes), default=0.0
-        )
-        node_mem = min(state.nodes[m][-1].mem_total for m in members if m in state.nodes) if per_node else 0.0
-        floor = memory_floor(job, cfg, w, per_node, growth, node_mem, w + 1, snapshot.max_nodes)
-        state = replace(
-            state,
-            advice=replace(state.advice, target_nodes=max(floor, state.advice.target_nodes), reason=why),
-        )
-        add = min(floor - w, len(healthy))
-        if add <= 0 and cfg.resize_rounds:  # no node to add: ask for memory again all the same
-            state = replace(state, mem_asked=need, last_round_at=snapshot.now)
-            state = replace(
-                state,
-                advice=replace(state.advice, mem_per_node_bytes=max(need, state.advice.mem_per_node_bytes)),
-            )
-            return self._decide(
-                state,
-                cur.number,
-                members,
-                standby,
-                f"{why}; memory budget to {need / 2**30:.1f} GiB per node",
-                0.0,
-                0.5,
-            )
-        if add <= 0:
-            return Wait(f"{why}; no node to add, asking for {floor} node(s)"), state
-        new = list(members) + healthy[:add]
-        state = replace(state, last_round_at=snapshot.now, mem_asked=0.0)
-        reason = f"{why}; sharding over {len(new)} nodes"
-        return self._decide(
-            state, cur.number, new, self._standby(healthy[add:], state.flagged), reason, None, 0.7
-        )
+        return oom_check(self.config, snapshot, state, job, members, healthy, nodes)
 
     def _cooldown(self, snapshot, state, job, members, healthy, nodes):
         cur = snapshot.current
@@ -298,9 +204,8 @@ class PlannerPolicy:
             state = replace(state, last_round_at=snapshot.now)
             reason = f"straggler(s) {', '.join(swap)} replaced by {', '.join(swap.values())}"
             rest = [n for n in healthy if n not in swap.values()]
-            return self._decide(
-                state, snapshot.current.number, new, self._standby(rest, state.flagged), reason, gain, 0.7
-            )
+            spare = self._standby(rest, state.flagged)
+            return decide(state, snapshot.current.number, new, spare, reason, gain, 0.7)
         keep = [m for m in members if m not in bad]
         if len(keep) < max(snapshot.min_nodes, 1) or f is None or not obs:
             spares = max(state.advice.target_nodes, w + len(bad))
@@ -319,7 +224,7 @@ class PlannerPolicy:
         state = replace(state, advice=replace(state.advice, target_nodes=max(state.advice.target_nodes, w)))
         state = replace(state, last_round_at=snapshot.now)
         reason = f"straggler(s) {', '.join(bad)} removed; no standby node"
-        return self._decide(state, snapshot.current.number, keep, (), reason, gain, f.confidence(len(keep)))
+        return decide(state, snapshot.current.number, keep, (), reason, gain, f.confidence(len(keep)))
 
     @staticmethod
     def _shape(job: JobSpec):
@@ -389,9 +294,8 @@ class PlannerPolicy:
             rest = [m for m in members[target:]] + healthy
             reason = f"scale down {w} -> {target}: {t.why}"
         state = replace(state, last_round_at=snapshot.now)
-        return self._decide(
-            state, cur.number, new, self._standby(rest, state.flagged), reason, gain, t.confidence
-        )
+        spare = self._standby(rest, state.flagged)
+        return decide(state, cur.number, new, spare, reason, gain, t.confidence)
 
     def _resize(self, snapshot, state, job, members, healthy, nodes):
         cfg = self.config
@@ -412,6 +316,5 @@ class PlannerPolicy:
             state, last_round_at=snapshot.now, mem_asked=a.mem_per_node_bytes if mem_save else state.mem_asked
         )
         reason = f"resize to {a.cpu_per_node:.1f} cores, {a.mem_per_node_bytes / 2**30:.1f} GiB per node (observed peak + margins)"
-        return self._decide(
-            state, snapshot.current.number, members, self._standby(healthy, state.flagged), reason, 0.0, 0.8
-        )
+        spare = self._standby(healthy, state.flagged)
+        return decide(state, snapshot.current.number, members, spare, reason, 0.0, 0.8)

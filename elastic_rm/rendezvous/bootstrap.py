@@ -3,7 +3,7 @@
 Rank 0's agent picks a free port on its address when it acks a round; the address travels in its ack
 and the sealed round record, so every node hands its workers the same pair. Global rank 0's worker
 hosts the TCPStore there, as torch does with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: a fresh store per
-round, which is what avoids torch 2.13's scale-up deadlock (reference/feasibility.md, gotcha 1).
+round, which is what avoids torch 2.13's scale-up deadlock.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The ``elastic-rm`` rendezvous handler: torch's ``RendezvousHandler`` on etcd v3.
 
-How a node takes part (DESIGN.md, "A round"):
+How a node takes part (README.md, "How it works"):
 
 1. It registers ``nodes/<node>`` under its own lease (kept alive by a thread; a dead node's key
    vanishes within the lease TTL) and starts the leader loop (every node campaigns; one leads).

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+from ..background import Background
 from ..etcd.client import Compare, EtcdClient, Op
 from ..etcd.errors import EtcdError
 from ..etcd.lease import Election
@@ -44,7 +45,6 @@ class RoundLeader:
         max_nodes: int,
         last_call_timeout: float,
         job: dict | None = None,
-        on_decision: Callable[[RoundRecord], None] | None = None,
         events: EventLog | None = None,
     ):
         self._client = client
@@ -55,7 +55,6 @@ class RoundLeader:
         self._min, self._max = min_nodes, max_nodes
         self._last_call = last_call_timeout
         self._job = job or {}
-        self._on_decision = on_decision
         self._events = events
         self._demand: tuple[int, str] | None = None  # last written (target_nodes, reason)
         self._outcome: dict | None = None  # the last written round, until its outcome is measured
@@ -64,40 +63,40 @@ class RoundLeader:
         self._metrics_seen = -1  # metrics_version of the view when the policy last ran
         self._history: tuple[dict, ...] = ()
         self._wake_at = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="erm-leader", daemon=True)
+        self._loop = Background(self._run, "erm-leader", wake=self._wake)
         self.last_reason = ""
 
     def start(self) -> None:
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._loop.stop(timeout_s=5)
+
+    def _wake(self) -> None:
+        """The loop waits on the view's condition: wake it to see the stop."""
         with self._view.cond:
             self._view.cond.notify_all()
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(timeout=5)
 
     @property
     def leading(self) -> bool:
         view = self._view
         return self._election is not None and view.leader_rev == self._election.revision
 
-    def _run(self) -> None:
+    def _run(self, stopping: threading.Event) -> None:
         seen, wake_at = -1, 0.0
-        while not self._stop.is_set():
+        while not stopping.is_set():
             timeout = max(0.0, min(IDLE_WAKEUP_S, wake_at - time.monotonic())) if wake_at else IDLE_WAKEUP_S
             seen = self._view.wait(seen, timeout)
-            if self._stop.is_set():
+            if stopping.is_set():
                 return
             try:
                 wake_at = self._step()
             except EtcdError as exc:
                 log.warning("leader step failed (%s); retrying", exc)
-                self._stop.wait(0.2)
+                stopping.wait(0.2)
             except Exception:  # noqa: BLE001 - keep leading through a policy bug, loudly
                 log.exception("round policy failed; retrying in 1 s")
-                self._stop.wait(1.0)
+                stopping.wait(1.0)
 
     def _step(self) -> float:
         view = self._view
@@ -329,8 +328,6 @@ class RoundLeader:
                 "before": self._job_throughput(current.members) if current else None,
                 "since": None,
             }
-            if self._on_decision is not None:
-                self._on_decision(record)
 
     def _sealed_at_once(self, record: RoundRecord) -> RoundRecord:
         """When every member is already waiting in next_rendezvous (state joining or standby, under a

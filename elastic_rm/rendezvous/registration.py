@@ -1,7 +1,7 @@
 """How torch finds the handler: the ``torchrun.handlers`` entry point ``elastic-rm``.
 
 torch calls ``handler_factory()`` (zero arguments) and registers what it returns as the creator
-``RendezvousParameters -> RendezvousHandler`` (reference/feasibility.md, section 5).
+``RendezvousParameters -> RendezvousHandler``.
 """
 
 from __future__ import annotations

@@ -39,9 +39,3 @@ def broadcast_bytes(data: bytes | None, src: int = 0, pg: dist.ProcessGroup | No
         buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     dist.broadcast(buf, src=src, group=pg)
     return bytes(buf[: int(size)].numpy().tobytes())
-
-
-def all_true(flag: bool, pg: dist.ProcessGroup | None = None) -> bool:
-    t = torch.tensor([0 if flag else 1], dtype=torch.int64)
-    dist.all_reduce(t, group=pg)
-    return int(t) == 0

@@ -22,10 +22,6 @@ NUM_DENSE, NUM_SPARSE = 13, 26
 _K = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
 
 
-def dense_names(n: int = NUM_DENSE) -> list[str]:
-    return [f"int_{i}" for i in range(n)]
-
-
 def sparse_names(n: int = NUM_SPARSE) -> list[str]:
     return [f"cat_{i}" for i in range(n)]
 

@@ -1,6 +1,6 @@
 """The worker's side of the checkpoint transport between nodes: who the peers are (the agent's
 ELASTIC_RM_CKPT_PEERS), and a small HTTP client for a peer agent's checkpoint server
-(elastic_rm/agent/ckpt_server.py): list steps, fetch a manifest, download a file, push a replica.
+(elastic_rm/agent/ckpt_http.py): list steps, fetch a manifest, download a file, push a replica.
 
 Light on purpose (stdlib only): the agent imports the names shared with its server from here.
 Everything on the wire is JSON or raw checkpoint bytes; nothing is unpickled.

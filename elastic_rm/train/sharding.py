@@ -1,7 +1,7 @@
 """Sharding plans for the world at hand, constrained so that a checkpoint reshards bit-exactly.
 
 TorchRec's planner picks placements; the rules below fix, independently of the world size, what
-would otherwise change the *layout of optimizer state* between worlds (feasibility.md, gotchas 3, 4, 8):
+would otherwise change the *layout of optimizer state* between worlds:
 
 - a data-parallel table stays data-parallel at every world size, a sharded one stays sharded;
 - a column-wise table keeps the same column-shard width (hence count) at every world size, and only
@@ -143,7 +143,7 @@ class ElasticRules:
 
 class ElasticEBCSharder(EmbeddingBagCollectionSharder):
     """TorchRec's EBC sharder, also offering row-wise on CPU: its CPU list omits row-wise although the
-    gloo path runs it (and reshards it bit-exactly, feasibility.md section 2)."""
+    gloo path runs it (and reshards it bit-exactly: tests/train/test_train_reshard.py)."""
 
     def sharding_types(self, compute_device_type: str) -> list[str]:
         types = list(super().sharding_types(compute_device_type))

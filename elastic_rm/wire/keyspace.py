@@ -1,4 +1,4 @@
-"""Key names of one run in etcd (the table in DESIGN.md). The run id cannot escape its prefix."""
+"""Key names of one run in etcd: every key a run uses is named here. The run id cannot escape its prefix."""
 
 from __future__ import annotations
 

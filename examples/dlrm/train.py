@@ -5,7 +5,7 @@ between restarts). What makes it elastic, in order of appearance:
 
 1. Tables are sharded for the world at hand (`plan_sharding` under the elastic rules, `wrap_model`).
 2. The loss is a mean over a fixed global batch, so learning-rate semantics do not change with the
-   world size (feasibility.md: gradients are averaged over ranks).
+   world size (gradients are averaged over ranks).
 3. Samples come from a sample ledger (`GlobalBatches` over a `RangeLedger`): the dataset is cut into
    ranges of --range-steps global batches, the world takes one range at a time, and each step trains on
    the next global batch of it, split evenly over the ranks. The ledger state (ranges done, progress in
@@ -279,7 +279,7 @@ def main() -> None:
     ckpt.close()
     if progress is not None:
         progress.close()
-    gc.collect()  # before destroy: gloo aborts at exit about 1 run in 8 otherwise (feasibility.md)
+    gc.collect()  # before destroy: gloo aborts at exit about 1 run in 8 otherwise
     dist.destroy_process_group()
 
 

@@ -90,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if live is not None:
             live.stop()
+    results = scenario.results_file
+    print(f"figures: {results or 'not written (no benchmarks/results/ in this install)'}")
     _print_summary(summary, scenario.workdir)
     if scenario.timeline is not None:
         print(f"timeline: {scenario.timeline}")

@@ -1,7 +1,7 @@
 """Hostile input: every JSON record elastic-rm reads from etcd, a file or the network, and the trace CSV and
 the workers' struct datagrams, fed with property-based garbage (hypothesis).
 
-The contract (DESIGN.md): a value that is not what we wrote is an error of the parser's own type whose
+The contract (docs/guarantees.md, "Hostile input"): a value that is not what we wrote is an error of the parser's own type whose
 message names the source (the etcd key, the file, the manifest's place), never a hang and never an
 uncaught exception of another type (KeyError, TypeError, RecursionError ...). The worker channel drops
 and counts a bad datagram instead of raising (it must not kill the agent's receive thread).

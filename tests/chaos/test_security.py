@@ -184,7 +184,7 @@ def test_agent_http_endpoint_binds_to_loopback_unless_told():
             port = s.getsockname()[1]
         kwargs = {} if host is None else {"host": host}
         with AgentHttpServer(AgentMetrics("n"), port, **kwargs) as srv:
-            assert srv._server is not None and srv._server.server_address[0] == expected
+            assert srv.address is not None and srv.address[0] == expected
 
 
 # -- no deserialisation or execution of data -----------------------------------------------------------------

@@ -34,6 +34,7 @@ from elastic_rm.demo.harness import DEFAULT_SCRIPT, Demo
 from elastic_rm.demo.summary import summarize, world_reached
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.etcd.server import EtcdServer
+from elastic_rm.obs.results_file import write_soak_results
 from elastic_rm.train.paths import remove_node_memory, run_memory_dir
 from tests.chaos.helpers import check_round_history, record_figures, round_history, round_record
 from tests.conftest import BIN
@@ -156,7 +157,7 @@ def test_soak_three_nodes_a_fault_a_minute(tmp_path):
     schedule = lineage(rows)
     assert schedule and schedule[0][1] == 1 and schedule[-1][2] == end["final_step"], schedule
     reference = replay(tmp_path, schedule)
-    record_figures(tmp_path, "soak", {
+    figures = {
         "seed": SEED, "minutes": MINUTES, "pace": PACE, "faults_survived": len(faults), "faults": faults,
         "rounds": len({r for r, _, _ in history}), "final_round": final["round"], "final_step": end["final_step"],
         "restarts_checked": sum(1 for c in ledger if "as drained" in c["what"] or "restored the last" in c["what"]),
@@ -164,6 +165,8 @@ def test_soak_three_nodes_a_fault_a_minute(tmp_path):
         "downtime_s": [round(d["seconds"], 2) for d in summarize(rows, [])["downtime"]],
         "state": {k: end[k] for k in ("checksum", "checksum_value", "optim_value", "dense_value")},
         "reference_state": {k: reference[k] for k in ("checksum", "checksum_value", "optim_value", "dense_value")},
-    })  # fmt: skip
+    }  # fmt: skip
+    record_figures(tmp_path, "soak", figures)
+    write_soak_results(figures)  # benchmarks/results/soak.json: the figures docs/guarantees.md quotes
     # the whole state (embeddings, fused optimizer state, dense weights and optimizer) as the fault-free run
     assert end["checksum"] == reference["checksum"], (end, reference)

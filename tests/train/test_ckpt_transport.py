@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from elastic_rm.agent.ckpt_server import CheckpointServer, peers_env
+from elastic_rm.agent.ckpt_hooks import peers_env
+from elastic_rm.agent.ckpt_server import CheckpointServer
 from elastic_rm.agent.local_ckpt_servers import NodeServer, node_servers
 from elastic_rm.train.manifest import CorruptCheckpointError, digest, file_entry, make_manifest, step_dirname
 from elastic_rm.train.peers import PeerClient, PeerEndpoint, PeerError, parse_peers
@@ -182,7 +183,7 @@ def test_upload_limits(tmp_path: Path) -> None:
         body = make_step(src, 1, {"__0_0.distcp": b"y" * 5000})
         with pytest.raises(PeerError, match="HTTP 413"):
             c.push_replica("n9", 1, src / step_dirname(1), ["__0_0.distcp"], body, keep=2)
-        assert server.listing()["replicas"] == {"n9": []}
+        assert server.store.listing()["replicas"] == {"n9": []}
 
 
 def test_concurrent_downloads(servers) -> None:
@@ -285,7 +286,7 @@ def test_agents_publish_their_servers_through_the_rendezvous(etcd, run_id) -> No
     its node record before joining; then each worker start gets the round's other members."""
     from torch.distributed.elastic.rendezvous import RendezvousParameters
 
-    from elastic_rm.agent.ckpt_server import start_for_agent
+    from elastic_rm.agent.ckpt_hooks import start_for_agent
     from elastic_rm.rendezvous.registration import create_handler
     from elastic_rm.train.paths import run_memory_dir
     from elastic_rm.train.peers import parse_peers

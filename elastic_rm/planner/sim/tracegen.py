@@ -1,4 +1,4 @@
-"""Generate a realistic trace from the reference's figures (reference/dlrover-rm.md §1.2, §6.2, §8).
+"""Generate a realistic trace from the figures of the DLRover-RM paper (PVLDB 17(12), 2024).
 
 Calibration targets, all for the user's own configuration (the static policy):
 - CPU used / requested ~ 0.15-0.20 and memory used / requested ~ 0.13-0.15 (yearlong figure, w/o DLRover):

@@ -1,0 +1,196 @@
+"""The checkpoint server's HTTP routes: a node's flash-checkpoint memory (a CheckpointStore) for its peers.
+
+    GET  /v1/steps                                  {"v": 1, "node", "steps": [...], "replicas": {src: [...]}}
+    GET  /v1/steps/<step>/manifest                  the step's manifest.json (own copy, else a replica's)
+    GET  /v1/steps/<step>/files/<name>              a file the manifest lists, streamed (sendfile); one
+                                                    `Range: bytes=a-b` gives that span only (206)
+    POST /v1/replicas/<src>/<step>/begin            start a replica upload (clears a stale one)
+    PUT  /v1/replicas/<src>/<step>/files/<name>     upload one file (Content-Length required; hashed as it arrives)
+    POST /v1/replicas/<src>/<step>/commit?keep=N    body: the manifest. Every file of `src` is checked against it
+                                                    (size, checksum); then replicas/<src>/step-N is published
+                                                    atomically and all but the newest N replica steps pruned.
+
+Every request needs ``Authorization: Bearer <token>``; without it: 401. Steps are integers, node ids and
+file names plain names (no separators, no '..', no escapes): nothing can leave the node's directory.
+Why its own module: the routes parse and check what arrives; the store (ckpt_store.py) decides what it
+means. The request handler reads its configuration (store, token, timeout) from its server.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+import re
+import socket
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from ..train.peers import API, safe_name
+from .ckpt_store import CheckpointStore, Refused
+
+log = logging.getLogger(__name__)
+
+MAX_MANIFEST_BYTES = 64 << 20
+_STEP = re.compile(r"^\d{1,12}$")
+_RANGE = re.compile(r"^bytes=(\d{1,15})-(\d{1,15})$")
+_OK = b'{"ok": true}'
+
+
+class CheckpointHttpServer(ThreadingHTTPServer):
+    """Binds (host, port) (IPv6 when the host has a ':') and answers with :class:`CheckpointRequestHandler`
+    for `store`, to requests that carry `token`; each request's socket times out after `timeout_s`."""
+
+    request_queue_size = 64
+
+    def __init__(self, host: str, port: int, store: CheckpointStore, token: str, timeout_s: float) -> None:
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.store = store
+        self.expected_auth = f"Bearer {token}".encode()
+        self.request_timeout_s = timeout_s
+        super().__init__((host, port), CheckpointRequestHandler)
+
+
+class CheckpointRequestHandler(BaseHTTPRequestHandler):
+    """One request: authenticate, route, answer; a refusal is a JSON error with its status."""
+
+    server: CheckpointHttpServer
+    server_version = "elastic-rm-ckpt/1"
+
+    def setup(self) -> None:
+        self.timeout = self.server.request_timeout_s  # a stuck peer cannot hold a thread forever
+        super().setup()
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        self._dispatch("GET")
+
+    def do_PUT(self) -> None:  # noqa: N802
+        self._dispatch("PUT")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._dispatch("POST")
+
+    def _dispatch(self, method: str) -> None:
+        try:
+            given = (self.headers.get("Authorization") or "").encode()
+            if not hmac.compare_digest(given, self.server.expected_auth):
+                raise Refused(401, "missing or wrong bearer token (the peer list of ELASTIC_RM_CKPT_PEERS)")
+            url = urlsplit(self.path)
+            parts = url.path.split("/")
+            if parts[:2] != ["", API.strip("/")]:
+                raise Refused(404, f"unknown path {url.path!r}: the API is under {API}/")
+            self._route(method, parts[2:], parse_qs(url.query))
+        except Refused as e:
+            self._send_error(e.code, str(e))
+        except (BrokenPipeError, ConnectionResetError, TimeoutError) as e:
+            log.debug("checkpoint server: %s %s: client went away (%s)", method, self.path, e)
+        except Exception as e:  # noqa: BLE001 - one bad request must not take the server down
+            log.exception("checkpoint server: %s %s failed", method, self.path)
+            self._send_error(500, f"internal error: {e}")
+
+    def _route(self, method: str, p: list[str], query: dict[str, list[str]]) -> None:
+        store = self.server.store
+        if method == "GET" and p == ["steps"]:
+            return self._send_bytes(json.dumps(store.listing()).encode(), "application/json")
+        if method == "GET" and len(p) == 3 and p[0] == "steps" and p[2] == "manifest":
+            path = store.manifest_path(_step(p[1]))
+            return self._send_bytes(path.read_bytes(), "application/json")
+        if method == "GET" and len(p) == 4 and p[0] == "steps" and p[2] == "files":
+            return self._send_file(store.file_path(_step(p[1]), _name(p[3])))
+        if len(p) >= 4 and p[0] == "replicas":
+            src, step = _name(p[1]), _step(p[2])
+            if method == "POST" and p[3:] == ["begin"]:
+                store.begin(src, step)
+                return self._send_bytes(_OK, "application/json")
+            if method == "PUT" and len(p) == 5 and p[3] == "files":
+                store.receive(src, step, _name(p[4]), self._length(store.max_file_bytes), self.rfile)
+                return self._send_bytes(_OK, "application/json")
+            if method == "POST" and p[3:] == ["commit"]:
+                keep = _keep(query)
+                store.commit(src, step, self._body(MAX_MANIFEST_BYTES), keep)
+                return self._send_bytes(_OK, "application/json")
+        raise Refused(404, f"no route for {method} {API}/{'/'.join(p)}")
+
+    def _length(self, limit: int) -> int:
+        raw = self.headers.get("Content-Length")
+        if raw is None or not raw.isdigit():
+            raise Refused(411, "Content-Length required (no chunked uploads)")
+        n = int(raw)
+        if n > limit:
+            raise Refused(413, f"body of {n} bytes is over the limit of {limit}")
+        return n
+
+    def _body(self, limit: int) -> bytes:
+        n = self._length(limit)
+        data = self.rfile.read(n)
+        if len(data) != n:
+            raise Refused(400, f"got {len(data)} of {n} bytes (connection cut)")
+        return data
+
+    def _send_bytes(self, body: bytes, ctype: str) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _send_file(self, path: Path) -> None:
+        """The whole file, or one ``Range: bytes=a-b`` of it (206): a resharding reader fetches only
+        the checksum blocks it reads."""
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            start, count, code = 0, size, 200
+            wanted = self.headers.get("Range")
+            if wanted is not None:
+                m = _RANGE.match(wanted.strip())
+                if not m or int(m[1]) > int(m[2]) or int(m[2]) >= size:
+                    raise Refused(416, f"range {wanted!r} is not one span 'bytes=a-b' within {size} bytes")
+                start, count, code = int(m[1]), int(m[2]) - int(m[1]) + 1, 206
+            self.send_response(code)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(count))
+            if code == 206:
+                self.send_header("Content-Range", f"bytes {start}-{start + count - 1}/{size}")
+            self.end_headers()  # written unbuffered: the socket is ours from here
+            if count:
+                self.connection.sendfile(f, start, count)
+
+    def _send_error(self, code: int, message: str) -> None:
+        body = json.dumps({"error": message}).encode()
+        try:
+            self.send_response(code)
+            if code == 401:
+                self.send_header("WWW-Authenticate", "Bearer")
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(body)
+        except OSError:
+            pass
+        self.close_connection = True
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's signature
+        log.debug("checkpoint server: " + format, *args)
+
+
+def _step(text: str) -> int:
+    if not _STEP.match(text):
+        raise Refused(400, f"step {text!r} is not a non-negative integer")
+    return int(text)
+
+
+def _name(text: str) -> str:
+    if not safe_name(text):
+        raise Refused(400, f"{text!r} is not a plain name (letters, digits, '.', '_', '-'; not '.' or '..')")
+    return text
+
+
+def _keep(query: dict[str, list[str]]) -> int:
+    raw = query.get("keep", ["2"])[-1]
+    if not raw.isdigit() or not 1 <= int(raw) <= 1000:
+        raise Refused(400, f"keep={raw!r}: an integer from 1 to 1000 expected")
+    return int(raw)

@@ -1,0 +1,195 @@
+"""What a node's checkpoint server serves and accepts, without the HTTP: its flash-checkpoint memory.
+
+Why apart from the HTTP: these are the rules that keep a node's memory directory sound whoever calls
+them. A node directory holds its own committed steps (``step-<N>/``) and the replicas it keeps for
+peers (``replicas/<src>/step-<N>/``). Reads see committed steps only (a manifest is present). A replica
+arrives file by file into ``step-<N>.tmp/``, hashed as it arrives, and is published by one rename only
+when every file matches the manifest; a node pushes one step at a time. Uploads are size-limited and
+refused when the memory file system lacks the room. A refusal is a :class:`Refused` with the HTTP status
+that says what went wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from ..train.manifest import (
+    FILE_HASH,
+    MANIFEST,
+    CorruptCheckpointError,
+    committed_steps,
+    entry_hash,
+    file_digest,
+    new_hasher,
+    parse_manifest,
+    prune_steps,
+    publish_dir,
+    step_dirname,
+    write_file,
+)
+from ..train.peers import safe_name
+
+log = logging.getLogger(__name__)
+
+MAX_FILE_BYTES = 256 << 30  # one uploaded checkpoint file
+FREE_RESERVE_BYTES = 256 << 20  # an upload must leave this much free in the memory file system
+CHUNK = 4 << 20
+
+
+class Refused(Exception):
+    """A request the store will not carry out; ``code`` is the HTTP status that says why."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class CheckpointStore:
+    """One node's memory directory (a path, or a callable: the node id may change when it rejoins)."""
+
+    def __init__(self, node_dir: Path | Callable[[], Path], max_file_bytes: int = MAX_FILE_BYTES) -> None:
+        self._node_dir = node_dir if callable(node_dir) else (lambda d=Path(node_dir): d)
+        self.max_file_bytes = max_file_bytes
+        self._lock = threading.Lock()  # replica upload state and commits
+        # (src, step) -> name -> (size, checksum) of the files uploaded so far
+        self._pending: dict[tuple[str, int], dict[str, tuple[int, str]]] = {}
+
+    @property
+    def node_dir(self) -> Path:
+        return self._node_dir()
+
+    # ---- reads -----------------------------------------------------------------------------------------
+    def _step_dirs(self, step: int) -> list[Path]:
+        """Committed copies of `step` here, own first, then the replicas (sorted by source node)."""
+        root = self.node_dir
+        dirs = [root / step_dirname(step)]
+        rep = root / "replicas"
+        if rep.is_dir():
+            dirs += sorted(p / step_dirname(step) for p in rep.iterdir() if safe_name(p.name))
+        return [d for d in dirs if (d / MANIFEST).is_file()]
+
+    def listing(self) -> dict[str, Any]:
+        root = self.node_dir
+
+        def committed(d: Path) -> list[int]:
+            return [s for s in committed_steps(d) if (d / step_dirname(s) / MANIFEST).is_file()]
+
+        rep = root / "replicas"
+        replicas = {}
+        if rep.is_dir():
+            replicas = {
+                p.name: committed(p) for p in sorted(rep.iterdir()) if safe_name(p.name) and p.is_dir()
+            }
+        return {"v": 1, "node": root.name, "steps": committed(root), "replicas": replicas}
+
+    def manifest_path(self, step: int) -> Path:
+        dirs = self._step_dirs(step)
+        if not dirs:
+            raise Refused(404, f"step {step} is not held here")
+        return dirs[0] / MANIFEST
+
+    def file_path(self, step: int, name: str) -> Path:
+        """The first copy of `name` in a step directory whose manifest lists it."""
+        for d in self._step_dirs(step):
+            try:
+                files = json.loads((d / MANIFEST).read_bytes()).get("files", {})
+            except (OSError, ValueError):
+                continue
+            if isinstance(files, dict) and name in files and (d / name).is_file():
+                return d / name
+        raise Refused(404, f"no copy of {name} of step {step} here (not held, or not in its manifest)")
+
+    # ---- replica uploads -------------------------------------------------------------------------------
+    def _replica_root(self, src: str) -> Path:
+        return self.node_dir / "replicas" / src
+
+    def begin(self, src: str, step: int) -> None:
+        """A node pushes one step at a time: its unfinished uploads of other steps are dropped."""
+        with self._lock:
+            for key in [k for k in self._pending if k[0] == src]:
+                del self._pending[key]
+                shutil.rmtree(self._replica_root(src) / (step_dirname(key[1]) + ".tmp"), ignore_errors=True)
+            tmp = self._replica_root(src) / (step_dirname(step) + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            self._pending[(src, step)] = {}
+
+    def receive(self, src: str, step: int, name: str, length: int, rfile: BinaryIO) -> None:
+        """Stream `length` bytes into the replica's temp directory, hashing as they arrive."""
+        with self._lock:
+            if (src, step) not in self._pending:
+                raise Refused(409, f"no upload of step {step} from {src} in progress: POST .../begin first")
+        tmp = self._replica_root(src) / (step_dirname(step) + ".tmp")
+        if length > self.max_file_bytes:
+            raise Refused(413, f"{name}: {length} bytes is over this server's limit of {self.max_file_bytes}")
+        free = shutil.disk_usage(tmp).free
+        if length + FREE_RESERVE_BYTES > free:
+            raise Refused(507, f"{name}: {length} bytes do not fit in {tmp.parent} ({free} bytes free)")
+        h = new_hasher(FILE_HASH)
+        part = tmp / (name + ".part")
+        got = 0
+        try:
+            with open(part, "wb") as f:
+                while got < length:
+                    block = rfile.read(min(CHUNK, length - got))
+                    if not block:
+                        break
+                    h.update(block)
+                    f.write(block)
+                    got += len(block)
+            if got != length:
+                raise Refused(400, f"{name}: got {got} of {length} bytes (connection cut)")
+            os.replace(part, tmp / name)
+        finally:
+            part.unlink(missing_ok=True)
+        with self._lock:
+            pending = self._pending.get((src, step))
+            if pending is None:  # a newer begin (or a commit) raced us: this upload is void
+                raise Refused(409, f"the upload of step {step} from {src} was restarted meanwhile")
+            pending[name] = (got, h.hexdigest())
+
+    def commit(self, src: str, step: int, body: bytes, keep: int) -> None:
+        """Check every uploaded file against the manifest, then publish the replica atomically."""
+        root = self._replica_root(src)
+        tmp = root / (step_dirname(step) + ".tmp")
+        with self._lock:
+            pending = self._pending.pop((src, step), None)
+            if pending is None:
+                raise Refused(409, f"no upload of step {step} from {src} in progress: POST .../begin first")
+            try:
+                self._check(src, step, body, pending, tmp)
+            except CorruptCheckpointError as e:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise Refused(422, f"replica refused: {e}") from None
+            write_file(tmp / MANIFEST, body, sync=False)
+            publish_dir(tmp, root / step_dirname(step), sync=False)
+            prune_steps(root, keep)
+        log.info("replica of step %d from %s committed (%d files)", step, src, len(pending))
+
+    @staticmethod
+    def _check(src: str, step: int, body: bytes, pending: dict[str, tuple[int, str]], tmp: Path) -> None:
+        """CorruptCheckpointError unless the uploaded files of `src` are exactly the manifest's."""
+        manifest = parse_manifest(body, f"replica of step {step} from {src}")
+        if manifest["step"] != step:
+            raise CorruptCheckpointError(f"the manifest is of step {manifest['step']}, not {step}")
+        wanted = {n: e for n, e in manifest["files"].items() if e.get("node") in (src, "*")}
+        problems = [f"{n}: missing" for n in sorted(set(wanted) - set(pending))]
+        problems += [f"{n}: not a file of {src} in the manifest" for n in sorted(set(pending) - set(wanted))]
+        for n in sorted(set(wanted) & set(pending)):
+            size, got = pending[n]
+            alg, expected = entry_hash(wanted[n])
+            if alg != FILE_HASH and size == wanted[n]["size"]:  # a manifest of an older version
+                got = file_digest(tmp / n, alg)
+            if size != wanted[n]["size"] or got != expected:
+                problems.append(
+                    f"{n}: size/checksum do not match the manifest (corrupt in transit or at source)"
+                )
+        if problems:
+            raise CorruptCheckpointError("; ".join(problems))

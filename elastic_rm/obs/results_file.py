@@ -1,0 +1,101 @@
+"""The figures of `erm demo` and of the soak, as results files under benchmarks/results/ of a checkout.
+
+The docs quote the demo's downtimes and the soak's figures; writing them to a results file lets a test
+check each quoted figure against the run it came from (benchmarks/figures.py) instead of a pasted number.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import elastic_rm
+
+REPO_RESULTS = Path(elastic_rm.__file__).resolve().parents[1] / "benchmarks" / "results"
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    """n, median, min, max of a list of seconds (None for an empty list)."""
+    if not values:
+        return {"n": 0, "median": None, "min": None, "max": None}
+    return {"n": len(values), "median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def demo_figures(summary: dict[str, Any]) -> dict[str, Any]:
+    """What README quotes of an `erm demo` run, from its summary (elastic_rm.demo.summary.summarize plus checks)."""
+    checks = summary.get("checks", [])
+    return {
+        "wall_s": summary["wall_s"],
+        "downtime": [
+            {"change": f"{d['from']}->{d['to']}", "seconds": d["seconds"]} for d in summary["downtime"]
+        ],
+        "throughput_samples_per_s": {str(w): rate for w, rate in summary["throughput"].items()},
+        "rounds": len(summary.get("rounds", [])),
+        "checks": len(checks),
+        "checks_passed": sum(1 for c in checks if c["ok"]),
+    }
+
+
+def soak_figures(record: dict[str, Any]) -> dict[str, Any]:
+    """What docs/guarantees.md quotes of a soak run, from the figures tests/chaos/test_soak.py records."""
+    faults = record["faults"]
+    kinds: dict[str, int] = {}
+    for f in faults:
+        kinds[f["kind"]] = kinds.get(f["kind"], 0) + 1
+    state, reference = record["state"], record["reference_state"]
+    return {
+        "seed": record["seed"],
+        "minutes": record["minutes"],
+        "faults_survived": len(faults),
+        "faults_by_kind": kinds,
+        "rounds": record["rounds"],
+        "final_step": record["final_step"],
+        "stretches": len(record["schedule"]),
+        "back_at_world_3_s": spread([f["back_at_world_3_s_after_fault_end"] for f in faults]),
+        "downtime_s": spread(list(record["downtime_s"])),
+        "restarts_checked": record["restarts_checked"],
+        "ledger_checks": record["ledger_checks"],
+        "state": state,
+        "reference_state": reference,
+        "state_equals_replay": state == reference,
+    }
+
+
+def write_results_file(name: str, figures: dict[str, Any], results_dir: Path | None = None) -> Path | None:
+    """benchmarks/results/<name>.json with the machine and the time; None (nothing written) outside a
+    checkout, where there is no benchmarks/results/ to write to."""
+    out = results_dir or REPO_RESULTS
+    if not out.is_dir():
+        return None
+    body = {
+        "v": 1,
+        "benchmark": name,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "load_avg_at_end": os.getloadavg(),
+        },
+        **figures,
+    }
+    path = out / f"{name}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(body, indent=2, sort_keys=True, default=str) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def write_demo_results(summary: dict[str, Any]) -> Path | None:
+    """`erm demo`'s figures to benchmarks/results/demo.json (README quotes them)."""
+    return write_results_file("demo", demo_figures(summary))
+
+
+def write_soak_results(record: dict[str, Any]) -> Path | None:
+    """The soak's figures to benchmarks/results/soak.json (docs/guarantees.md quotes them)."""
+    return write_results_file("soak", soak_figures(record))

@@ -1,0 +1,115 @@
+"""Stage 3's memory rule: an OOM that happened, or one the memory trend predicts, gets more memory or more
+nodes (tables shard thinner).
+
+Why apart from policy.py: it is the one rule that weighs memory against nodes (with resizable rounds,
+memory is cheaper than a node; when a raise did not take, or without resizable rounds, shard thinner).
+Pure: the answer and the new state from the snapshot and the old state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .answers import Answer, decide, standby
+from .config import PlannerConfig
+from .interface import ClusterSnapshot, NodeView, Wait
+from .job import JobSpec
+from .runtime import oom_risks
+from .scaling import memory_floor
+from .state import PlannerState
+
+
+def oom_check(
+    cfg: PlannerConfig,
+    snapshot: ClusterSnapshot,
+    state: PlannerState,
+    job: JobSpec,
+    members: tuple[str, ...],
+    healthy: list[str],
+    nodes: list[NodeView],
+) -> tuple[Answer | None, PlannerState]:
+    """An OOM happened (``job["oom_count"]`` grew) or the trend crosses the threshold soon: an answer;
+    else None and the state unchanged."""
+    by_id = {n.node_id: n for n in nodes}
+    w = len(members)
+    node_mem = min((by_id[m].mem_total_bytes for m in members if m in by_id), default=0)
+    resize_failed = state.mem_asked > 0 and node_mem < 0.99 * state.mem_asked
+    ooms = int(snapshot.job.get("oom_count", 0) or 0)
+    if ooms > state.ooms_seen:
+        state = replace(state, ooms_seen=ooms)
+        level = max((state.nodes[m][-1].mem_used for m in members if m in state.nodes), default=node_mem)
+        growth = (state.growth_total or 0.0) / w
+        need = max(
+            node_mem * cfg.oom_restart_factor,
+            (level + growth * cfg.mem_growth_horizon_s) * (1 + cfg.mem_margin),
+        )
+        why = f"OOM happened at {node_mem / 2**30:.1f} GiB per node"
+        return more_memory(cfg, snapshot, state, job, members, healthy, need, why, resize_failed)
+    risks = oom_risks(state, members, cfg)
+    if not risks:
+        return None, state
+    r = risks[0]
+    growth = max(r.trend.slope, (state.growth_total or 0.0) / w)
+    need = (r.trend.level + growth * cfg.mem_growth_horizon_s) * (1 + cfg.mem_margin)
+    why = (
+        f"OOM predicted on {r.node} in {r.seconds:.0f} s "
+        f"({r.trend.level / 2**30:.1f} GiB, +{growth * 3600 / 2**30:.2f} GiB/h)"
+    )
+    return more_memory(
+        cfg, snapshot, state, job, members, healthy, need, why, resize_failed, r.trend.level, growth
+    )
+
+
+def more_memory(
+    cfg: PlannerConfig,
+    snapshot: ClusterSnapshot,
+    state: PlannerState,
+    job: JobSpec,
+    members: tuple[str, ...],
+    healthy: list[str],
+    need: float,
+    why: str,
+    resize_failed: bool,
+    level: float = 0.0,
+    growth: float = 0.0,
+) -> tuple[Answer, PlannerState]:
+    """`need` bytes per node: a larger memory budget (resizable rounds), else enough nodes to fit."""
+    w = len(members)
+    cur = snapshot.current
+    assert cur is not None, "the memory rule runs only while a round runs"
+    spare = standby(healthy, state.flagged, cfg.standby_max)
+    if cfg.resize_rounds and not resize_failed:
+        state = replace(
+            state,
+            mem_asked=need,
+            last_round_at=snapshot.now,
+            advice=replace(
+                state.advice, mem_per_node_bytes=max(need, state.advice.mem_per_node_bytes), reason=why
+            ),
+        )
+        reason = f"{why}; memory budget to {need / 2**30:.1f} GiB per node"
+        return decide(state, cur.number, members, spare, reason, 0.0, 0.7)
+    per_node = level or max((state.nodes[m][-1].mem_used for m in members if m in state.nodes), default=0.0)
+    node_mem = min(state.nodes[m][-1].mem_total for m in members if m in state.nodes) if per_node else 0.0
+    floor = memory_floor(job, cfg, w, per_node, growth, node_mem, w + 1, snapshot.max_nodes)
+    state = replace(
+        state,
+        advice=replace(state.advice, target_nodes=max(floor, state.advice.target_nodes), reason=why),
+    )
+    add = min(floor - w, len(healthy))
+    if add <= 0 and cfg.resize_rounds:  # no node to add: ask for memory again all the same
+        state = replace(state, mem_asked=need, last_round_at=snapshot.now)
+        state = replace(
+            state,
+            advice=replace(state.advice, mem_per_node_bytes=max(need, state.advice.mem_per_node_bytes)),
+        )
+        reason = f"{why}; memory budget to {need / 2**30:.1f} GiB per node"
+        return decide(state, cur.number, members, spare, reason, 0.0, 0.5)
+    if add <= 0:
+        return Wait(f"{why}; no node to add, asking for {floor} node(s)"), state
+    new = list(members) + healthy[:add]
+    state = replace(state, last_round_at=snapshot.now, mem_asked=0.0)
+    reason = f"{why}; sharding over {len(new)} nodes"
+    return decide(
+        state, cur.number, new, standby(healthy[add:], state.flagged, cfg.standby_max), reason, None, 0.7
+    )

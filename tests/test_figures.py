@@ -1,0 +1,101 @@
+"""Every figure README.md and docs/ quote agrees with its results file (benchmarks/figures.py), and the
+checker itself catches a stale, unmarked or unbacked figure."""
+
+from __future__ import annotations
+
+import json
+
+from benchmarks.figures import check, figures, unmarked, update
+
+RESULT = {"results": {"ermrun/SIGKILL": {"median": 8.330376, "min": 7.914, "max": 8.7465}, "c10d": 47.88329},
+          "pauses": [0.0652, 0.0563], "rate": -0.3802, "steps": 1173.0, "missing": None,
+          "call_us": 52.51, "step_cpu_ms": {"ermrun": [9.69, 10.43]}}  # fmt: skip
+
+
+def write(tmp_path, doc: str) -> tuple:
+    results = tmp_path / "results"
+    results.mkdir(exist_ok=True)
+    (results / "r.json").write_text(json.dumps(RESULT))
+    (tmp_path / "doc.md").write_text(doc)
+    return tmp_path, results
+
+
+def problems(tmp_path, doc: str, tables=()) -> list[str]:
+    repo, results = write(tmp_path, doc)
+    return check(repo, results, ("doc.md",), tables)
+
+
+def test_figures_that_agree_with_their_file_at_the_doc_s_precision_pass(tmp_path):
+    doc = (
+        "SIGKILL 8.33 s<!-- fig: r.json results.ermrun/SIGKILL.median --> "
+        "(7.91<!-- fig: r.json results.ermrun/SIGKILL.min -->-8.75 s<!-- fig: r.json results.ermrun/SIGKILL.max -->), "
+        "**8.3 s<!-- fig: r.json results.ermrun/SIGKILL.median -->**, "
+        "5.7x<!-- fig: r.json results.c10d / results.ermrun/SIGKILL.median -->; "
+        "56<!-- fig: r.json pauses.min in ms -->-65 ms<!-- fig: r.json pauses.max -->, "
+        "-38%<!-- fig: r.json rate -->, 1,173<!-- fig: r.json steps --> steps, "
+        "+447%<!-- fig: r.json results.c10d / results.ermrun/SIGKILL.max - 1 -->\n"
+    )
+    assert problems(tmp_path, doc) == []
+    assert [f.text for f in figures("doc.md", doc, tmp_path / "results")] == [
+        "8.33", "7.91", "8.75", "8.3", "5.7", "56", "65", "-38", "1,173", "447"
+    ]  # fmt: skip
+
+
+def test_a_stale_figure_fails_naming_the_file_s_value_and_update_rewrites_it(tmp_path):
+    doc = "SIGKILL 8.6 s<!-- fig: r.json results.ermrun/SIGKILL.median --> vs 48.5 s<!-- fig: r.json results.c10d -->\n"
+    found = problems(tmp_path, doc)
+    assert len(found) == 2 and "the file says 8.3 s" in found[0] and "the file says 47.9 s" in found[1], found
+    assert update(tmp_path, tmp_path / "results", ("doc.md",)) == 2
+    assert (tmp_path / "doc.md").read_text() == doc.replace("8.6", "8.3").replace("48.5", "47.9")
+    assert check(tmp_path, tmp_path / "results", ("doc.md",), ()) == []
+
+
+def test_a_marker_without_a_file_a_key_a_number_or_a_figure_before_it_fails(tmp_path):
+    doc = (
+        "a 1 s<!-- fig: nothing.json x --> b 2 s<!-- fig: r.json results.nope --> "
+        "c 3 s<!-- fig: r.json missing --> d <!-- fig: r.json rate -->\n"
+    )
+    found = problems(tmp_path, doc)
+    assert len(found) == 4, found
+    assert "no results file" in found[0] and "'nope'" in found[1] and "not a number" in found[2], found
+    assert "no number right before" in found[3], found
+
+
+def test_a_number_in_a_results_table_without_a_marker_fails(tmp_path):
+    assert unmarked("| N = 8 | 17 ms<!-- fig: r.json x --> (27 ms) | 5/5 runs | `lease_ttl=2` |") == [
+        "27",
+        "5",
+        "5",
+    ]
+    assert (
+        unmarked(
+            "| 2 -> 3 | 8.33 s<!-- fig: r.json x --> (7.91<!-- fig: r.json y -->-8.75 s<!-- fig: r.json z -->) |"
+        )
+        == []
+    )
+    doc = "Intro 12 s, prose is free.\n\n| what | figure |\n| --- | --- |\n| join, N = 8 | 17 ms (c10d 1.27 s) |\n"
+    found = problems(tmp_path, doc, (("doc.md", None),))
+    assert [p.split(": ")[1] for p in found] == ["17 in a results table has no fig marker",
+                                                 "1.27 in a results table has no fig marker"]  # fmt: skip
+
+
+def test_every_figure_the_docs_quote_agrees_with_its_results_file():
+    found = check()
+    assert found == [], (
+        "\n".join(found) + "\n(python -m benchmarks.figures --update rewrites them from the files)"
+    )
+
+
+def test_markers_in_a_code_block_are_examples_and_not_checked(tmp_path):
+    doc = "```\n1.0 s<!-- fig: nothing.json x -->\n```\n2.0 s<!-- fig: nothing.json y -->\n"
+    found = problems(tmp_path, doc)
+    assert len(found) == 1 and found[0].startswith("doc.md:4: 2.0 s"), found
+
+
+def test_a_value_stored_in_ms_or_us_is_compared_in_that_unit(tmp_path):
+    doc = (
+        "52.5 us<!-- fig: r.json call_us -->, 0.05 ms<!-- fig: r.json call_us -->, "
+        "10.4 ms<!-- fig: r.json step_cpu_ms.ermrun.max -->, 9.7<!-- fig: r.json step_cpu_ms.ermrun.min -->\n"
+    )
+    assert problems(tmp_path, doc) == []
+    assert "the file says 52.5 us" in problems(tmp_path, "60.0 us<!-- fig: r.json call_us -->\n")[0]
