@@ -36,6 +36,7 @@ class Scenario:
         hold_s: float = 8.0,
         on_rows: Callable[[list[dict]], None] = lambda rows: None,
         on_event: Callable[[str], None] = lambda text: None,
+        results_dir: Path | None = None,
     ):
         self.workdir = workdir or new_workdir()
         self.phase_timeout = phase_timeout
@@ -53,7 +54,8 @@ class Scenario:
         self.throttled: cg.NodeCgroup | None = None
         self.rounds: list[dict] = []
         self.timeline: str | None = None  # the PNG written by `finish`, when matplotlib is there
-        self.results_file: Path | None = None  # benchmarks/results/demo.json, written by `finish`
+        self.results_dir = results_dir  # None: benchmarks/results of the checkout, if this is one
+        self.results_file: Path | None = None  # <results_dir>/demo.json, written by `finish`
 
     # -- waiting and telling ----------------------------------------------------------------------------
 
@@ -213,7 +215,7 @@ class Scenario:
 
         with open(os.path.join(self.workdir, "summary.json"), "w") as fh:
             json.dump(summary, fh, indent=2)
-        self.results_file = write_demo_results(summary)
+        self.results_file = write_demo_results(summary, self.results_dir)
 
     # -- the whole scenario -----------------------------------------------------------------------------
 

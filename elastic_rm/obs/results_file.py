@@ -91,9 +91,9 @@ def write_results_file(name: str, figures: dict[str, Any], results_dir: Path | N
     return path
 
 
-def write_demo_results(summary: dict[str, Any]) -> Path | None:
-    """`erm demo`'s figures to benchmarks/results/demo.json (README quotes them)."""
-    return write_results_file("demo", demo_figures(summary))
+def write_demo_results(summary: dict[str, Any], results_dir: Path | None = None) -> Path | None:
+    """`erm demo`'s figures to benchmarks/results/demo.json (README quotes them), or to ``results_dir``."""
+    return write_results_file("demo", demo_figures(summary), results_dir)
 
 
 def write_soak_results(record: dict[str, Any]) -> Path | None:

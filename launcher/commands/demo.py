@@ -7,6 +7,7 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
 
 HELP = (
     "Run a whole elastic job on this machine: a planned scale-up, a straggler replaced, a killed node; "
@@ -21,6 +22,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--hold", type=float, default=8.0, help="seconds to train in each phase (default 8)")
     p.add_argument("--no-live", action="store_true", help="plain log lines instead of the live view")
+    p.add_argument(
+        "--results-dir",
+        type=Path,
+        help="where demo.json (the figures README quotes) goes (default: benchmarks/results of this checkout)",
+    )
 
 
 def _view(demo, rows, phase: str):
@@ -76,7 +82,14 @@ def run(args: argparse.Namespace) -> int:
         if live is None:  # the live view shows the events itself
             print(f"[erm demo] {text}", flush=True)
 
-    scenario = Scenario(args.workdir, args.phase_timeout, args.hold, on_rows=on_rows, on_event=on_event)
+    scenario = Scenario(
+        args.workdir,
+        args.phase_timeout,
+        args.hold,
+        on_rows=on_rows,
+        on_event=on_event,
+        results_dir=args.results_dir,
+    )
     try:
         if live is not None:
             live.start()

@@ -17,13 +17,24 @@ from tests.conftest import BIN
 def test_demo_scales_up_survives_a_kill_and_cleans_up(tmp_path):
     before = {p.pid for p in psutil.process_iter()}
     result = subprocess.run(
-        [os.path.join(BIN, "erm"), "demo", "--no-live", "--workdir", str(tmp_path), "--hold", "4"],
+        [
+            os.path.join(BIN, "erm"),
+            "demo",
+            "--no-live",
+            "--workdir",
+            str(tmp_path),
+            "--hold",
+            "4",
+            "--results-dir",
+            str(tmp_path),
+        ],  # fmt: skip  (a test run must not replace the quoted figures)
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
+    assert json.loads((tmp_path / "demo.json").read_text())["wall_s"] == summary["wall_s"]
     assert {"2", "3"} <= set(summary["throughput"])
     reasons = [r["reason"] for r in summary["rounds"]]
     assert any(r.startswith("scale up 2 -> 3") for r in reasons), reasons  # the planner admitted node-c
