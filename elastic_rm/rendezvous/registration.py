@@ -1,13 +1,15 @@
 """How torch finds the handler: the ``torchrun.handlers`` entry point ``elastic-rm``.
 
 torch calls ``handler_factory()`` (zero arguments) and registers what it returns as the creator
-``RendezvousParameters -> RendezvousHandler`` (reference/feasibility.md, section 5).
+``RendezvousParameters -> RendezvousHandler`` (torch's ``rendezvous/registry.py``). The agent gets its
+node services from the handler here too, in one place (:func:`node_services`).
 """
 
 from __future__ import annotations
 
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
 
+from .services import NodeServices
 from .settings import BACKEND
 
 
@@ -31,6 +33,14 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler:
     return ElasticRMRendezvousHandler(
         settings, policy=policy, job=settings.job, metrics_parser=metrics_parser
     )
+
+
+def node_services(handler: RendezvousHandler) -> NodeServices | None:
+    """The node services of an elastic-rm handler; None for torch's own backends (c10d, static, etcd-v2),
+    which have none: the agent then runs without what they provide (see ElasticRMAgent)."""
+    from .handler import ElasticRMRendezvousHandler
+
+    return handler.services if isinstance(handler, ElasticRMRendezvousHandler) else None
 
 
 def handler_factory():
