@@ -7,10 +7,14 @@ node services from the handler here too, in one place (:func:`node_services`).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
 
-from .services import NodeServices
 from .settings import BACKEND
+
+if TYPE_CHECKING:  # torch imports this module while loading its plugins: keep it light (no records)
+    from .services import NodeServices
 
 
 def create_handler(params: RendezvousParameters) -> RendezvousHandler:

@@ -10,6 +10,9 @@ from __future__ import annotations
 import ast
 import inspect
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -151,3 +154,23 @@ def test_an_elastic_rm_handler_gives_the_agent_its_services(etcd, run_id, tmp_pa
     services.publish_metrics(b"{}")  # after release: nothing is written, nothing raises
     with pytest.raises(RendezvousClosedError):
         h.next_rendezvous()
+
+
+@pytest.mark.parametrize("first", ["elastic_rm.wire.records", "elastic_rm.agent.agent"])
+def test_torch_loads_the_plugin_whatever_module_comes_first(first):
+    """torch loads its ``torchrun.handlers`` plugins while elastic-rm's own modules import torch: the
+    plugin's module (registration.py) must then import without the modules that are still loading."""
+    from importlib.metadata import entry_points
+
+    if not any(ep.name == "elastic-rm" for ep in entry_points(group="torchrun.handlers")):
+        pytest.skip("the package's entry points are not installed (running from a source tree)")
+    code = (
+        f"import {first}\n"
+        "from torch.distributed.elastic.rendezvous import rendezvous_handler_registry as r\n"
+        "print('elastic-rm' in r._registry)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "out of tree plugin" not in out.stderr, out.stderr
+    assert out.stdout.strip() == "True"
