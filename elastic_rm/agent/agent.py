@@ -28,7 +28,7 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, W
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
 from ..rendezvous.etcd_store import RoundSupersededError
-from ..rendezvous.services import NodeServices
+from ..rendezvous.services import WITHOUT_SERVICES, NodeServices
 from ..wire.metrics import encode_record
 from ..wire.records import RoundRecord
 from . import ckpt_server
@@ -77,20 +77,11 @@ class AgentOptions:
             )
 
 
-# What an agent without node services (torch's own rendezvous backends) runs without.
-WITHOUT_SERVICES = (
-    "metrics in etcd (the planner sees no node), the checkpoint server and checkpoint peers (restores use "
-    "local memory and the durable copy), the ledger mirror, the run's history record, the membership grace "
-    "(a lost peer's failure uses a restart) and the drain's lost-peer check"
-)
-
-
 class ElasticRMAgent(LocalElasticAgent):
     def __init__(
         self, *args: Any, services: NodeServices | None, options: AgentOptions | None = None, **kwargs: Any
     ):
-        """``services``: the rendezvous' node services (``registration.node_services(handler)``), None under
-        torch's own backends: then the agent says what it runs without (WITHOUT_SERVICES)."""
+        """``services``: None under torch's own backends; the agent then logs what it runs without."""
         super().__init__(*args, **kwargs)
         self.options = options or AgentOptions()
         self.options.validate()
@@ -400,8 +391,7 @@ class ElasticRMAgent(LocalElasticAgent):
         )
 
     def _membership_grace(self) -> float:
-        """--membership-grace, by default the lease TTL + 1 s (0 without node services: torch's backends
-        do not report lost nodes)."""
+        """--membership-grace; by default the lease TTL + 1 s (0 without services: no lost-node reports)."""
         if self.options.membership_grace_s is not None:
             return self.options.membership_grace_s
         return self._services.lease_ttl + 1.0 if self._services is not None else 0.0

@@ -14,6 +14,13 @@ from typing import Protocol
 from ..obs.events import EventLog
 from ..wire.records import LedgerRecord, RoundRecord
 
+# What an agent without node services (torch's own rendezvous backends) runs without; it logs this.
+WITHOUT_SERVICES = (
+    "metrics in etcd (the planner sees no node), the checkpoint server and checkpoint peers (restores use "
+    "local memory and the durable copy), the ledger mirror, the run's history record, the membership grace "
+    "(a lost peer's failure uses a restart) and the drain's lost-peer check"
+)
+
 
 class NodeServices(Protocol):
     """This node's services in an elastic-rm run. Every member is safe to call from any thread."""

@@ -28,7 +28,7 @@ from typing_extensions import get_protocol_members
 
 from elastic_rm.rendezvous.node_services import RendezvousNodeServices
 from elastic_rm.rendezvous.registration import node_services
-from elastic_rm.rendezvous.services import NodeServices
+from elastic_rm.rendezvous.services import WITHOUT_SERVICES, NodeServices
 from tests.rendezvous.test_handler import make
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,8 +113,6 @@ def _agent(handler: RendezvousHandler, services, tmp_path):
 
 
 def test_under_torchs_own_backend_the_agent_gets_none_and_says_what_it_runs_without(tmp_path, caplog):
-    from elastic_rm.agent.agent import WITHOUT_SERVICES
-
     params = RendezvousParameters("static", "127.0.0.1:29999", "r", 1, 1, rank=0)
     handler = torch_registry.get_rendezvous_handler(params)
     assert node_services(handler) is None
