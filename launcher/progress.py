@@ -97,7 +97,7 @@ class Progress:
         else:
             rank = done.members.index(agent.node_id) if agent.node_id in done.members else "?"
             parts.append(f"round {done.round} rank {rank}/{len(done.members)}")
-        parts.append(str(getattr(agent.worker_state, "value", "")).lower())
+        parts.append(agent.worker_state.value.lower())
         record = agent.last_record
         if record is not None:
             steps = record.get("steps")

@@ -29,7 +29,9 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 
 from ..background import Background
 from ..rendezvous.etcd_store import RoundSupersededError
+from ..rendezvous.services import WITHOUT_SERVICES, NodeServices
 from ..wire.metrics import encode_record
+from ..wire.records import RoundRecord
 from . import ckpt_hooks
 from .channel import AgentChannel
 from .http import AgentHttpServer
@@ -77,23 +79,32 @@ class AgentOptions:
 
 
 class ElasticRMAgent(LocalElasticAgent):
-    def __init__(self, *args: Any, options: AgentOptions | None = None, **kwargs: Any):
+    def __init__(
+        self, *args: Any, services: NodeServices | None, options: AgentOptions | None = None, **kwargs: Any
+    ):
+        """``services``: None under torch's own backends; the agent then logs what it runs without."""
         super().__init__(*args, **kwargs)
         self.options = options or AgentOptions()
         self.options.validate()
-        handler = self._worker_group.spec.rdzv_handler
-        self._handler = handler
-        self.node_id = getattr(handler, "node_id", None) or self.options.node_id or "node"
+        self._handler = self._worker_group.spec.rdzv_handler
+        self._services = services
+        self.node_id = services.node_id if services is not None else self.options.node_id or "node"
+        if services is None:
+            log.warning(
+                "rendezvous backend %r has no elastic-rm node services; running without %s",
+                self._handler.get_backend(),
+                WITHOUT_SERVICES,
+            )
         from ..obs.metrics import AgentMetrics
 
         self.metrics = AgentMetrics(self.node_id)
-        self.events = self._event_log(handler)
+        self.events = self._event_log()
         self.http = AgentHttpServer(
             self.metrics, self.options.metrics_port, self.options.metrics_host, self._health
         )
         self.http.start()  # a port in use fails here, before any worker or thread exists
         # peers fetch and replicate flash checkpoints through it; published in this node's record
-        self.ckpt_server = ckpt_hooks.start_for_agent(handler, handler.get_run_id())
+        self.ckpt_server = ckpt_hooks.start_for_agent(services, self._handler.get_run_id())
         self.monitor = ResourceMonitor(interval_s=self.options.sample_interval_s)
         self.channel = AgentChannel(window_s=STEP_WINDOW_S)
         self._publisher = Background(self._publish_loop, "erm-metrics")
@@ -102,17 +113,34 @@ class ElasticRMAgent(LocalElasticAgent):
         self._next_sample = 0.0  # monotonic time of the next "sample" event
         self._last_checkpoint = 0  # the newest flash checkpoint step reported as a "checkpoint" event
         self._publish_errors: set[str] = set()  # metrics-loop errors already logged as warnings
-        self.ledger_mirror = self._ledger_mirror(handler)
+        self.ledger_mirror = self._ledger_mirror()
         self.last_record: dict[str, Any] | None = None  # the newest metrics record (ermrun's status line)
 
-    def _event_log(self, handler: Any):
-        """The rendezvous handler's event log (etcd) when it has one, else a local one (torch's backends);
-        plus the --event-log file."""
+    # -- read-only views (ermrun's status line) ---------------------------------------------------------
+
+    @property
+    def joined_round(self) -> RoundRecord | None:
+        """The last round this node joined (None before the first, and under torch's own backends)."""
+        return self._services.joined_round if self._services is not None else None
+
+    @property
+    def worker_state(self) -> WorkerState:
+        """torch's state of this node's worker group."""
+        return self._worker_group.state
+
+    def _node_id_now(self) -> str:
+        """This node's id now: it changes when the node rejoins after losing its lease."""
+        return self._services.node_id if self._services is not None else self.node_id
+
+    def _event_log(self):
+        """The run's event log in etcd (node services), else a local one (torch's backends); plus the
+        --event-log file."""
         from ..obs.events import EventLog
 
-        events = getattr(handler, "events", None)
-        if not isinstance(events, EventLog):
-            events = EventLog(handler.get_run_id(), self.node_id)
+        if self._services is not None:
+            events = self._services.events
+        else:
+            events = EventLog(self._handler.get_run_id(), self.node_id)
         if self.options.event_log:
             try:
                 events.attach_file(self.options.event_log)
@@ -122,20 +150,21 @@ class ElasticRMAgent(LocalElasticAgent):
                 ) from exc
         return events
 
-    def _ledger_mirror(self, handler: Any):
-        """The leader's etcd copy of the checkpointed sample ledger, for handlers that can write it."""
+    def _ledger_mirror(self):
+        """The leader's etcd copy of the checkpointed sample ledger (node services only)."""
         from ..train.paths import run_memory_dir
         from .ledger_mirror import LedgerMirror
 
-        if not hasattr(handler, "publish_ledger"):
+        services = self._services
+        if services is None:
             return None
-        root = run_memory_dir(handler.get_run_id())
+        root = run_memory_dir(self._handler.get_run_id())
         return LedgerMirror(
             self.node_id,
-            node_dir=lambda: root / handler.node_id,  # the id changes when the node rejoins
-            publish=handler.publish_ledger,
-            leading=lambda: handler.leading,
-            peers=lambda: ckpt_hooks.peer_endpoints(handler),
+            node_dir=lambda: root / services.node_id,  # the id changes when the node rejoins
+            publish=services.publish_ledger,
+            leading=lambda: services.leading,
+            peers=lambda: ckpt_hooks.peer_endpoints(services),
         )
 
     # -- life cycle -------------------------------------------------------------------------------------
@@ -164,20 +193,7 @@ class ElasticRMAgent(LocalElasticAgent):
     def _health(self) -> tuple[bool, dict[str, Any]]:
         state = self._worker_group.state
         ok = state not in (WorkerState.FAILED, WorkerState.UNKNOWN)
-        return ok, {"node": self.node_id, "state": str(state.value if hasattr(state, "value") else state)}
-
-    # -- read-only views (ermrun's status line) ---------------------------------------------------------
-
-    @property
-    def joined_round(self) -> Any:
-        """The last round this node joined (its ``round`` and ``members``), or None: before the first
-        round, and with torch's backends, which have no such record."""
-        return getattr(self._handler, "joined_round", None)
-
-    @property
-    def worker_state(self) -> WorkerState:
-        """The state of this node's workers, as torch's agent keeps it."""
-        return self._worker_group.state
+        return ok, {"node": self.node_id, "state": str(state.value)}
 
     # -- metrics ----------------------------------------------------------------------------------------
 
@@ -200,13 +216,12 @@ class ElasticRMAgent(LocalElasticAgent):
         self.last_record = record
         self.metrics.update(record)
         self.metrics.add_steps(self.channel.steps_total)
-        completed = getattr(self._handler, "joined_round", None)
+        completed = self.joined_round
         if completed is not None:
             self.metrics.set_round(completed.round)
         self.metrics.set_state(str(self._worker_group.state.value).lower())
-        publish = getattr(self._handler, "publish_metrics", None)
-        if publish is not None:
-            publish(encode_record(record))
+        if self._services is not None:
+            self._services.publish_metrics(encode_record(record))
         self._note_checkpoints()
         if self.ledger_mirror is not None:
             mirrored = self.ledger_mirror.poll()
@@ -223,8 +238,7 @@ class ElasticRMAgent(LocalElasticAgent):
         from ..train.manifest import MANIFEST, committed_steps, step_dirname
         from ..train.paths import run_memory_dir
 
-        node = getattr(self._handler, "node_id", None) or self.node_id
-        node_dir = run_memory_dir(self._worker_group.spec.rdzv_handler.get_run_id()) / node
+        node_dir = run_memory_dir(self._handler.get_run_id()) / self._node_id_now()
         committed = [
             s
             for s in committed_steps(node_dir)
@@ -279,8 +293,8 @@ class ElasticRMAgent(LocalElasticAgent):
         (the flash checkpoint keeps each node's copy under its node id)."""
         self._start_side_services()
         os.environ.update(self.channel.env())
-        os.environ["ERM_NODE_ID"] = getattr(self._handler, "node_id", None) or self.node_id
-        ckpt_hooks.set_worker_env(self._handler)  # this round's peers' checkpoint servers
+        os.environ["ERM_NODE_ID"] = self._node_id_now()
+        ckpt_hooks.set_worker_env(self._services)  # this round's peers' checkpoint servers
         self.channel.clear_drain()
         self.channel.reset_steps()  # a new world: step times of the old one would blur the planner's view
         pids = super()._start_workers(worker_group)
@@ -291,7 +305,8 @@ class ElasticRMAgent(LocalElasticAgent):
         """A new round while the workers are healthy: drain them at a step boundary first, when the new round
         keeps all our peers (a scale-up, a planned change). When a peer is gone, a worker waiting on it in a
         collective never reaches a step boundary: stop at once, as torch does."""
-        keeps_peers = getattr(self._handler, "peers_all_kept", lambda: True)()
+        # without node services nothing tells a lost peer apart: drain, as a planned change would
+        keeps_peers = self._services.peers_all_kept() if self._services is not None else True
         drain = (
             worker_group.state == WorkerState.HEALTHY
             and keeps_peers
@@ -350,7 +365,7 @@ class ElasticRMAgent(LocalElasticAgent):
         if result.state not in (WorkerState.FAILED, WorkerState.UNHEALTHY):
             return result
         handler = worker_group.spec.rdzv_handler
-        deadline = time.monotonic() + self._membership_grace(handler)
+        deadline = time.monotonic() + self._membership_grace()
         while time.monotonic() < deadline:
             if handler.is_closed():
                 break
@@ -376,8 +391,8 @@ class ElasticRMAgent(LocalElasticAgent):
             outcome=outcome,
         )
 
-    def _membership_grace(self, handler: Any) -> float:
+    def _membership_grace(self) -> float:
+        """--membership-grace; by default the lease TTL + 1 s (0 without services: no lost-node reports)."""
         if self.options.membership_grace_s is not None:
             return self.options.membership_grace_s
-        settings = getattr(handler, "settings", None)
-        return float(settings.lease_ttl) + 1.0 if hasattr(settings, "lease_ttl") else 0.0
+        return self._services.lease_ttl + 1.0 if self._services is not None else 0.0

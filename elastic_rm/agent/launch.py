@@ -23,7 +23,7 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 from torch.distributed.launcher.api import LaunchConfig, _get_addr_and_port, _get_entrypoint_name
 
-from ..rendezvous.registration import register
+from ..rendezvous.registration import node_services, register
 from ..train.paths import remove_node_memory
 from .agent import AgentOptions, ElasticRMAgent
 
@@ -55,6 +55,7 @@ def launch_agent(
     master_addr, master_port = _get_addr_and_port(params)
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
     handler = rdzv_registry.get_rendezvous_handler(params)
+    services = node_services(handler)  # None under torch's own backends
     spec = WorkerSpec(
         role=config.role,
         local_world_size=config.nproc_per_node,
@@ -74,6 +75,7 @@ def launch_agent(
     )
     agent = ElasticRMAgent(
         spec=spec,
+        services=services,
         logs_specs=config.logs_specs,  # type: ignore[arg-type]
         start_method=config.start_method,
         log_line_prefix_template=config.log_line_prefix_template,
@@ -107,10 +109,9 @@ def launch_agent(
             status = f"failed (rank(s) {ranks})"
             raise ChildFailedError(name=name, failures=result.failures)
         status = "succeeded"
-        record_history = getattr(handler, "record_history", None)
-        if record_history is not None:
+        if services is not None:  # the warm start of the next run of this job (rank 0 only)
             try:
-                record_history("completed")  # the warm start of the next run of this job (rank 0 only)
+                services.record_history("completed")
             except Exception as exc:  # noqa: BLE001 - a finished job must not fail on its epilogue
                 log.warning("could not record the run in history/: %s", exc)
         # The job finished: this node's in-memory checkpoint copies only hold RAM now (durable copies stay).
@@ -133,5 +134,5 @@ def launch_agent(
         agent.events.close()
         if close_rendezvous:
             handler.shutdown()
-        elif hasattr(handler, "release"):
-            handler.release()
+        elif services is not None:
+            services.release()  # leave without closing the run (torch's backends keep theirs as torch does)

@@ -43,6 +43,11 @@ class OptimusPolicy:
         answer, self.state = self.step(snapshot, self.state)
         return answer
 
+    def wanted_nodes(self) -> tuple[int, str] | None:
+        """RoundPolicy: the node count of its last advice (the simulator resizes to it), or None."""
+        a = self.state.advice
+        return (a.target_nodes, a.reason) if a.target_nodes > 0 else None
+
     def step(self, snapshot: ClusterSnapshot, state: PlannerState) -> tuple[Decision | Wait, PlannerState]:
         cfg = self.config
         state = observe(snapshot, state, cfg.sample_interval_s, cfg.window, float("inf"))

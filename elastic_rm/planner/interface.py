@@ -115,3 +115,8 @@ class RoundPolicy(Protocol):
     """Decides rounds. Must be pure: the same snapshot gives the same answer."""
 
     def decide(self, snapshot: ClusterSnapshot) -> Decision | Wait: ...
+
+    def wanted_nodes(self) -> tuple[int, str] | None:
+        """The node count this policy would like (target, reason), for executors that can add or release
+        nodes (the leader writes it to ``demand``); None when it has no opinion."""
+        ...

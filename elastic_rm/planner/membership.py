@@ -31,6 +31,10 @@ def eligible_nodes(snapshot: ClusterSnapshot) -> list[NodeView]:
 class MembershipPolicy:
     """Arrival order up to MAX; the default policy of the rendezvous and the planner's fallback."""
 
+    def wanted_nodes(self) -> tuple[int, str] | None:
+        """RoundPolicy: membership has no opinion on the node count (it takes the nodes that come)."""
+        return None
+
     def decide(self, snapshot: ClusterSnapshot) -> Decision | Wait:
         nodes = eligible_nodes(snapshot)
         alive = {n.node_id for n in nodes}

@@ -74,8 +74,7 @@ class RoundLeader:
 
     def _wake(self) -> None:
         """The loop waits on the view's condition: wake it to see the stop."""
-        with self._view.cond:
-            self._view.cond.notify_all()
+        self._view.wake_waiters()
 
     @property
     def leading(self) -> bool:
@@ -112,11 +111,7 @@ class RoundLeader:
             self._election = election
             view.track_members()
             self._history = self._read_history()
-            with view.cond:
-                # Ahead of the watch, unless the watch already saw a later change (the key deleted
-                # with an expired lease): then the view stays as the watch says and we campaign again.
-                if view.leader_event_rev < (election.revision or 0):
-                    view.leader, view.leader_rev = self._node_id(), election.revision or 0
+            view.note_leadership(self._node_id(), election.revision or 0)  # ahead of the watch
             log.info("node %s leads run %s", self._node_id(), view.keys.run_id)
             self._emit("leader", f"{self._node_id()} leads run {view.keys.run_id}")
             self._demand = None  # a new leader states the demand afresh
@@ -149,9 +144,8 @@ class RoundLeader:
             self._events.emit(kind, message, **data)
 
     def _publish_demand(self) -> None:
-        """Write ``demand`` when the policy's wanted node count changed (policies without one: never)."""
-        wanted = getattr(self._policy, "wanted_nodes", None)
-        demand = wanted() if wanted is not None else None
+        """Write ``demand`` when the policy's wanted node count changed (a policy without one: never)."""
+        demand = self._policy.wanted_nodes()
         if demand is None or demand[0] <= 0 or (self._demand and demand[0] == self._demand[0]):
             return  # only a new count is news; the reason's wording changes with every sample
         target, reason = demand

@@ -1,14 +1,20 @@
 """How torch finds the handler: the ``torchrun.handlers`` entry point ``elastic-rm``.
 
 torch calls ``handler_factory()`` (zero arguments) and registers what it returns as the creator
-``RendezvousParameters -> RendezvousHandler``.
+``RendezvousParameters -> RendezvousHandler``. The agent gets its node services from the handler here
+too, in one place (:func:`node_services`).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
 
 from .settings import BACKEND
+
+if TYPE_CHECKING:  # torch imports this module while loading its plugins: keep it light (no records)
+    from .services import NodeServices
 
 
 def create_handler(params: RendezvousParameters) -> RendezvousHandler:
@@ -31,6 +37,14 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler:
     return ElasticRMRendezvousHandler(
         settings, policy=policy, job=settings.job, metrics_parser=metrics_parser
     )
+
+
+def node_services(handler: RendezvousHandler) -> NodeServices | None:
+    """The node services of an elastic-rm handler; None for torch's own backends (c10d, static, etcd-v2),
+    which have none: the agent then runs without what they provide (see ElasticRMAgent)."""
+    from .handler import ElasticRMRendezvousHandler
+
+    return handler.services if isinstance(handler, ElasticRMRendezvousHandler) else None
 
 
 def handler_factory():

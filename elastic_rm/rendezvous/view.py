@@ -30,6 +30,33 @@ class NodeEntry:
 
 
 class JobView:
+    """This node's copy of its run's shared state; etcd is the authority, the view follows it.
+
+    State (read it under ``cond``; a single attribute read is fine where a stale value is harmless):
+
+    - ``round``, ``round_rev``: the current round record and its key's mod revision (None, 0: no round).
+    - ``leader``, ``leader_rev``: the leading node's id and the create revision of the ``leader`` key
+      (the election's fence); ``leader_event_rev``: the revision of the last change the watch delivered.
+    - ``closed``: the run's closed record once written; this node never clears it.
+    - ``error``: a malformed ``round``/``closed`` value, fatal for the rendezvous until a valid round
+      replaces it; ``watch_error``: the last error a watch reported.
+    - ``nodes``, ``acks``, ``metrics``: followed only after :meth:`track_members` (the leader).
+    - ``version`` is bumped on every change; ``membership_version`` when nodes, the round, the leader or
+      closed change (not acks or metrics); ``metrics_version`` on each new metrics record.
+
+    Transitions: the etcd watches apply every change and are the only writers of ``nodes``, ``acks`` and
+    ``metrics``. This node's own successful writes may be applied ahead of the watch, through these
+    methods only (code outside the class never assigns a field):
+
+    - :meth:`set_round`: our fenced write of ``round`` (ignored when the view saw a later revision);
+    - :meth:`note_leadership`: our won election (ignored when the watch delivered a later change of the
+      ``leader`` key, e.g. its deletion with an expired lease);
+    - :meth:`note_closed`: our write of ``closed`` (an earlier closed record is kept).
+
+    Every transition notifies ``cond``; :meth:`wait` blocks until the next one, :meth:`wake_waiters` wakes
+    the waiters without a change (a thread that stops).
+    """
+
     def __init__(
         self,
         client: EtcdClient,
@@ -182,6 +209,28 @@ class JobView:
                 self.round, self.round_rev, self.error = record, revision, None
                 self.membership_version += 1
                 self._changed()
+
+    def note_leadership(self, node_id: str, revision: int) -> None:
+        """Apply our won election at once, unless the watch already saw a later change of the leader key
+        (then the view stays as the watch says, and the leader campaigns again)."""
+        with self.cond:
+            if self.leader_event_rev < revision:
+                self.leader, self.leader_rev = node_id, revision
+                self.membership_version += 1
+                self._changed()
+
+    def note_closed(self, record: ClosedRecord) -> None:
+        """Apply our write of ``closed`` at once (the first closed record seen stays)."""
+        with self.cond:
+            if self.closed is None:
+                self.closed = record
+                self.membership_version += 1
+            self._changed()
+
+    def wake_waiters(self) -> None:
+        """Wake every waiter on ``cond`` without a change (a thread that waits in :meth:`wait` stops)."""
+        with self.cond:
+            self.cond.notify_all()
 
     def wait(self, seen_version: int, timeout: float) -> int:
         """Block until the view changes after ``seen_version`` or ``timeout`` passes; the new version."""

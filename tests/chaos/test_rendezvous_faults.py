@@ -12,7 +12,7 @@ from tests.rendezvous.test_handler import join_all, make, wait_for
 def _die_without_revoking(h) -> None:
     """What SIGKILL leaves behind: the lease is neither refreshed nor revoked; it lives out its TTL."""
     h._shut = True
-    h._lease.stop()
+    h._session.lease.stop()
     h._leader.stop()
     h._view.stop()
     h._client.close()

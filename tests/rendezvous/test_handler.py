@@ -228,9 +228,9 @@ def test_a_lease_that_expired_unnoticed_rejoins_as_a_new_member(etcd, run_id):
     notices first."""
     h = make(etcd, run_id, 1, 1, node_id="n0")
     try:
-        h._lease.stop()  # the keeper is starved: it neither refreshes nor notices
+        h._session.lease.stop()  # the keeper is starved: it neither refreshes nor notices
         with EtcdClient(etcd.endpoint, timeout=2) as other:
-            other.lease_revoke(h._lease.id)  # as etcd does when the TTL passes
+            other.lease_revoke(h._session.lease.id)  # as etcd does when the TTL passes
         info = h.next_rendezvous()
         assert h.node_id == "n0-r1" and info.world_size == 1 and info.rank == 0
     finally:
@@ -242,7 +242,7 @@ def test_drain_is_possible_when_the_old_members_are_alive_even_if_left_out(etcd,
     member reaches a step boundary. A round after a loss cannot: a collective with the dead never returns.
     Live: a planned round written to etcd reaches both handlers' views. The rule itself is checked on
     records (peers_kept): a second write to the live round key would race the leader's own next round."""
-    from elastic_rm.rendezvous.handler import peers_kept
+    from elastic_rm.rendezvous.node_services import peers_kept
     from elastic_rm.wire.records import RoundRecord
 
     hs = [make(etcd, run_id, 2, 2, node_id=f"n{i}") for i in range(2)]
@@ -254,7 +254,7 @@ def test_drain_is_possible_when_the_old_members_are_alive_even_if_left_out(etcd,
             planned = RoundRecord(round=2, members=("n0",), reason="planned", extra={"alive": ["n0", "n1"]})
             c.put(keys.round, planned.to_json())
             wait(lambda: hs[0].view.round.round == 2)
-            assert hs[0].peers_all_kept() and hs[1].peers_all_kept()
+            assert hs[0].services.peers_all_kept() and hs[1].services.peers_all_kept()
     finally:
         for h in hs:
             h.release()

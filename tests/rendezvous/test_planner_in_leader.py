@@ -65,7 +65,7 @@ def test_planner_decides_the_first_round_and_sees_metrics(etcd, run_id, tmp_path
         )
         leader = next(h for h in hs if h.view.leader == h.node_id)
         member = next(h for i, h in enumerate(hs) if i in infos)
-        member.publish_metrics(json.dumps({**RECORD, "node": member.node_id}).encode())
+        member.services.publish_metrics(json.dumps({**RECORD, "node": member.node_id}).encode())
         deadline = time.monotonic() + 5
         while member.node_id not in leader.view.metrics and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -116,10 +116,10 @@ def test_a_second_run_of_the_same_job_warm_starts_at_the_size_the_first_ended_at
         assert {i.world_size for i in infos.values()} == {2}
         rank0 = next(h for h in first if h.joined_round.members[0] == h.node_id)
         for h in first:
-            h.publish_metrics(json.dumps({**RECORD, "node": h.node_id}).encode())
+            h.services.publish_metrics(json.dumps({**RECORD, "node": h.node_id}).encode())
         time.sleep(0.5)
-        assert not next(h for h in first if h is not rank0).record_history()  # rank 0 alone writes
-        assert rank0.record_history("completed")
+        assert not next(h for h in first if h is not rank0).services.record_history()  # rank 0 alone writes
+        assert rank0.services.record_history("completed")
     finally:
         for h in first:
             h.release()

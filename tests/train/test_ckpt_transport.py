@@ -269,16 +269,18 @@ def test_peer_list_and_node_record_are_strict() -> None:
         with pytest.raises(RecordError, match=field):
             NodeRecord.parse("k", json.dumps({**base, field: value}).encode())
 
-    class Handler:  # what the agent asks of the rendezvous handler at each worker start
+    class Services:  # what the agent asks of the node services at each worker start
         def checkpoint_peers(self) -> dict[str, tuple[str, int, str]]:
             return {"n2": ("::1", 9001, "b"), "n1": ("10.0.0.2", 9000, "a")}
 
-    env = parse_peers(peers_env(Handler()) or "")
+    env = parse_peers(peers_env(Services()) or "")  # type: ignore[arg-type]
     assert env == [
         PeerEndpoint("n1", "http://10.0.0.2:9000", "a"),
         PeerEndpoint("n2", "http://[::1]:9001", "b"),
     ]
-    assert peers_env(object()) is None  # torch's handlers: no peers, restores use local + durable
+    assert (
+        peers_env(None) is None
+    )  # torch's handlers (no node services): no peers, restores use local + durable
 
 
 def test_agents_publish_their_servers_through_the_rendezvous(etcd, run_id) -> None:
@@ -296,7 +298,7 @@ def test_agents_publish_their_servers_through_the_rendezvous(etcd, run_id) -> No
     handlers = [create_handler(params) for _ in range(2)]
     servers = []
     try:
-        servers = [start_for_agent(h, run_id) for h in handlers]
+        servers = [start_for_agent(h.services, run_id) for h in handlers]
         assert all(s is not None and s.host == "127.0.0.1" for s in servers)
         for h in handlers:
             make_step(run_memory_dir(run_id) / h.node_id, 7, {"__0_0.distcp": h.node_id.encode()})
@@ -315,7 +317,7 @@ def test_agents_publish_their_servers_through_the_rendezvous(etcd, run_id) -> No
             t.join(90)
         assert not errors, errors
         for me, other in ((0, 1), (1, 0)):
-            peers = parse_peers(peers_env(handlers[me]) or "")
+            peers = parse_peers(peers_env(handlers[me].services) or "")
             assert [p.node for p in peers] == [handlers[other].node_id]
             assert peers[0].url == servers[other].url and peers[0].token == servers[other].token
             dest = run_memory_dir(run_id) / "got" / str(me)

@@ -1,0 +1,161 @@
+"""The elastic-rm implementation of :class:`NodeServices`: what the agent publishes to, and reads from, etcd
+besides the round protocol (metrics, the sample ledger, checkpoint peers, the run's history record).
+
+Owned by the rendezvous handler (``handler.services``), sharing its etcd client, its node session, its
+view of the run and its leader; the handler's round protocol never calls it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+
+from ..etcd.client import EtcdClient
+from ..obs.events import EventLog
+from ..planner.interface import NodeMetrics
+from ..wire.records import LedgerRecord, NodeRecord, RecordError, RoundRecord
+from .history import build_history_record
+from .leader import RoundLeader
+from .session import NodeSession
+from .view import JobView
+
+log = logging.getLogger(__name__)
+
+
+class RendezvousNodeServices:
+    """NodeServices over etcd, for one node of one run (see elastic_rm.rendezvous.services)."""
+
+    def __init__(
+        self,
+        client: EtcdClient,
+        session: NodeSession,
+        view: JobView,
+        leader: RoundLeader,
+        release: Callable[[], None],
+        job: dict | None = None,
+        metrics_parser: Callable[[str, bytes], NodeMetrics] | None = None,
+    ):
+        """``release`` leaves the run (the handler's); ``job`` and ``metrics_parser`` feed the history
+        record (without a job description no history is written)."""
+        self._client = client
+        self._keys = session.settings.keys
+        self._session = session
+        self._view = view
+        self._leader = leader
+        self._release = release
+        self._job = job
+        self._metrics_parser = metrics_parser
+        self._created = time.monotonic()
+
+    @property
+    def node_id(self) -> str:
+        return self._session.node_id
+
+    @property
+    def addr(self) -> str:
+        return self._session.addr
+
+    @property
+    def events(self) -> EventLog:
+        return self._session.events
+
+    @property
+    def lease_ttl(self) -> float:
+        return float(self._session.settings.lease_ttl)
+
+    @property
+    def joined_round(self) -> RoundRecord | None:
+        return self._session.joined
+
+    @property
+    def leading(self) -> bool:
+        return self._leader.leading
+
+    def publish_metrics(self, value: bytes) -> None:
+        """Write ``metrics/<node>`` under the node's lease; nothing before the first round or after release."""
+        session = self._session
+        lease = session.lease
+        if session.released or lease is None or lease.lost or session.joined is None:
+            return
+        self._client.put_nowait(self._keys.metric(session.node_id), value, lease=lease.id)
+
+    def set_checkpoint_endpoint(self, port: int, token: str) -> None:
+        """Published in this node's record from its next registration on (the agent calls this before
+        the first rendezvous)."""
+        self._session.ckpt_endpoint = (port, token)
+
+    def checkpoint_peers(self) -> dict[str, tuple[str, int, str]]:
+        """Every other alive node that serves checkpoints, members or not (a node just left out of the
+        round, a replaced straggler say, still holds its shards), read from their lease-bound records in
+        etcd (one read, at each worker start). Empty before this node joined a round."""
+        if self._session.joined is None:
+            return {}
+        kvs, _ = self._client.get_prefix(self._keys.nodes)
+        out = {}
+        for kv in kvs:
+            try:
+                rec = NodeRecord.parse(kv.key, kv.value)
+            except RecordError as exc:
+                log.error("%s (not used as a checkpoint peer)", exc)
+                continue
+            if rec.node != self._session.node_id and rec.ckpt_port and rec.ckpt_token:
+                out[rec.node] = (rec.addr, rec.ckpt_port, rec.ckpt_token)
+        return out
+
+    def publish_ledger(self, record: LedgerRecord) -> bool:
+        """Fenced by the leader's election: False when this node does not lead (see LedgerRecord)."""
+        return self._leader.publish_ledger(record)
+
+    def record_history(self, status: str = "completed") -> bool:
+        """Leave this run's record for the warm start of later runs of the same job (planner stage 1).
+
+        Written by the last round's rank 0 only, and only with a job description. Returns whether it wrote.
+        """
+        r, job, node_id = self._session.joined, self._job, self._session.node_id
+        if not job or not job.get("tables") or r is None or not r.members or r.members[0] != node_id:
+            return False
+        metrics, cpu_counts = {}, {}
+        if self._metrics_parser is not None:
+            kvs, _ = self._client.get_prefix(self._keys.metrics)
+            for kv in kvs:
+                try:
+                    metrics[self._keys.node_of(kv.key)] = self._metrics_parser(kv.key, kv.value)
+                except ValueError as exc:
+                    log.error("%s (left out of the history record)", exc)
+        nodes, _ = self._client.get_prefix(self._keys.nodes)
+        for kv in nodes:
+            try:
+                cpu_counts[self._keys.node_of(kv.key)] = NodeRecord.parse(kv.key, kv.value).cpu_count
+            except RecordError as exc:
+                log.error("%s", exc)
+        record = build_history_record(
+            job, self._keys.run_id, status, r, metrics, cpu_counts, time.monotonic() - self._created
+        )
+        self._client.put(self._keys.history(record["signature"]), json.dumps(record, sort_keys=True))
+        log.info(
+            "recorded run %s in history/%s for later warm starts", self._keys.run_id, record["signature"]
+        )
+        return True
+
+    def peers_all_kept(self) -> bool:
+        """Every member of our round is kept in the pending round, or left out of it by a planned decision
+        while alive (the leader lists the old members it saw alive in the record's ``extra.alive``). Only
+        then can our workers finish a step (a collective with a lost peer never returns), so only then is
+        draining them worth waiting for."""
+        return peers_kept(self._view.round, self._session.joined)
+
+    def release(self) -> None:
+        self._release()
+
+
+def peers_kept(pending: RoundRecord | None, done: RoundRecord | None) -> bool:
+    """`peers_all_kept` for a pending round and the round our workers run in: every member of `done` is a
+    member of `pending` or listed alive in its ``extra.alive``. Only the next round's list counts: a later
+    round was decided without looking at `done`'s members."""
+    if pending is None or done is None or pending.round <= done.round:
+        return False
+    alive = pending.extra.get("alive") if pending.round == done.round + 1 else None
+    alive_set = {a for a in alive if isinstance(a, str)} if isinstance(alive, list) else set()
+    return set(done.members) <= set(pending.members) | alive_set

@@ -1,0 +1,84 @@
+"""The seam between the agent and the rendezvous: what an agent needs from its node's place in the run.
+
+Why a declared Protocol: the agent used to look these names up on the handler by string, so a renamed
+method silently turned a feature off. Now the agent is given a ``NodeServices`` (or None under torch's own
+backends, decided once by :func:`elastic_rm.rendezvous.registration.node_services`) and calls it
+directly; ``tests/rendezvous/test_services.py`` checks that the implementation has every member below
+with a compatible signature.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ..obs.events import EventLog
+from ..wire.records import LedgerRecord, RoundRecord
+
+# What an agent without node services (torch's own rendezvous backends) runs without; it logs this.
+WITHOUT_SERVICES = (
+    "metrics in etcd (the planner sees no node), the checkpoint server and checkpoint peers (restores use "
+    "local memory and the durable copy), the ledger mirror, the run's history record, the membership grace "
+    "(a lost peer's failure uses a restart) and the drain's lost-peer check"
+)
+
+
+class NodeServices(Protocol):
+    """This node's services in an elastic-rm run. Every member is safe to call from any thread."""
+
+    @property
+    def node_id(self) -> str:
+        """This node's id in the run; it changes when the node rejoins after losing its lease."""
+        ...
+
+    @property
+    def addr(self) -> str:
+        """This node's address (its record's ``addr``): where its agent serves peers."""
+        ...
+
+    @property
+    def events(self) -> EventLog:
+        """The run's event log in etcd; the agent attaches its ``--event-log`` file to it."""
+        ...
+
+    @property
+    def lease_ttl(self) -> float:
+        """Seconds a dead node keeps its key: how long a lost peer may take to show as a new round."""
+        ...
+
+    @property
+    def joined_round(self) -> RoundRecord | None:
+        """The last round this node joined (None before the first, and after it rejoined)."""
+        ...
+
+    @property
+    def leading(self) -> bool:
+        """Whether this node leads the run now (it may stop leading at any time)."""
+        ...
+
+    def publish_metrics(self, value: bytes) -> None:
+        """Write this node's latest metrics record (``metrics/<node>``), while it is a member."""
+        ...
+
+    def set_checkpoint_endpoint(self, port: int, token: str) -> None:
+        """Publish the agent's checkpoint server in this node's record (from its next registration on)."""
+        ...
+
+    def checkpoint_peers(self) -> dict[str, tuple[str, int, str]]:
+        """Every other alive node that serves checkpoints: node -> (addr, port, token)."""
+        ...
+
+    def publish_ledger(self, record: LedgerRecord) -> bool:
+        """Mirror the checkpointed sample ledger to etcd if this node leads (fenced); whether it wrote."""
+        ...
+
+    def record_history(self, status: str = "completed") -> bool:
+        """Leave this run's record for the warm start of later runs (rank 0 only); whether it wrote."""
+        ...
+
+    def peers_all_kept(self) -> bool:
+        """Whether every member of our round is still alive for the pending round (draining is worth it)."""
+        ...
+
+    def release(self) -> None:
+        """Leave the run without closing it (an agent stopped by a signal)."""
+        ...

@@ -1,0 +1,138 @@
+"""This node's presence in a run: its id, its lease, its record under ``nodes/<node>``, the round it joined.
+
+Why a module of its own: the round protocol (handler.py) and the node services (node_services.py) both
+read this state; neither owns it. A node whose lease expired rejoins as a new member under a new id.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+
+import psutil
+
+from ..etcd.client import EtcdClient
+from ..etcd.errors import EtcdError
+from ..etcd.lease import KeptLease
+from ..obs.events import EventLog
+from ..planner.interface import NodeState
+from ..wire.records import NodeRecord, RoundRecord, dumps
+from .bootstrap import default_local_addr, pick_master_port
+from .settings import RendezvousSettings
+
+log = logging.getLogger(__name__)
+
+
+def new_node_id(host: str) -> str:
+    safe = "".join(c if c.isalnum() or c in "._-" else "-" for c in host)[:64].strip("-._") or "node"
+    return f"{safe}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class NodeSession:
+    """Identity, lease and registration of one node. ``joined`` is the last round this node joined."""
+
+    def __init__(self, client: EtcdClient, settings: RendezvousSettings):
+        self._client = client
+        self.settings = settings
+        self._keys = settings.keys
+        self.host = socket.gethostname()
+        self._mem_total = int(psutil.virtual_memory().total)
+        self.addr = settings.local_addr or default_local_addr()
+        self.node_id = settings.node_id or new_node_id(self.host)
+        self.lock = threading.RLock()
+        self.lease: KeptLease | None = None
+        self._incarnation = 0
+        self.joined: RoundRecord | None = None
+        # A round sealed before this process first registered was made with an earlier process under the
+        # same --node-id: joining it would start workers into a world the peers already left. Its number is
+        # advertised instead (NodeRecord.round), so the leader sees a restart and writes a new round.
+        self.registered_rev = 0  # etcd revision of this incarnation's first registration
+        self.stale_round = 0
+        self.master_port = 0  # picked when joining; MASTER_PORT if this node becomes rank 0
+        self.ckpt_endpoint = (0, "")  # the agent's checkpoint server: port and token (none: 0, "")
+        # The run's event log in etcd, in this node's name; the agent attaches its --event-log file.
+        self.events = EventLog(self._keys.run_id, self.node_id, client=client, keys=self._keys)
+        self.released = False  # the handler left the run; nothing more is published
+
+    @property
+    def lease_lost(self) -> bool:
+        return self.lease is not None and self.lease.lost
+
+    def live_lease_id(self) -> int | None:
+        """The lease to write under, None while there is none or it is lost."""
+        lease = self.lease
+        return None if lease is None or lease.lost else lease.id
+
+    def start_lease(self) -> None:
+        self.lease = KeptLease(self._client, self.settings.lease_ttl)
+
+    def record(self, state: NodeState) -> NodeRecord:
+        waiting = state in (NodeState.JOINING, NodeState.STANDBY)
+        if waiting and not self.master_port:
+            self.master_port = pick_master_port()
+        return NodeRecord(
+            node=self.node_id,
+            host=self.host,
+            addr=self.addr,
+            pid=os.getpid(),
+            nproc=self.settings.nproc,
+            state=state,
+            round=self.joined.round if self.joined else self.stale_round,
+            cpu_count=os.cpu_count() or 0,
+            mem_total_bytes=self._mem_total,
+            master_port=self.master_port if waiting else 0,
+            ckpt_port=self.ckpt_endpoint[0],
+            ckpt_token=self.ckpt_endpoint[1],
+        )
+
+    def ensure_registered(self, state: NodeState, wait: bool = True, retry_lost_lease: int = 1) -> None:
+        """(Re)register under a live lease. A node whose lease expired rejoins as a new member.
+
+        ``wait=False`` sends the update without waiting for etcd's answer (a failure is logged; the
+        lease keeps the old record meanwhile), for updates that nothing on the join path waits for.
+        """
+        with self.lock:
+            if self.lease_lost:
+                self._rejoin_as_new_member()
+            if self.lease is None:
+                self.start_lease()
+            assert self.lease is not None
+            key, value = self._keys.node(self.node_id), dumps(self.record(state))
+            if not wait:
+                self._client.put_nowait(key, value, lease=self.lease.id)
+                return
+            try:
+                rev = self._client.put(key, value, lease=self.lease.id)
+                self.registered_rev = self.registered_rev or rev
+            except EtcdError as exc:
+                if "lease not found" not in str(exc) or retry_lost_lease <= 0:
+                    raise
+                # The lease expired before its keeper noticed (a paused or starved process): rejoin
+                # as a new member now, as when the keeper reports it.
+                self.lease.mark_lost()
+                self.ensure_registered(state, wait, retry_lost_lease - 1)
+
+    def _rejoin_as_new_member(self) -> None:
+        self._incarnation += 1
+        old = self.node_id
+        given = self.settings.node_id
+        self.node_id = f"{given}-r{self._incarnation}" if given else new_node_id(self.host)
+        self.joined = None
+        self.registered_rev, self.stale_round = 0, 0
+        self.lease = None
+        log.warning("lease of node %s expired; rejoining as %s", old, self.node_id)
+        self.events.set_node(self.node_id)
+        self.events.emit(
+            "node", f"lease of {old} expired; rejoining as {self.node_id}", old=old, new=self.node_id
+        )
+
+    def check_lease(self) -> None:
+        """Ask etcd whether our lease still lives when it was not refreshed for half its TTL (we may
+        have been paused): a stale node must rejoin as a new member, not act on an old round."""
+        lease = self.lease
+        if lease is not None and time.monotonic() - lease.last_refresh > lease.ttl / 2:
+            lease.check()

@@ -1,0 +1,92 @@
+"""JobView owns its state: this node's own writes reach it through its transition methods only, and the
+watch stays the authority (a transition never undoes a later change the watch delivered). Real etcd."""
+
+from __future__ import annotations
+
+import ast
+import threading
+import time
+from pathlib import Path
+
+from elastic_rm.etcd.client import EtcdClient
+from elastic_rm.rendezvous.view import JobView
+from elastic_rm.wire.keyspace import Keyspace
+from elastic_rm.wire.records import ClosedRecord
+from tests.rendezvous.test_handler import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _view(etcd, run_id):
+    client = EtcdClient(etcd.endpoint, timeout=5)
+    view = JobView(client, Keyspace("/elastic-rm", run_id))
+    view.start()
+    return client, view
+
+
+def test_our_election_does_not_undo_a_later_change_the_watch_delivered(etcd, run_id):
+    client, view = _view(etcd, run_id)
+    try:
+        rev = client.put(view.keys.leader, "b")
+        assert wait_for(lambda: view.leader == "b", timeout=10)
+        version = view.membership_version
+        view.note_leadership("a", rev - 1)  # an election older than what the watch saw: ignored
+        assert (view.leader, view.membership_version) == ("b", version)
+        view.note_leadership("a", rev + 10)  # ahead of the watch: applied at once
+        assert (view.leader, view.leader_rev) == ("a", rev + 10) and view.membership_version == version + 1
+    finally:
+        view.stop()
+        client.close()
+
+
+def test_closed_keeps_the_first_record_and_waiters_wake(etcd, run_id):
+    client, view = _view(etcd, run_id)
+    try:
+        seen = view.version
+        woke: list[float] = []
+
+        def waiter() -> None:
+            t0 = time.monotonic()
+            view.wait(seen, timeout=10)
+            woke.append(time.monotonic() - t0)
+
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        time.sleep(0.2)
+        first, second = ClosedRecord(by="n0", time=1.0), ClosedRecord(by="n1", time=2.0)
+        view.note_closed(first)
+        thread.join(5)
+        assert woke and woke[0] < 5  # the transition woke the waiter, long before its timeout
+        view.note_closed(second)
+        assert view.closed == first and view.version > seen
+
+        thread = threading.Thread(target=waiter)
+        seen = view.version
+        thread.start()
+        time.sleep(0.2)
+        view.wake_waiters()  # no change, but a stopping thread must not sleep out its timeout
+        thread.join(5)
+        assert len(woke) == 2 and woke[1] < 5 and view.version == seen
+    finally:
+        view.stop()
+        client.close()
+
+
+def test_no_module_outside_the_view_assigns_its_fields():
+    """The fields of a JobView (``view.x``, ``self._view.x``) are assigned in view.py only."""
+    offenders = []
+    for path in sorted((ROOT / "elastic_rm").rglob("*.py")):
+        if path.name == "view.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            if isinstance(node, ast.AugAssign | ast.AnnAssign):
+                targets = [node.target]
+            for target in targets:
+                for t in target.elts if isinstance(target, ast.Tuple) else [target]:
+                    owner = t.value if isinstance(t, ast.Attribute) else None
+                    name = owner.id if isinstance(owner, ast.Name) else None
+                    name = owner.attr if isinstance(owner, ast.Attribute) else name
+                    if name in ("view", "_view"):
+                        offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not offenders, f"JobView fields assigned outside view.py: {offenders}"
