@@ -22,7 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 class WatchedRun:
-    """The run's keys, read once and then kept current by a prefix watch (re-read after a compaction)."""
+    """The run's keys, read once and then kept current by a prefix watch. After a compaction (a long
+    outage) the watch hands over the whole prefix as re-read by etcd, which replaces the copy."""
 
     def __init__(self, client, keys) -> None:
         self._client, self._keys = client, keys
@@ -39,7 +40,15 @@ class WatchedRun:
         with self._lock:
             self._kvs = {kv.key: kv for kv in kvs}
             self.revision = revision
-        self._cancel = self._client.watch_prefix(self._keys.run, revision + 1, self._apply, self._failed)
+        self._cancel = self._client.watch_prefix(
+            self._keys.run, revision + 1, self._apply, self._failed, on_resync=self._resync
+        )
+        self.changed.set()
+
+    def _resync(self, kvs, revision: int) -> None:
+        with self._lock:
+            self._kvs = {kv.key: kv for kv in kvs}
+            self.revision = revision
         self.changed.set()
 
     def _apply(self, changes) -> None:
