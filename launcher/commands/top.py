@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 
-from .status import UsageError, add_connection_arguments, render, resolve_run
+from .status import UsageError, add_connection_arguments, connect, render, resolve_run
 
 HELP = "Live view of a job (erm status, refreshed from etcd watches); Ctrl-C to quit."
 MIN_FRAME_S = 0.2  # coalesce bursts of changes into one redraw
@@ -86,14 +86,13 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.live import Live
 
-    from elastic_rm.etcd.client import EtcdClient
     from elastic_rm.etcd.errors import EtcdError
     from elastic_rm.obs.status import status_from_kvs
     from elastic_rm.rendezvous.keyspace import Keyspace
 
     console = Console()
     try:
-        with EtcdClient(args.endpoint, timeout=args.timeout) as client:
+        with connect(args) as client:
             keys = Keyspace(args.prefix, resolve_run(client, args.prefix, args.run_id))
             watched = WatchedRun(client, keys)
 

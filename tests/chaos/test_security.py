@@ -74,6 +74,23 @@ def test_client_with_a_prefix_role_reads_and_writes_only_its_prefix(auth_etcd):
         EtcdClient(auth_etcd.endpoint, user="alice")
 
 
+def test_erm_commands_with_etcd_user_read_their_run(auth_etcd, monkeypatch):
+    """erm status/events take ermrun's --etcd-user (password from $ELASTIC_RM_ETCD_PASSWORD)."""
+    from elastic_rm.rendezvous.records import RoundRecord, dumps
+    from tests.launcher.test_erm_status import erm
+
+    with EtcdClient(auth_etcd.endpoint, timeout=3, user="alice", password=USER_PW) as c:
+        c.put("/elastic-rm/job-a-9/round", dumps(RoundRecord(round=3, members=("n0",), complete=True)))
+    args = ["--endpoint", auth_etcd.endpoint, "--run-id", "job-a-9", "--etcd-user", "alice"]
+    monkeypatch.setenv("ELASTIC_RM_ETCD_PASSWORD", USER_PW)
+    ok = erm("status", *args, "--json")
+    assert ok.returncode == 0 and '"round": 3' in ok.stdout, ok.stderr + ok.stdout[:1500]
+    assert erm("events", *args).returncode == 0
+    monkeypatch.setenv("ELASTIC_RM_ETCD_PASSWORD", "wrong")
+    bad = erm("status", *args)
+    assert bad.returncode == 2 and auth_etcd.endpoint in bad.stderr, bad.stderr
+
+
 def _params(endpoint: str, run: str, user: str, pw: str) -> RendezvousParameters:
     return RendezvousParameters(
         "elastic-rm", endpoint, run, 1, 1, local_addr="127.0.0.1", user=user, password=pw, lease_ttl="2"
