@@ -1,6 +1,6 @@
 """Hosts as Linux network namespaces on one machine: a bridge in the root namespace (where etcd listens on
 the bridge's address), one namespace per host joined to it by a veth pair, each host its own address. Real
-network faults: a host's link down and up, packet loss and delay with tc netem. Needs root and `ip netns`;
+network faults: a host's link down and up, its TCP connections reset. Needs root and `ip netns`;
 `why_unavailable()` says why not, for the tests' skip reason."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def why_unavailable() -> str | None:
     """None when namespaces can be made here, else the reason (printed as the skip reason)."""
     if os.geteuid() != 0:
         return "network-namespace hosts need root (ip netns add)"
-    for tool in ("ip", "tc"):
+    for tool in ("ip", "ss"):
         if shutil.which(tool) is None:
             return f"network-namespace hosts need the {tool!r} command (iproute2)"
     probe = f"ermprobe{secrets.token_hex(3)}"
@@ -38,9 +38,9 @@ class Host:
     addr: str
     link: str  # the veth end in the root namespace: down = the host is cut off from everyone
 
-    def argv(self, argv: list[str], env: dict[str, str]) -> list[str]:
-        """A command run inside this host's namespace, with `env` (ip netns exec keeps the pid)."""
-        return ["ip", "netns", "exec", self.netns, "env", *(f"{k}={v}" for k, v in env.items()), *argv]
+    def argv(self, argv: list[str]) -> list[str]:
+        """A command run inside this host's namespace (ip netns exec keeps the pid and the environment)."""
+        return ["ip", "netns", "exec", self.netns, *argv]
 
     def link_down(self) -> None:
         _ip("link", "set", self.link, "down")
@@ -53,16 +53,6 @@ class Host:
         forgot them during an outage would: the host's clients must reconnect."""
         subprocess.run(["ip", "netns", "exec", self.netns, "ss", "-K", "state", "established"],
                        check=True, capture_output=True, timeout=30)  # fmt: skip
-
-    def netem(self, spec: str | None) -> None:
-        """tc netem on the host's own interface (its outgoing packets), e.g. "delay 50ms loss 5%"; None
-        removes it."""
-        base = ["ip", "netns", "exec", self.netns, "tc", "qdisc"]
-        if spec is None:
-            subprocess.run([*base, "del", "dev", "eth0", "root"], capture_output=True, timeout=30)
-        else:
-            subprocess.run([*base, "replace", "dev", "eth0", "root", "netem", *spec.split()],
-                           check=True, capture_output=True, timeout=30)  # fmt: skip
 
 
 class Network:

@@ -40,7 +40,7 @@ def start_host(host: Host, endpoint: str, run_id: str, tmp_path) -> Proc:
         "STEPS_MAX": "0",
         "GLOO_SOCKET_IFNAME": "eth0",
     }
-    return Proc(host.argv(argv, {}), str(tmp_path / f"{host.name}.log"), env=env)
+    return Proc(host.argv(argv), str(tmp_path / f"{host.name}.log"), env=env)
 
 
 def current_round(client: EtcdClient, keys: Keyspace) -> RoundRecord | None:
