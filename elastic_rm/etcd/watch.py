@@ -51,7 +51,6 @@ class PrefixWatch:
         self._on_error = on_error
         self._on_resync = on_resync
         self._compacted: int | None = None  # etcd's oldest kept revision, while a resync is due
-        self.resyncs = 0
         self._task: asyncio.Task | None = None
         self._cancelled = False
         self._started = asyncio.Event()
@@ -127,7 +126,6 @@ class PrefixWatch:
         )
         self._compacted = None
         self.next_revision = revision + 1
-        self.resyncs += 1
         try:
             if self._on_resync is not None:
                 self._on_resync(kvs, revision)

@@ -51,8 +51,9 @@ class UnsafeCheckpointError(CorruptCheckpointError):
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         found = _ALLOWED.get((module, name))
-        if found is None and module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            found = getattr(torch, name)  # a dtype, e.g. torch.float32
+        dtype = vars(torch).get(name) if module == "torch" else None  # vars: no lazy import by name
+        if found is None and isinstance(dtype, torch.dtype):
+            found = dtype  # e.g. torch.float32
         if found is None:
             raise UnsafeCheckpointError(
                 f"refused: DCP .metadata names {module}.{name}, which is not a DCP metadata class "
