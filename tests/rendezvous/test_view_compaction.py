@@ -70,3 +70,25 @@ def test_a_view_cut_off_while_etcd_compacts_reaches_the_newest_round(run_id, cap
         wait_for(lambda: view.round.round == 41 and top.revision > revision, 10, "round 41")
         view.stop()
         top.close()
+
+
+def test_a_resync_never_takes_the_view_back_behind_its_own_newer_round_write(etcd, run_id) -> None:
+    """The leader applies its own round write at once (set_round, ahead of the watch). A resync read at
+    an earlier revision must not replace it with the older round, nor delete it."""
+    keys = Keyspace("/elastic-rm", run_id)
+    with EtcdClient(etcd.endpoint, timeout=2) as client:
+        old_rev = client.put(keys.round, dumps(RoundRecord(round=5, members=("a",), complete=True)))
+        view = JobView(client, keys)
+        view.start()
+        try:
+            newer = RoundRecord(round=6, members=("a", "b"))
+            view.set_round(newer, old_rev + 10)
+            old_kv = client.get(keys.round)
+            view._on_resync(keys.round, True, [old_kv], old_rev + 1)  # what a resync read before the write
+            assert view.round == newer and view.round_rev == old_rev + 10
+            view._on_resync(keys.round, True, [], old_rev + 1)  # a read that does not hold the key yet
+            assert view.round == newer
+            view._on_resync(keys.round, True, [], old_rev + 20)  # read after it: the key is really gone
+            assert view.round is None and view.round_rev == 0
+        finally:
+            view.stop()
