@@ -285,15 +285,19 @@ class EtcdClient:
         on_events: Callable[[list[WatchEvent]], None],
         on_error: Callable[[EtcdError], None] | None = None,
         exact: bool = False,
+        on_resync: Callable[[list[KeyValue], int], None] | None = None,
     ) -> Callable[[], None]:
         """Deliver every change under ``prefix`` from ``start_revision`` on, in order, on the loop thread.
 
-        ``on_events`` must not block (it runs on the client's I/O thread). After a connection failure
-        the watch resumes from the last delivered revision + 1, so nothing is missed; a compacted start
-        revision is reported to ``on_error`` (re-read and watch again). ``exact``: watch this one key
-        only. Returns a cancel function.
+        The callbacks must not block (they run on the client's I/O thread). After a connection failure
+        the watch resumes from the last delivered revision + 1, so nothing is missed. When etcd has
+        compacted the revisions the watch still needs (a long outage or partition), the watch re-reads
+        the prefix: ``on_resync(kvs, revision)`` gets the whole state at ``revision`` (replace what you
+        hold), or without it ``on_events`` gets the keys changed meanwhile as puts and ``on_error`` an
+        EtcdCompactedError saying deletions were not seen; then it resumes from ``revision + 1``.
+        ``exact``: watch this one key only. Returns a cancel function.
         """
-        watch = PrefixWatch(self, prefix, start_revision, on_events, on_error, exact)
+        watch = PrefixWatch(self, prefix, start_revision, on_events, on_error, exact, on_resync)
         asyncio.run_coroutine_threadsafe(watch.start(), self._loop).result(self.timeout + 1.0)
         return watch.cancel
 

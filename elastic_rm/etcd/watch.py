@@ -1,4 +1,7 @@
-"""A prefix watch that survives etcd outages without missing or repeating an event."""
+"""A prefix watch that survives etcd outages without missing or repeating an event, and survives a
+compacted history: when etcd no longer holds the revisions it missed (a long partition while the servers
+compacted), it re-reads the prefix at the current revision, hands that state to the consumer as a resync,
+and resumes watching from the revision after it."""
 
 from __future__ import annotations
 
@@ -9,9 +12,10 @@ from typing import TYPE_CHECKING
 
 import aetcd
 import aetcd.exceptions as aexc
+from aetcd import rpc
 
 from .errors import EtcdCompactedError, EtcdError
-from .types import WatchEvent, key_value
+from .types import KeyValue, WatchEvent, key_value
 
 if TYPE_CHECKING:
     from .client import EtcdClient
@@ -22,7 +26,13 @@ RETRY_DELAY_S = 0.2
 
 
 class PrefixWatch:
-    """Runs on the client's loop. Re-creates the etcd watch after a failure from ``next_revision``."""
+    """Runs on the client's loop. Re-creates the etcd watch after a failure from ``next_revision``.
+
+    On a compacted ``next_revision``: ``on_resync(kvs, revision)`` gets every key under the prefix as
+    read at ``revision`` (the consumer replaces what it holds); without one, the keys written since the
+    last delivered revision go to ``on_events`` as puts in revision order (a catch-up that cannot show
+    deletions or intermediate values) and ``on_error`` is told so. Either way the watch resumes from
+    ``revision + 1``: no event older than the state re-read is delivered after it."""
 
     def __init__(
         self,
@@ -32,6 +42,7 @@ class PrefixWatch:
         on_events: Callable[[list[WatchEvent]], None],
         on_error: Callable[[EtcdError], None] | None,
         exact: bool = False,
+        on_resync: Callable[[list[KeyValue], int], None] | None = None,
     ):
         self._client = client
         self._prefix = prefix.encode()
@@ -39,6 +50,8 @@ class PrefixWatch:
         self.next_revision = start_revision
         self._on_events = on_events
         self._on_error = on_error
+        self._on_resync = on_resync
+        self._compacted: int | None = None  # etcd's oldest kept revision, while a resync is due
         self._task: asyncio.Task | None = None
         self._cancelled = False
         self._started = asyncio.Event()
@@ -60,6 +73,8 @@ class PrefixWatch:
             client = self._client._client
             try:
                 await client.connect()
+                if self._compacted is not None:
+                    await self._resync(client, self._compacted)
                 watch = await client.watch(
                     self._prefix,
                     range_end=self._range_end,
@@ -78,16 +93,53 @@ class PrefixWatch:
                 return
             except aexc.RevisionCompactedError as exc:
                 self._started.set()
-                err = EtcdCompactedError(
-                    f"watch of {self._prefix.decode()!r} from revision {self.next_revision} is compacted "
-                    f"(oldest kept: {exc.compacted_revision}); re-read the state",
-                    exc.compacted_revision,
-                )
-                if self._on_error is not None:
-                    self._on_error(err)
-                return
+                self._compacted = int(exc.compacted_revision)
+                continue  # resync at once, on the same connection
             except (aexc.ClientError, OSError) as exc:
                 log.debug("etcd watch of %s interrupted (%s); resuming", self._prefix, exc)
                 self._client._failover(client)
             if not self._cancelled:
                 await asyncio.sleep(RETRY_DELAY_S)
+
+    async def _resync(self, client: aetcd.Client, compacted: int) -> None:
+        """Read the prefix at the current revision, deliver it, and move ``next_revision`` past it."""
+        request = rpc.RangeRequest(key=self._prefix, range_end=self._range_end or b"")
+        try:
+            resp = await client.kvstub.Range(request, timeout=client._timeout, metadata=client.metadata)
+        except rpc.AioRpcError as exc:
+            aexc._handle_exception(exc)  # raises the matching aetcd error: the loop retries
+        kvs = [key_value(raw) for raw in resp.kvs]
+        revision = int(resp.header.revision)
+        missed_from = self.next_revision
+        log.warning(
+            "etcd watch of %r: history from revision %d is compacted (etcd keeps %d on); re-read %d keys "
+            "at revision %d, resuming from %d",
+            self._prefix.decode(),
+            missed_from,
+            compacted,
+            len(kvs),
+            revision,
+            revision + 1,
+        )
+        self._compacted = None
+        self.next_revision = revision + 1
+        try:
+            if self._on_resync is not None:
+                self._on_resync(kvs, revision)
+                return
+            newer = sorted(
+                (kv for kv in kvs if kv.mod_revision >= missed_from), key=lambda kv: kv.mod_revision
+            )
+            if newer:
+                self._on_events([WatchEvent("put", kv) for kv in newer])
+            if self._on_error is not None:
+                self._on_error(
+                    EtcdCompactedError(
+                        f"watch of {self._prefix.decode()!r}: history from revision {missed_from} is "
+                        f"compacted; caught up with the keys as of revision {revision} (values overwritten "
+                        "or deleted meanwhile are not shown)",
+                        compacted,
+                    )
+                )
+        except Exception:  # noqa: BLE001 - a consumer bug must not kill the watch
+            log.exception("etcd watch consumer failed on the resync of %s", self._prefix.decode())

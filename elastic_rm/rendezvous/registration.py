@@ -22,6 +22,7 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler:
     from ..wire.metrics import parse_record, to_node_metrics
     from .handler import ElasticRMRendezvousHandler
     from .settings import RendezvousSettings
+    from .torchrun_exit import ExitsWhenClosed, created_by_torch_launch_agent
 
     settings = RendezvousSettings.from_parameters(params)
     policy = None
@@ -34,9 +35,9 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler:
     def metrics_parser(key: str, raw: bytes):
         return to_node_metrics(parse_record(raw, key=key))
 
-    return ElasticRMRendezvousHandler(
-        settings, policy=policy, job=settings.job, metrics_parser=metrics_parser
-    )
+    # under stock torchrun a closed run must end the process cleanly (torchrun_exit.py says why)
+    cls = ExitsWhenClosed if created_by_torch_launch_agent() else ElasticRMRendezvousHandler
+    return cls(settings, policy=policy, job=settings.job, metrics_parser=metrics_parser)
 
 
 def node_services(handler: RendezvousHandler) -> NodeServices | None:

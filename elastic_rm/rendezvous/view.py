@@ -96,7 +96,14 @@ class JobView:
             self._changed()
         for key in (self.keys.round, self.keys.leader, self.keys.closed):
             self._cancels.append(
-                self._client.watch_prefix(key, rev + 1, self._on_events, self._on_error, exact=True)
+                self._client.watch_prefix(
+                    key,
+                    rev + 1,
+                    self._on_events,
+                    self._on_error,
+                    exact=True,
+                    on_resync=self._resync_of(key, True),
+                )
             )
 
     def track_members(self) -> None:
@@ -113,7 +120,11 @@ class JobView:
                 for kv in kvs:
                     self._apply(WatchEvent("put", kv))
                 self._changed()
-            self._cancels.append(self._client.watch_prefix(prefix, rev + 1, self._on_events, self._on_error))
+            self._cancels.append(
+                self._client.watch_prefix(
+                    prefix, rev + 1, self._on_events, self._on_error, on_resync=self._resync_of(prefix)
+                )
+            )
 
     def stop(self) -> None:
         for cancel in self._cancels:
@@ -136,6 +147,40 @@ class JobView:
         with self.cond:
             self.watch_error = error
             self._changed()
+
+    def _resync_of(self, prefix: str, exact: bool = False) -> Callable[[list[KeyValue], int], None]:
+        return lambda kvs, revision: self._on_resync(prefix, exact, kvs, revision)
+
+    def _on_resync(self, prefix: str, exact: bool, kvs: list[KeyValue], revision: int) -> None:
+        """The watch of ``prefix`` missed compacted history: ``kvs`` is all of it at ``revision``. What the
+        view holds under it and etcd no longer has is deleted, the rest replaced; a key the view already
+        knows at a later revision (its own round write, applied ahead of the watch) is kept."""
+        present = {kv.key for kv in kvs}
+        with self.cond:
+            held = self._held_keys(prefix, exact)
+            for key in sorted(held - present):
+                if key == self.keys.round and self.round_rev > revision:
+                    continue  # our own newer write: the watch delivers it next
+                self._apply(WatchEvent("delete", KeyValue(key, b"", 0, revision, 0, 0)))
+            for kv in kvs:
+                if kv.key == self.keys.round and kv.mod_revision < self.round_rev:
+                    continue
+                self._apply(WatchEvent("put", kv))
+            self._changed()
+        log.warning(
+            "rendezvous view: %s re-read at etcd revision %d after a compacted watch", prefix, revision
+        )
+
+    def _held_keys(self, prefix: str, exact: bool) -> set[str]:
+        """The keys under ``prefix`` (or the key itself) that the view holds a value of."""
+        keys = self.keys
+        singles = {keys.round: self.round, keys.leader: self.leader, keys.closed: self.closed}
+        held = {k for k, v in singles.items() if v is not None}
+        held |= {keys.node(n) for n in self.nodes}
+        held |= {keys.ack(r, n) for r, acks in self.acks.items() for n in acks}
+        if self._metrics_parser is not None:
+            held |= {keys.metric(n) for n in self.metrics}
+        return {k for k in held if k == prefix or (not exact and k.startswith(prefix))}
 
     def _apply(self, event: WatchEvent) -> None:
         kv, keys = event.kv, self.keys

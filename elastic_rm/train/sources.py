@@ -17,10 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.planner import LoadPlan
 
+from elastic_rm.train.dcp_metadata import SafeMetadataReader, refuse_byte_items
 from elastic_rm.train.manifest import (
     DCP_METADATA,
     MANIFEST,
@@ -237,10 +237,12 @@ class _ResolvingFileSystem(FileSystem):
         return self.resolver.path(str(suffix))
 
 
-class ResolvingReader(FileSystemReader):
+class ResolvingReader(SafeMetadataReader):
     """DCP FileSystemReader whose every file (the .metadata included) comes from the resolver.
     All files a rank needs are verified in prepare_local_plan, before any tensor is overwritten, so a
-    corrupt checkpoint fails the load collectively and leaves the model as it was."""
+    corrupt checkpoint fails the load collectively and leaves the model as it was. The .metadata is
+    unpickled admitting only DCP's metadata classes (elastic_rm/train/dcp_metadata.py): a copy from a
+    peer is bytes from the network."""
 
     def __init__(self, resolver: FileResolver) -> None:
         super().__init__(path=f"elastic-rm-step-{resolver.step}")
@@ -248,6 +250,7 @@ class ResolvingReader(FileSystemReader):
         self.resolver = resolver
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        refuse_byte_items(plan)
         ranges: dict[str, list[tuple[int, int]]] = {}
         for item in plan.items:
             info = self.storage_data[item.storage_index]

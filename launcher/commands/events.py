@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 
-from .status import UsageError, add_connection_arguments, resolve_run
+from .status import UsageError, add_connection_arguments, connect, resolve_run
 
 HELP = "Print or follow a run's event log (rounds, decisions, failures, drains, job start/end)."
 FILE_POLL_S = 0.5  # --follow --file: how often to look for new lines (a file has no watch)
@@ -68,11 +68,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _from_etcd(args, show, bad) -> int:
-    from elastic_rm.etcd.client import EtcdClient
     from elastic_rm.obs.events import follow_etcd, read_etcd
     from elastic_rm.wire.keyspace import Keyspace
 
-    with EtcdClient(args.endpoint, timeout=args.timeout) as client:
+    with connect(args) as client:
         keys = Keyspace(args.prefix, resolve_run(client, args.prefix, args.run_id))
         events, errors, revision = read_etcd(client, keys)
         for message in errors:

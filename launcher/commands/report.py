@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .status import UsageError, add_etcd_security_arguments, connect
+
 HELP = "Write a PNG and an HTML page of a run: world size, throughput, utilisation, decisions."
 
 
@@ -16,10 +18,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="an --event-log file (repeatable; merged with etcd's copy without duplicates)")  # fmt: skip
     p.add_argument("-o", "--out-dir", default=".", help="directory for RUN.png and RUN.html (default: .)")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds for each etcd call (default 5)")
+    add_etcd_security_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
-    from elastic_rm.etcd.client import EtcdClient
     from elastic_rm.etcd.errors import EtcdError
     from elastic_rm.obs.report import load_run, write_report
 
@@ -28,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         if args.endpoint:
-            with EtcdClient(args.endpoint, timeout=args.timeout) as client:
+            with connect(args) as client:
                 data = load_run(args.run, client, args.prefix, tuple(args.events))
         else:
             data = load_run(args.run, None, args.prefix, tuple(args.events))
@@ -37,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
                   "--prefix and --events)", file=sys.stderr)  # fmt: skip
             return 2
         png, page, labels = write_report(data, args.out_dir)
-    except (EtcdError, ValueError, OSError) as exc:
+    except (EtcdError, ValueError, OSError, UsageError) as exc:
         print(f"erm report: error: {exc}", file=sys.stderr)
         return 2
     for message in data.errors:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -22,6 +23,27 @@ def add_connection_arguments(p: argparse.ArgumentParser, endpoint_required: bool
     p.add_argument("--run-id", help="the job's --rdzv-id (default: the only run under the prefix)")
     p.add_argument("--prefix", default="/elastic-rm", help="etcd key prefix (default /elastic-rm)")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds for each etcd call (default 5)")
+    add_etcd_security_arguments(p)
+
+
+def add_etcd_security_arguments(p: argparse.ArgumentParser) -> None:
+    """ermrun's etcd TLS and authentication flags, for the commands that read a run from etcd."""
+    g = p.add_argument_group("etcd TLS and authentication (as ermrun's)")
+    g.add_argument("--etcd-cacert", help="CA certificate (PEM) that signed etcd's server certificate")
+    g.add_argument("--etcd-cert", help="client certificate (PEM), with --etcd-key")
+    g.add_argument("--etcd-key", help="client private key (PEM), with --etcd-cert")
+    g.add_argument("--etcd-user", help="etcd user; the password comes from $ELASTIC_RM_ETCD_PASSWORD")
+
+
+def connect(args: argparse.Namespace) -> Any:
+    """An EtcdClient for --endpoint with the TLS and authentication flags."""
+    from elastic_rm.etcd.client import EtcdClient, TlsOptions
+
+    password = os.environ.get("ELASTIC_RM_ETCD_PASSWORD") if args.etcd_user else None
+    if args.etcd_user and not password:
+        raise UsageError("--etcd-user needs the user's password in $ELASTIC_RM_ETCD_PASSWORD")
+    tls = TlsOptions(args.etcd_cacert, args.etcd_cert, args.etcd_key)
+    return EtcdClient(args.endpoint, timeout=args.timeout, tls=tls, user=args.etcd_user, password=password)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -49,13 +71,12 @@ def resolve_run(client: Any, prefix: str, run_id: str | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from elastic_rm.etcd.client import EtcdClient
     from elastic_rm.etcd.errors import EtcdError
     from elastic_rm.obs.status import job_status
     from elastic_rm.wire.keyspace import Keyspace
 
     try:
-        with EtcdClient(args.endpoint, timeout=args.timeout) as client:
+        with connect(args) as client:
             run_id = resolve_run(client, args.prefix, args.run_id)
             status = job_status(client, Keyspace(args.prefix, run_id), decisions=max(0, args.decisions))
     except (EtcdError, ValueError, UsageError) as exc:

@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 
-from .status import UsageError, add_connection_arguments, render, resolve_run
+from .status import UsageError, add_connection_arguments, connect, render, resolve_run
 
 HELP = "Live view of a job (erm status, refreshed from etcd watches); Ctrl-C to quit."
 MIN_FRAME_S = 0.2  # coalesce bursts of changes into one redraw
@@ -22,7 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 class WatchedRun:
-    """The run's keys, read once and then kept current by a prefix watch (re-read after a compaction)."""
+    """The run's keys, read once and then kept current by a prefix watch. After a compaction (a long
+    outage) the watch hands over the whole prefix as re-read by etcd, which replaces the copy."""
 
     def __init__(self, client, keys) -> None:
         self._client, self._keys = client, keys
@@ -39,7 +40,15 @@ class WatchedRun:
         with self._lock:
             self._kvs = {kv.key: kv for kv in kvs}
             self.revision = revision
-        self._cancel = self._client.watch_prefix(self._keys.run, revision + 1, self._apply, self._failed)
+        self._cancel = self._client.watch_prefix(
+            self._keys.run, revision + 1, self._apply, self._failed, on_resync=self._resync
+        )
+        self.changed.set()
+
+    def _resync(self, kvs, revision: int) -> None:
+        with self._lock:
+            self._kvs = {kv.key: kv for kv in kvs}
+            self.revision = revision
         self.changed.set()
 
     def _apply(self, changes) -> None:
@@ -77,14 +86,13 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.live import Live
 
-    from elastic_rm.etcd.client import EtcdClient
     from elastic_rm.etcd.errors import EtcdError
     from elastic_rm.obs.status import status_from_kvs
     from elastic_rm.wire.keyspace import Keyspace
 
     console = Console()
     try:
-        with EtcdClient(args.endpoint, timeout=args.timeout) as client:
+        with connect(args) as client:
             keys = Keyspace(args.prefix, resolve_run(client, args.prefix, args.run_id))
             watched = WatchedRun(client, keys)
 

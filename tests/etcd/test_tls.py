@@ -89,3 +89,47 @@ def test_rendezvous_over_tls(pki, tls_etcd, run_id):
             h.release()
     with pytest.raises(RendezvousConnectionError):
         create_handler(RendezvousParameters("elastic-rm", tls_etcd.endpoint, run_id, 1, 1, etcd_timeout="2"))
+
+
+def test_erm_commands_read_a_run_over_tls_with_client_certificates(
+    pki, tls_etcd, run_id, tmp_path, monkeypatch
+):
+    """erm status / events / report / top take ermrun's --etcd-cacert/--etcd-cert/--etcd-key; without
+    them an etcd that requires client certificates is a clear error (top: only that error is run here, it
+    is interactive otherwise)."""
+    from elastic_rm.rendezvous.keyspace import Keyspace
+    from elastic_rm.rendezvous.records import NodeRecord, RoundRecord, dumps
+
+    from elastic_rm.obs.events import EventLog
+    from tests.launcher.test_erm_status import erm
+
+    keys = Keyspace("/elastic-rm", run_id)
+    tls = TlsOptions(ca_cert=str(pki / "ca.pem"), cert=str(pki / "client.pem"), key=str(pki / "client.key"))
+    with EtcdClient(tls_etcd.endpoint, timeout=3, tls=tls) as c:
+        c.put(keys.node("n0"), dumps(NodeRecord("n0", "h", "127.0.0.1", 1, 1, "active")))
+        c.put(keys.round, dumps(RoundRecord(round=1, members=("n0",), leader="n0", complete=True)))
+        log = EventLog(run_id, "n0", client=c, keys=keys)
+        log.emit("round", "round 1: n0", round=1, members=["n0"], world=1)
+        assert log.flush()
+    conn = ["--endpoint", tls_etcd.endpoint, "--timeout", "2"]
+    certs = ["--etcd-cacert", str(pki / "ca.pem"), "--etcd-cert", str(pki / "client.pem"),
+             "--etcd-key", str(pki / "client.key")]  # fmt: skip
+
+    ok = erm("status", *conn, *certs, "--run-id", run_id, "--json")
+    assert ok.returncode == 0, ok.stderr
+    assert '"round": 1' in ok.stdout or '"number": 1' in ok.stdout, ok.stdout[:2000]
+    events = erm("events", *conn, *certs, "--run-id", run_id)
+    assert events.returncode == 0 and "round 1: n0" in events.stdout, events.stderr
+    report = erm("report", run_id, *conn, *certs, "-o", str(tmp_path))
+    assert report.returncode == 0, report.stderr
+    assert (tmp_path / f"{run_id}.html").is_file()
+
+    commands = (["status", "--run-id", run_id], ["events", "--run-id", run_id], ["report", run_id])
+    for command in (*commands, ["top", "--run-id", run_id]):
+        refused = erm(*command, *conn)
+        assert refused.returncode == 2 and tls_etcd.endpoint in refused.stderr, refused.stderr
+    half = erm("status", *conn, "--run-id", run_id, "--etcd-cert", str(pki / "client.pem"))
+    assert half.returncode == 2 and "both --etcd-cert and --etcd-key" in half.stderr, half.stderr
+    monkeypatch.delenv("ELASTIC_RM_ETCD_PASSWORD", raising=False)
+    nopw = erm("status", *conn, *certs, "--run-id", run_id, "--etcd-user", "alice")
+    assert nopw.returncode == 2 and "ELASTIC_RM_ETCD_PASSWORD" in nopw.stderr, nopw.stderr
