@@ -76,12 +76,11 @@ def test_client_with_a_prefix_role_reads_and_writes_only_its_prefix(auth_etcd):
 
 def test_erm_commands_with_etcd_user_read_their_run(auth_etcd, monkeypatch):
     """erm status/events take ermrun's --etcd-user (password from $ELASTIC_RM_ETCD_PASSWORD)."""
-    from elastic_rm.rendezvous.records import RoundRecord, dumps
-
+    from elastic_rm.wire.records import RoundRecord, dumps
     from tests.launcher.test_erm_status import erm
 
     with EtcdClient(auth_etcd.endpoint, timeout=3, user="alice", password=USER_PW) as c:
-        c.put("/elastic-rm/job-a-9/round", dumps(RoundRecord(round=3, members=("n0",), complete=True)))
+        c.put("/elastic-rm/job-a-9/round", dumps(RoundRecord(round=3, members=("n0",), sealed=True)))
     args = ["--endpoint", auth_etcd.endpoint, "--run-id", "job-a-9", "--etcd-user", "alice"]
     monkeypatch.setenv("ELASTIC_RM_ETCD_PASSWORD", USER_PW)
     ok = erm("status", *args, "--json")

@@ -97,17 +97,16 @@ def test_erm_commands_read_a_run_over_tls_with_client_certificates(
     """erm status / events / report / top take ermrun's --etcd-cacert/--etcd-cert/--etcd-key; without
     them an etcd that requires client certificates is a clear error (top: only that error is run here, it
     is interactive otherwise)."""
-    from elastic_rm.rendezvous.keyspace import Keyspace
-    from elastic_rm.rendezvous.records import NodeRecord, RoundRecord, dumps
-
     from elastic_rm.obs.events import EventLog
+    from elastic_rm.wire.keyspace import Keyspace
+    from elastic_rm.wire.records import NodeRecord, RoundRecord, dumps
     from tests.launcher.test_erm_status import erm
 
     keys = Keyspace("/elastic-rm", run_id)
     tls = TlsOptions(ca_cert=str(pki / "ca.pem"), cert=str(pki / "client.pem"), key=str(pki / "client.key"))
     with EtcdClient(tls_etcd.endpoint, timeout=3, tls=tls) as c:
         c.put(keys.node("n0"), dumps(NodeRecord("n0", "h", "127.0.0.1", 1, 1, "active")))
-        c.put(keys.round, dumps(RoundRecord(round=1, members=("n0",), leader="n0", complete=True)))
+        c.put(keys.round, dumps(RoundRecord(round=1, members=("n0",), leader="n0", sealed=True)))
         log = EventLog(run_id, "n0", client=c, keys=keys)
         log.emit("round", "round 1: n0", round=1, members=["n0"], world=1)
         assert log.flush()

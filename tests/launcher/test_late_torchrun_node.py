@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import os
 
-from elastic_rm.rendezvous.keyspace import Keyspace
-
 from elastic_rm.etcd.client import EtcdClient
+from elastic_rm.wire.keyspace import Keyspace
 from tests.conftest import BIN, Proc
 from tests.launcher.helpers import STEPS, records, steps_at_world, wait_until
 

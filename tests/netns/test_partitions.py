@@ -11,11 +11,11 @@ import os
 import time
 
 import pytest
-from elastic_rm.rendezvous.keyspace import Keyspace
-from elastic_rm.rendezvous.records import RoundRecord
 
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.etcd.server import EtcdCluster
+from elastic_rm.wire.keyspace import Keyspace
+from elastic_rm.wire.records import RoundRecord
 from tests.conftest import BIN, Proc
 from tests.launcher.helpers import STEPS, steps_at_world, wait_until
 from tests.netns.hosts import Host, Network, why_unavailable

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import time
 
-from elastic_rm.rendezvous.keyspace import Keyspace
-from elastic_rm.rendezvous.records import AckRecord, NodeRecord, RoundRecord, dumps
-
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.etcd.server import EtcdCluster
 from elastic_rm.rendezvous.view import JobView
+from elastic_rm.wire.keyspace import Keyspace
+from elastic_rm.wire.records import AckRecord, NodeRecord, RoundRecord, dumps
 from launcher.commands.top import WatchedRun
 from tests.etcd.cutoff_proxy import CutoffProxy
 from tests.etcd.test_compacted_watch import compact, wait_for
@@ -32,7 +31,7 @@ def test_a_view_cut_off_while_etcd_compacts_reaches_the_newest_round(run_id, cap
         for n in ("n1", "n2"):
             writer.put(keys.node(n), node(n))
         writer.put(keys.leader, "n1")
-        writer.put(keys.round, dumps(RoundRecord(round=1, members=("n1", "n2"), leader="n1", complete=True)))
+        writer.put(keys.round, dumps(RoundRecord(round=1, members=("n1", "n2"), leader="n1", sealed=True)))
         writer.put(keys.ack(1, "n2"), dumps(AckRecord(node="n2")))
         view = JobView(cut_off, keys)
         view.start()
@@ -44,7 +43,7 @@ def test_a_view_cut_off_while_etcd_compacts_reaches_the_newest_round(run_id, cap
         writer.delete(keys.node("n2"))
         writer.put(keys.node("n3"), node("n3"))
         for number in range(2, 41):
-            rec = RoundRecord(round=number, members=("n1", "n3"), leader="n1", complete=True)
+            rec = RoundRecord(round=number, members=("n1", "n3"), leader="n1", sealed=True)
             writer.put(keys.round, dumps(rec))
         writer.put(keys.ack(40, "n3"), dumps(AckRecord(node="n3")))
         compacted = compact(writer)
@@ -67,7 +66,7 @@ def test_a_view_cut_off_while_etcd_compacts_reaches_the_newest_round(run_id, cap
         assert keys.node("n2") not in by_key and keys.node("n3") in by_key and not error
         assert "re-read at etcd revision" in caplog.text
         # and it follows on from there
-        writer.put(keys.round, dumps(RoundRecord(round=41, members=("n1",), leader="n1", complete=True)))
+        writer.put(keys.round, dumps(RoundRecord(round=41, members=("n1",), leader="n1", sealed=True)))
         wait_for(lambda: view.round.round == 41 and top.revision > revision, 10, "round 41")
         view.stop()
         top.close()
@@ -78,7 +77,7 @@ def test_a_resync_never_takes_the_view_back_behind_its_own_newer_round_write(etc
     an earlier revision must not replace it with the older round, nor delete it."""
     keys = Keyspace("/elastic-rm", run_id)
     with EtcdClient(etcd.endpoint, timeout=2) as client:
-        old_rev = client.put(keys.round, dumps(RoundRecord(round=5, members=("a",), complete=True)))
+        old_rev = client.put(keys.round, dumps(RoundRecord(round=5, members=("a",), sealed=True)))
         view = JobView(client, keys)
         view.start()
         try:
