@@ -28,10 +28,12 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, W
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
 from ..rendezvous.etcd_store import RoundSupersededError
+from ..wire.channel import ENV_ROUND
 from ..wire.metrics import encode_record
 from . import ckpt_server
 from .channel import AgentChannel
 from .http import AgentHttpServer
+from .inplace import InPlaceRounds
 from .monitor import ResourceMonitor
 from .record import build_record
 
@@ -95,6 +97,7 @@ class ElasticRMAgent(LocalElasticAgent):
         self.ckpt_server = ckpt_server.start_for_agent(handler, handler.get_run_id())
         self.monitor = ResourceMonitor(interval_s=self.options.sample_interval_s)
         self.channel = AgentChannel(window_s=STEP_WINDOW_S)
+        self.in_place = InPlaceRounds(self.channel, self.events)  # workers that keep their processes
         self._stop = threading.Event()
         self._publisher = threading.Thread(target=self._publish_loop, name="erm-metrics", daemon=True)
         self._started = False
@@ -269,6 +272,8 @@ class ElasticRMAgent(LocalElasticAgent):
         os.environ.update(self.channel.env())
         os.environ["ERM_NODE_ID"] = getattr(self._handler, "node_id", None) or self.node_id
         ckpt_server.set_worker_env(self._handler)  # this round's peers' checkpoint servers
+        joined = getattr(self._handler, "joined_round", None)
+        os.environ[ENV_ROUND] = str(joined.round if joined is not None else 0)
         self.channel.clear_drain()
         self.channel.reset_steps()  # a new world: step times of the old one would blur the planner's view
         pids = super()._start_workers(worker_group)
@@ -324,6 +329,8 @@ class ElasticRMAgent(LocalElasticAgent):
                 elapsed_s=round(elapsed, 3),
                 grace_exceeded=bool(result.missing),
             )
+            if self.in_place.run(self, worker_group, result):
+                return  # the workers moved into the new round in place (elastic_rm.agent.inplace)
         super()._restart_workers(worker_group)
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
