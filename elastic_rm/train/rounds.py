@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -88,6 +89,7 @@ def rounds(reporter: StepReporter, backend: str = "gloo") -> Iterator[Round]:
             raise SystemExit(0)
         index += 1
         os.environ.update(env)
+        _forget_the_old_world()
         try:
             dist.init_process_group(backend)
         except Exception as exc:
@@ -100,6 +102,19 @@ def rounds(reporter: StepReporter, backend: str = "gloo") -> Iterator[Round]:
             dist.get_world_size(),
             time.monotonic() - t0,
         )
+
+
+def _forget_the_old_world() -> None:
+    """Process-wide state that libraries set once per process, assuming one world per process: set
+    again for the new world, or fresh ranks and kept ranks would run different collectives."""
+    collective_utils = sys.modules.get("torchrec.distributed.collective_utils")
+    if collective_utils is not None and hasattr(collective_utils, "_INITIALIZED"):
+        # DistributedModelParallel broadcasts rank 0's collective-validation flag once per process
+        collective_utils._INITIALIZED = False
+    comm = sys.modules.get("torchrec.distributed.comm")
+    for name in ("_INTRA_PG", "_CROSS_PG"):  # intra/cross-node groups of the old world, cached
+        if comm is not None and hasattr(comm, name):
+            setattr(comm, name, None)
 
 
 def _resumed(reporter: StepReporter, round_id: int):
