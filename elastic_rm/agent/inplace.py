@@ -103,7 +103,7 @@ class InPlaceRounds:
         pending = handler.view.round if hasattr(handler, "view") else None
         node = getattr(handler, "node_id", agent.node_id)
         if pending is not None and pending.members and node not in pending.members:
-            self._leave(pending.round, pids)
+            self._leave(agent, pending.round, pids)
             return False
         with self._cond:
             self._resumed.clear()
@@ -179,20 +179,28 @@ class InPlaceRounds:
             }
         return envs
 
-    def _leave(self, round_id: int, pids: list[int]) -> None:
+    def _leave(self, agent: Any, round_id: int, pids: list[int]) -> None:
         """This node is not in the pending round: its workers exit 0 (no kill, no restart count)."""
         for pid in pids:
             self._tell(pid, ROUND_LEAVE, round_id, {})
         deadline = time.monotonic() + LEAVE_LIMIT_S
-        while time.monotonic() < deadline and any(_pid_alive(p) for p in pids):
+        result = None
+        while time.monotonic() < deadline and result is None:
+            result = agent._pcontext.wait(0) if agent._pcontext is not None else None  # all exited?
             time.sleep(0.02)
-        left = [p for p in pids if not _pid_alive(p)]
+        if result is None:
+            codes: dict[int, int | None] = {}
+            outcome = f"not every worker exited within {LEAVE_LIMIT_S:.0f}s; stopping them"
+        else:
+            codes = {r: 0 for r in result.return_values} | {r: f.exitcode for r, f in result.failures.items()}
+            outcome = "every worker exited 0" if not result.is_failed() else f"exit codes {codes}"
         self.events.emit(
             "round",
-            f"round {round_id} leaves this node out: {len(left)} of {len(pids)} worker(s) left in place",
+            f"round {round_id} leaves this node out: its {len(pids)} worker(s) left in place; {outcome}",
             round=round_id,
             in_place=True,
-            left=left,
+            left=pids,
+            exit_codes={str(r): c for r, c in codes.items()},
         )
 
     def _tell(self, pid: int, action: int, round_id: int, env: dict[str, str]) -> None:

@@ -9,13 +9,17 @@ from __future__ import annotations
 import os
 import time
 
-import pytest
+import psutil
 
 from launcher.demo import checks
 from tests.launcher.test_closed_loop import (
+    cg,
     cleanup,  # noqa: F401 - a fixture
+    current_round,
     events_of,
+    example_job,
     make_demo,
+    needs_cgroups,
     steps_of,
     stop_job,
     wait_for,
@@ -80,7 +84,8 @@ def test_scale_up_in_place_keeps_the_staying_workers(etcd, tmp_path, cleanup):  
 
 
 def test_a_rank_that_fails_its_in_place_round_falls_back_to_a_restart(etcd, tmp_path, cleanup):  # noqa: F811
-    # global rank 1 of the world of 3 is node-b's worker; it raises right after its new process group
+    # global rank 1 of the world of 3 raises right after its new process group is up; its agent sees it
+    # exit, the other agents see the newer round its agent asks for; all restart with new processes
     demo = make_demo(tmp_path, "2:3", script_args=["--in-place", "--raise-in-place-on-rank", "1"])
     cleanup.append(demo)
     for name in ("node-a", "node-b"):
@@ -94,11 +99,18 @@ def test_a_rank_that_fails_its_in_place_round_falls_back_to_a_restart(etcd, tmp_
 
     fallbacks = [e for e in in_place_events(etcd.endpoint, demo.run_id) if e.data.get("fallback")]
     assert fallbacks, "the event log must say that the in-place round failed"
-    assert any(e.node == "node-b" and "exited" in e.data["fallback"] for e in fallbacks), fallbacks
+    failed = [e.node for e in fallbacks if "exited before their first step" in e.data["fallback"]]
+    assert failed, fallbacks
+    assert {e.node for e in fallbacks} == {"node-a", "node-b"}, fallbacks  # both staying nodes fell back
+    for e in fallbacks:  # the other one saw the newer round (or its worker's collectives fail first)
+        assert "a newer round formed" in e.data["fallback"] or e.node in failed, e
     assert all("falling back to a restart" in e.message for e in fallbacks)
     rows = demo.progress()
-    assert len(pids_of(rows, "node-b")) == 2  # the failed worker was replaced by a new process
-    start = next(r for r in rows if r.get("start") and r["world"] == 3 and r["rank"] == 0 and not r["in_place"])
+    for name in ("node-a", "node-b"):  # every kept worker was replaced by a new process
+        assert len(pids_of(rows, name)) == 2, (name, pids_of(rows, name))
+    start = next(
+        r for r in rows if r.get("start") and r["world"] == 3 and r["rank"] == 0 and not r["in_place"]
+    )
     drained = max(r["drained_step"] for r in rows if "drained_step" in r and r["world"] == 2)
     assert start["restored_step"] == drained  # the restart restored the drain's checkpoint
     after = [r["step"] for r in steps_of(rows, world=3, since=start["t"])]
@@ -106,13 +118,56 @@ def test_a_rank_that_fails_its_in_place_round_falls_back_to_a_restart(etcd, tmp_
     assert_ledger_ok(rows)
 
 
-def test_scale_down_in_place_the_leaving_ranks_exit_0(etcd, tmp_path, cleanup):  # noqa: F811
-    """node-c leaves the world: its agent stops (SIGTERM: it leaves the run); the round of 2 is planned,
-    since node-c is alive while the leader decides... so it is drained. The node left out exits its worker 0."""
-    demo = make_demo(tmp_path, "2:3", script_args=["--in-place"])
+@needs_cgroups
+def test_straggler_swap_in_place_the_straggler_leaves_with_exit_0(etcd, tmp_path, cleanup):  # noqa: F811
+    """The planner replaces a throttled member by the standby: the member that stays keeps its worker,
+    the straggler's worker leaves the world and exits 0 (its node then waits as standby, holding no
+    workers), the standby's worker starts new and restores its shards from peers."""
+    job = example_job(round_warmup_s=8, max_step=0)  # max_step 0: no resizing, node-c stays the standby
+    demo = make_demo(
+        tmp_path, "1:3", job=job, agent_args=["--cpu-limit", str(os.cpu_count())], script_args=["--in-place"]
+    )
     cleanup.append(demo)
-    for name in ("node-a", "node-b", "node-c"):
+    for name in ("node-a", "node-b"):
         demo.start_node(name, etcd.endpoint)
-    wait_for(demo, lambda rows: len(steps_of(rows, world=3)) >= 15, 300, "15 steps at world 3")
-    pytest.skip("scale-down driver not written yet")
-    os.environ  # placeholder
+    wait_for(demo, lambda rows: len(steps_of(rows, world=2)) >= 5, 240, "training at world 2")
+    demo.start_node("node-c", etcd.endpoint)
+    time.sleep(10)  # past the round's warm-up, with node-c waiting as the standby
+    r = current_round(etcd.endpoint, demo.run_id)
+    assert len(r.members) == 2 and "node-c" not in r.members, r
+    slow, kept = r.members[1], r.members[0]
+    group = cg.NodeCgroup(cg.detect(), f"{demo.run_id}.{slow}")
+    group.set_cpu(0.1)
+
+    def swapped(_rows):
+        return [
+            e for e in events_of(etcd.endpoint, demo.run_id, "decision") if "straggler" in e.data["reason"]
+        ]
+
+    decision = wait_for(demo, swapped, 240, "the straggler to be replaced")[0]
+    assert decision.data["reason"] == f"straggler(s) {slow} replaced by node-c"
+    group.set_cpu(None)
+    wait_for(
+        demo, lambda rows: len(steps_of(rows, world=2, since=decision.time)) >= 10, 240, "after the swap"
+    )
+    leaving = [e for e in in_place_events(etcd.endpoint, demo.run_id) if e.data.get("left")]
+    assert [e.node for e in leaving] == [slow], leaving
+    assert leaving[0].data["exit_codes"] == {"0": 0}, leaving[0].data
+    assert "every worker exited 0" in leaving[0].message
+    agent = psutil.Process(demo.nodes[slow].proc.pid)  # the node that left holds no workers
+    assert [p.pid for p in agent.children(recursive=True) if "train.py" in " ".join(p.cmdline())] == []
+    stop_job(demo)
+
+    rows = demo.progress()
+    assert len(pids_of(rows, kept)) == 1, f"{kept} started new workers: {pids_of(rows, kept)}"
+    after = [r for r in rows if r.get("start") and r["t"] > decision.time]
+    assert {r["node"]: r["in_place"] for r in after} == {kept: True, "node-c": False}, after
+    drained = [r for r in rows if "drained_step" in r and r["t"] < after[0]["t"]]
+    step = max(r["drained_step"] for r in drained)
+    at_step = [r for r in drained if r["drained_step"] == step]
+    assert len({r["checksum"] for r in at_step}) == 1
+    for r in after:
+        assert r["restored_step"] == step and r["checksum"] == at_step[0]["checksum"], r
+    steps = [r["step"] for r in steps_of(rows)]
+    assert steps == list(range(steps[0], steps[-1] + 1))  # rank 0: every step once, across the swap
+    assert_ledger_ok(rows)
