@@ -144,9 +144,7 @@ def round_change(rows: list[dict], since: float) -> dict | None:
         return None
     firsts = {k: min(r["t"] for r in after if r["rank"] == k) for k in range(start["world"])}
     nodes = {r["rank"]: r["node"] for r in after}
-    starts = [
-        r for r in rows if r.get("start") and r["t"] >= start["t"] - 60 and r["world"] == start["world"]
-    ]
+    starts = [r for r in rows if r.get("start") and r["t"] > since and r["world"] == start["world"]]
     return {
         "downtime_s": max(firsts.values()) - before[-1]["t"],
         "world": start["world"],
