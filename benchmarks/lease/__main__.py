@@ -56,6 +56,15 @@ def count_false_expiries(endpoint: str, run_id: str) -> dict:
     return {"lost_rounds": lost, "rejoined": rejoined, "decisions": len(rounds), "event_errors": len(errors)}
 
 
+def _steps_at_world(progress: Path, world: int) -> int:
+    steps = 0
+    for path in progress.glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            if '"step"' in line and f'"world": {world}' in line and '"rank": 0' in line:
+                steps += 1
+    return steps
+
+
 def trial(ttl: int, seconds: float, burners: int, pace: float) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix=f"erm-lease-{ttl}-"))
     run_id = f"lease-{uuid.uuid4().hex[:8]}"
@@ -73,6 +82,7 @@ def trial(ttl: int, seconds: float, burners: int, pace: float) -> dict:
             if any(p.poll() is not None for p in procs):
                 break
         result = count_false_expiries(etcd.endpoint, run_id)
+        steps = _steps_at_world(workdir / "progress", 3)
         return {
             "ttl": ttl,
             "seconds": round(time.monotonic() - t0, 1),
@@ -82,6 +92,7 @@ def trial(ttl: int, seconds: float, burners: int, pace: float) -> dict:
             "load_avg_1m_mean": round(sum(loads) / len(loads), 2) if loads else None,
             "load_avg_1m_max": max(loads) if loads else None,
             "agents_exited": [p.poll() for p in procs],
+            "steps_at_world_3": steps,  # rank 0's: the job trained throughout, at full size
         }
     finally:
         for p in burn:
