@@ -97,7 +97,14 @@ class InPlaceRounds:
         must follow (this node leaves, or the in-place path failed and the event log says why)."""
         old = {w.local_rank: w.id for w in group.workers if w.id is not None}
         pids = sorted(old.values())
-        if self.why_not(pids, drained) is not None or not pids:
+        why = self.why_not(pids, drained) if pids else "no workers"
+        if why is not None:
+            with self._cond:
+                opted = bool(self._capable & set(pids))
+            if opted:  # a script that opted in hears why this round restarts it; others hear nothing new
+                self.events.emit(
+                    "round", f"round not in place: {why}; restarting the workers", in_place=False
+                )
             return False
         handler = agent._handler
         pending = handler.view.round if hasattr(handler, "view") else None

@@ -96,7 +96,7 @@ def rounds(reporter: StepReporter, backend: str = "gloo") -> Iterator[Round]:
             _report_failure(reporter, round_id, exc)
             raise
         log.info(
-            "elastic-rm: round %d in place: rank %d of %d (process group in %.2fs)",
+            "elastic-rm: round %d in place: rank %d of %d (%.2fs from the drain to the new process group)",
             round_id,
             dist.get_rank(),
             dist.get_world_size(),
