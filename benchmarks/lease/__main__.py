@@ -115,6 +115,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=120.0, help="fault-free run per TTL (default 120)")
     p.add_argument("--burners", type=int, default=1, help="busy processes beside the job (default 1)")
     p.add_argument("--pace", type=float, default=5.0, help="the job's steps per second (the soak's: 5)")
+    p.add_argument("--out", default="lease", help="results file name in benchmarks/results (default lease)")
     args = p.parse_args()
     if any(t < 1 for t in args.ttls):
         raise SystemExit("--ttls: a lease TTL is a whole number of seconds >= 1")
@@ -129,7 +130,7 @@ def main() -> None:
         )
     clean = [t["ttl"] for t in trials if t["false_expiries"] == 0]
     print("shortest TTL without a false expiry here:", min(clean) if clean else "none of", args.ttls)
-    print("wrote", write_result("lease", {"trials": trials, "config": vars(args)}))
+    print("wrote", write_result(args.out, {"trials": trials, "config": vars(args)}))
 
 
 if __name__ == "__main__":
