@@ -3,9 +3,9 @@
 Part a: time from a node's SIGKILL / SIGSTOP to the survivors training again. Three nodes on this machine
 train the example TorchRec DLRM (examples/dlrm/train.py, flash checkpoints); one node is killed (SIGKILL)
 or frozen (SIGSTOP) and we measure until the two survivors take a step at world size 2. elastic-rm:
-`ermrun` with its defaults (lease TTL 5 s). Baseline in the same run: stock `torchrun` with the c10d backend
-and `--max-restarts 3` (its defaults otherwise; the frozen or killed node is never the one hosting the c10d
-store). Writes benchmarks/results/recovery.json and prints ratios.
+`ermrun` with its defaults (lease TTL 2 s since benchmarks/lease; 5 s before). Baseline in the same run:
+stock `torchrun` with the c10d backend and `--max-restarts 3` (its defaults otherwise; the frozen or killed
+node is never the one hosting the c10d store). Writes benchmarks/results/recovery.json and prints ratios.
 
 Part b (``--part b``): downtime of a planned round, from rank 0's last step before it to the first step
 after it at the new size: a scale-up 2 -> 3 (a third node arrives) and, where cgroups are writable, a
