@@ -171,3 +171,30 @@ def test_straggler_swap_in_place_the_straggler_leaves_with_exit_0(etcd, tmp_path
     steps = [r["step"] for r in steps_of(rows)]
     assert steps == list(range(steps[0], steps[-1] + 1))  # rank 0: every step once, across the swap
     assert_ledger_ok(rows)
+
+
+def test_two_local_ranks_per_node_keep_their_processes_and_take_new_global_ranks(etcd, tmp_path, cleanup):  # noqa: F811
+    """Several workers per node: torch's rank assignment gives the kept workers their global ranks in the
+    new world (node-c's workers come after them), each local rank keeps its process."""
+    demo = make_demo(tmp_path, "2:3", agent_args=["--nproc-per-node", "2"], script_args=["--in-place"])
+    cleanup.append(demo)
+    for name in ("node-a", "node-b"):
+        demo.start_node(name, etcd.endpoint)
+    wait_for(demo, lambda rows: len(steps_of(rows, world=4)) >= 15, 240, "15 steps at world 4")
+    demo.start_node("node-c", etcd.endpoint)
+    wait_for(demo, lambda rows: len(steps_of(rows, world=6)) >= 10, 240, "10 steps at world 6")
+    stop_job(demo)
+    for node in demo.nodes.values():
+        assert node.proc.returncode == 0
+
+    rows = demo.progress()
+    starts = {(r["node"], r["world"], r["rank"], r["pid"]) for r in rows if r.get("start")}
+    by_node_world = {}
+    for node, world, rank, pid in starts:
+        by_node_world.setdefault((node, world), set()).add((rank, pid))
+    assert by_node_world[("node-c", 6)] and {r for r, _ in by_node_world[("node-c", 6)]} == {4, 5}
+    for name in ("node-a", "node-b"):  # the same two processes, with their ranks in the world of 6
+        before, after = by_node_world[(name, 4)], by_node_world[(name, 6)]
+        assert {p for _, p in before} == {p for _, p in after} and len(after) == 2, (name, before, after)
+    assert_state_carried(rows, 4, 6)
+    assert_ledger_ok(rows)
