@@ -3,16 +3,19 @@
 Part a: time from a node's SIGKILL / SIGSTOP to the survivors training again. Three nodes on this machine
 train the example TorchRec DLRM (examples/dlrm/train.py, flash checkpoints); one node is killed (SIGKILL)
 or frozen (SIGSTOP) and we measure until the two survivors take a step at world size 2. elastic-rm:
-`ermrun` with its defaults (lease TTL 5 s). Baseline in the same run: stock `torchrun` with the c10d backend
-and `--max-restarts 3` (its defaults otherwise; the frozen or killed node is never the one hosting the c10d
-store). Writes benchmarks/results/recovery.json and prints ratios.
+`ermrun` with its defaults (lease TTL 2 s since benchmarks/lease; 5 s before). Baseline in the same run:
+stock `torchrun` with the c10d backend and `--max-restarts 3` (its defaults otherwise; the frozen or killed
+node is never the one hosting the c10d store). Writes benchmarks/results/recovery.json and prints ratios.
 
 Part b (``--part b``): downtime of a planned round, from rank 0's last step before it to the first step
 after it at the new size: a scale-up 2 -> 3 (a third node arrives) and, where cgroups are writable, a
 straggler swap (a member throttled to 0.1 CPU, replaced by the waiting node; the planner with
 examples/dlrm/job.json). Baselines in the same run: torchrun's own scale-up (c10d: a third torchrun
 arrives) and the restart from a disk checkpoint (the 2-node torchrun job stopped, a 3-node one started on
-the same durable checkpoint directory). Writes benchmarks/results/recovery-planned.json.
+the same durable checkpoint directory). In-place variants (``ermrun-inplace/...``): the same rounds with
+the example run with --in-place, so the workers of the nodes that stay keep their processes
+(docs/train.md, "Rounds in place"); each trial also records every node's first step after the round and
+the load average before and after it. Writes benchmarks/results/recovery-planned.json.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ def start_node(
     nnodes: str = "2:3",
     extra=(),
     tag: str = "",
+    script_extra=(),
 ) -> subprocess.Popen:
     argv = [str(BIN / launcher), "--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-endpoint", endpoint,
             "--rdzv-id", run_id, "--max-restarts", "3", "--monitor-interval", "0.1"]  # fmt: skip
@@ -71,7 +75,7 @@ def start_node(
         argv += ["--node-id", f"n{i}", *extra]
     # a durable directory: torchrun has no peer transport, so a lost node's shards come from disk
     argv += [str(SCRIPT), "--progress-dir", str(workdir / "progress"), "--checkpoint-every", "10",
-             "--checkpoint-dir", str(workdir / "durable")]  # fmt: skip
+             "--checkpoint-dir", str(workdir / "durable"), *script_extra]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     log = open(workdir / f"{launcher}{tag}-{i}.log", "wb")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -138,11 +142,17 @@ def round_change(rows: list[dict], since: float) -> dict | None:
     after = [r for r in rows if "step" in r and r["t"] > start["t"] and r["world"] == start["world"]]
     if not before or len({r["rank"] for r in after}) < start["world"]:
         return None
-    first = max(min(r["t"] for r in after if r["rank"] == k) for k in range(start["world"]))
+    firsts = {k: min(r["t"] for r in after if r["rank"] == k) for k in range(start["world"])}
+    nodes = {r["rank"]: r["node"] for r in after}
+    starts = [r for r in rows if r.get("start") and r["t"] > since and r["world"] == start["world"]]
     return {
-        "downtime_s": first - before[-1]["t"],
+        "downtime_s": max(firsts.values()) - before[-1]["t"],
         "world": start["world"],
         "steps_redone": before[-1]["step"] - (start.get("restored_step") or 0),
+        # per node of the new world: its first step, seconds after rank 0's last step before the round,
+        # and whether its worker kept its process (rounds in place) or started new
+        "first_step_after_s": {nodes[k]: round(t - before[-1]["t"], 3) for k, t in firsts.items()},
+        "in_place": {r["node"]: bool(r.get("in_place")) for r in starts},
     }
 
 
@@ -167,28 +177,34 @@ def wait_change(workdir: Path, since: float, limit: float) -> dict | None:
 
 def planned_trial(kind: str, limit: float) -> dict:
     """One planned size change; see the module docstring for what each kind is."""
-    launcher = kind.split("/")[0]
+    launcher = kind.split("/")[0].removesuffix("-inplace")
+    script_extra = ["--in-place"] if "-inplace/" in kind else []
     workdir = Path(tempfile.mkdtemp(prefix="erm-planned-"))
     run_id = f"pl-{uuid.uuid4().hex[:8]}"
     etcd = EtcdServer().start() if launcher == "ermrun" else None
     endpoint = etcd.endpoint if etcd else f"127.0.0.1:{free_port()}"
     extra: list[str] = []
-    if kind == "ermrun/straggler-swap":
+    if kind.endswith("straggler-swap"):
         job = json.loads((REPO / "examples" / "dlrm" / "job.json").read_text())
         job["planner"].update(max_step=0)  # never resize for throughput: n2 stays the spare
         (workdir / "job.json").write_text(json.dumps(job))
         extra = ["--job", str(workdir / "job.json"), "--cpu-limit", str(os.cpu_count() or 1)]
-    procs = [start_node(launcher, workdir, endpoint, run_id, i, extra=extra) for i in range(2)]
+    load_before = os.getloadavg()
+
+    def node(i: int) -> subprocess.Popen:
+        return start_node(launcher, workdir, endpoint, run_id, i, extra=extra, script_extra=script_extra)
+
+    procs = [node(i) for i in range(2)]
     try:
         if not wait_steps(workdir, 2, 60 if kind == "torchrun/disk-restart" else 20):
             return {"ok": False, "error": "never trained at world 2", "workdir": str(workdir)}
         t0 = time.time()
         if kind.endswith("scale-up"):
-            procs.append(start_node(launcher, workdir, endpoint, run_id, 2, extra=extra))
-        elif kind == "ermrun/straggler-swap":
+            procs.append(node(2))
+        elif kind.endswith("straggler-swap"):
             from elastic_rm.agent import cgroup as cg
 
-            procs.append(start_node(launcher, workdir, endpoint, run_id, 2, extra=extra))
+            procs.append(node(2))
             time.sleep(25)  # n2 waits as the spare; the round is past its warm-up
             t0 = time.time()
             cg.NodeCgroup(cg.detect(), f"{run_id}.n1").set_cpu(0.1)
@@ -202,20 +218,21 @@ def planned_trial(kind: str, limit: float) -> dict:
                 start_node(launcher, workdir, new_endpoint, new_id, i, nnodes="3", tag="-restart")
                 for i in range(3)
             ]
-        change = wait_change(workdir, t0 + (5 if kind == "ermrun/straggler-swap" else 0), limit)
+        change = wait_change(workdir, t0 + (5 if kind.endswith("straggler-swap") else 0), limit)
         if change is None:
             return {
                 "ok": False,
                 "error": f"no new round trained within {limit:.0f}s",
                 "workdir": str(workdir),
             }
-        return {"ok": True, **change}
+        load = {"load_avg_before": load_before, "load_avg_after": os.getloadavg()}
+        return {"ok": True, **change, **load}
     finally:
         stop(procs)
         if etcd is not None:
             etcd.stop()
-        if (
-            kind == "ermrun/straggler-swap"
+        if kind.endswith(
+            "straggler-swap"
         ):  # the agents were SIGKILLed: their node cgroups are ours to remove
             from elastic_rm.agent import cgroup as cg
 
@@ -228,41 +245,45 @@ def planned_trial(kind: str, limit: float) -> dict:
 def main_planned(args: argparse.Namespace) -> None:
     from elastic_rm.agent import cgroup as cg
 
-    kinds = ["ermrun/scale-up", "torchrun/scale-up", "torchrun/disk-restart"]
+    kinds = ["ermrun/scale-up", "ermrun-inplace/scale-up", "torchrun/scale-up", "torchrun/disk-restart"]
     if cg.detect() is not None:
-        kinds.insert(1, "ermrun/straggler-swap")
+        kinds[2:2] = ["ermrun/straggler-swap", "ermrun-inplace/straggler-swap"]
+    if args.kinds:
+        unknown = set(args.kinds) - set(kinds)
+        if unknown:
+            raise SystemExit(f"--kinds: unknown {sorted(unknown)}; choose from {kinds}")
+        kinds = [k for k in kinds if k in args.kinds]
     results: dict = {}
     for kind in kinds:
         trials = [planned_trial(kind, args.limit) for _ in range(args.runs)]
         down = [t["downtime_s"] for t in trials if t["ok"]]
         results[kind] = {**summarize(down), "runs": args.runs, "failed": args.runs - len(down),
                          "steps_redone": [t.get("steps_redone") for t in trials if t["ok"]],
+                         "trials": [t for t in trials if t["ok"]],
                          "errors": [t.get("error") for t in trials if not t["ok"]]}  # fmt: skip
         print(f"{kind:24s} downtime median {fmt(results[kind]['median']):>9s}  failed {args.runs - len(down)}/{args.runs}",
               flush=True)  # fmt: skip
-    disk = results["torchrun/disk-restart"]["median"]
-    ratios = {
-        k: (disk / v["median"] if disk and v["median"] else None)
-        for k, v in results.items()
-        if k.startswith("ermrun/")
-    }
-    ratios["torchrun/scale-up"] = (
-        results["torchrun/scale-up"]["median"] / results["ermrun/scale-up"]["median"]
-        if results["torchrun/scale-up"]["median"] and results["ermrun/scale-up"]["median"]
-        else None
-    )
+
+    def median(kind: str) -> float | None:
+        return results.get(kind, {}).get("median")
+
+    ratios: dict[str, float | None] = {}
     print("\nratios (baseline downtime / elastic-rm downtime; higher is better):")
-    for k, v in ratios.items():
-        base = "torchrun scale-up" if k == "torchrun/scale-up" else "torchrun disk restart"
-        print(
-            f"  {k if k.startswith('ermrun') else 'ermrun/scale-up'} vs {base}: {v:.1f}x"
-            if v
-            else f"  {k}: n/a"
-        )
-    print(
-        "wrote",
-        write_result("recovery-planned", {"results": results, "ratios": ratios, "config": vars(args)}),
+    for kind in (k for k in results if k.startswith("ermrun")):
+        bases = {"torchrun/disk-restart": median("torchrun/disk-restart")}
+        if kind.endswith("scale-up"):
+            bases["torchrun/scale-up"] = median("torchrun/scale-up")
+        for base, value in bases.items():
+            ours = median(kind)
+            ratio = value / ours if value and ours else None
+            ratios[f"{kind} vs {base}"] = ratio
+            print(f"  {kind} vs {base}: {ratio:.1f}x" if ratio else f"  {kind} vs {base}: n/a")
+    name = (
+        "recovery-planned"
+        if not args.kinds
+        else "recovery-planned-" + "+".join(k.replace("/", "-") for k in kinds)
     )
+    print("wrote", write_result(name, {"results": results, "ratios": ratios, "config": vars(args)}))
 
 
 def main() -> None:
@@ -271,6 +292,12 @@ def main() -> None:
     p.add_argument("--baseline-runs", type=int, default=1, help="trials of torchrun per fault (default 1)")
     p.add_argument("--limit", type=float, default=90.0, help="seconds to wait for recovery (default 90)")
     p.add_argument("--part", choices=("a", "b"), default="a", help="a: faults (default); b: planned rounds")
+    p.add_argument(
+        "--kinds",
+        nargs="*",
+        default=None,
+        help="part b: only these kinds (e.g. ermrun-inplace/scale-up); the result file is named after them",
+    )
     args = p.parse_args()
     if args.part == "b":
         main_planned(args)

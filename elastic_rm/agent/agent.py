@@ -28,14 +28,19 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, W
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
 from ..background import Background
+from ..guard import Watchdog
 from ..rendezvous.etcd_store import RoundSupersededError
 from ..rendezvous.services import WITHOUT_SERVICES, NodeServices
+from ..train.paths import run_memory_dir
+from ..wire.channel import ENV_ROUND
 from ..wire.metrics import encode_record
 from ..wire.records import RoundRecord
 from . import ckpt_hooks
 from .channel import AgentChannel
 from .http import AgentHttpServer
+from .inplace import InPlaceRounds
 from .monitor import ResourceMonitor
+from .node_events import emit_new_checkpoints, emit_sample
 from .record import build_record
 
 log = logging.getLogger(__name__)
@@ -107,7 +112,10 @@ class ElasticRMAgent(LocalElasticAgent):
         self.ckpt_server = ckpt_hooks.start_for_agent(services, self._handler.get_run_id())
         self.monitor = ResourceMonitor(interval_s=self.options.sample_interval_s)
         self.channel = AgentChannel(window_s=STEP_WINDOW_S)
+        self.in_place = InPlaceRounds(self.channel, self.events)  # workers that keep their processes
         self._publisher = Background(self._publish_loop, "erm-metrics")
+        # workers run in sessions of their own: without it they would train on after this agent's death
+        self._orphan_guard = Watchdog()
         self._started = False
         self._closed = False
         self._next_sample = 0.0  # monotonic time of the next "sample" event
@@ -122,6 +130,11 @@ class ElasticRMAgent(LocalElasticAgent):
     def joined_round(self) -> RoundRecord | None:
         """The last round this node joined (None before the first, and under torch's own backends)."""
         return self._services.joined_round if self._services is not None else None
+
+    @property
+    def services(self) -> NodeServices | None:
+        """What the rendezvous provides besides torch's API (None under torch's own backends)."""
+        return self._services
 
     @property
     def worker_state(self) -> WorkerState:
@@ -152,7 +165,6 @@ class ElasticRMAgent(LocalElasticAgent):
 
     def _ledger_mirror(self):
         """The leader's etcd copy of the checkpointed sample ledger (node services only)."""
-        from ..train.paths import run_memory_dir
         from .ledger_mirror import LedgerMirror
 
         services = self._services
@@ -189,6 +201,7 @@ class ElasticRMAgent(LocalElasticAgent):
         self.http.stop()
         if self.ckpt_server is not None:
             self.ckpt_server.stop()
+        self._orphan_guard.release()  # torch has stopped the workers by now
 
     def _health(self) -> tuple[bool, dict[str, Any]]:
         state = self._worker_group.state
@@ -230,48 +243,11 @@ class ElasticRMAgent(LocalElasticAgent):
         interval = self.options.event_sample_interval_s
         if interval > 0 and completed is not None and time.monotonic() >= self._next_sample:
             self._next_sample = time.monotonic() + interval
-            self._emit_sample(record, completed)
+            emit_sample(self.events, self.node_id, record, completed)
 
     def _note_checkpoints(self) -> None:
-        """A "checkpoint" event for each new flash checkpoint this node's workers committed in its memory
-        (a step directory with its manifest): seen from the agent, so workers need no extra channel."""
-        from ..train.manifest import MANIFEST, committed_steps, step_dirname
-        from ..train.paths import run_memory_dir
-
         node_dir = run_memory_dir(self._handler.get_run_id()) / self._node_id_now()
-        committed = [
-            s
-            for s in committed_steps(node_dir)
-            if s > self._last_checkpoint and (node_dir / step_dirname(s) / MANIFEST).is_file()
-        ]
-        if committed:
-            self._last_checkpoint = committed[-1]
-            self.events.emit(
-                "checkpoint",
-                f"flash checkpoint of step {committed[-1]} committed in node memory",
-                step=committed[-1],
-                directory=str(node_dir),
-            )
-
-    def _emit_sample(self, record: dict[str, Any], completed: Any) -> None:
-        """A compact "sample" event: what ``erm report`` plots per node and ``erm status`` measures gains
-        with (etcd keeps only each node's latest ``metrics/<node>``)."""
-        steps = record.get("steps") or {}
-        members = list(completed.members)
-        rate = steps.get("samples_per_s")
-        self.events.emit(
-            "sample",
-            f"round {completed.round}: " + (f"{rate:,.0f} samples/s" if rate is not None else "no steps"),
-            round=completed.round,
-            world=len(members),
-            rank=members.index(self.node_id) if self.node_id in members else None,
-            cpu=round(record["cpu"]["util_mean"], 4),
-            mem_used_bytes=record["mem"]["used_bytes"],
-            mem_total_bytes=record["mem"]["total_bytes"],
-            gpu_util=[None if g["util"] is None else round(g["util"], 4) for g in record["gpus"]],
-            samples_per_s=rate,
-            step_p50_s=steps.get("p50_s"),
-        )
+        self._last_checkpoint = emit_new_checkpoints(self.events, node_dir, self._last_checkpoint)
 
     # -- torch hooks ------------------------------------------------------------------------------------
 
@@ -295,10 +271,13 @@ class ElasticRMAgent(LocalElasticAgent):
         os.environ.update(self.channel.env())
         os.environ["ERM_NODE_ID"] = self._node_id_now()
         ckpt_hooks.set_worker_env(self._services)  # this round's peers' checkpoint servers
+        joined = self.joined_round
+        os.environ[ENV_ROUND] = str(joined.round if joined is not None else 0)
         self.channel.clear_drain()
         self.channel.reset_steps()  # a new world: step times of the old one would blur the planner's view
         pids = super()._start_workers(worker_group)
         self.monitor.set_pids(pids.values())
+        self._orphan_guard.watch(list(pids.values()))  # they end with this agent, even by SIGKILL
         return pids
 
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
@@ -351,6 +330,8 @@ class ElasticRMAgent(LocalElasticAgent):
                 elapsed_s=round(elapsed, 3),
                 grace_exceeded=bool(result.missing),
             )
+            if self.in_place.run(self, worker_group, result):
+                return  # the workers moved into the new round in place (elastic_rm.agent.inplace)
         super()._restart_workers(worker_group)
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:

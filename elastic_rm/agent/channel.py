@@ -135,6 +135,8 @@ class AgentChannel:
         self._expected: set[int] = set()
         self.steps_total = 0
         self.malformed_total = 0
+        # kind -> handler(pid, body) of messages other modules define (rounds in place: agent/inplace.py)
+        self.extra_handlers: dict[int, Callable[[int, bytes], None]] = {}
         self._receiver = Background(self._run, "elastic-rm-channel")
 
     # ---- lifecycle -----------------------------------------------------------------------------------
@@ -352,6 +354,8 @@ class AgentChannel:
                     self._workers.pop(pid, None)
                     self._byes.add(pid)
                     self._cond.notify_all()
+            elif kind in self.extra_handlers:
+                self.extra_handlers[kind](pid, bytes(body))
             else:
                 raise ValueError(f"unknown message kind {kind}")
         except (struct.error, ValueError) as exc:

@@ -70,6 +70,11 @@ class RendezvousNodeServices:
         return self._session.joined
 
     @property
+    def pending_round(self) -> RoundRecord | None:
+        with self._view.cond:
+            return self._view.round
+
+    @property
     def leading(self) -> bool:
         return self._leader.leading
 

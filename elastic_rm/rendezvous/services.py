@@ -51,6 +51,12 @@ class NodeServices(Protocol):
         ...
 
     @property
+    def pending_round(self) -> RoundRecord | None:
+        """The newest round of the run as this node watches it: the one forming while its workers drain
+        (rounds in place read from it whether this node is still a member)."""
+        ...
+
+    @property
     def leading(self) -> bool:
         """Whether this node leads the run now (it may stop leading at any time)."""
         ...

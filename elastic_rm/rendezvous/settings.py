@@ -16,10 +16,15 @@ log = logging.getLogger(__name__)
 
 BACKEND = "elastic-rm"
 
+# The lease TTL bounds recovery from a lost node (its key must expire first) and must outlast the worst
+# stall of a live agent's keep-alive thread (refreshes every TTL/3). benchmarks/lease measured no false
+# expiry at 1 s on a loaded 2-core machine (docs/benchmarks.md, "benchmarks/lease"); 2 s keeps a 2x margin.
+DEFAULT_LEASE_TTL = 2
+
 # --rdzv-conf keys we read, with their defaults and meaning (documented in README, "Rendezvous").
 KNOWN_KEYS = {
     "prefix": "etcd key prefix of all runs (default /elastic-rm)",
-    "lease_ttl": "seconds without a heartbeat before a node counts as gone (default 5)",
+    "lease_ttl": "seconds without a heartbeat before a node counts as gone (default 2)",
     "join_timeout": "seconds next_rendezvous waits for a round (default: 'timeout', else 600)",
     "timeout": "torchrun's legacy name for join_timeout",
     "last_call_timeout": "seconds to wait for more nodes once MIN are there (default 1)",
@@ -103,7 +108,7 @@ class RendezvousSettings:
         if node_id:
             validate_name("node id", node_id)
         timeout_default = float(params.get("timeout", 600) or 600)
-        lease_ttl = _number(params, "lease_ttl", 5.0)
+        lease_ttl = _number(params, "lease_ttl", DEFAULT_LEASE_TTL)
         if lease_ttl != int(lease_ttl):
             raise ValueError(f"--rdzv-conf lease_ttl={lease_ttl} must be a whole number of seconds")
         job = _load_job(params.get("job_file")) if params.get("job_file") else None

@@ -34,7 +34,6 @@ import os
 import socket
 import struct
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
@@ -56,6 +55,7 @@ from ..wire.channel import (
     STEPS,
     VERSION,
 )
+from .busy_clock import BusyClock
 
 MAX_BATCH = 1024  # steps that trigger a send before the interval is up (fast steps)
 MAX_PENDING = 4096  # steps kept while the agent is not reading (32 KiB); beyond, the oldest are dropped
@@ -113,6 +113,7 @@ class StepReporter:
         self._drain = False
         self._closed = False
         self._pid = os.getpid()
+        self._after_first_step: Callable[[], None] | None = None  # once, after the next step (rounds)
         self._rank = _env_int("RANK")
         self._local_rank = _env_int("LOCAL_RANK")
         if agent_dir is None:
@@ -161,9 +162,31 @@ class StepReporter:
         mm = self._mm
         return mm is not None and CONTROL.unpack_from(mm)[2] != 0
 
+    def new_round(self, after_first_step: Callable[[], None] | None = None) -> None:
+        """Start a new round in this same process (:mod:`elastic_rm.train.rounds`): steps count from 0
+        again (ranks agree on stopping every ``sync_every`` steps of *this* round, fresh ranks too), the
+        rank is read again from the environment, and the agent hears a hello with it.
+        ``after_first_step`` runs once, after the round's first step."""
+        self._steps = 0
+        self._stopping = self._drain = self._multi = False
+        self._flag = None  # the all_reduce tensor of the old process group's backend
+        self._rank, self._local_rank = _env_int("RANK"), _env_int("LOCAL_RANK")
+        self._after_first_step = after_first_step
+        self.send(KIND_HELLO)
+        self.reset_timer()
+
+    def send(self, kind: int, body: bytes = b"") -> bool:
+        """One datagram of ``kind`` to the agent, retried on a full queue (not for the step path)."""
+        if self.agent_dir is None or self._closed:
+            return False
+        return self._send(self._header(kind) + body, wait_s=RELIABLE_WAIT_S)
+
     def step(self, samples: int = 0) -> bool:
         """Mark the end of a step; True means stop now (all ranks stop at this same step)."""
         self._steps += 1
+        if self._after_first_step is not None:
+            hook, self._after_first_step = self._after_first_step, None
+            hook()
         if self.agent_dir is None or self._stopping:
             return self._stopping
         now = time.perf_counter()
@@ -322,48 +345,6 @@ class StepReporter:
                     self._dropped += 1
                 return False
             time.sleep(0.005)
-
-
-class BusyClock:
-    """Seconds the calling thread ran or wanted to run (on-CPU time + run-queue delay), from Linux's
-    ``/proc/<pid>/task/<tid>/schedstat``.
-
-    Why: in synchronous training every rank's *wall* step time is the same (the fast ones wait for the
-    slowest in the collectives), so wall time cannot tell which node is slow. Busy time leaves out the
-    time a thread sleeps in a collective or on I/O, and keeps the time it was runnable but had no CPU,
-    which is where a throttled (cgroup quota) or oversubscribed node loses its time. ``read()`` returns
-    None where schedstat is missing (not Linux, or a kernel without it): callers then use wall time.
-    One ``pread`` of a kept file descriptor, about 2 us.
-    """
-
-    def __init__(self) -> None:
-        self._fd: int | None = None
-        self._tid = 0
-        self._broken = False
-
-    def read(self) -> float | None:
-        if self._broken:
-            return None
-        tid = threading.get_native_id()
-        if tid != self._tid or os.getpid() != getattr(self, "_pid", None):
-            self._reopen(tid)
-            if self._fd is None:
-                return None
-        try:
-            fields = os.pread(self._fd, 128, 0).split()
-            return (int(fields[0]) + int(fields[1])) / 1e9
-        except (OSError, ValueError, IndexError):
-            self._broken = True
-            return None
-
-    def _reopen(self, tid: int) -> None:
-        if self._fd is not None and getattr(self, "_pid", None) == os.getpid():
-            os.close(self._fd)
-        self._fd, self._tid, self._pid = None, tid, os.getpid()
-        try:
-            self._fd = os.open(f"/proc/{self._pid}/task/{tid}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            self._broken = True
 
 
 def _env_int(name: str) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import struct
 
 ENV_AGENT_DIR = "ELASTIC_RM_AGENT_DIR"
+ENV_ROUND = "ERM_ROUND"  # the round id a worker started in or was moved into (rounds in place)
 SOCKET_NAME = "agent.sock"
 CONTROL_NAME = "control"
 
@@ -23,3 +24,44 @@ HEADER = struct.Struct("<HBBiii")  # magic, version, kind, pid, rank, local_rank
 STEPS = struct.Struct("<qqI4x")  # completed steps after this batch, samples in the batch, n steps
 ACK = struct.Struct("<qB7x")  # last completed step, status
 CONTROL = struct.Struct("<HBxIQ")  # magic, version, drain (0/1), drain sequence number
+
+# ---- rounds in place (elastic_rm.train.rounds, elastic_rm.agent.inplace) ------------------------------
+# Worker -> agent (after HEADER): KIND_INPLACE says "this process stays across rounds" (no body);
+# KIND_RESUMED carries RESUMED once the worker trained its first step of a round it joined in place;
+# KIND_FAILED carries RESUMED then UTF-8 text (at most MAX_TEXT bytes): why its re-init failed.
+KIND_INPLACE, KIND_RESUMED, KIND_FAILED = 5, 6, 7
+RESUMED = struct.Struct("<q")  # the round id
+MAX_TEXT = 2048
+
+# Agent -> worker: a file ``round-<pid>`` in the channel directory (written whole, then renamed) holding
+# ROUND and then the new environment as UTF-8 "KEY=VALUE" entries separated by NUL bytes.
+ROUND_FILE = "round-{pid}"
+ROUND = struct.Struct("<HBBIq")  # magic, version, action, payload bytes, round id
+ROUND_JOIN, ROUND_LEAVE = 1, 2
+
+
+def encode_round(action: int, round_id: int, env: dict[str, str]) -> bytes:
+    """The agent's message to one in-place worker: join ``round_id`` with ``env``, or leave (exit 0)."""
+    if action not in (ROUND_JOIN, ROUND_LEAVE):
+        raise ValueError(f"round action must be ROUND_JOIN or ROUND_LEAVE, got {action!r}")
+    for key, value in env.items():
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise ValueError(f"environment entry {key!r} cannot be sent (empty, '=' or NUL in it)")
+    payload = "\0".join(f"{k}={v}" for k, v in sorted(env.items())).encode()
+    return ROUND.pack(MAGIC, VERSION, action, len(payload), round_id) + payload
+
+
+def decode_round(data: bytes) -> tuple[int, int, dict[str, str]]:
+    """(action, round id, environment) of a round message; ValueError when it is not one."""
+    if len(data) < ROUND.size:
+        raise ValueError(f"round message of {len(data)} bytes is shorter than its header")
+    magic, version, action, size, round_id = ROUND.unpack_from(data)
+    if magic != MAGIC or version != VERSION:
+        raise ValueError(
+            f"round message with magic {magic:#x} version {version} (mixed elastic-rm versions?)"
+        )
+    if action not in (ROUND_JOIN, ROUND_LEAVE) or len(data) != ROUND.size + size:
+        raise ValueError(f"round message with action {action} and {len(data)} bytes is malformed")
+    text = data[ROUND.size :].decode()
+    env = dict(entry.split("=", 1) for entry in text.split("\0")) if text else {}
+    return action, round_id, env

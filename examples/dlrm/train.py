@@ -50,6 +50,7 @@ from elastic_rm.train import (
     wrap_model,
 )
 from elastic_rm.train.report import get_reporter
+from elastic_rm.train.rounds import Round, rounds
 from elastic_rm.train.snapshot import local_pieces
 
 
@@ -86,6 +87,17 @@ def parse_args() -> argparse.Namespace:
         type=float,
         default=0.0,
         help="at most this many steps per second (0: as fast as it goes; soaks)",
+    )
+    p.add_argument(
+        "--in-place",
+        action="store_true",
+        help="keep this process across rounds under ermrun (elastic_rm.train.rounds; docs/train.md)",
+    )
+    p.add_argument(
+        "--raise-in-place-on-rank",
+        type=int,
+        default=None,
+        help="fault injection for tests: this global rank raises when it re-initialises in place",
     )
     p.add_argument(
         "--checksum-every",
@@ -161,7 +173,23 @@ def state_checksum(dmp: torch.nn.Module, dense_opt: torch.optim.Optimizer) -> di
 
 def main() -> None:
     args = parse_args()
-    dist.init_process_group("gloo")
+    if not args.in_place:
+        dist.init_process_group("gloo")
+        train(args, in_place=None)
+    else:  # rounds in place: a drained round ends the body, and the next round runs it again
+        for rnd in rounds(get_reporter(sync_every=5)):
+            if rnd.in_place and rnd.rank == args.raise_in_place_on_rank:
+                raise RuntimeError(f"--raise-in-place-on-rank {rnd.rank}: failing the in-place round")
+            finished = train(args, in_place=rnd)
+            gc.collect()  # the old round's DMP and groups are garbage before the groups are destroyed
+            if finished:
+                break
+    gc.collect()  # before destroy: gloo aborts at exit about 1 run in 8 otherwise
+    dist.destroy_process_group()
+
+
+def train(args: argparse.Namespace, in_place: Round | None) -> bool:
+    """One round: build, restore, train until done (True) or drained (False)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.global_batch % world:
         raise SystemExit(f"--global-batch {args.global_batch} must be divisible by the world size {world}")
@@ -210,13 +238,13 @@ def main() -> None:
 
     def emit(**fields: object) -> None:
         if progress is not None:
-            progress.write(
-                json.dumps({"t": time.time(), "node": node, "rank": rank, "world": world, **fields}) + "\n"
-            )
+            row = {"t": time.time(), "node": node, "rank": rank, "world": world, "pid": os.getpid(), **fields}
+            progress.write(json.dumps(row) + "\n")
             progress.flush()
 
     emit(
         start=True,
+        in_place=in_place is not None and in_place.in_place,
         restored_step=step if restored else None,
         ledger_samples_done=batches.ledger.samples_done(),
         epoch_samples=batches.ledger.num_samples,
@@ -236,6 +264,8 @@ def main() -> None:
 
     stop_file = os.path.join(args.progress_dir, "stop") if args.progress_dir else None
     paced_at = time.monotonic() - step / args.pace if args.pace > 0 else 0.0
+    reporter.reset_timer()  # the first step's time starts here, not at the build or the restore
+    finished = True
     while not (args.steps and step >= args.steps):
         lo, hi = batches.next()  # this step's global batch; this rank takes its slice
         start = lo + rank * local_batch
@@ -263,24 +293,25 @@ def main() -> None:
             time.sleep(max(0.0, paced_at + step / args.pace - time.monotonic()))
         stop_now = reporter.step(samples=local_batch)
         if stop_now:
+            finished = False
             break
         if stop_file and step % 5 == 0:
             flag = torch.tensor([1.0 if os.path.exists(stop_file) else 0.0])
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             if flag.item():
                 break
-    ckpt.save(step, position(), block=True)
-    emit(
-        end=True,
-        final_step=step,
-        ledger_samples_done=batches.ledger.samples_done(),
-        **state_checksum(dmp, dense_opt),
-    )
+    if finished or in_place is None:  # drained in place: the drain's checkpoint is the round's last
+        ckpt.save(step, position(), block=True)
+        emit(
+            end=True,
+            final_step=step,
+            ledger_samples_done=batches.ledger.samples_done(),
+            **state_checksum(dmp, dense_opt),
+        )
     ckpt.close()
     if progress is not None:
         progress.close()
-    gc.collect()  # before destroy: gloo aborts at exit about 1 run in 8 otherwise
-    dist.destroy_process_group()
+    return finished
 
 
 if __name__ == "__main__":

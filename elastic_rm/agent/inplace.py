@@ -1,0 +1,240 @@
+"""Agent side of rounds in place: move drained workers that opted in (:mod:`elastic_rm.train.rounds`)
+into the new round instead of stopping them and starting new processes.
+
+Why: starting workers costs seconds per round (Python, ``import torch, torchrec``, the DMP build); a
+worker that keeps its process only re-initialises its process group and restores from node memory.
+
+The round, on a node whose workers all opted in and all drained cleanly:
+1. the pending round leaves this node out: each worker is told to leave and exits 0; torch's restart
+   follows (this node then waits as standby, holding no workers);
+2. otherwise the agent runs torch's rendezvous (new group rank, world size, master address and port, and
+   the global ranks of torch's rank assignment), writes each worker its new environment, and waits until
+   every worker trained its first step in the new round. torch's bookkeeping stays its own: the
+   ``WorkerGroup`` gets the rendezvous' workers with the kept pids, the restart count is untouched (a
+   membership change is no restart) and the exit barrier uses the new round's store.
+Any failure (a worker exits or reports an error while re-initialising, no resume in time, a newer round
+forming meanwhile) is said in the event log, and torch's restart follows: stop, rendezvous, new processes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from torch.distributed.elastic.agent.server.api import WorkerGroup, WorkerState
+
+from ..train.peers import PEERS_ENV
+from ..wire.channel import (
+    ENV_ROUND,
+    KIND_FAILED,
+    KIND_INPLACE,
+    KIND_RESUMED,
+    RESUMED,
+    ROUND_FILE,
+    ROUND_JOIN,
+    ROUND_LEAVE,
+    encode_round,
+)
+from .channel import AgentChannel, DrainResult, _pid_alive
+
+log = logging.getLogger(__name__)
+
+REINIT_LIMIT_S = 120.0  # how long workers may take from the round message to their first step
+LEAVE_LIMIT_S = 30.0  # how long leaving workers may take to exit
+
+
+class InPlaceRounds:
+    """Which workers opted in, their resumes and failures (from the channel), and the round itself."""
+
+    def __init__(self, channel: AgentChannel, events: Any) -> None:
+        self.channel = channel
+        self.events = events
+        self._cond = threading.Condition()
+        self._capable: set[int] = set()
+        self._resumed: dict[int, int] = {}  # pid -> round id it trained a first step in
+        self._failed: dict[int, str] = {}  # pid -> why its re-init failed
+        channel.extra_handlers[KIND_INPLACE] = self._on_inplace
+        channel.extra_handlers[KIND_RESUMED] = self._on_resumed
+        channel.extra_handlers[KIND_FAILED] = self._on_failed
+
+    # ---- channel messages (the channel's thread) ------------------------------------------------------
+    def _on_inplace(self, pid: int, _body: bytes) -> None:
+        with self._cond:
+            self._capable.add(pid)
+
+    def _on_resumed(self, pid: int, body: bytes) -> None:
+        (round_id,) = RESUMED.unpack_from(body)
+        with self._cond:
+            self._resumed[pid] = round_id
+            self._cond.notify_all()
+
+    def _on_failed(self, pid: int, body: bytes) -> None:
+        (round_id,) = RESUMED.unpack_from(body)
+        text = body[RESUMED.size :].decode(errors="replace")
+        with self._cond:
+            self._failed[pid] = f"round {round_id}: {text}"
+            self._cond.notify_all()
+
+    # ---- the round ------------------------------------------------------------------------------------
+    def why_not(self, pids: list[int], drained: DrainResult | None) -> str | None:
+        """None when every worker opted in and drained cleanly; else why the round cannot be in place."""
+        if drained is None:
+            return "the workers were not drained"
+        with self._cond:
+            capable = self._capable & set(pids)
+        if len(capable) != len(pids):
+            return f"{len(pids) - len(capable)} worker(s) do not use elastic_rm.train.rounds"
+        if set(drained.acked) != set(pids):
+            return "not every worker drained cleanly (a final hook failed, or it exited or timed out)"
+        return None
+
+    def run(self, agent: Any, group: WorkerGroup, drained: DrainResult | None) -> bool:
+        """The round in place; True when the workers kept their processes in it. False: torch's restart
+        must follow (this node leaves, or the in-place path failed and the event log says why)."""
+        old = {w.local_rank: w.id for w in group.workers if w.id is not None}
+        pids = sorted(old.values())
+        why = self.why_not(pids, drained) if pids else "no workers"
+        if why is not None:
+            with self._cond:
+                opted = bool(self._capable & set(pids))
+            if opted:  # a script that opted in hears why this round restarts it; others hear nothing new
+                self.events.emit(
+                    "round", f"round not in place: {why}; restarting the workers", in_place=False
+                )
+            return False
+        services = agent.services
+        if services is None:  # torch's own backends: no view of the round to come
+            return False
+        pending = services.pending_round
+        node = services.node_id
+        if pending is not None and pending.members and node not in pending.members:
+            self._leave(agent, pending.round, pids)
+            return False
+        with self._cond:
+            self._resumed.clear()
+            self._failed.clear()
+        self.channel.clear_drain()  # before any worker can train in the new round and see the old flag
+        t0 = time.monotonic()
+        agent._rendezvous(group)
+        joined = services.joined_round
+        round_id = joined.round if joined is not None else 0
+        for worker in group.workers:
+            worker.id = old[worker.local_rank]  # the same processes: torch's monitor matches them by pid
+        envs = self._environments(agent, group, round_id)
+        for worker in group.workers:
+            self._tell(worker.id, ROUND_JOIN, round_id, envs[worker.local_rank])
+        why = self._wait_resumed(pids, round_id, lambda: agent._handler.num_nodes_waiting() > 0)
+        if why is not None:
+            self.events.emit(
+                "round",
+                f"in-place round {round_id} failed: {why}; falling back to a restart (new processes)",
+                round=round_id,
+                in_place=False,
+                fallback=why,
+            )
+            log.warning("in-place round %d failed: %s; restarting the workers", round_id, why)
+            return False
+        elapsed = time.monotonic() - t0
+        group.state = WorkerState.HEALTHY
+        agent.channel.reset_steps()
+        self.events.emit(
+            "round",
+            f"round {round_id} in place: {len(pids)} worker(s) kept their processes "
+            f"(rank(s) {[w.global_rank for w in group.workers]} of {group.workers[0].world_size}); "
+            f"training again {elapsed:.2f}s after the drain",
+            round=round_id,
+            in_place=True,
+            pids=pids,
+            ranks=[w.global_rank for w in group.workers],
+            world=group.workers[0].world_size,
+            resume_s=round(elapsed, 3),
+        )
+        return True
+
+    def _environments(self, agent: Any, group: WorkerGroup, round_id: int) -> dict[int, dict[str, str]]:
+        """What torch's ``LocalElasticAgent._start_workers`` gives a new worker, plus elastic-rm's
+        per-round variables (the checkpoint peers of this round, the node id, the round id)."""
+        from . import ckpt_hooks
+
+        spec = group.spec
+        ckpt_hooks.set_worker_env(agent.services)
+        restart_count = spec.max_restarts - agent._remaining_restarts
+        node = agent.services.node_id if agent.services is not None else agent.node_id
+        envs = {}
+        for w in group.workers:
+            envs[w.local_rank] = {
+                "RANK": str(w.global_rank),
+                "GROUP_RANK": str(group.group_rank),
+                "ROLE_RANK": str(w.role_rank),
+                "ROLE_NAME": spec.role,
+                "LOCAL_RANK": str(w.local_rank),
+                "LOCAL_WORLD_SIZE": str(spec.local_world_size),
+                "WORLD_SIZE": str(w.world_size),
+                "GROUP_WORLD_SIZE": str(group.group_world_size),
+                "ROLE_WORLD_SIZE": str(w.role_world_size),
+                "MASTER_ADDR": str(group.master_addr),
+                "MASTER_PORT": str(group.master_port),
+                "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+                "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
+                "TORCHELASTIC_RUN_ID": spec.rdzv_handler.get_run_id(),
+                PEERS_ENV: os.environ.get(PEERS_ENV, ""),
+                "ERM_NODE_ID": node,
+                ENV_ROUND: str(round_id),
+            }
+        return envs
+
+    def _leave(self, agent: Any, round_id: int, pids: list[int]) -> None:
+        """This node is not in the pending round: its workers exit 0 (no kill, no restart count)."""
+        for pid in pids:
+            self._tell(pid, ROUND_LEAVE, round_id, {})
+        deadline = time.monotonic() + LEAVE_LIMIT_S
+        result = None
+        while time.monotonic() < deadline and result is None:
+            result = agent._pcontext.wait(0) if agent._pcontext is not None else None  # all exited?
+            time.sleep(0.02)
+        if result is None:
+            codes: dict[int, int | None] = {}
+            outcome = f"not every worker exited within {LEAVE_LIMIT_S:.0f}s; stopping them"
+        else:
+            codes = {r: 0 for r in result.return_values} | {r: f.exitcode for r, f in result.failures.items()}
+            outcome = "every worker exited 0" if not result.is_failed() else f"exit codes {codes}"
+        self.events.emit(
+            "round",
+            f"round {round_id} leaves this node out: its {len(pids)} worker(s) left in place; {outcome}",
+            round=round_id,
+            in_place=True,
+            left=pids,
+            exit_codes={str(r): c for r, c in codes.items()},
+        )
+
+    def _tell(self, pid: int, action: int, round_id: int, env: dict[str, str]) -> None:
+        path = os.path.join(self.channel.directory, ROUND_FILE.format(pid=pid))
+        tmp = path + ".tmp"
+        with open(tmp, "wb") as fh:
+            fh.write(encode_round(action, round_id, env))
+        os.replace(tmp, path)  # the worker never sees half a message
+
+    def _wait_resumed(self, pids: list[int], round_id: int, newer_round: Callable[[], bool]) -> str | None:
+        deadline = time.monotonic() + REINIT_LIMIT_S
+        while True:
+            with self._cond:
+                failed = {p: t for p, t in self._failed.items() if p in pids}
+                pending = [p for p in pids if self._resumed.get(p) != round_id]
+            if failed:
+                pid, text = next(iter(failed.items()))
+                return f"worker pid {pid} raised while re-initialising ({text})"
+            if not pending:
+                return None
+            dead = [p for p in pending if not _pid_alive(p)]
+            if dead:
+                return f"worker pid(s) {dead} exited before their first step in the new round"
+            if newer_round():
+                return "a newer round formed before every worker resumed (a peer's re-init failed?)"
+            if time.monotonic() > deadline:
+                return f"worker pid(s) {pending} did not resume within {REINIT_LIMIT_S:.0f}s"
+            with self._cond:
+                self._cond.wait(0.05)

@@ -1,0 +1,160 @@
+"""Rounds in place: a training script that keeps its process across rounds.
+
+Why: a new round that starts new worker processes pays Python's start, ``import torch, torchrec``, the
+DMP build and the restore, 5-6 s on a quiet machine and far more on a busy one. A worker that opts in with
+:func:`rounds` stays: at a planned round the agent drains it as always (the final flash checkpoint at a
+step boundary), then tells it the new round over the worker channel instead of killing it. The worker
+destroys its process groups, takes the new round's environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``
+and ``MASTER_PORT``, checkpoint peers, ...), initialises the new process group and runs the loop body
+again, which re-plans the sharding, rebuilds the DMP and restores from node memory. A rank whose node
+leaves the world exits 0. Anything else (a lost peer, a failure while re-initialising) ends in today's
+restart, decided by the agent. See docs/train.md, "Rounds in place".
+
+    reporter = get_reporter(sync_every=5)
+    for rnd in rounds(reporter):          # the process group of this round is initialised
+        ... build, restore, train; stop when reporter.step() says so
+        if finished:
+            break                          # training is over: no more rounds
+
+Without an agent (plain torchrun) or when the body ends without a drain, it yields one round only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+from ..wire.channel import (
+    ENV_ROUND,
+    KIND_FAILED,
+    KIND_INPLACE,
+    KIND_RESUMED,
+    MAX_TEXT,
+    RESUMED,
+    ROUND_FILE,
+    ROUND_LEAVE,
+    decode_round,
+)
+from .report import StepReporter
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.005  # how often a parked worker looks for its round message
+PARK_LIMIT_S = float(os.environ.get("ERM_PARK_LIMIT_S", "3600"))  # bound on waiting for the next round
+
+
+@dataclass(frozen=True)
+class Round:
+    """One round as the worker sees it; ``index`` 0 is the round the process started in."""
+
+    index: int
+    round_id: int
+    rank: int
+    world_size: int
+
+    @property
+    def in_place(self) -> bool:
+        """True when this process trained an earlier round (it must restore, not initialise)."""
+        return self.index > 0
+
+
+def rounds(reporter: StepReporter, backend: str = "gloo") -> Iterator[Round]:
+    """Yield one :class:`Round` per round this process trains in, its default process group initialised.
+
+    After a body that the agent drained (``reporter.should_stop()``), the process groups are destroyed
+    and the worker waits for its next round; a leaving rank exits 0 (``SystemExit(0)``). A body that ends
+    any other way (``break`` or done) ends the iteration, and the script's own cleanup follows the loop.
+    """
+    index, round_id = 0, _env_round()
+    if not dist.is_initialized():
+        dist.init_process_group(backend)
+    while True:
+        if reporter.active:
+            reporter.new_round(after_first_step=_resumed(reporter, round_id) if index else None)
+            reporter.send(KIND_INPLACE)
+        yield Round(index, round_id, dist.get_rank(), dist.get_world_size())
+        if not (reporter.active and reporter.should_stop()):
+            return
+        t0 = time.monotonic()
+        dist.destroy_process_group()  # the default group and every group made from it
+        action, round_id, env = _wait_for_round(reporter.agent_dir)
+        if action == ROUND_LEAVE:
+            log.info("elastic-rm: this rank leaves the world at round %d; exiting 0", round_id)
+            raise SystemExit(0)
+        index += 1
+        os.environ.update(env)
+        _forget_the_old_world()
+        try:
+            dist.init_process_group(backend)
+        except Exception as exc:
+            _report_failure(reporter, round_id, exc)
+            raise
+        log.info(
+            "elastic-rm: round %d in place: rank %d of %d (%.2fs from the drain to the new process group)",
+            round_id,
+            dist.get_rank(),
+            dist.get_world_size(),
+            time.monotonic() - t0,
+        )
+
+
+def _forget_the_old_world() -> None:
+    """Process-wide state that libraries set once per process, assuming one world per process: set
+    again for the new world, or fresh ranks and kept ranks would run different collectives."""
+    collective_utils = sys.modules.get("torchrec.distributed.collective_utils")
+    if collective_utils is not None and hasattr(collective_utils, "_INITIALIZED"):
+        # DistributedModelParallel broadcasts rank 0's collective-validation flag once per process
+        collective_utils._INITIALIZED = False
+    comm = sys.modules.get("torchrec.distributed.comm")
+    for name in ("_INTRA_PG", "_CROSS_PG"):  # intra/cross-node groups of the old world, cached
+        if comm is not None and hasattr(comm, name):
+            setattr(comm, name, None)
+
+
+def _resumed(reporter: StepReporter, round_id: int):
+    def send() -> None:
+        reporter.send(KIND_RESUMED, RESUMED.pack(round_id))
+
+    return send
+
+
+def _report_failure(reporter: StepReporter, round_id: int, exc: BaseException) -> None:
+    """Tell the agent why re-initialising failed (its event log says so), before the exception ends us."""
+    text = f"{type(exc).__name__}: {exc}".encode()[:MAX_TEXT]
+    reporter.send(KIND_FAILED, RESUMED.pack(round_id) + text)
+
+
+def _env_round() -> int:
+    try:
+        return int(os.environ.get(ENV_ROUND, "0"))
+    except ValueError:
+        return 0
+
+
+def _wait_for_round(agent_dir: str | None) -> tuple[int, int, dict[str, str]]:
+    """Block until the agent's round message for this process arrives (bounded; the agent's death ends
+    the wait at once: nobody would ever send it)."""
+    assert agent_dir is not None
+    path = os.path.join(agent_dir, ROUND_FILE.format(pid=os.getpid()))
+    parent = os.getppid()
+    deadline = time.monotonic() + PARK_LIMIT_S
+    while time.monotonic() < deadline:
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+        except FileNotFoundError:
+            if os.getppid() != parent:
+                raise SystemExit(
+                    "elastic-rm: the agent is gone while this worker waited for its next round"
+                ) from None
+            time.sleep(POLL_S)
+            continue
+        os.unlink(path)
+        return decode_round(data)
+    raise SystemExit(f"elastic-rm: no next round within {PARK_LIMIT_S:.0f}s (ERM_PARK_LIMIT_S); exiting")
