@@ -49,7 +49,10 @@ class Scenario:
         agent_args = ["--job", DEFAULT_JOB]
         if self.layout is not None:  # each node in a cgroup of its own (no quota yet), so one can be slowed
             agent_args += ["--cpu-limit", str(os.cpu_count() or 1)]
-        self.demo = Demo(self.workdir, DEFAULT_SCRIPT, script_args=[], nnodes="1:3", agent_args=agent_args)
+        # the workers keep their processes across planned rounds (docs/train.md, "Rounds in place")
+        self.demo = Demo(
+            self.workdir, DEFAULT_SCRIPT, script_args=["--in-place"], nnodes="1:3", agent_args=agent_args
+        )
         self.etcd: EtcdServer | None = None
         self.throttled: cg.NodeCgroup | None = None
         self.rounds: list[dict] = []
