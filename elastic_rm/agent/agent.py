@@ -356,7 +356,8 @@ class ElasticRMAgent(LocalElasticAgent):
                 return RunResult(state=WorkerState.HEALTHY)
             time.sleep(0.05)
         left = self._remaining_restarts
-        self._emit_failure(result, f"{left} restart(s) left" if left > 0 else "no restarts left")
+        outcome = f"{left} restart(s) left" if left > 0 else "no restarts left"
+        self._emit_failure(result, f"{outcome} (membership grace {self._membership_grace():g}s)")
         return result
 
     def _emit_failure(self, result: RunResult, outcome: str) -> None:
@@ -373,7 +374,11 @@ class ElasticRMAgent(LocalElasticAgent):
         )
 
     def _membership_grace(self) -> float:
-        """--membership-grace; by default the lease TTL + 1 s (0 without services: no lost-node reports)."""
+        """--membership-grace; by default the lease TTL + 1 s. 0 without services (no lost-node reports)
+        and in a world of this node alone: no peer's loss can have failed its workers."""
         if self.options.membership_grace_s is not None:
             return self.options.membership_grace_s
-        return self._services.lease_ttl + 1.0 if self._services is not None else 0.0
+        joined = self.joined_round
+        if self._services is None or (joined is not None and len(joined.members) <= 1):
+            return 0.0
+        return self._services.lease_ttl + 1.0

@@ -36,6 +36,17 @@ def test_a_failure_is_one_event_line_and_an_event_quiet_prints_none(tmp_path):
     assert " failure " not in quiet.stderr and " decision " not in quiet.stderr
 
 
+def test_a_failure_on_a_node_alone_waits_no_membership_grace(tmp_path):
+    """No peer's loss can have failed the workers of a one-node world: the failure is final at once."""
+    script = tmp_path / "fail.py"
+    script.write_text("import sys; sys.exit(3)\n")
+    result = subprocess.run([ERMRUN, "--standalone", "--nproc-per-node", "1", str(script)], capture_output=True,
+                            text=True, timeout=120)  # fmt: skip
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if " failure " in line]
+    assert any("no restarts left (membership grace 0s)" in line for line in lines), result.stderr[-2000:]
+
+
 @pytest.mark.filterwarnings("ignore:Unable to enable fault handler")  # torch's @record under capsys
 def test_bad_event_log_path_is_a_clear_error(tmp_path, capsys):
     from launcher.ermrun import run
