@@ -13,8 +13,8 @@ import os
 import time
 
 import psutil
-from launcher.demo import checks
 
+from elastic_rm.demo.checks import checks
 from tests.launcher.test_closed_loop import (
     cg,
     cleanup,  # noqa: F401 - a fixture
