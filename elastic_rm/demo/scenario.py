@@ -51,7 +51,7 @@ class Scenario:
             agent_args += ["--cpu-limit", str(os.cpu_count() or 1)]
         # the workers keep their processes across planned rounds (docs/train.md, "Rounds in place")
         self.demo = Demo(
-            self.workdir, DEFAULT_SCRIPT, script_args=["--in-place"], nnodes="1:3", agent_args=agent_args
+            self.workdir, DEFAULT_SCRIPT, script_args=["--in-place"], nnodes="2:3", agent_args=agent_args
         )
         self.etcd: EtcdServer | None = None
         self.throttled: cg.NodeCgroup | None = None
@@ -138,9 +138,12 @@ class Scenario:
             return
         self.phase = "straggler"
         self.demo.start_node("node-d", self.endpoint)
-        self.say("node", "node-d arrives and waits as the standby (the job is at its maximum of 3)")
+        self.say("node", "node-d arrives and waits as a standby")
         self.hold()
-        victim = "node-b"
+        # node-b, unless the planner took a node back meanwhile (it measured a loss) and node-b left:
+        # then another member of the world as it is now, not the leader (its planner would slow down too)
+        members = rounds_from_etcd(self.endpoint, self.demo.run_id)[-1]["members"]
+        victim = "node-b" if "node-b" in members else next(m for m in reversed(members) if m != "node-a")
         self.throttled = cg.NodeCgroup(self.layout, f"{self.demo.run_id}.{victim}")
         self.throttled.set_cpu(THROTTLED_CPU)
         t_slow = time.time()
@@ -162,9 +165,10 @@ class Scenario:
         node.killed = t_kill = time.time()
         remove_node_memory(self.demo.run_id, victim)  # a dead machine's memory is gone with it
         self.say("fault", f"{victim} killed with SIGKILL (and its node memory removed)")
-        world = len(members) - 1
-        self.wait_for(lambda rows: restarted_at(rows, world, t_kill), f"survivors training at world {world}")
-        self.say("round", f"survivors training at world {world}, {time.time() - t_kill:.1f}s after the kill")
+        d = self.wait_for(self.decided(t_kill, "lost"), "the round after the loss")[0]
+        world = len(d["members"])  # the survivors, and a standby when they are below the minimum
+        self.wait_for(lambda rows: restarted_at(rows, world, t_kill), f"training again at world {world}")
+        self.say("round", f"training again at world {world}, {time.time() - t_kill:.1f}s after the kill")
         self.hold()
 
     def stop_job(self) -> None:
