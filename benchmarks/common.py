@@ -6,8 +6,11 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import time
 from typing import Any
+
+from elastic_rm.proc import kill_tree
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -48,3 +51,13 @@ def fmt(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def stop_processes(procs: list[subprocess.Popen]) -> None:
+    """Stop each process this run started, with its children, by its pid (bounded)."""
+    for p in procs:
+        kill_tree(p.pid)
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            pass

@@ -23,11 +23,10 @@ import time
 import uuid
 from pathlib import Path
 
-from benchmarks.common import write_result
+from benchmarks.common import stop_processes, write_result
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.etcd.server import EtcdServer
 from elastic_rm.obs import events as ev
-from elastic_rm.proc import kill_tree
 from elastic_rm.wire.keyspace import DEFAULT_PREFIX, Keyspace
 
 REPO = Path(__file__).resolve().parents[2]
@@ -98,12 +97,7 @@ def trial(ttl: int, seconds: float, burners: int, pace: float) -> dict:
         for p in burn:
             p.kill()  # by pid: the burners this trial started
             p.wait(10)
-        for p in procs:
-            kill_tree(p.pid)
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
+        stop_processes(procs)
         etcd.stop()
         shutil.rmtree(Path("/dev/shm/elastic-rm") / run_id, ignore_errors=True)
         shutil.rmtree(workdir, ignore_errors=True)

@@ -32,9 +32,9 @@ import time
 import uuid
 from pathlib import Path
 
-from benchmarks.common import fmt, summarize, write_result
+from benchmarks.common import fmt, stop_processes, summarize, write_result
 from elastic_rm.etcd.server import EtcdServer, free_port
-from elastic_rm.proc import kill_tree, signal_tree
+from elastic_rm.proc import signal_tree
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "dlrm" / "train.py"
@@ -88,15 +88,6 @@ def start_nodes(launcher: str, workdir: Path, endpoint: str, run_id: str) -> lis
     return [start_node(launcher, workdir, endpoint, run_id, i) for i in range(3)]
 
 
-def stop(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        kill_tree(p.pid)
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            pass
-
-
 def trial(launcher: str, sig: int, limit: float) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix=f"erm-recovery-{launcher}-"))
     run_id = f"rec-{uuid.uuid4().hex[:8]}"
@@ -126,7 +117,7 @@ def trial(launcher: str, sig: int, limit: float) -> dict:
             time.sleep(0.1)
         return {"ok": False, "error": f"survivors did not train at world 2 within {limit:.0f}s"}
     finally:
-        stop(procs)
+        stop_processes(procs)
         if etcd is not None:
             etcd.stop()
         shutil.rmtree(Path("/dev/shm/elastic-rm") / run_id, ignore_errors=True)
@@ -228,7 +219,7 @@ def planned_trial(kind: str, limit: float) -> dict:
         load = {"load_avg_before": load_before, "load_avg_after": os.getloadavg()}
         return {"ok": True, **change, **load}
     finally:
-        stop(procs)
+        stop_processes(procs)
         if etcd is not None:
             etcd.stop()
         if kind.endswith(
