@@ -83,17 +83,13 @@ class Demo:
         self.event("node", f"node {name} started (pid {proc.pid})")
 
     def progress(self) -> list[dict]:
-        rows: list[dict] = []
         if not os.path.isdir(self.progress_dir):
-            return rows
-        for fname in sorted(os.listdir(self.progress_dir)):
-            with open(os.path.join(self.progress_dir, fname)) as fh:
-                for line in fh:
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError:
-                        pass  # a line cut by SIGKILL
-        return rows
+            return []
+        return [
+            row
+            for fname in sorted(os.listdir(self.progress_dir))
+            for row in jsonl_rows(os.path.join(self.progress_dir, fname))
+        ]
 
     def stop_all(self) -> None:
         for node in self.nodes.values():
@@ -114,3 +110,15 @@ class Demo:
 
 def new_workdir() -> str:
     return tempfile.mkdtemp(prefix="erm-demo-")
+
+
+def jsonl_rows(path: str) -> list[dict]:
+    """The JSON lines of a progress file; a last line cut by SIGKILL is left out."""
+    rows = []
+    with open(path) as fh:
+        for line in fh:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    return rows

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import glob
-import json
 import os
 import sys
 import time
 
+from elastic_rm.demo.harness import jsonl_rows
 from tests.conftest import BIN, REPO, Proc
 
 STEPS = os.path.join(REPO, "tests", "workers", "steps.py")
@@ -20,15 +20,7 @@ def ermrun(tmp_path, node: str, args: list[str], steps_max: int = 0, extra_env: 
 
 
 def records(tmp_path, node: str) -> list[dict]:
-    out = []
-    for path in sorted(glob.glob(str(tmp_path / f"{node}-*.jsonl"))):
-        with open(path) as fh:
-            for line in fh:
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    pass  # a line cut by SIGKILL
-    return out
+    return [row for path in sorted(glob.glob(str(tmp_path / f"{node}-*.jsonl"))) for row in jsonl_rows(path)]
 
 
 def wait_until(predicate, timeout: float, what: str, procs=()) -> float:
