@@ -150,10 +150,18 @@ def test_straggler_swap_in_place_the_straggler_leaves_with_exit_0(etcd, tmp_path
     decision = wait_for(demo, swapped, 240, "the straggler to be replaced")[0]
     assert decision.data["reason"] == f"straggler(s) {slow} replaced by node-c"
     group.set_cpu(None)
+    # the new round's steps: node-c trains in it (the old world, also of size 2, steps until its drain)
     wait_for(
-        demo, lambda rows: len(steps_of(rows, world=2, since=decision.time)) >= 10, 240, "after the swap"
+        demo,
+        lambda rows: len([r for r in rows if r.get("node") == "node-c" and "step" in r]) >= 10,
+        240,
+        "node-c training after the swap",
     )
-    leaving = [e for e in in_place_events(etcd.endpoint, demo.run_id) if e.data.get("left")]
+
+    def left(_rows):
+        return [e for e in in_place_events(etcd.endpoint, demo.run_id) if e.data.get("left")]
+
+    leaving = wait_for(demo, left, 60, "the straggler's worker to leave the world")
     assert [e.node for e in leaving] == [slow], leaving
     assert leaving[0].data["exit_codes"] == {"0": 0}, leaving[0].data
     assert "every worker exited 0" in leaving[0].message
