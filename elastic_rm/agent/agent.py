@@ -346,7 +346,8 @@ class ElasticRMAgent(LocalElasticAgent):
         if result.state not in (WorkerState.FAILED, WorkerState.UNHEALTHY):
             return result
         handler = worker_group.spec.rdzv_handler
-        deadline = time.monotonic() + self._membership_grace()
+        grace = self._membership_grace()
+        deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
             if handler.is_closed():
                 break
@@ -357,7 +358,7 @@ class ElasticRMAgent(LocalElasticAgent):
             time.sleep(0.05)
         left = self._remaining_restarts
         outcome = f"{left} restart(s) left" if left > 0 else "no restarts left"
-        self._emit_failure(result, f"{outcome} (membership grace {self._membership_grace():g}s)")
+        self._emit_failure(result, f"{outcome} (membership grace {grace:g}s)")
         return result
 
     def _emit_failure(self, result: RunResult, outcome: str) -> None:
