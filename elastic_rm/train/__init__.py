@@ -29,6 +29,10 @@ _EXPORTS = {
     "EtcdLedgerStore": "ledger_etcd",
     "SyntheticClickData": "data",
     "CriteoTSVReader": "data",
+    "IndexedRandomRecDataset": "random_data",
+    "ElasticTraining": "pipeline",
+    "LedgerIterator": "pipeline",
+    "elastic_rounds": "pipeline",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -11,8 +11,11 @@ checkpoint, a partly consumed range from the first sample not in the checkpoint.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -153,33 +156,64 @@ class GlobalBatches:
     `ledger` is the current epoch's RangeLedger (replaced at each epoch): checkpoint its state.
     An exhausted ledger starts the next epoch. Ranges must hold whole global batches: a dataset whose
     size is not a multiple of the range size drops its tail (`drop_last`).
+
+    Two ways to take batches: `next()` for a loop that trains each batch before it takes the next, and
+    `fetch()` for a pipeline that reads ahead (TorchRec's TrainPipelineSparseDist holds two batches in
+    flight). Either way `consumed()` marks the oldest batch handed out and not yet marked; only marked
+    batches are in `ledger`, so a checkpoint never counts a batch that was only fetched.
     """
 
     OWNER = "world"
 
     def __init__(self, ledger: RangeLedger, batch: int) -> None:
-        if batch <= 0 or ledger.range_size % batch or ledger.num_samples % ledger.range_size:
+        if (
+            batch <= 0
+            or ledger.num_samples <= 0
+            or ledger.range_size % batch
+            or ledger.num_samples % ledger.range_size
+        ):
             raise ValueError(
                 f"ranges of {ledger.range_size} samples over {ledger.num_samples} must hold whole global "
                 f"batches of {batch}: make the range size a multiple of the batch and the sample count a "
-                "multiple of the range size"
+                "positive multiple of the range size"
             )
         self.ledger, self.batch = ledger, batch
-        self._range: DataRange | None = None
-        self._cursor = 0
-        self._outstanding = False  # next() handed out a batch that consumed() has not marked done
+        self._range: DataRange | None = None  # the range the last consumed batch came from
+        self._cursor = 0  # first sample of _range not consumed
+        self._ahead: deque[tuple[int, int]] = deque()  # handed out, not consumed yet; oldest first
+
+    @property
+    def in_flight(self) -> int:
+        """Batches handed out and not consumed yet."""
+        return len(self._ahead)
 
     def next(self) -> tuple[int, int]:
         """[start, end) of this step's global batch (the same on every rank); call `consumed` after it.
 
         A second call before `consumed` is an error, not the same batch again: a data pipeline that
-        fetches ahead would otherwise train one batch twice without a sign."""
-        if self._outstanding:
+        fetches ahead would otherwise train one batch twice without a sign. Such a pipeline uses `fetch`."""
+        if self._ahead:
+            lo, hi = self._ahead[0]
             raise LedgerError(
-                f"next() called again before consumed(): the batch [{self._cursor}, {self._cursor + self.batch}) "
-                "is not in the model yet. Call consumed() after each optimizer step; a pipeline that fetches "
-                "batches ahead must call next() only for the batch the step trains"
+                f"next() called again before consumed(): the batch [{lo}, {hi}) is not in the model yet. "
+                "Call consumed() after each optimizer step; a pipeline that fetches batches ahead "
+                "(TrainPipelineSparseDist) must take them with fetch() (or elastic_rm.train.pipeline's "
+                "LedgerIterator), which hands out the batches after those in flight"
             )
+        return self.fetch()
+
+    def fetch(self) -> tuple[int, int]:
+        """[start, end) of the global batch after every batch in flight (read-ahead). Nothing is marked:
+        `consumed` marks the batches in the order they were fetched, one per optimizer step."""
+        batch = next(itertools.islice(self._upcoming(), len(self._ahead), None))
+        self._ahead.append(batch)
+        return batch
+
+    def consumed(self) -> None:
+        """The oldest batch handed out is in the model now (after the optimizer step)."""
+        if not self._ahead:
+            raise LedgerError("consumed() without a batch from next() or fetch(): nothing to mark done")
+        lo, hi = self._ahead.popleft()
         if self._range is None or self._cursor >= self._range.end:
             r = self.ledger.acquire(self.OWNER)
             if r is None:  # every range is done: the next epoch
@@ -187,24 +221,36 @@ class GlobalBatches:
                 self.ledger = RangeLedger(led.num_samples, led.range_size, led.epoch + 1)
                 r = self.ledger.acquire(self.OWNER)
             assert r is not None  # a fresh ledger of a non-empty dataset has ranges
-            lo, _hi = self.ledger.bounds(r.id)
-            if (r.start - lo) % self.batch:
-                raise LedgerError(
-                    f"range {r.id} was partly consumed up to sample {r.start}, not a whole number of global "
-                    f"batches of {self.batch} from its start {lo}: resume with the global batch it was "
-                    "saved with"
-                )
             self._range, self._cursor = r, r.start
-        self._outstanding = True
-        return self._cursor, self._cursor + self.batch
+        if (lo, hi) != (self._cursor, self._cursor + self.batch):
+            raise LedgerError(
+                f"the batch [{lo}, {hi}) was handed out but the ledger is at [{self._cursor}, "
+                f"{self._cursor + self.batch}): its ledger changed while batches were in flight"
+            )
+        self._cursor = hi
+        self.ledger.report(self._range.id, hi)
 
-    def consumed(self) -> None:
-        """The batch `next` returned is in the model now (after the optimizer step)."""
-        if not self._outstanding or self._range is None:
-            raise LedgerError("consumed() without a batch from next(): nothing to mark done")
-        self._outstanding = False
-        self._cursor += self.batch
-        self.ledger.report(self._range.id, self._cursor)
+    def _upcoming(self) -> Iterator[tuple[int, int]]:
+        """The batches not consumed yet, in the order `consumed` will mark them (changes nothing)."""
+        led = self.ledger
+        if self._range is not None and self._cursor < self._range.end:
+            yield from self._cut(led, self._range.id, self._cursor)
+        for rid in led._todo:  # acquire() hands out the lowest free range first
+            yield from self._cut(led, rid, led.progress.get(rid, led.bounds(rid)[0]))
+        while True:  # the following epochs: fresh ledgers, every range whole
+            for rid in range(led.num_ranges):
+                yield from self._cut(led, rid, led.bounds(rid)[0])
+
+    def _cut(self, led: RangeLedger, rid: int, start: int) -> Iterator[tuple[int, int]]:
+        lo, hi = led.bounds(rid)
+        if (start - lo) % self.batch:
+            raise LedgerError(
+                f"range {rid} was partly consumed up to sample {start}, not a whole number of global "
+                f"batches of {self.batch} from its start {lo}: resume with the global batch it was "
+                "saved with"
+            )
+        for s in range(start, hi, self.batch):
+            yield s, s + self.batch
 
 
 def _compress(ids: list[int]) -> list[list[int]]:

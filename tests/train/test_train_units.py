@@ -233,8 +233,8 @@ def test_global_batches_take_each_sample_once_across_restores_and_epochs() -> No
         out = []
         for _ in range(steps):
             lo, hi = batches.next()
+            batches.consumed()  # the ledger holds consumed batches only: its epoch is the batch's now
             out.append((batches.ledger.epoch, lo, hi))
-            batches.consumed()
         return out
 
     straight = run(GlobalBatches(RangeLedger(96, 24), 8), 30)  # 12 batches an epoch: 2.5 epochs
