@@ -125,7 +125,8 @@ def golden_parts(tmp_path: Path, make_log: list[tuple[int, int]], **kw):
     )
     pipeline = TrainPipelineSparseDist(dmp, dense, torch.device("cpu"))
     cfg = FlashConfig(run_id="prefetch", node_id="n0", memory_root=tmp_path / "mem", peers={})
-    elastic = ElasticTraining(dmp, plan, dense, global_batch=8, config=cfg, range_batches=3, **kw)
+    kw.setdefault("global_batch", 8)
+    elastic = ElasticTraining(dmp, plan, dense, config=cfg, range_batches=3, **kw)
     data = IndexedRandomRecDataset(
         DEFAULT_CAT_NAMES, batch_size=8, hash_size=50, ids_per_feature=1, num_dense=13
     )
@@ -161,6 +162,28 @@ def test_pipeline_reads_ahead_and_a_restore_hands_out_the_batches_it_had_in_flig
     # first the two batches that were only fetched, then on: nothing skipped, nothing trained twice
     assert again == [(i * 8, i * 8 + 8) for i in range(7, 12)]
     assert elastic.ledger_batches.ledger.samples_done() == 10 * 8
+    del pipeline, it, elastic
+    with pytest.raises(ValueError, match="trained with global_batch 8, this run asks for 16: resume with 8"):
+        golden_parts(tmp_path, [], global_batch=16)
+
+
+def test_indexed_random_rec_dataset_takes_random_rec_dataset_arguments() -> None:
+    from torchrec.datasets.criteo import DEFAULT_CAT_NAMES
+
+    from elastic_rm.train import IndexedRandomRecDataset
+
+    data = IndexedRandomRecDataset(
+        DEFAULT_CAT_NAMES, batch_size=4, hash_size=30, ids_per_feature=1, num_dense=13
+    )
+    b = data.batch(10, 14)
+    assert b.sparse_features.keys() == list(DEFAULT_CAT_NAMES) and tuple(b.dense_features.shape) == (4, 13)
+    assert int(b.sparse_features.values().max()) < 30
+    again = data.batch(12, 14)  # a pure function of the sample index
+    assert torch.equal(again.dense_features, b.dense_features[2:])
+    first = next(iter(data))
+    assert torch.equal(first.labels, data.batch(0, 4).labels)
+    with pytest.raises(ValueError, match="pass ids_per_feature=1"):
+        IndexedRandomRecDataset(DEFAULT_CAT_NAMES, batch_size=4, hash_size=30)
 
 
 def test_a_dense_optimizer_over_fused_shards_is_refused_with_what_to_do(
