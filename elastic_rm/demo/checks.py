@@ -83,7 +83,8 @@ def _lost_node_files(rows: list[dict], start: dict, until: float | None) -> dict
     if not lost or start.get("restore_files") is None:
         return None
     starts = [r for r in rows if r.get("start") and r.get("restore_files") is not None
-              and r["world"] == start["world"] and start["t"] - 60 <= r["t"] and (until is None or r["t"] < until)]  # fmt: skip
+              and (r["world"], r["restored_step"], r.get("saved_by")) == (start["world"], start["restored_step"], start["saved_by"])
+              and start["t"] - 60 <= r["t"] and (until is None or r["t"] < until)]  # fmt: skip
     read = {(f, writer, src) for r in starts for f, (writer, src) in r["restore_files"].items()}
     theirs = sorted((f, src) for f, writer, src in read if writer in lost)
     bad = [f"{f} from {src}" for f, src in theirs if src == "durable" or src.split(":", 1)[-1] in lost]
