@@ -2,9 +2,9 @@
 
 Why: a sum of the values cannot tell rows swapped within a table, or between two tables of one shape,
 from the right state, and float sums differ in their last bits with the order of their terms. Here each
-value is hashed with its table (state-dict key) and its global position (row id, column) and the hashes
-are added as 64-bit integers, which wrap: the digest is the same whatever the sharding, the world size
-or the order of the pieces, and any changed, swapped or moved value changes it.
+value's bits are weighted by a key of its table (state-dict key) and its global position (row id, column)
+and added as 64-bit integers, which wrap: the digest is the same whatever the sharding, the world size or
+the order of the pieces, and any changed, swapped or moved value changes it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import torch
 
 _C1 = 0xBF58476D1CE4E5B9 - (1 << 64)  # splitmix64's constants, as signed 64-bit integers
 _C2 = 0x94D049BB133111EB - (1 << 64)
-_COLS = 1 << 24  # columns per row kept apart in a position id (embedding dims are far below)
 _BITS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
 
 
@@ -36,9 +35,20 @@ def name_key(name: str) -> int:
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little", signed=True)
 
 
+def _keys(name: str, start: int, count: int, salt: int) -> torch.Tensor:
+    """Odd pseudo-random int64 keys of positions start..start+count-1 of ``name``."""
+    pos = torch.arange(start, start + count, dtype=torch.int64)
+    return _mix(pos ^ _mix(torch.tensor(name_key(name) ^ salt, dtype=torch.int64))) | 1
+
+
 def piece_digest(name: str, offsets: list[int], piece: torch.Tensor) -> torch.Tensor:
-    """The wrapping int64 sum of hash(name, global row, column, value bits) over one local piece of the
-    tensor ``name`` that starts at global ``offsets`` (rows, columns). A 0-d int64 tensor."""
+    """The wrapping int64 sum of value bits x key(name, global row) x key(name, column) over one local
+    piece of the tensor ``name`` that starts at global ``offsets`` (rows, columns). A 0-d int64 tensor.
+
+    Linear in the bits with odd keys: any single changed value changes it, and a swap of two rows (or
+    columns, or tables) changes it unless two pseudo-random 64-bit products happen to agree. Each row's
+    columns are summed first, so it costs a few passes over the values (the sums of the float checks cost
+    two)."""
     t = piece.detach().contiguous()
     if t.dim() == 0:
         t, offsets = t.view(1), [0]
@@ -51,13 +61,10 @@ def piece_digest(name: str, offsets: list[int], piece: torch.Tensor) -> torch.Te
         bits = t.view(_BITS[t.element_size()]).to(torch.int64)
     else:
         bits = t.to(torch.int64)
-    rows = torch.arange(offsets[0], offsets[0] + t.shape[0], dtype=torch.int64)
+    rows = _keys(name, offsets[0], t.shape[0], 0)
     if t.dim() == 2:
-        cols = torch.arange(offsets[1], offsets[1] + t.shape[1], dtype=torch.int64)
-        pos = rows.view(-1, 1) * _COLS + cols.view(1, -1)
-    else:
-        pos = rows * _COLS
-    return _mix(_mix(pos ^ name_key(name)) ^ bits).sum()
+        bits = (bits * _keys(name, offsets[1], t.shape[1], _C1)).sum(dim=1)
+    return (bits * rows).sum()
 
 
 def digest_hex(sums: torch.Tensor) -> str:
