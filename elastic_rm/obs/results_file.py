@@ -62,7 +62,7 @@ def soak_figures(record: dict[str, Any]) -> dict[str, Any]:
         "ledger_checks": record["ledger_checks"],
         "state": state,
         "reference_state": reference,
-        # the soak's own criterion: `checksum`, the exact digest of all three states (every value hashed with
+        # the soak's own criterion: `checksum`, the exact digest of all three states (every value keyed by
         # its tensor and global position; soak.json files from before it hold the sums at 11 digits)
         "state_equals_replay": state["checksum"] == reference["checksum"],
     }

@@ -142,7 +142,7 @@ def init_tables(dmp: torch.nn.Module, tables: list[EmbeddingBagConfig], seed: in
 def state_checksum(dmp: torch.nn.Module, dense_opt: torch.optim.Optimizer) -> dict[str, object]:
     """Digests of the whole training state, the same at any world size, for (embedding rows, the fused
     optimizer's state, dense weights and their optimizer's state). `checksum`: exact, from every value
-    hashed with its table and global row and column (elastic_rm.train.state_digest): rows swapped within
+    keyed by its table and global row and column (elastic_rm.train.state_digest): rows swapped within
     or between tables change it, and a restore must give back what was saved bit for bit. The numbers
     (`checksum_value` of the embeddings, `optim_value`, `dense_value`: sums of value + value squared) are
     for comparisons with a run at another world size, equal up to float reassociation. Collective: every
