@@ -5,12 +5,14 @@ worlds, the sources, the steps trained again and the downtime."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
 from elastic_rm.agent.channel import AgentChannel
 from elastic_rm.agent.restores import RestoreTracker
 from elastic_rm.obs.events import Event, EventLog, read_file
+from elastic_rm.wire.channel import HEADER, KIND_RESTORED, MAGIC, VERSION
 from elastic_rm.wire.restore import decode_restored, encode_restored
 
 from .test_agent_channel import wait_for
@@ -82,6 +84,14 @@ def test_after_a_failure_the_steps_past_the_restored_checkpoint_count_as_trained
     event = wait_for(lambda: restores(log), 10, "the restore event")[0]
     assert (event.data["step"], event.data["last_step_before"], event.data["redone_steps"]) == (20, 30, 10)
     assert "10 step(s) trained again" in event.message
+
+
+def test_malformed_restore_reports_are_dropped_by_the_channel_and_emit_nothing(tracked):
+    ch, _tracker, log = tracked
+    head = HEADER.pack(MAGIC, VERSION, KIND_RESTORED, 1, 0, 0)
+    for body in (b"", b"\xff" * 40, encode_restored(1, 5, 1, 1, {}, 0.0)[:-1] + b"x", os.urandom(300)):
+        ch.handle_datagram(head + body)  # never raises
+    assert ch.malformed_total == 4 and restores(log) == []
 
 
 def test_malformed_restore_reports_are_refused():
