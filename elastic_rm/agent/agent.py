@@ -42,6 +42,7 @@ from .inplace import InPlaceRounds
 from .monitor import ResourceMonitor
 from .node_events import emit_new_checkpoints, emit_sample
 from .record import build_record
+from .restores import RestoreTracker
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,8 @@ class ElasticRMAgent(LocalElasticAgent):
         self.monitor = ResourceMonitor(interval_s=self.options.sample_interval_s)
         self.channel = AgentChannel(window_s=STEP_WINDOW_S)
         self.in_place = InPlaceRounds(self.channel, self.events)  # workers that keep their processes
+        self.restores = RestoreTracker(self.channel, self.events)  # "restore" events from the workers
+        self.restores.expected = self._worker_group.spec.local_world_size
         self._publisher = Background(self._publish_loop, "erm-metrics")
         # workers run in sessions of their own: without it they would train on after this agent's death
         self._orphan_guard = Watchdog()
@@ -236,6 +239,7 @@ class ElasticRMAgent(LocalElasticAgent):
         if self._services is not None:
             self._services.publish_metrics(encode_record(record))
         self._note_checkpoints()
+        self.restores.poll()
         if self.ledger_mirror is not None:
             mirrored = self.ledger_mirror.poll()
             if mirrored is not None:
@@ -330,8 +334,10 @@ class ElasticRMAgent(LocalElasticAgent):
                 elapsed_s=round(elapsed, 3),
                 grace_exceeded=bool(result.missing),
             )
+            self.restores.mark_change()  # after the drain: the old workers' last step is known
             if self.in_place.run(self, worker_group, result):
                 return  # the workers moved into the new round in place (elastic_rm.agent.inplace)
+        self.restores.mark_change()
         super()._restart_workers(worker_group)
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:

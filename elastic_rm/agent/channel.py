@@ -134,6 +134,7 @@ class AgentChannel:
         self._byes: set[int] = set()
         self._expected: set[int] = set()
         self.steps_total = 0
+        self.last_step: tuple[int, float] | None = None  # (global step, unix time) of the newest report
         self.malformed_total = 0
         # kind -> handler(pid, body) of messages other modules define (rounds in place: agent/inplace.py)
         self.extra_handlers: dict[int, Callable[[int, bytes], None]] = {}
@@ -324,7 +325,7 @@ class AgentChannel:
                 )
             body = memoryview(data)[HEADER.size :]
             if kind == KIND_STEPS:
-                _, samples, n = STEPS.unpack_from(body)
+                completed, samples, n = STEPS.unpack_from(body)
                 if n == 0:  # accepted, it made summary() raise on an empty quantile (chaos fuzzing)
                     raise ValueError("steps datagram with no step times")
                 if len(body) != STEPS.size + 16 * n:
@@ -339,6 +340,7 @@ class AgentChannel:
                     self._kept += n
                     self.steps_total += n
                     self._last_report = now
+                    self.last_step = (completed, time.time())
                     self._workers.setdefault(pid, WorkerInfo(pid, rank, local_rank))
                     self._trim(now)
             elif kind == KIND_ACK:

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 def checks(rows: list[dict]) -> list[dict]:
     """What the model state went through, checked from rank 0's progress lines at every restart:
-    a planned round restores exactly the drained state (same step; same checksum of the embeddings,
-    the optimizer states and the dense weights) and every restart continues at the step after the
-    restored one, each step once; and, by sample identity from the ledger's ranges, each global batch
-    follows the one before it, so no sample is lost or doubled in the model."""
+    a planned round (a drain before it) restores exactly the drained state (same step; same exact
+    checksum of the embeddings, the optimizer states and the dense weights); any other restart restores
+    the newest checkpoint committed before the fault, and the files of a node lost with it come from a
+    peer's memory (all ranks' start lines say where each file came from); every restart continues at the
+    step after the restored one, each step once; and, by sample identity from the ledger's ranges, each
+    global batch follows the one before it (a new epoch only where the last one ended), so no sample is
+    lost or doubled in the model."""
     rank0 = sorted((r for r in rows if r.get("rank") == 0), key=lambda r: r["t"])
     starts = [i for i, r in enumerate(rank0) if r.get("start")]
     out = []
@@ -25,19 +28,25 @@ def checks(rows: list[dict]) -> list[dict]:
         nxt = starts[n + 1] if n + 1 < len(starts) else len(rank0)
         after = [r["step"] for r in rank0[i:nxt] if "step" in r]
         label = f"restart at world {start['world']}"
-        if drained and drained[-1]["drained_step"] == restored:
-            same = drained[-1]["checksum"] == start["checksum"]
+        if drained:  # a planned round: nothing but the drained state will do
+            d = drained[-1]
             out.append({
                 "what": f"{label}: state as drained",
-                "ok": same,
-                "detail": f"step {restored}, checksum {start['checksum']} (drained {drained[-1]['checksum']})",
+                "ok": d["drained_step"] == restored and d["checksum"] == start["checksum"],
+                "detail": f"step {restored}, checksum {start['checksum']} (drained: step {d['drained_step']}, "
+                          f"checksum {d['checksum']})",
             })  # fmt: skip
         else:
+            newest = max((r["committed_step"] for r in before if "committed_step" in r), default=None)
             out.append({
-                "what": f"{label}: restored the last checkpoint",
-                "ok": restored is not None and restored <= last,
-                "detail": f"step {restored} of {last} trained before the fault; steps after it are trained again",
+                "what": f"{label}: restored the last committed checkpoint",
+                "ok": restored is not None and (newest is None or newest <= restored) and restored <= last,
+                "detail": f"step {restored} of {last} trained before the fault (newest committed: {newest}); "
+                          "steps after it are trained again",
             })  # fmt: skip
+            peers = _lost_node_files(rows, start, rank0[nxt]["t"] if nxt < len(rank0) else None)
+            if peers is not None:
+                out.append({"what": f"{label}: the lost node's files from a peer", **peers})
         consecutive = bool(after) and after == list(
             range((restored or 0) + 1, (restored or 0) + 1 + len(after))
         )
@@ -47,7 +56,7 @@ def checks(rows: list[dict]) -> list[dict]:
             "detail": f"steps {after[0] if after else '-'}..{after[-1] if after else '-'} follow step {restored}",
         })  # fmt: skip
         if any("sample_start" in r for r in rank0[i:nxt]):
-            out.append(_ledger_check(label, rank0[:i], rank0[i:nxt], restored))
+            out.append(_ledger_check(label, rank0[:i], rank0[i:nxt], restored, start.get("epoch_samples")))
     ends = [r for r in rank0 if r.get("end") and "ledger_samples_done" in r]
     if ends:
         end = ends[-1]
@@ -65,18 +74,41 @@ def _next_sample(row: dict) -> tuple[int, int]:
     return row["epoch"], row["sample_end"]
 
 
-def _ledger_check(label: str, before: list[dict], after: list[dict], restored: int | None) -> dict:
+def _lost_node_files(rows: list[dict], start: dict, until: float | None) -> dict | None:
+    """After a restart that lost nodes (in the checkpoint's world, not in the new one): every file those
+    nodes wrote that a rank of the new world read came from a peer's memory (``local:<survivor>``, a
+    replica it holds, or ``peer:<survivor>``), never from the lost node or the durable copy. None when
+    no node was lost or the start lines do not say (older scripts)."""
+    lost = set(start.get("saved_by") or ()) - set(start.get("nodes") or ())
+    if not lost or start.get("restore_files") is None:
+        return None
+    starts = [r for r in rows if r.get("start") and r.get("restore_files") is not None
+              and (r["world"], r["restored_step"], r.get("saved_by")) == (start["world"], start["restored_step"], start["saved_by"])
+              and start["t"] - 60 <= r["t"] and (until is None or r["t"] < until)]  # fmt: skip
+    read = {(f, writer, src) for r in starts for f, (writer, src) in r["restore_files"].items()}
+    theirs = sorted((f, src) for f, writer, src in read if writer in lost)
+    bad = [f"{f} from {src}" for f, src in theirs if src == "durable" or src.split(":", 1)[-1] in lost]
+    return {
+        "ok": bool(theirs) and not bad,
+        "detail": (f"{bad[0]}" if bad else f"{len(theirs)} file(s) of {', '.join(sorted(lost))} from "
+                   f"{', '.join(sorted({s for _, s in theirs})) or 'nowhere: none read'}"),
+    }  # fmt: skip
+
+
+def _ledger_check(
+    label: str, before: list[dict], after: list[dict], restored: int | None, epoch_samples: int | None
+) -> dict:
     """By sample identity, from the ledger's ranges: the first batch after a restore is the one after the
-    restored step's batch (a fresh start: sample 0), and each later batch follows the one before."""
+    restored step's batch (a fresh start: sample 0), and each later batch follows the one before; a batch
+    starts the next epoch only after the batch that ended the last one."""
     steps = [r for r in after if "sample_start" in r]
     prior = [r for r in before if r.get("step") == restored and "sample_end" in r] if restored else []
     expect = _next_sample(prior[-1]) if prior else (0, 0)
     bad = []
     for r in steps:
-        if (r["epoch"], r["sample_start"]) != expect and (r["epoch"], r["sample_start"]) != (
-            expect[0] + 1,
-            0,
-        ):
+        at = (r["epoch"], r["sample_start"])
+        epoch_done = epoch_samples is not None and expect[1] >= epoch_samples
+        if at != expect and not (epoch_done and at == (expect[0] + 1, 0)):
             bad.append(
                 f"step {r['step']}: samples from {r['sample_start']} (epoch {r['epoch']}), expected {expect[1]}"
             )

@@ -18,6 +18,7 @@ from ..etcd.client import EtcdClient
 from ..wire.keyspace import Keyspace
 from ..wire.records import RoundRecord, effective_rounds
 from .events import Event, EventError, merge, read_etcd, read_file
+from .restores import round_restores, with_restores
 from .status import MEASURED_HOW, decision_rows, round_throughput
 
 
@@ -67,12 +68,22 @@ def load_run(
             except (TypeError, ValueError) as exc:
                 errors.append(f"decision event at {e.time}: {exc}")
     throughput = round_throughput(e for e in events if e.kind == "sample")
-    decisions = decision_rows([records[n] for n in sorted(records)], throughput)
+    decisions = with_restores(
+        decision_rows([records[n] for n in sorted(records)], throughput), round_restores(events)
+    )
     return RunData(run_id, events, decisions, errors)
 
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:+.1%}"
+
+
+def _restore_cell(d: dict[str, Any]) -> str:
+    if d.get("restored_step") is None:
+        return "-"
+    down = "-" if d.get("downtime_s") is None else f"{d['downtime_s']:.2f} s"
+    again = "-" if d.get("redone_steps") is None else str(d["redone_steps"])
+    return f"step {d['restored_step']}, {down}, {again}"
 
 
 def write_report(run: RunData, out_dir: str) -> tuple[str, str, list[str]]:
@@ -98,7 +109,8 @@ def write_report(run: RunData, out_dir: str) -> tuple[str, str, list[str]]:
         rows.append(
             f"<tr><td>{d['round']}</td><td>{esc(when)}</td><td>{len(d['members'])}</td>"
             f"<td>{esc(', '.join(d['members']))}</td><td>{esc(d['reason'] or '-')}</td>"
-            f"<td>{_pct(d.get('predicted_gain'))}</td><td>{measured}</td></tr>"
+            f"<td>{_pct(d.get('predicted_gain'))}</td><td>{measured}</td>"
+            f"<td>{_restore_cell(d)}</td></tr>"
         )
     event_rows = [
         f"<tr><td>{esc(time.strftime('%H:%M:%S', time.localtime(e.time)))}</td><td>{esc(e.node)}</td>"
@@ -118,7 +130,7 @@ samples from {len({e.node for e in run.events if e.kind == "sample"})} node(s).<
 <img alt="timeline of run {esc(run.run_id)}" src="data:image/png;base64,{image}">
 <h2>Decisions</h2>
 <table><tr><th>round</th><th>time</th><th>world</th><th>members</th><th>reason</th><th>predicted gain</th>
-<th>measured gain</th></tr>
+<th>measured gain</th><th>restore: step, downtime, steps trained again</th></tr>
 {"".join(rows)}</table>
 <p class="note">{esc(MEASURED_HOW)}.</p>
 <h2>Events</h2>

@@ -62,8 +62,8 @@ def soak_figures(record: dict[str, Any]) -> dict[str, Any]:
         "ledger_checks": record["ledger_checks"],
         "state": state,
         "reference_state": reference,
-        # the soak's own criterion: the checksum of all three states at 11 significant digits (a float sum
-        # may differ in its last bits with the order its terms are added in)
+        # the soak's own criterion: `checksum`, the exact digest of all three states (every value keyed by
+        # its tensor and global position; soak.json files from before it hold the sums at 11 digits)
         "state_equals_replay": state["checksum"] == reference["checksum"],
     }
 

@@ -17,6 +17,7 @@ from ..wire.keyspace import Keyspace
 from ..wire.metrics import parse_record
 from ..wire.records import LedgerRecord, NodeRecord, RecordError, RoundRecord, effective_rounds
 from .events import Event, EventError
+from .restores import round_restores, with_restores
 
 RECENT_EVENTS = 8
 MEASURED_HOW = (
@@ -162,7 +163,8 @@ def status_from_kvs(keys: Keyspace, kvs: list[KeyValue], revision: int, decision
         if any(r is not None for r in rates)
         else None,
         "data": data,  # the sample ledger as of the newest checkpoint (None: no ledger mirrored)
-        "decisions": decision_rows(records[-decisions:], throughput),
+        # with each round's restore: downtime and steps trained again (the agents' "restore" events)
+        "decisions": with_restores(decision_rows(records[-decisions:], throughput), round_restores(events)),
         "measured_how": MEASURED_HOW,
         "events": [
             {"time": e.time, "node": e.node, "kind": e.kind, "message": e.message}

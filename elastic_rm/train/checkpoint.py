@@ -44,6 +44,7 @@ from elastic_rm.train.manifest import (
 from elastic_rm.train.paths import run_memory_dir
 from elastic_rm.train.peers import PeerClient, PeerEndpoint, PeerError, peers_from_env
 from elastic_rm.train.restore import RestoreResult, restore_checkpoint
+from elastic_rm.train.restore_report import report_restore
 from elastic_rm.train.sharding import plan_digest, plan_summary
 from elastic_rm.train.snapshot import Snapshotter, app_state
 from elastic_rm.train.sources import CheckpointSource, DirectorySource, HttpPeerSource
@@ -318,14 +319,12 @@ class FlashCheckpointer:
         self.wait()
         srcs = sources or self.sources()
         try:
-            return restore_checkpoint(
-                self.dmp,
-                self.dense_optimizer,
-                srcs,
-                self.pg,
-                self.rank,
-                self.cfg.verify_checksums,
+            result = restore_checkpoint(
+                self.dmp, self.dense_optimizer, srcs, self.pg, self.rank, self.cfg.verify_checksums
             )
+            if result is not None:
+                report_restore(result, self.world)  # the reporter counts global steps from here
+            return result
         finally:
             for src in srcs:
                 if isinstance(src, HttpPeerSource):

@@ -5,7 +5,7 @@ over a Unix datagram socket there (batched: one datagram per 0.25 s or 1024 step
 and reads the agent's drain flag from a 16-byte memory-mapped control file at the same moments. Without the
 variable (plain ``torchrun``) every call is a cheap no-op and the script behaves exactly as under torchrun.
 
-Typical use::
+Typical use (``step``: the global step, counted on from the restored checkpoint's)::
 
     rep = get_reporter(sync_every=50)          # sync_every: see "multi-rank" below
     rep.on_stop(lambda step: save_checkpoint(step))
@@ -21,8 +21,8 @@ Without it (``sync_every=0``) a multi-rank worker never stops on its own, since 
 its peers: the agent terminates it after the grace period, as torchrun would. Every rank must use the same
 ``sync_every`` and call :meth:`StepReporter.step` once per step.
 
-The wire format (struct-packed, little endian, no pickle) is :mod:`elastic_rm.wire.channel`, shared with
-the agent side (:mod:`elastic_rm.agent.channel`).
+Wire format (struct-packed, little endian, no pickle): :mod:`elastic_rm.wire.channel` (agent side:
+:mod:`elastic_rm.agent.channel`); a restore report: :mod:`elastic_rm.wire.restore`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ import mmap
 import os
 import socket
 import struct
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
@@ -56,6 +55,8 @@ from ..wire.channel import (
     VERSION,
 )
 from .busy_clock import BusyClock
+from .worker_env import env_int as _env_int
+from .worker_env import world_size as _world_size
 
 MAX_BATCH = 1024  # steps that trigger a send before the interval is up (fast steps)
 MAX_PENDING = 4096  # steps kept while the agent is not reading (32 KiB); beyond, the oldest are dropped
@@ -94,7 +95,8 @@ class StepReporter:
         self.sync_every = sync_every
         self._group = group
         self._flush_interval = flush_interval_s
-        self._steps = 0
+        self._steps, self._base = 0, 0  # steps in this round (sync_every counts these); global step before it
+        self._after_step_msg: bytes | None = None  # the restore report, sent after the next step
         self._stopping = False
         self._hook: Callable[[int], None] | None = None
         self._sock: socket.socket | None = None
@@ -139,12 +141,28 @@ class StepReporter:
         return self.agent_dir is not None
 
     @property
-    def completed_steps(self) -> int:
+    def completed_steps(self) -> int:  # in this process and round; the job's step is global_step
         return self._steps
 
+    @property
+    def global_step(self) -> int:
+        """The job's step: the restored checkpoint's step plus the steps completed since."""
+        return self._base + self._steps
+
+    def set_step(self, step: int) -> None:
+        """The global step of the last completed step (the checkpoint's, after a restore; FlashCheckpointer's
+        restore sets it): :meth:`on_stop`, the drain and the agent's events then count the job's steps."""
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be an int >= 0 (the global step restored), got {step!r}")
+        self._base = step - self._steps
+
+    def send_after_next_step(self, kind: int, body: bytes) -> None:
+        """One datagram for the agent right after the next step (a restore report ends the downtime)."""
+        self._after_step_msg = self._header(kind) + body
+
     def on_stop(self, hook: Callable[[int], None]) -> Callable[[int], None]:
-        """Register the final-checkpoint hook, called with the last completed step before the stop is
-        acknowledged. Usable as a decorator. Default: nothing."""
+        """Register the final-checkpoint hook, called with the last completed global step (see
+        :attr:`global_step`) before the stop is acknowledged. Usable as a decorator. Default: nothing."""
         self._hook = hook
         return hook
 
@@ -167,7 +185,7 @@ class StepReporter:
         again (ranks agree on stopping every ``sync_every`` steps of *this* round, fresh ranks too), the
         rank is read again from the environment, and the agent hears a hello with it.
         ``after_first_step`` runs once, after the round's first step."""
-        self._steps = 0
+        self._base, self._steps = self._base + self._steps, 0  # the global step goes on
         self._stopping = self._drain = self._multi = False
         self._flag = None  # the all_reduce tensor of the old process group's backend
         self._rank, self._local_rank = _env_int("RANK"), _env_int("LOCAL_RANK")
@@ -187,6 +205,9 @@ class StepReporter:
         if self._after_first_step is not None:
             hook, self._after_first_step = self._after_first_step, None
             hook()
+        if self._after_step_msg is not None and self.agent_dir is not None and not self._closed:
+            message, self._after_step_msg = self._after_step_msg, None
+            self._send(message, wait_s=RELIABLE_WAIT_S)
         if self.agent_dir is None or self._stopping:
             return self._stopping
         now = time.perf_counter()
@@ -255,13 +276,13 @@ class StepReporter:
         status = ACK_OK
         try:
             if self._hook is not None:
-                self._hook(self._steps)
+                self._hook(self.global_step)
         except BaseException:
             status = ACK_HOOK_FAILED
             raise
         finally:
             self._stopping = True
-            self._send(self._header(KIND_ACK) + ACK.pack(self._steps, status), wait_s=RELIABLE_WAIT_S)
+            self._send(self._header(KIND_ACK) + ACK.pack(self.global_step, status), wait_s=RELIABLE_WAIT_S)
             self._send(self._header(KIND_BYE), wait_s=RELIABLE_WAIT_S)
 
     def _multi_rank(self) -> bool:
@@ -298,7 +319,7 @@ class StepReporter:
             del self._busy[:drop]
             self._dropped += drop
         n = len(durs)
-        body = STEPS.pack(self._steps, self._samples, n) + struct.pack(f"<{2 * n}d", *durs, *self._busy)
+        body = STEPS.pack(self.global_step, self._samples, n) + struct.pack(f"<{2 * n}d", *durs, *self._busy)
         if self._send(self._header(KIND_STEPS) + body, wait_s=wait_s, count_drop=False):
             self._durs = []
             self._busy = []
@@ -347,21 +368,16 @@ class StepReporter:
             time.sleep(0.005)
 
 
-def _env_int(name: str) -> int:
-    try:
-        return int(os.environ.get(name, "-1"))
-    except ValueError:
-        return -1
-
-
-def _world_size(group: Any) -> int:
-    dist = sys.modules.get("torch.distributed")  # never import torch on our own
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        return 1
-    return int(dist.get_world_size(group))
-
-
 _REPORTER: StepReporter | None = None
+_WAITING: list[tuple[int, Callable[[StepReporter], None]]] = []  # (pid, call) until the reporter exists
+
+
+def when_ready(call: Callable[[StepReporter], None]) -> None:
+    """``call(reporter)`` now, or when :func:`get_reporter` makes this process's reporter."""
+    if _REPORTER is not None and _REPORTER._pid == os.getpid():
+        call(_REPORTER)
+    else:
+        _WAITING.append((os.getpid(), call))
 
 
 def get_reporter(**kwargs: Any) -> StepReporter:
@@ -371,6 +387,9 @@ def get_reporter(**kwargs: Any) -> StepReporter:
     if _REPORTER is None or _REPORTER._pid != os.getpid():
         _REPORTER = StepReporter(**kwargs)
         atexit.register(_REPORTER.close)
+        waiting, _WAITING[:] = [call for pid, call in _WAITING if pid == os.getpid()], []
+        for call in waiting:
+            call(_REPORTER)
     elif kwargs and (
         kwargs.get("sync_every", _REPORTER.sync_every) != _REPORTER.sync_every
         or kwargs.get("agent_dir", _REPORTER.agent_dir) != _REPORTER.agent_dir

@@ -33,6 +33,12 @@ KIND_INPLACE, KIND_RESUMED, KIND_FAILED = 5, 6, 7
 RESUMED = struct.Struct("<q")  # the round id
 MAX_TEXT = 2048
 
+# ---- restores (elastic_rm.train.report, elastic_rm.agent.restores) ----------------------------------------
+# Worker -> agent, once after the first step that follows a restore: RESTORED_HEAD, then UTF-8 JSON
+# {file: source} (at most MAX_TEXT bytes; "{}" when it would not fit): where this rank read each file.
+KIND_RESTORED = 8
+RESTORED_HEAD = struct.Struct("<qqiid")  # round id, restored (global) step, world saved at, world now, load s
+
 # Agent -> worker: a file ``round-<pid>`` in the channel directory (written whole, then renamed) holding
 # ROUND and then the new environment as UTF-8 "KEY=VALUE" entries separated by NUL bytes.
 ROUND_FILE = "round-{pid}"

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import hashlib
 import json
 import os
 import time
@@ -52,6 +51,7 @@ from elastic_rm.train import (
 from elastic_rm.train.report import get_reporter
 from elastic_rm.train.rounds import Round, rounds
 from elastic_rm.train.snapshot import local_pieces
+from elastic_rm.train.state_digest import digest_hex, piece_digest
 
 
 def parse_args() -> argparse.Namespace:
@@ -140,35 +140,39 @@ def init_tables(dmp: torch.nn.Module, tables: list[EmbeddingBagConfig], seed: in
 
 
 def state_checksum(dmp: torch.nn.Module, dense_opt: torch.optim.Optimizer) -> dict[str, object]:
-    """Digests of the whole training state, the same at any world size: for (embedding rows, the fused
-    optimizer's state, dense weights and their optimizer's state), the sum over all values of
-    (value + value squared), all-reduced over ranks (replicated tensors counted once). Returned as a
-    short hash of all three (`checksum`: exact comparisons, a restore must give back what was saved) and
-    as the numbers (`checksum_value` of the embeddings, `optim_value`, `dense_value`: comparisons with a run
-    at another world size, equal up to float reassociation). Collective: every rank at the same step."""
+    """Digests of the whole training state, the same at any world size, for (embedding rows, the fused
+    optimizer's state, dense weights and their optimizer's state). `checksum`: exact, from every value
+    keyed by its table and global row and column (elastic_rm.train.state_digest): rows swapped within
+    or between tables change it, and a restore must give back what was saved bit for bit. The numbers
+    (`checksum_value` of the embeddings, `optim_value`, `dense_value`: sums of value + value squared) are
+    for comparisons with a run at another world size, equal up to float reassociation. Collective: every
+    rank at the same step; replicated tensors are counted once (rank 0's)."""
     sums = torch.zeros(3, dtype=torch.float64)
+    digests = torch.zeros(3, dtype=torch.int64)
 
-    def add(i: int, value: object) -> None:
+    def add(i: int, name: str, value: object) -> None:
         if not isinstance(value, ShardedTensor | torch.Tensor):
             return
         if not isinstance(value, ShardedTensor) and dist.get_rank() != 0:
             return  # replicated on every rank: count rank 0's copy only
-        for _off, loc in local_pieces(value):
+        for off, loc in local_pieces(value):
             sums[i] += loc.double().sum() + (loc.double() ** 2).sum()
+            digests[i] += piece_digest(name, off, loc)
 
     for key, value in dmp.state_dict().items():
-        add(0 if "embedding_bags" in key else 2, value)
-    for per_param in dmp.fused_optimizer.state_dict()["state"].values():
-        for value in per_param.values():
-            add(1, value)
-    for group in dense_opt.param_groups:
-        for p in group["params"]:
-            for value in dense_opt.state.get(p, {}).values():
-                add(2, value)
+        add(0 if "embedding_bags" in key else 2, key, value)
+    for param, per_param in dmp.fused_optimizer.state_dict()["state"].items():
+        for name, value in per_param.items():
+            add(1, f"{param}/{name}", value)
+    for g, group in enumerate(dense_opt.param_groups):
+        for n, p in enumerate(group["params"]):
+            for name, value in dense_opt.state.get(p, {}).items():
+                add(2, f"dense_opt/{g}/{n}/{name}", value)
     dist.all_reduce(sums)
+    dist.all_reduce(digests)  # int64 sums wrap: exact in any order
     values = [float(v) for v in sums]
-    digest = hashlib.sha256(" ".join(f"{v:.10e}" for v in values).encode()).hexdigest()[:12]
-    return dict(zip(("checksum_value", "optim_value", "dense_value"), values, strict=True), checksum=digest)
+    return dict(zip(("checksum_value", "optim_value", "dense_value"), values, strict=True),
+                checksum=digest_hex(digests))  # fmt: skip
 
 
 def main() -> None:
@@ -246,6 +250,16 @@ def train(args: argparse.Namespace, in_place: Round | None) -> bool:
         start=True,
         in_place=in_place is not None and in_place.in_place,
         restored_step=step if restored else None,
+        nodes=ckpt.rank_nodes,  # this world's node per rank; saved_by: the checkpoint's
+        saved_by=restored.manifest.get("nodes") if restored else None,
+        # where this rank read each file from, with the node that wrote it (demo checks: after a loss,
+        # the lost node's files must come from a peer's memory)
+        restore_files={
+            f: [restored.manifest["files"].get(f, {}).get("node"), src]
+            for f, src in restored.file_sources.items()
+        }
+        if restored
+        else None,  # fmt: skip
         ledger_samples_done=batches.ledger.samples_done(),
         epoch_samples=batches.ledger.num_samples,
         **state_checksum(dmp, dense_opt),
@@ -253,11 +267,10 @@ def train(args: argparse.Namespace, in_place: Round | None) -> bool:
     reporter = get_reporter(sync_every=5)
 
     @reporter.on_stop
-    def drained(
-        _done: int,
-    ) -> None:  # every rank stops at this same step (sync_every), so a collective is fine
-        ckpt.save(step, position(), block=True)
-        emit(drained_step=step, **state_checksum(dmp, dense_opt))
+    def drained(done: int) -> None:  # every rank stops at this same step (sync_every): collectives are fine
+        # done: the reporter's global step (it counts on from the restored checkpoint's step)
+        ckpt.save(done, position(), block=True)
+        emit(drained_step=done, **state_checksum(dmp, dense_opt))
 
     def position() -> dict:
         return {"step": step, "ledger": batches.ledger.checkpoint_state()}
@@ -266,6 +279,7 @@ def train(args: argparse.Namespace, in_place: Round | None) -> bool:
     paced_at = time.monotonic() - step / args.pace if args.pace > 0 else 0.0
     reporter.reset_timer()  # the first step's time starts here, not at the build or the restore
     finished = True
+    committed = step if restored else None
     while not (args.steps and step >= args.steps):
         lo, hi = batches.next()  # this step's global batch; this rank takes its slice
         start = lo + rank * local_batch
@@ -289,6 +303,9 @@ def train(args: argparse.Namespace, in_place: Round | None) -> bool:
             emit(checksum_step=step, **state_checksum(dmp, dense_opt))
         if step % args.checkpoint_every == 0:
             ckpt.save(step, position())
+        if ckpt.last_committed is not None and ckpt.last_committed != committed:
+            committed = ckpt.last_committed  # every rank's files are in node memory and replicated
+            emit(committed_step=committed)
         if args.pace > 0:  # sleep off the rest of the step's share of time (sleeping is not busy time)
             time.sleep(max(0.0, paced_at + step / args.pace - time.monotonic()))
         stop_now = reporter.step(samples=local_batch)

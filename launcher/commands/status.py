@@ -135,15 +135,17 @@ def render(s: dict, title: str = "") -> Any:
     if s["decisions"]:
         dec = Table(title="decisions", title_justify="left", expand=False, pad_edge=False)
         for col, just in (("round", "right"), ("time", "left"), ("world", "right"), ("reason", "left"),
-                          ("pred.", "right"), ("measured", "right")):  # fmt: skip
+                          ("pred.", "right"), ("measured", "right"), ("down", "right"), ("redone", "right")):  # fmt: skip
             dec.add_column(col, justify=just, overflow="fold")
         for d in s["decisions"]:
             when = time.strftime("%H:%M:%S", time.localtime(d["time"])) if d.get("time") else "-"
             measured = _pct(d.get("measured_gain"))
             if d.get("measured_gain") is not None:
                 measured += f" (vs r{d['compared_to_round']})"
+            down = f"{d['downtime_s']:.1f}s" if d.get("downtime_s") is not None else "-"
+            redone = str(d["redone_steps"]) if d.get("redone_steps") is not None else "-"
             dec.add_row(str(d["round"]), when, str(len(d["members"])), d["reason"] or "-",
-                        _pct(d.get("predicted_gain")), measured)  # fmt: skip
+                        _pct(d.get("predicted_gain")), measured, down, redone)  # fmt: skip
         parts += [dec, Text(MEASURED_SHORT, style="dim")]
     if s.get("events"):
         ev = Table(title="recent events", title_justify="left", show_header=False, box=None, pad_edge=False)

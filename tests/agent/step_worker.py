@@ -29,6 +29,10 @@ def main() -> None:
         "--work", type=int, default=0, help="each step computes this many loop iterations instead of sleeping"
     )
     ap.add_argument("--gloo", action="store_true", help="init a gloo group and all_reduce every step")
+    ap.add_argument("--restored", type=int, default=None, help="act as if this global step was restored")
+    ap.add_argument(
+        "--fail-at", type=int, default=0, help="raise after this many steps (a failed collective)"
+    )
     args = ap.parse_args()
     out = Path(args.out)
     rank = int(os.environ.get("RANK", "0"))
@@ -44,6 +48,20 @@ def main() -> None:
         def allreduce() -> None:
             dist.all_reduce(t)
 
+    if args.restored is not None:  # as FlashCheckpointer's restore does, before the reporter exists
+        from elastic_rm.train.report import when_ready
+        from elastic_rm.wire.channel import KIND_RESTORED
+        from elastic_rm.wire.restore import encode_restored
+
+        body = encode_restored(
+            7, args.restored, 2, 1, {"__0_0.distcp": "peer:n1", ".metadata": "local:n0"}, 0.5
+        )
+
+        def tell(rep) -> None:
+            rep.set_step(args.restored)
+            rep.send_after_next_step(KIND_RESTORED, body)
+
+        when_ready(tell)
     rep = get_reporter(sync_every=args.sync_every)
 
     @rep.on_stop
@@ -73,6 +91,8 @@ def main() -> None:
             body(i)
             if rep.step(samples=args.samples):
                 break
+            if i == args.fail_at:
+                raise RuntimeError(f"--fail-at {i}")
     log.close()
     (out / f"exit-{rank}.json").write_text(
         json.dumps({"stopped": rep.should_stop(), "steps": rep.completed_steps, "active": rep.active})

@@ -189,6 +189,17 @@ def test_sigkill_of_a_node_survivors_continue_from_the_checkpoint(etcd, tmp_path
     # restored step's, and the ledger's own count at the end is every step's batch once
     ledger_checks = [c for c in checks(rows) if "ledger" in c["what"]]
     assert len(ledger_checks) >= 2 and all(c["ok"] for c in ledger_checks), ledger_checks
+    # the restart restored the newest committed step, node-c's files from a survivor's memory
+    lost = [c for c in checks(rows) if c["what"].endswith("the lost node's files from a peer")]
+    assert lost and all(c["ok"] for c in checks(rows)), [c for c in checks(rows) if not c["ok"]]
+    # each survivor's agent says what its workers restored: step, worlds, steps trained again, downtime
+    told = [e for e in events_of(etcd.endpoint, demo.run_id, "restore") if e.data["step"] == restored]
+    assert {e.node for e in told} == {"node-a", "node-b"}, told
+    for e in told:
+        assert (e.data["world_before"], e.data["world_after"]) == (3, 2)
+        assert e.data["last_step_before"] >= restored and e.data["downtime_s"] > 0
+        assert e.data["redone_steps"] == e.data["last_step_before"] - restored
+        assert e.data["sources"] and "durable" not in e.data["files_by_source"]
     # the leader mirrored the checkpointed ledger to etcd: as of a committed step, never ahead of the model
     keys = Keyspace(DEFAULT_PREFIX, demo.run_id)
     with EtcdClient(etcd.endpoint, timeout=5) as c:

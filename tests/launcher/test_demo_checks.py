@@ -55,3 +55,56 @@ def test_a_skipped_or_repeated_batch_and_a_wrong_count_are_caught():
         assert [c["what"] for c in bad] == ["restart at world 1: every sample once (ledger)"], bad
     bad = [c for c in checks(run(done=11 * B)) if not c["ok"]]
     assert [c["what"] for c in bad] == ["the ledger counts every trained sample once"]
+
+
+def test_a_planned_round_must_restore_the_drained_step_not_an_older_checkpoint():
+    rows = run()
+    drained = {"t": 9, "rank": 0, "world": 2, "drained_step": 8, "checksum": "x"}
+    rows.insert(9, drained)  # a drain at step 8 before the restart: a planned round
+    bad = [c for c in checks(rows) if not c["ok"]]  # restored step 6: an older state, not the drained one
+    assert [c["what"] for c in bad] == ["restart at world 1: state as drained"], bad
+    fixed = [
+        start(0, 2, None), *steps(0, 2, 1, 8), drained, start(10, 1, 8), *steps(10, 1, 9, 12), end(20, 1, 12, 12 * B),
+    ]  # fmt: skip
+    assert all(c["ok"] for c in checks(fixed)), checks(fixed)
+    drained["checksum"] = "y"  # the right step with another state
+    assert [c["what"] for c in checks(fixed) if not c["ok"]] == ["restart at world 1: state as drained"]
+
+
+def test_a_batch_that_starts_the_next_epoch_in_mid_epoch_is_caught():
+    rows = run()
+    jump = next(r for r in rows if r.get("step") == 8 and r["world"] == 1)
+    assert (jump["epoch"], jump["sample_start"]) == (1, 20)  # mid-epoch
+    jump.update(epoch=2, sample_start=0, sample_end=B)  # skips the rest of epoch 1
+    for r in rows:  # the later batches follow the jump, so only the jump itself is wrong
+        if r.get("step", 0) > 8 and r["world"] == 1:
+            k = r["step"] - 8
+            r.update(epoch=2, sample_start=k * B, sample_end=k * B + B)
+    bad = [c for c in checks(rows) if not c["ok"]]
+    assert [c["what"] for c in bad] == ["restart at world 1: every sample once (ledger)"], bad
+    assert "step 8: samples from 0 (epoch 2), expected 20" in bad[0]["detail"]
+
+
+def loss_run(restored: int, sources: dict[str, str]) -> list[dict]:
+    """Nodes a (rank 0) and b train steps 1-8 with checkpoints committed at 4 and 6; b is lost; a restores
+    alone and reads b's file from ``sources['b']``."""
+    rows = run()
+    rows[0].update(nodes=["a", "b"], saved_by=None, restore_files=None)
+    rows.insert(5, {"t": 0.055, "rank": 0, "world": 2, "committed_step": 4})
+    rows.insert(8, {"t": 0.075, "rank": 0, "world": 2, "committed_step": 6})
+    restart = next(r for r in rows if r.get("start") and r["world"] == 1)
+    restart.update(restored_step=restored, nodes=["a"], saved_by=["a", "b"],
+                   restore_files={"__0_0.distcp": ["a", sources["a"]], "__1_0.distcp": ["b", sources["b"]]})  # fmt: skip
+    return rows
+
+
+def test_a_restore_after_a_loss_uses_the_newest_committed_step_and_the_lost_nodes_files_from_a_peer():
+    good = loss_run(6, {"a": "local:a", "b": "local:a"})  # b's replica, held in a's memory
+    assert all(c["ok"] for c in checks(good)), checks(good)
+    assert "restart at world 1: the lost node's files from a peer" in [c["what"] for c in checks(good)]
+    older = [c["what"] for c in checks(loss_run(4, {"a": "local:a", "b": "local:a"})) if not c["ok"]]
+    assert "restart at world 1: restored the last committed checkpoint" in older  # step 6 was committed
+    for src in ("durable", "peer:b"):  # the durable copy, or the lost node itself: not a peer's memory
+        bad = [c for c in checks(loss_run(6, {"a": "local:a", "b": src})) if not c["ok"]]
+        assert [c["what"] for c in bad] == ["restart at world 1: the lost node's files from a peer"], bad
+        assert f"__1_0.distcp from {src}" in bad[0]["detail"]

@@ -84,6 +84,20 @@ def test_scale_up_in_place_keeps_the_staying_workers(etcd, tmp_path, cleanup):  
     kept = [e for e in in_place_events(etcd.endpoint, demo.run_id) if e.data["in_place"]]
     assert {e.node for e in kept} == {"node-a", "node-b"}, kept
     assert all(e.data["world"] == 3 for e in kept)
+    # the restore events: the drained step restored in place on a and b (nothing trained again), node-c new
+    step, _ = assert_state_carried(rows, 2, 3)
+    told = {
+        e.node: e.data for e in events_of(etcd.endpoint, demo.run_id, "restore") if e.data["step"] == step
+    }
+    assert set(told) == {"node-a", "node-b", "node-c"}, told
+    for name in ("node-a", "node-b"):
+        assert told[name]["last_step_before"] == step and told[name]["redone_steps"] == 0
+        assert told[name]["downtime_s"] > 0 and (told[name]["world_before"], told[name]["world_after"]) == (
+            2,
+            3,
+        )
+    assert told["node-c"]["downtime_s"] is None  # no steps of its own before: the others measure it
+    assert all(c["ok"] for c in checks(rows)), [c for c in checks(rows) if not c["ok"]]
 
 
 def test_a_rank_that_fails_its_in_place_round_falls_back_to_a_restart(etcd, tmp_path, cleanup):  # noqa: F811

@@ -14,6 +14,10 @@ ROUNDS = (  # round, start (s), members, reason, predicted gain
     (2, 40.0, ("n0", "n1", "n2"), "scale up: predicted gain above 20%", 0.4),
     (3, 80.0, ("n0", "n1"), "node n2 lost", None),
 )
+RESTORES = (  # round, time (s), restored step, newest step before, downtime per node, reporting nodes
+    (2, 43.0, 400, 400, {"n0": 2.1, "n1": 2.4}, ("n0", "n1", "n2")),  # a drain: nothing trained again
+    (3, 84.0, 780, 787, {"n0": 4.7, "n1": 4.9}, ("n0", "n1")),  # n2 lost: 7 steps trained again
+)
 RATE = {1: 1000.0, 2: 1300.0, 3: 950.0}  # samples/s of each node's workers, summed per round below
 
 
@@ -32,6 +36,12 @@ def events(run_id: str) -> list[Event]:
                         "mem_total_bytes": 16 * 2**30, "gpu_util": [0.7] if node == "n0" else [],
                         "samples_per_s": rate, "step_p50_s": 0.01}  # fmt: skip
                 out.append(Event(T0 + t + 0.1 * members.index(node), run_id, node, "sample", "s", data))
+    for node, (number, t, step, last, down, _) in [(n, r) for r in RESTORES for n in r[5]]:
+        data = {"round": number, "step": step, "world_before": 2 if number == 2 else 3,
+                "world_after": 3 if number == 2 else 2, "last_step_before": last if node in down else None,
+                "redone_steps": last - step if node in down else None, "downtime_s": down.get(node),
+                "sources": {}, "files_by_source": {}}  # fmt: skip
+        out.append(Event(T0 + t, run_id, node, "restore", f"round {number}: restored step {step}", data))
     out.append(Event(T0 + 77.0, run_id, "n2", "failure", "worker group failed: rank(s) [2] exit code(s) [-9]",
                      {"ranks": [2], "exit_codes": [-9]}))  # fmt: skip
     return sorted(out, key=lambda e: e.time)

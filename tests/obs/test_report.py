@@ -9,7 +9,7 @@ import os
 
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.obs.report import load_run, write_report
-from elastic_rm.obs.status import measured_gain, round_throughput
+from elastic_rm.obs.status import job_status, measured_gain, round_throughput
 from elastic_rm.wire.keyspace import Keyspace
 from launcher.erm import main as erm_main
 from tests.obs import recorded_run
@@ -33,6 +33,12 @@ def test_report_of_a_recorded_run_renders_and_names_each_decision(etcd, run_id, 
         c.put(keys.record(9), b'{"v": 1, "round": "nine"}')
         c.put(keys.events + "00000000000000000001-x-000000", b"\xff")
         data = load_run(run_id, c, files=(file_path,))
+        shown = job_status(c, keys)["decisions"]  # erm status: the same figures from etcd's events alone
+    assert [(d["round"], d["downtime_s"], d["redone_steps"]) for d in shown] == [
+        (1, None, None),
+        (2, 2.4, 0),
+        (3, 4.9, 7),
+    ]
     assert len(data.events) == len(written)  # etcd's copy and the file's merge without duplicates
     assert [d["round"] for d in data.decisions] == [1, 2, 3]
     assert any("rounds/00000009/record" in m for m in data.errors)
@@ -49,6 +55,13 @@ def test_report_of_a_recorded_run_renders_and_names_each_decision(etcd, run_id, 
     for _, _, _, reason, _ in recorded_run.ROUNDS:
         assert f"<td>{reason}</td>" in html
     assert "+40.0%" in html and "+30.0% (1,000 &rarr; 1,300 samples/s, vs round 1)" in html
+    # each round's restore: the slowest node's downtime, the most steps any node trained again
+    assert [(d["restored_step"], d["downtime_s"], d["redone_steps"]) for d in data.decisions] == [
+        (None, None, None),
+        (400, 2.4, 0),
+        (780, 4.9, 7),
+    ]
+    assert "<td>step 400, 2.40 s, 0</td>" in html and "<td>step 780, 4.90 s, 7</td>" in html
     assert "rounds/00000009/record" in html  # malformed records are listed, not fatal
 
 
