@@ -48,6 +48,14 @@ class Host:
     def link_up(self) -> None:
         _ip("link", "set", self.link, "up")
 
+    def blackhole(self, addr: str) -> None:
+        """This host stops reaching `addr` (its packets there go nowhere); everyone else is unaffected: one
+        side of an asymmetric partition."""
+        _ip("-n", self.netns, "route", "add", "blackhole", f"{addr}/32")
+
+    def unblackhole(self, addr: str) -> None:
+        _ip("-n", self.netns, "route", "del", "blackhole", f"{addr}/32")
+
     def lossy(self, probability: float) -> None:
         """Lose `probability` of the packets each way on this host's link (see `drop_randomly`)."""
         drop_randomly("eth0", probability, self.netns)
