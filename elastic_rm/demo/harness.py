@@ -68,8 +68,17 @@ class Demo:
     def event(self, kind: str, text: str) -> None:
         self.events.append({"t": time.time(), "kind": kind, "text": text})
 
-    def start_node(self, name: str, endpoint: str, extra: list[str] | None = None) -> None:
-        argv = [
+    def start_node(
+        self,
+        name: str,
+        endpoint: str,
+        extra: list[str] | None = None,
+        prefix: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """`prefix`: a command the node runs under (`ip netns exec NS` for a host of its own); `env`: more
+        environment for it."""
+        argv = [*(prefix or []),
             os.path.join(BIN, "ermrun"), "--nnodes", self.nnodes, "--nproc-per-node", "1", "--rdzv-endpoint", endpoint,
             "--rdzv-id", self.run_id, "--node-id", name, "--monitor-interval", "0.1", "--max-restarts", "3",
             "--rdzv-conf", f"lease_ttl={self.lease_ttl},last_call_timeout=1", *self.agent_args, *(extra or []),
@@ -77,8 +86,10 @@ class Demo:
             *self.script_args,
         ]  # fmt: skip
         log = open(os.path.join(self.workdir, f"{name}.log"), "wb")
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True
+        )
         self.nodes[name] = Node(name, proc, log, time.time())
         self.event("node", f"node {name} started (pid {proc.pid})")
 

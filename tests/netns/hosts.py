@@ -48,11 +48,63 @@ class Host:
     def link_up(self) -> None:
         _ip("link", "set", self.link, "up")
 
+    def blackhole(self, addr: str) -> None:
+        """This host stops reaching `addr` (its packets there go nowhere); everyone else is unaffected: one
+        side of an asymmetric partition."""
+        _ip("-n", self.netns, "route", "add", "blackhole", f"{addr}/32")
+
+    def unblackhole(self, addr: str) -> None:
+        _ip("-n", self.netns, "route", "del", "blackhole", f"{addr}/32")
+
+    def lossy(self, probability: float) -> None:
+        """Lose `probability` of the packets each way on this host's link (see `drop_randomly`)."""
+        drop_randomly("eth0", probability, self.netns)
+        drop_randomly(self.link, probability)
+
+    def lossless(self) -> None:
+        _tc(self.netns, "qdisc", "del", "dev", "eth0", "root")
+        _tc(None, "qdisc", "del", "dev", self.link, "root")
+
+    def packets(self) -> tuple[int, int]:
+        """(sent, dropped) on this host's link, both ways together."""
+        a, b = dropped("eth0", self.netns), dropped(self.link)
+        return a[0] + a[1] + b[0] + b[1], a[1] + b[1]
+
     def reset_connections(self) -> None:
         """Destroy the host's TCP connections (ss -K), as a stateful firewall or NAT on the path that
         forgot them during an outage would: the host's clients must reconnect."""
         subprocess.run(["ip", "netns", "exec", self.netns, "ss", "-K", "state", "established"],
                        check=True, capture_output=True, timeout=30)  # fmt: skip
+
+
+def _tc(netns: str | None, *args: str) -> None:
+    prefix = ["ip", "netns", "exec", netns] if netns else []
+    subprocess.run([*prefix, "tc", *args], check=True, capture_output=True, timeout=30)
+
+
+def drop_randomly(dev: str, probability: float, netns: str | None = None) -> None:
+    """Drop each packet leaving `dev` with `probability`, without sch_netem (not in every kernel): an htb
+    root whose default class passes everything, a classic-BPF filter that picks packets by the kernel's
+    random number (`ld rand`) and sends them to a class whose queue holds nothing (pfifo limit 0)."""
+    threshold = int(probability * 2**32)
+    prog = f"4,32 0 0 {2**32 - 0x1000 + 56},53 0 1 {threshold},6 0 0 0,6 0 0 {2**32 - 1}"  # rand<t: -1
+    _tc(netns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10", "r2q", "100000")
+    for cls in ("1:10", "1:20"):
+        _tc(netns, "class", "add", "dev", dev, "parent", "1:", "classid", cls, "htb", "rate", "10gbit")
+    _tc(netns, "qdisc", "add", "dev", dev, "parent", "1:20", "handle", "20:", "pfifo", "limit", "0")
+    _tc(netns, "filter", "add", "dev", dev, "parent", "1:", "protocol", "all", "prio", "1", "bpf", "bytecode",
+        prog, "classid", "1:20")  # fmt: skip
+
+
+def dropped(dev: str, netns: str | None = None) -> tuple[int, int]:
+    """(packets sent, packets dropped) by `dev`'s root qdisc, from `tc -s qdisc`."""
+    prefix = ["ip", "netns", "exec", netns] if netns else []
+    out = subprocess.run([*prefix, "tc", "-s", "qdisc", "show", "dev", dev, "root"], check=True,
+                         capture_output=True, text=True, timeout=30).stdout  # fmt: skip
+    words = out.split()
+    sent = int(words[words.index("Sent") + 3])
+    drops = int(words[words.index("(dropped") + 1].rstrip(","))
+    return sent, drops
 
 
 class Network:

@@ -1,0 +1,57 @@
+"""One side of an asymmetric partition: a host that reaches its peers but not etcd (a blackhole route to
+etcd's address in its namespace; its peers still reach it and it them). To the run this is a lease
+expiry: the others train at world 2 within the lease TTL plus a few seconds, and the host rejoins under
+a new id once its route is back. (The other side, a host that reaches etcd but not its peers, is a known
+gap: docs/guarantees.md.)"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from elastic_rm.etcd.client import EtcdClient
+from elastic_rm.etcd.server import EtcdCluster
+from elastic_rm.wire.keyspace import Keyspace
+from tests.launcher.helpers import steps_at_world, wait_until
+from tests.netns.hosts import Network, why_unavailable
+from tests.netns.test_partitions import LEASE_TTL, current_round, start_host
+
+UNAVAILABLE = why_unavailable()
+pytestmark = pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE))
+
+
+def test_a_host_that_reaches_its_peers_but_not_etcd_is_a_lease_expiry_and_rejoins(run_id, tmp_path, procs):
+    keys = Keyspace("/elastic-rm", run_id)
+    with (
+        Network(3) as net,
+        EtcdCluster(size=1, host=net.gateway) as cluster,
+        EtcdClient(cluster.endpoint, timeout=5) as client,
+    ):
+        nodes = {h.name: start_host(h, cluster.endpoint, run_id, tmp_path) for h in net.hosts}
+        procs.extend(nodes.values())
+        wait_until(lambda: all(steps_at_world(tmp_path, n, 3) > 5 for n in nodes), 180, "3 hosts training",
+                   nodes.values())  # fmt: skip
+        before = current_round(client, keys)
+        leader = client.get(keys.leader).value.decode()
+        cut = next(h for h in net.hosts if h.name != leader)
+        rest = sorted(h.name for h in net.hosts if h is not cut)
+        cut.blackhole(net.gateway)
+        t_cut = time.time()
+        took = wait_until(lambda: all(steps_at_world(tmp_path, n, 2, since=t_cut) > 3 for n in rest), 60,
+                          f"{rest} training at world 2", nodes.values())  # fmt: skip
+        time.sleep(max(0.0, 3 * LEASE_TTL - (time.time() - t_cut)))
+        cut.unblackhole(net.gateway)
+        t_heal = time.time()
+        back = wait_until(lambda: all(steps_at_world(tmp_path, n, 3, since=t_heal) > 3 for n in nodes), 90,
+                          "all three hosts at world 3 again", nodes.values())  # fmt: skip
+        after = current_round(client, keys)
+        (tmp_path / "stop").touch()
+        codes = {n: p.wait(120) for n, p in nodes.items()}
+    assert before is not None and after is not None and after.round > before.round + 1
+    assert sorted(after.members) == sorted([*rest, f"{cut.name}-r1"]), after.members
+    assert codes == {"h0": 0, "h1": 0, "h2": 0}, {n: p.output()[-2000:] for n, p in nodes.items()}
+    print(
+        f"\n{cut.name} without etcd: {rest} at world 2 {took:.1f}s after the cut; all at world 3 {back:.1f}s "
+        f"after the heal; rounds {before.round} -> {after.round}"
+    )
