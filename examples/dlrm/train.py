@@ -171,6 +171,15 @@ def state_checksum(dmp: torch.nn.Module, dense_opt: torch.optim.Optimizer) -> di
     return dict(zip(("checksum_value", "optim_value", "dense_value"), values, strict=True), checksum=digest)
 
 
+def restored_from(restored: object) -> dict[str, list[str]]:
+    """Where this rank read each node's checkpoint files: {node that wrote them: [sources]}."""
+    out: dict[str, set[str]] = {}
+    for file, source in getattr(restored, "file_sources", {}).items():
+        writer = restored.manifest["files"].get(file, {}).get("node") or "*"
+        out.setdefault(writer, set()).add(source)
+    return {node: sorted(sources) for node, sources in out.items()}
+
+
 def main() -> None:
     args = parse_args()
     if not args.in_place:
@@ -180,7 +189,9 @@ def main() -> None:
         for rnd in rounds(get_reporter(sync_every=5)):
             if rnd.in_place and rnd.rank == args.raise_in_place_on_rank:
                 raise RuntimeError(f"--raise-in-place-on-rank {rnd.rank}: failing the in-place round")
-            finished = train(args, in_place=rnd)
+            finished = False
+            with rnd:  # a collective that fails (a member was lost): wait for the next round in place
+                finished = train(args, in_place=rnd)
             gc.collect()  # the old round's DMP and groups are garbage before the groups are destroyed
             if finished:
                 break
@@ -246,6 +257,7 @@ def train(args: argparse.Namespace, in_place: Round | None) -> bool:
         start=True,
         in_place=in_place is not None and in_place.in_place,
         restored_step=step if restored else None,
+        restored_from=restored_from(restored),
         ledger_samples_done=batches.ledger.samples_done(),
         epoch_samples=batches.ledger.num_samples,
         **state_checksum(dmp, dense_opt),
