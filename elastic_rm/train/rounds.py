@@ -30,8 +30,10 @@ Without an agent (plain torchrun) or when the body ends without a drain, it yiel
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
+import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -120,8 +122,8 @@ def rounds(reporter: StepReporter, backend: str = "gloo") -> Iterator[Round]:
         t0 = time.monotonic()
         if rnd.failure:  # the body's collectives failed (a lost peer?): wait for the agent's decision
             failure = rnd.failure.pop()
-            _drop_groups()
-            reporter.send(KIND_LOST, RESUMED.pack(round_id) + failure.encode()[:MAX_TEXT])
+            reporter.send(KIND_LOST, RESUMED.pack(round_id) + failure.encode()[:MAX_TEXT])  # first: it waits
+            _drop_groups(reporter)
             action, round_id, env = _wait_for_round(reporter.agent_dir)
             if action == ROUND_FAIL:
                 raise RoundFailedError(f"round {rnd.round_id} failed and no new round came: {failure}")
@@ -173,13 +175,58 @@ def _can_wait(reporter: StepReporter) -> bool:
     return reporter.active and nodes > 1
 
 
-def _drop_groups() -> None:
-    """Destroy the failed round's process groups; their sockets close, so the survivors still waiting in a
-    collective on this rank fail at once instead of at the group's timeout."""
+def _drop_groups(reporter: StepReporter) -> None:
+    """End the failed round's process groups so that the survivors still waiting on this rank in a
+    collective fail at once (then hold their failure too) instead of at the group's timeout.
+
+    gloo cannot do that by itself: neither ``destroy_process_group`` nor ``abort`` closes its connections
+    while the process lives, and a rank waiting on a live peer (which waits on the dead one) would wait.
+    So the TCP connections of this process are shut down (``shutdown``, not ``close``: gloo still owns the
+    descriptors and closes them when its objects go). The worker has no other TCP connection that outlives
+    the round (the agent's channel is a Unix socket; the new round makes a new store connection)."""
+    t0 = time.monotonic()
+    shut = _shut_tcp_connections()
+    reporter.on_stop(lambda _step: None)  # the final-checkpoint hook holds the old model and checkpointer
+    gc.collect()
+    t1 = time.monotonic()
     try:
         dist.destroy_process_group()
     except Exception as exc:  # noqa: BLE001 - a broken group may refuse; the new round makes new ones
         log.warning("elastic-rm: destroying the failed round's process groups: %r", exc)
+    log.warning(
+        "elastic-rm: the failed round's %d connection(s) shut and its objects collected in %.2fs, its "
+        "groups destroyed in %.2fs",
+        shut,
+        t1 - t0,
+        time.monotonic() - t1,
+    )
+
+
+def _shut_tcp_connections() -> int:
+    """Shut down every TCP connection of this process (both directions); returns how many."""
+    done = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fd = os.dup(int(name))
+        except (OSError, ValueError):
+            continue
+        try:
+            sock = socket.socket(fileno=fd)  # owns the duplicate only
+        except OSError:
+            os.close(fd)  # not a socket
+            continue
+        with sock:
+            if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
+                continue
+            try:
+                if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                    continue  # a listener: gloo's would abort the process on a failed accept
+                sock.getpeername()  # connected ones only
+                sock.shutdown(socket.SHUT_RDWR)
+                done += 1
+            except OSError:
+                pass
+    return done
 
 
 def _resumed(reporter: StepReporter, round_id: int):

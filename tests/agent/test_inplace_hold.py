@@ -5,8 +5,10 @@ agent hands it (a new process group, the next index) or, released, fails with th
 
 from __future__ import annotations
 
+import json
 import os
-import threading
+import subprocess
+import sys
 import time
 
 import pytest
@@ -17,8 +19,11 @@ from elastic_rm.agent.inplace import InPlaceRounds
 from elastic_rm.etcd.server import free_port
 from elastic_rm.obs.events import EventLog
 from elastic_rm.train.report import StepReporter
-from elastic_rm.train.rounds import RoundFailedError, rounds
-from elastic_rm.wire.channel import ROUND_JOIN
+from elastic_rm.train.rounds import rounds
+from elastic_rm.wire.channel import ENV_AGENT_DIR, ROUND_JOIN
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hold_worker.py")
 
 
 @pytest.fixture
@@ -43,35 +48,29 @@ def wait_held(agent: InPlaceRounds, pid: int, limit: float = 30.0) -> float:
 
 
 def test_a_held_failure_joins_the_next_round_in_place_or_fails_when_released(tmp_path, one_rank):
+    # the worker runs apart: holding a failure shuts down its process's TCP connections
     with AgentChannel(str(tmp_path / "ch")) as channel:
         agent = InPlaceRounds(channel, EventLog("run", "node"))
-        rep = StepReporter(agent_dir=channel.directory)
-        me = os.getpid()
-        told: list[str] = []
-
-        def agent_side() -> None:
-            wait_held(agent, me)  # round 4 failed: hand the worker round 5 (a new store port)
+        env = {**os.environ, ENV_AGENT_DIR: channel.directory, "PYTHONPATH": REPO}
+        proc = subprocess.Popen([sys.executable, WORKER], env=env, stdout=subprocess.PIPE, text=True)
+        try:
+            wait_held(agent, proc.pid)  # round 4 failed: hand the worker round 5 (a new store port)
             with agent._cond:
-                agent._lost.pop(me)
-            agent._tell(me, ROUND_JOIN, 5, {"MASTER_PORT": str(free_port()), "ERM_ROUND": "5"})
-            told.append("join")
-            wait_held(agent, me)  # round 5 failed too: no newer round comes
-            told.append(agent.release([me]))
-
-        thread = threading.Thread(target=agent_side, daemon=True)
-        thread.start()
-        seen = []
-        with pytest.raises(RoundFailedError, match="round 5 failed and no new round came: .*second failure"):
-            for rnd in rounds(rep):
-                seen.append((rnd.index, rnd.round_id, rnd.in_place, dist.get_world_size()))
-                with rnd:
-                    raise RuntimeError("Connection reset by peer" if rnd.index == 0 else "second failure")
-        thread.join(10)
-        assert seen == [(0, 4, False, 1), (1, 5, True, 1)]
-        assert told[0] == "join" and "round 5: RuntimeError: second failure" in told[1]
-        assert not dist.is_initialized()  # the failed round's groups are gone
-        assert agent.waiting_s([me]) is None  # released: nothing waits any more
-        rep.close()
+                agent._lost.pop(proc.pid)
+            agent._tell(proc.pid, ROUND_JOIN, 5, {"MASTER_PORT": str(free_port()), "ERM_ROUND": "5"})
+            wait_held(agent, proc.pid)  # round 5 failed too: no newer round comes
+            why = agent.release([proc.pid])
+            out, _ = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+            proc.wait()
+        assert proc.returncode == 3, out
+        got = json.loads(out)
+        assert got["seen"] == [[0, 4, False, 1], [1, 5, True, 1]]
+        assert "round 5 failed and no new round came: RuntimeError: second failure" in got["error"]
+        assert not got["initialized"]  # the failed round's groups are gone
+        assert "round 5: RuntimeError: second failure" in why
+        assert agent.waiting_s([proc.pid]) is None  # released: nothing waits any more
 
 
 def test_alone_or_without_an_agent_the_exception_propagates(tmp_path, one_rank, monkeypatch):
