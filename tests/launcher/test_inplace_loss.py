@@ -16,6 +16,7 @@ from elastic_rm.train.paths import remove_node_memory
 from tests.launcher.test_closed_loop import (
     cleanup,  # noqa: F401 - a fixture
     current_round,
+    events_of,
     make_demo,
     steps_of,
     stop_job,
@@ -107,3 +108,28 @@ def test_a_survivor_whose_re_entry_fails_falls_back_to_a_restart(etcd, tmp_path,
     steps = [r["step"] for r in steps_of(rows, world=2, since=new[0]["t"])]
     assert steps[0] == new[0]["restored_step"] + 1 and steps == list(range(steps[0], steps[-1] + 1))
     assert_ledger_ok(rows)
+
+
+def test_a_failure_that_is_no_loss_is_released_and_restarts_as_before(etcd, tmp_path, cleanup):  # noqa: F811
+    # rank 1 raises inside the body (no member is lost): both workers hold their failure, no new round
+    # comes within the membership grace, the agents tell them to fail; torch's restart follows (new
+    # processes, one restart used) and training goes on from the last checkpoint
+    demo = make_demo(tmp_path, "2", script_args=[*ARGS, "--raise-at-step", "15"])
+    cleanup.append(demo)
+    for name in ("node-a", "node-b"):
+        demo.start_node(name, etcd.endpoint)
+    wait_for(demo, lambda rows: len([r for r in rows if r.get("start")]) >= 4, 300, "the restart")
+    wait_for(demo, lambda rows: len(steps_of(rows)) >= 25, 300, "training after the restart")
+    stop_job(demo)
+    for node in demo.nodes.values():
+        assert node.proc.returncode == 0
+
+    failures = [e for e in events_of(etcd.endpoint, demo.run_id, "failure")]
+    released = [e for e in failures if "no new round within the membership grace" in e.message]
+    assert {e.node for e in released} == {"node-a", "node-b"}, failures
+    assert any("--raise-at-step 15" in e.message for e in released), released
+    assert all("restart(s) left" in e.message for e in released)
+    rows = demo.progress()
+    for name in ("node-a", "node-b"):  # the held workers exited; new ones took over
+        assert len(pids_of(rows, name)) == 2, (name, pids_of(rows, name))
+    assert all(c["ok"] for c in checks(rows)), [c for c in checks(rows) if not c["ok"]]
