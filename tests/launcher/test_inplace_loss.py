@@ -4,12 +4,15 @@ failed collective (``with rnd:``), wait in place, and move into the round of two
 brings: the same processes (the pid in every progress row), restored from the newest committed checkpoint
 (the state logged at that step, every value of the model and both optimizers), the lost node's files read
 from the replica a survivor holds, each step and sample once after the restore (the ledger's checks). And
-the fallback: a survivor whose re-entry fails exits, and every survivor restarts with new processes."""
+the fallbacks (slow): a survivor whose re-entry fails exits, and every survivor restarts with new
+processes; a held failure that is no loss is released after the membership grace and restarts as before."""
 
 from __future__ import annotations
 
 import signal
 import time
+
+import pytest
 
 from elastic_rm.demo.checks import checks
 from elastic_rm.train.paths import remove_node_memory
@@ -82,6 +85,7 @@ def test_survivors_of_a_sigkill_keep_their_processes_and_restore_the_committed_s
     assert all(e.data["in_place"] and e.data["world"] == 2 for e in kept), kept
 
 
+@pytest.mark.slow
 def test_a_survivor_whose_re_entry_fails_falls_back_to_a_restart(etcd, tmp_path, cleanup):  # noqa: F811
     # global rank 0 of the world of 2 raises right after its new process group is up (in place); its
     # agent sees it exit and restarts; the other survivor's agent sees the newer round and falls back too
@@ -110,6 +114,7 @@ def test_a_survivor_whose_re_entry_fails_falls_back_to_a_restart(etcd, tmp_path,
     assert_ledger_ok(rows)
 
 
+@pytest.mark.slow
 def test_a_failure_that_is_no_loss_is_released_and_restarts_as_before(etcd, tmp_path, cleanup):  # noqa: F811
     # rank 1 raises inside the body (no member is lost): both workers hold their failure, no new round
     # comes within the membership grace, the agents tell them to fail; torch's restart follows (new
