@@ -16,8 +16,8 @@ Any failure (a worker exits or reports an error while re-initialising, no resume
 forming meanwhile) is said in the event log, and torch's restart follows: stop, rendezvous, new processes.
 
 After a member's loss (:meth:`InPlaceRounds.run_after_loss`): the workers' collectives failed, and each
-worker that holds the failure (``with rnd:``) destroyed its process groups, said so (``KIND_LOST``) and
-waits. When the round without the lost member forms, the agent moves them into it as above, with no
+worker that holds the failure (``with rnd:``) said so (``KIND_LOST``), shut its connections, destroyed its
+process groups and waits. When the round without the lost member forms, the agent moves them into it as above, with no
 drain: their body restores from the newest committed checkpoint. When no new round forms within the
 membership grace, the agent tells them to fail (:meth:`InPlaceRounds.release`), and torch's failure
 handling follows as if they had exited at once.
@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 REINIT_LIMIT_S = 120.0  # how long workers may take from the round message to their first step
 LEAVE_LIMIT_S = 30.0  # how long leaving workers may take to exit
 # After a loss, how long the agent waits for every local worker to hold its failed round: the first
-# worker's destroyed groups make the others' collectives fail at once, so this is only a bound.
+# worker's shut connections make the others' collectives fail at once, so this is only a bound.
 LOST_LIMIT_S = 5.0
 RELEASE_LIMIT_S = 30.0  # how long workers told to fail their held round may take to exit
 
