@@ -107,8 +107,11 @@ def rounds(reporter: StepReporter, backend: str = "gloo") -> Iterator[Round]:
     """Yield one :class:`Round` per round this process trains in, its default process group initialised.
 
     After a body that the agent drained (``reporter.should_stop()``), the process groups are destroyed
-    and the worker waits for its next round; a leaving rank exits 0 (``SystemExit(0)``). A body that ends
-    any other way (``break`` or done) ends the iteration, and the script's own cleanup follows the loop.
+    and the worker waits for its next round; a leaving rank exits 0 (``SystemExit(0)``). After a body
+    whose failure ``with rnd:`` held, the agent hears it, the round's connections and groups are ended,
+    and the worker waits for the next round the same way, or raises :class:`RoundFailedError` when the
+    agent says none came. A body that ends any other way (``break`` or done) ends the iteration, and the
+    script's own cleanup follows the loop.
     """
     index, round_id = 0, _env_round()
     if not dist.is_initialized():
