@@ -302,8 +302,8 @@ class ElasticRMAgent(LocalElasticAgent):
             )
             self.events.emit("drain", f"drain skipped: {why}; {then}", skipped=True, reason=why)
             # after a loss, workers that hold their failed round move into the new one in place (a frozen
-            # peer fails no collective: workers still blocked in one are restarted, without a wait)
-            if held and self.in_place.run_after_loss(self, worker_group):
+            # peer fails no collective: workers still blocked in one are restarted after a short wait)
+            if (held or not keeps_peers) and self.in_place.run_after_loss(self, worker_group):
                 return
         if drain:
             self.metrics.set_state("draining")

@@ -57,6 +57,9 @@ LEAVE_LIMIT_S = 30.0  # how long leaving workers may take to exit
 # After a loss, how long the agent waits for every local worker to hold its failed round: the first
 # worker's shut connections make the others' collectives fail at once, so this is only a bound.
 LOST_LIMIT_S = 5.0
+# ... and how long, when none holds one yet: on a loaded machine a worker can hold its failure after the
+# lease expired; a frozen peer (SIGSTOP) fails no collective, and its survivors restart after this wait.
+FIRST_HOLD_LIMIT_S = 1.0
 RELEASE_LIMIT_S = 30.0  # how long workers told to fail their held round may take to exit
 
 
@@ -154,7 +157,7 @@ class InPlaceRounds:
             opted = bool(self._capable & set(pids))
         if not pids or not opted or agent.services is None:
             return False
-        why = self._wait_lost(pids)
+        why = self._wait_lost(pids, LOST_LIMIT_S if self.waiting_s(pids) is not None else FIRST_HOLD_LIMIT_S)
         with self._cond:
             since = min((self._lost.pop(p)[0] for p in pids if p in self._lost), default=time.monotonic())
         if why is not None:
@@ -168,9 +171,9 @@ class InPlaceRounds:
             return False
         return self._move(agent, group, old, since, after_loss=True)
 
-    def _wait_lost(self, pids: list[int]) -> str | None:
+    def _wait_lost(self, pids: list[int], limit_s: float) -> str | None:
         """None once every worker said it waits in place after its round failed; else why not."""
-        deadline = time.monotonic() + LOST_LIMIT_S
+        deadline = time.monotonic() + limit_s
         while True:
             with self._cond:
                 capable = self._capable & set(pids)
@@ -183,7 +186,7 @@ class InPlaceRounds:
             if dead:
                 return f"worker pid(s) {dead} exited (a script without `with rnd:` around its body?)"
             if time.monotonic() > deadline:
-                return f"worker pid(s) {missing} did not hold a failed round within {LOST_LIMIT_S:.0f}s"
+                return f"worker pid(s) {missing} did not hold a failed round within {limit_s:g}s"
             with self._cond:
                 self._cond.wait(0.05)
 
