@@ -5,7 +5,11 @@ train the example TorchRec DLRM (examples/dlrm/train.py, flash checkpoints); one
 or frozen (SIGSTOP) and we measure until the two survivors take a step at world size 2. elastic-rm:
 `ermrun` with its defaults (lease TTL 2 s since benchmarks/lease; 5 s before). Baseline in the same run:
 stock `torchrun` with the c10d backend and `--max-restarts 3` (its defaults otherwise; the frozen or killed
-node is never the one hosting the c10d store). Writes benchmarks/results/recovery.json and prints ratios.
+node is never the one hosting the c10d store). In-place variant (``ermrun-inplace/SIGKILL``): the example
+run with --in-place, so the survivors' workers hold the failed collective and keep their processes into the
+new round (docs/train.md, "Rounds in place"); each of its trials records a breakdown of the time
+(benchmarks/recovery/breakdown.py) and the load average before and after. Writes
+benchmarks/results/recovery.json and prints ratios.
 
 Part b (``--part b``): downtime of a planned round, from rank 0's last step before it to the first step
 after it at the new size: a scale-up 2 -> 3 (a third node arrives) and, where cgroups are writable, a
@@ -33,6 +37,7 @@ import uuid
 from pathlib import Path
 
 from benchmarks.common import fmt, stop_processes, summarize, write_result
+from benchmarks.recovery.breakdown import breakdown
 from elastic_rm.etcd.server import EtcdServer, free_port
 from elastic_rm.proc import signal_tree
 
@@ -85,6 +90,10 @@ def start_node(
 
 
 def start_nodes(launcher: str, workdir: Path, endpoint: str, run_id: str) -> list[subprocess.Popen]:
+    if launcher == "ermrun-inplace":
+        return [
+            start_node("ermrun", workdir, endpoint, run_id, i, script_extra=["--in-place"]) for i in range(3)
+        ]
     return [start_node(launcher, workdir, endpoint, run_id, i) for i in range(3)]
 
 
@@ -92,11 +101,12 @@ def trial(launcher: str, sig: int, limit: float) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix=f"erm-recovery-{launcher}-"))
     run_id = f"rec-{uuid.uuid4().hex[:8]}"
     etcd = None
-    if launcher == "ermrun":
+    if launcher.startswith("ermrun"):
         etcd = EtcdServer().start()
         endpoint = etcd.endpoint
     else:
         endpoint = f"127.0.0.1:{free_port()}"
+    load_before = os.getloadavg()
     procs = start_nodes(launcher, workdir, endpoint, run_id)
     try:
         deadline = time.time() + 240
@@ -113,7 +123,12 @@ def trial(launcher: str, sig: int, limit: float) -> dict:
             ranks = {r["rank"] for r in after}
             if ranks >= {0, 1}:
                 first = max(min(r["t"] for r in after if r["rank"] == k) for k in (0, 1))
-                return {"ok": True, "latency_s": first - t_fault}
+                out = {"ok": True, "latency_s": first - t_fault}
+                if launcher == "ermrun-inplace":
+                    time.sleep(1)  # the agents' events of the round are written after the first step
+                    out["breakdown"] = breakdown(endpoint, run_id, progress(workdir), t_fault)
+                    out.update(load_avg_before=load_before, load_avg_after=os.getloadavg())
+                return out
             time.sleep(0.1)
         return {"ok": False, "error": f"survivors did not train at world 2 within {limit:.0f}s"}
     finally:
@@ -295,12 +310,17 @@ def main() -> None:
         return
     results: dict = {}
     for sig in (signal.SIGKILL, signal.SIGSTOP):
-        for launcher, runs in (("ermrun", args.runs), ("torchrun", args.baseline_runs)):
+        launchers = [("ermrun", args.runs), ("torchrun", args.baseline_runs)]
+        if sig == signal.SIGKILL:  # a frozen peer fails no collective: in place changes nothing there
+            launchers.insert(1, ("ermrun-inplace", args.runs))
+        for launcher, runs in launchers:
             name = f"{launcher}/{signal.Signals(sig).name}"
             trials = [trial(launcher, sig, args.limit) for _ in range(runs)]
             lat = [t["latency_s"] for t in trials if t["ok"]]
             results[name] = {**summarize(lat), "runs": runs, "failed": runs - len(lat),
                              "errors": [t.get("error") for t in trials if not t["ok"]]}  # fmt: skip
+            if launcher == "ermrun-inplace":
+                results[name]["trials"] = [t for t in trials if t["ok"]]
             print(
                 f"{name:18s} median {fmt(results[name]['median']):>9s}  failed {runs - len(lat)}/{runs}",
                 flush=True,
@@ -312,6 +332,11 @@ def main() -> None:
         ratios[sig] = base / ours if ours and base else None
         note = f"{ratios[sig]:.1f}x" if ratios[sig] else f"torchrun did not recover within {args.limit:.0f}s"
         print(f"  {sig}: {note}")
+    inplace, base = results["ermrun-inplace/SIGKILL"]["median"], results["torchrun/SIGKILL"]["median"]
+    ratios["SIGKILL-inplace"] = base / inplace if inplace and base else None
+    print(
+        "  SIGKILL in place: " + (f"{ratios['SIGKILL-inplace']:.1f}x" if ratios["SIGKILL-inplace"] else "n/a")
+    )
     print("wrote", write_result("recovery", {"results": results, "ratios": ratios, "config": vars(args)}))
 
 

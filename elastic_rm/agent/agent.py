@@ -7,8 +7,9 @@ What it adds:
 - draining: before torch restarts healthy workers for a new round, workers that use
   ``elastic_rm.train.report`` are asked to stop at the next step boundary (after their final
   checkpoint hook) within a grace period; then torch stops whatever is left, as it always does;
-- lost-peer handling: workers whose collectives fail because a member vanished are restarted into the
-  next round without using one of ``--max-restarts``.
+- lost-peer handling: workers whose collectives fail because a member vanished move into the next round
+  without using one of ``--max-restarts``: in place when they hold the failure (``with rnd:``,
+  elastic_rm.agent.inplace), else restarted.
 
 Extension points: ``_start_workers``, ``_monitor_workers`` and ``_restart_workers``
 are private torch methods (``_shutdown`` is not ours to hook: torch calls it on every worker stop); ``tests/launcher/test_torch_contract.py`` pins them so that a
@@ -290,15 +291,24 @@ class ElasticRMAgent(LocalElasticAgent):
         collective never reaches a step boundary: stop at once, as torch does."""
         # without node services nothing tells a lost peer apart: drain, as a planned change would
         keeps_peers = self._services.peers_all_kept() if self._services is not None else True
+        held = self.in_place.waiting_s([w.id for w in worker_group.workers if w.id is not None]) is not None
         drain = (
             worker_group.state == WorkerState.HEALTHY
             and keeps_peers
+            and not held
             and self.options.drain_grace_s > 0
             and self._started
         )
         if not drain and self._started and worker_group.state == WorkerState.HEALTHY:
             why = "a peer left (its collectives cannot finish)" if not keeps_peers else "--drain-grace 0"
-            self.events.emit("drain", f"drain skipped: {why}; stopping workers", skipped=True, reason=why)
+            why, then = (
+                ("the workers' round failed", "they wait in place") if held else (why, "stopping workers")
+            )
+            self.events.emit("drain", f"drain skipped: {why}; {then}", skipped=True, reason=why)
+            # after a loss, workers that hold their failed round move into the new one in place (a frozen
+            # peer fails no collective: workers still blocked in one are restarted after a short wait)
+            if (held or not keeps_peers) and self.in_place.run_after_loss(self, worker_group):
+                return
         if drain:
             self.metrics.set_state("draining")
             t0 = time.monotonic()
@@ -349,6 +359,8 @@ class ElasticRMAgent(LocalElasticAgent):
         torch's loop sees ``num_nodes_waiting() > 0`` and re-rendezvous without using a restart.
         """
         result = super()._monitor_workers(worker_group)
+        if result.state == WorkerState.HEALTHY:  # workers that hold a failed round wait: in place, or fail
+            return self.in_place.held_failure(self, worker_group, result, LocalElasticAgent._monitor_workers)
         if result.state not in (WorkerState.FAILED, WorkerState.UNHEALTHY):
             return result
         handler = worker_group.spec.rdzv_handler

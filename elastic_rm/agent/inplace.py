@@ -14,6 +14,13 @@ The round, on a node whose workers all opted in and all drained cleanly:
    membership change is no restart) and the exit barrier uses the new round's store.
 Any failure (a worker exits or reports an error while re-initialising, no resume in time, a newer round
 forming meanwhile) is said in the event log, and torch's restart follows: stop, rendezvous, new processes.
+
+After a member's loss (:meth:`InPlaceRounds.run_after_loss`): the workers' collectives failed, and each
+worker that holds the failure (``with rnd:``) said so (``KIND_LOST``), shut its connections, destroyed its
+process groups and waits. When the round without the lost member forms, the agent moves them into it as above, with no
+drain: their body restores from the newest committed checkpoint. When no new round forms within the
+membership grace, the agent tells them to fail (:meth:`InPlaceRounds.release`), and torch's failure
+handling follows as if they had exited at once.
 """
 
 from __future__ import annotations
@@ -25,15 +32,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from torch.distributed.elastic.agent.server.api import WorkerGroup, WorkerState
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 
 from ..train.peers import PEERS_ENV
 from ..wire.channel import (
     ENV_ROUND,
     KIND_FAILED,
     KIND_INPLACE,
+    KIND_LOST,
     KIND_RESUMED,
     RESUMED,
+    ROUND_FAIL,
     ROUND_FILE,
     ROUND_JOIN,
     ROUND_LEAVE,
@@ -45,6 +54,13 @@ log = logging.getLogger(__name__)
 
 REINIT_LIMIT_S = 120.0  # how long workers may take from the round message to their first step
 LEAVE_LIMIT_S = 30.0  # how long leaving workers may take to exit
+# After a loss, how long the agent waits for every local worker to hold its failed round: the first
+# worker's shut connections make the others' collectives fail at once, so this is only a bound.
+LOST_LIMIT_S = 5.0
+# ... and how long, when none holds one yet: on a loaded machine a worker can hold its failure after the
+# lease expired; a frozen peer (SIGSTOP) fails no collective, and its survivors restart after this wait.
+FIRST_HOLD_LIMIT_S = 1.0
+RELEASE_LIMIT_S = 30.0  # how long workers told to fail their held round may take to exit
 
 
 class InPlaceRounds:
@@ -57,9 +73,11 @@ class InPlaceRounds:
         self._capable: set[int] = set()
         self._resumed: dict[int, int] = {}  # pid -> round id it trained a first step in
         self._failed: dict[int, str] = {}  # pid -> why its re-init failed
+        self._lost: dict[int, tuple[float, str]] = {}  # pid -> (monotonic time, why) of its failed round
         channel.extra_handlers[KIND_INPLACE] = self._on_inplace
         channel.extra_handlers[KIND_RESUMED] = self._on_resumed
         channel.extra_handlers[KIND_FAILED] = self._on_failed
+        channel.extra_handlers[KIND_LOST] = self._on_lost
 
     # ---- channel messages (the channel's thread) ------------------------------------------------------
     def _on_inplace(self, pid: int, _body: bytes) -> None:
@@ -78,6 +96,99 @@ class InPlaceRounds:
         with self._cond:
             self._failed[pid] = f"round {round_id}: {text}"
             self._cond.notify_all()
+
+    def _on_lost(self, pid: int, body: bytes) -> None:
+        (round_id,) = RESUMED.unpack_from(body)
+        text = body[RESUMED.size :].decode(errors="replace")
+        with self._cond:
+            self._lost[pid] = (time.monotonic(), f"round {round_id}: {text}")
+            self._cond.notify_all()
+
+    # ---- workers waiting after their round failed ------------------------------------------------------
+    def waiting_s(self, pids: list[int]) -> float | None:
+        """Seconds since the first of ``pids`` said its round failed and it waits in place; None: none."""
+        with self._cond:
+            since = [self._lost[p][0] for p in pids if p in self._lost]
+        return time.monotonic() - min(since) if since else None
+
+    def release(self, pids: list[int]) -> str:
+        """No new round came: the waiting workers fail (they raise, and exit as they would have at once).
+        Returns why their rounds failed, for the event log."""
+        with self._cond:
+            waiting = {p: self._lost.pop(p) for p in pids if p in self._lost}
+        for pid in waiting:
+            self._tell(pid, ROUND_FAIL, 0, {})
+        return "; ".join(f"pid {p}: {why}" for p, (_, why) in sorted(waiting.items()))
+
+    def held_failure(
+        self,
+        agent: Any,
+        group: WorkerGroup,
+        result: RunResult,
+        monitor: Callable[[Any, WorkerGroup], RunResult],
+    ) -> RunResult:
+        """Workers that hold a failed round run on, waiting: a new round within the membership grace takes
+        them in place (torch's loop sees the waiting nodes); without one, they are told to fail and exit,
+        and ``monitor`` (torch's) reports their failure as it would have at once."""
+        pids = [w.id for w in group.workers if w.id is not None]
+        waited = self.waiting_s(pids)
+        if waited is None or group.spec.rdzv_handler.num_nodes_waiting() > 0:
+            return result
+        grace = agent._membership_grace()
+        if waited < grace:
+            return result
+        why = self.release(pids)
+        deadline = time.monotonic() + RELEASE_LIMIT_S
+        while result.state == WorkerState.HEALTHY and time.monotonic() < deadline:
+            time.sleep(0.05)
+            result = monitor(agent, group)
+        left = agent._remaining_restarts
+        outcome = f"{left} restart(s) left" if left > 0 else "no restarts left"
+        agent._emit_failure(result, f"no new round within the membership grace {grace:g}s ({why}); {outcome}")
+        return result
+
+    def run_after_loss(self, agent: Any, group: WorkerGroup) -> bool:
+        """A new round after a member's loss: True when the workers, which held their failed round and
+        wait in place, moved into it (their body restores the newest committed checkpoint). False: torch's
+        restart must follow (the event log says why, when the workers opted in)."""
+        old = {w.local_rank: w.id for w in group.workers if w.id is not None}
+        pids = sorted(old.values())
+        with self._cond:
+            opted = bool(self._capable & set(pids))
+        if not pids or not opted or agent.services is None:
+            return False
+        why = self._wait_lost(pids, LOST_LIMIT_S if self.waiting_s(pids) is not None else FIRST_HOLD_LIMIT_S)
+        with self._cond:
+            since = min((self._lost.pop(p)[0] for p in pids if p in self._lost), default=time.monotonic())
+        if why is not None:
+            self.events.emit(
+                "round", f"round after the loss not in place: {why}; restarting the workers", in_place=False
+            )
+            return False
+        pending = agent.services.pending_round
+        if pending is not None and pending.members and agent.services.node_id not in pending.members:
+            self._leave(agent, pending.round, pids)
+            return False
+        return self._move(agent, group, old, since, after_loss=True)
+
+    def _wait_lost(self, pids: list[int], limit_s: float) -> str | None:
+        """None once every worker said it waits in place after its round failed; else why not."""
+        deadline = time.monotonic() + limit_s
+        while True:
+            with self._cond:
+                capable = self._capable & set(pids)
+                missing = [p for p in pids if p not in self._lost]
+            if len(capable) != len(pids):
+                return f"{len(pids) - len(capable)} worker(s) do not use elastic_rm.train.rounds"
+            if not missing:
+                return None
+            dead = [p for p in missing if not _pid_alive(p)]
+            if dead:
+                return f"worker pid(s) {dead} exited (a script without `with rnd:` around its body?)"
+            if time.monotonic() > deadline:
+                return f"worker pid(s) {missing} did not hold a failed round within {limit_s:g}s"
+            with self._cond:
+                self._cond.wait(0.05)
 
     # ---- the round ------------------------------------------------------------------------------------
     def why_not(self, pids: list[int], drained: DrainResult | None) -> str | None:
@@ -114,11 +225,17 @@ class InPlaceRounds:
         if pending is not None and pending.members and node not in pending.members:
             self._leave(agent, pending.round, pids)
             return False
+        return self._move(agent, group, old, time.monotonic(), after_loss=False)
+
+    def _move(self, agent: Any, group: WorkerGroup, old: dict[int, int], t0: float, after_loss: bool) -> bool:
+        """Rendezvous, tell each kept worker its new round, wait for its first step there. ``t0``: when
+        training stopped (the drain's end, or the first failed collective after a loss)."""
+        services = agent.services
+        pids = sorted(old.values())
         with self._cond:
             self._resumed.clear()
             self._failed.clear()
         self.channel.clear_drain()  # before any worker can train in the new round and see the old flag
-        t0 = time.monotonic()
         agent._rendezvous(group)
         joined = services.joined_round
         round_id = joined.round if joined is not None else 0
@@ -141,13 +258,15 @@ class InPlaceRounds:
         elapsed = time.monotonic() - t0
         group.state = WorkerState.HEALTHY
         agent.channel.reset_steps()
+        since = "their round failed (a member's loss)" if after_loss else "the drain"
         self.events.emit(
             "round",
             f"round {round_id} in place: {len(pids)} worker(s) kept their processes "
             f"(rank(s) {[w.global_rank for w in group.workers]} of {group.workers[0].world_size}); "
-            f"training again {elapsed:.2f}s after the drain",
+            f"training again {elapsed:.2f}s after {since}",
             round=round_id,
             in_place=True,
+            after_loss=after_loss,
             pids=pids,
             ranks=[w.global_rank for w in group.workers],
             world=group.workers[0].world_size,

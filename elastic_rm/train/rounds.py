@@ -7,12 +7,21 @@ step boundary), then tells it the new round over the worker channel instead of k
 destroys its process groups, takes the new round's environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``
 and ``MASTER_PORT``, checkpoint peers, ...), initialises the new process group and runs the loop body
 again, which re-plans the sharding, rebuilds the DMP and restores from node memory. A rank whose node
-leaves the world exits 0. Anything else (a lost peer, a failure while re-initialising) ends in today's
-restart, decided by the agent. See docs/train.md, "Rounds in place".
+leaves the world exits 0.
+
+A lost peer: a body run inside ``with rnd:`` whose collectives fail (a member died: gloo's sockets to it
+error at once) does not end the process. The failure is held, the process groups are destroyed (which
+makes the other survivors' collectives fail too), the agent hears about it, and the worker waits in
+place: when the rendezvous forms the round without the lost member, the agent hands it that round and
+the body runs again, restoring from the newest committed checkpoint (the lost node's shards from the peer
+that holds their replica). When no new round comes within the membership grace, the agent tells the
+worker to fail, and it raises the held exception: today's restart. See docs/train.md, "Rounds in place".
 
     reporter = get_reporter(sync_every=5)
     for rnd in rounds(reporter):          # the process group of this round is initialised
-        ... build, restore, train; stop when reporter.step() says so
+        finished = False
+        with rnd:                          # a failed collective: wait for the next round in place
+            finished = train(...)          # build, restore, train; stop when reporter.step() says so
         if finished:
             break                          # training is over: no more rounds
 
@@ -21,12 +30,14 @@ Without an agent (plain torchrun) or when the body ends without a drain, it yiel
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
+import socket
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
@@ -34,9 +45,11 @@ from ..wire.channel import (
     ENV_ROUND,
     KIND_FAILED,
     KIND_INPLACE,
+    KIND_LOST,
     KIND_RESUMED,
     MAX_TEXT,
     RESUMED,
+    ROUND_FAIL,
     ROUND_FILE,
     ROUND_LEAVE,
     decode_round,
@@ -49,27 +62,56 @@ POLL_S = 0.005  # how often a parked worker looks for its round message
 PARK_LIMIT_S = float(os.environ.get("ERM_PARK_LIMIT_S", "3600"))  # bound on waiting for the next round
 
 
+class RoundFailedError(RuntimeError):
+    """A round's body failed (held by ``with rnd:``) and the agent saw no new round to move into."""
+
+
 @dataclass(frozen=True)
 class Round:
-    """One round as the worker sees it; ``index`` 0 is the round the process started in."""
+    """One round as the worker sees it; ``index`` 0 is the round the process started in.
+
+    ``with rnd:`` around the body holds an exception of the round's body (a collective that failed
+    because a peer died) instead of letting it end the process; :func:`rounds` then waits for the agent's
+    decision. Outside an elastic-rm agent, and in a world of one node, the exception propagates."""
 
     index: int
     round_id: int
     rank: int
     world_size: int
+    failure: list[str] = field(default_factory=list, repr=False, compare=False)
+    can_wait: bool = field(default=False, repr=False, compare=False)
 
     @property
     def in_place(self) -> bool:
         """True when this process trained an earlier round (it must restore, not initialise)."""
         return self.index > 0
 
+    def __enter__(self) -> Round:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc is None or not isinstance(exc, Exception) or not self.can_wait:
+            return False
+        log.warning(
+            "elastic-rm: round %d failed on rank %d; waiting in place for the next round",
+            self.round_id,
+            self.rank,
+            exc_info=exc,
+        )
+        # the text only: the traceback would keep the old round's model and groups alive while we wait
+        self.failure.append(f"{type(exc).__name__}: {exc}")
+        return True  # held: rounds() waits for the agent's next round
+
 
 def rounds(reporter: StepReporter, backend: str = "gloo") -> Iterator[Round]:
     """Yield one :class:`Round` per round this process trains in, its default process group initialised.
 
     After a body that the agent drained (``reporter.should_stop()``), the process groups are destroyed
-    and the worker waits for its next round; a leaving rank exits 0 (``SystemExit(0)``). A body that ends
-    any other way (``break`` or done) ends the iteration, and the script's own cleanup follows the loop.
+    and the worker waits for its next round; a leaving rank exits 0 (``SystemExit(0)``). After a body
+    whose failure ``with rnd:`` held, the agent hears it, the round's connections and groups are ended,
+    and the worker waits for the next round the same way, or raises :class:`RoundFailedError` when the
+    agent says none came. A body that ends any other way (``break`` or done) ends the iteration, and the
+    script's own cleanup follows the loop.
     """
     index, round_id = 0, _env_round()
     if not dist.is_initialized():
@@ -78,12 +120,21 @@ def rounds(reporter: StepReporter, backend: str = "gloo") -> Iterator[Round]:
         if reporter.active:
             reporter.new_round(after_first_step=_resumed(reporter, round_id) if index else None)
             reporter.send(KIND_INPLACE)
-        yield Round(index, round_id, dist.get_rank(), dist.get_world_size())
-        if not (reporter.active and reporter.should_stop()):
-            return
+        rnd = Round(index, round_id, dist.get_rank(), dist.get_world_size(), can_wait=_can_wait(reporter))
+        yield rnd
         t0 = time.monotonic()
-        dist.destroy_process_group()  # the default group and every group made from it
-        action, round_id, env = _wait_for_round(reporter.agent_dir)
+        if rnd.failure:  # the body's collectives failed (a lost peer?): wait for the agent's decision
+            failure = rnd.failure.pop()
+            reporter.send(KIND_LOST, RESUMED.pack(round_id) + failure.encode()[:MAX_TEXT])  # first: it waits
+            _drop_groups(reporter)
+            action, round_id, env = _wait_for_round(reporter.agent_dir)
+            if action == ROUND_FAIL:
+                raise RoundFailedError(f"round {rnd.round_id} failed and no new round came: {failure}")
+        elif not (reporter.active and reporter.should_stop()):
+            return
+        else:
+            dist.destroy_process_group()  # the default group and every group made from it
+            action, round_id, env = _wait_for_round(reporter.agent_dir)
         if action == ROUND_LEAVE:
             log.info("elastic-rm: this rank leaves the world at round %d; exiting 0", round_id)
             raise SystemExit(0)
@@ -117,6 +168,70 @@ def _forget_the_old_world() -> None:
             setattr(comm, name, None)
 
 
+def _can_wait(reporter: StepReporter) -> bool:
+    """A failed round is worth waiting for in place under an agent that handles it, in a world of more
+    than one node (alone, no peer's loss can have failed it: the agent restarts it at once)."""
+    try:
+        nodes = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
+    except ValueError:
+        nodes = 1
+    return reporter.active and nodes > 1
+
+
+def _drop_groups(reporter: StepReporter) -> None:
+    """End the failed round's process groups so that the survivors still waiting on this rank in a
+    collective fail at once (then hold their failure too) instead of at the group's timeout.
+
+    gloo cannot do that by itself: neither ``destroy_process_group`` nor ``abort`` closes its connections
+    while the process lives, and a rank waiting on a live peer (which waits on the dead one) would wait.
+    So the TCP connections of this process are shut down (``shutdown``, not ``close``: gloo still owns the
+    descriptors and closes them when its objects go). The worker has no other TCP connection that outlives
+    the round (the agent's channel is a Unix socket; the new round makes a new store connection)."""
+    t0 = time.monotonic()
+    shut = _shut_tcp_connections()
+    reporter.on_stop(lambda _step: None)  # the final-checkpoint hook holds the old model and checkpointer
+    gc.collect()
+    t1 = time.monotonic()
+    try:
+        dist.destroy_process_group()
+    except Exception as exc:  # noqa: BLE001 - a broken group may refuse; the new round makes new ones
+        log.warning("elastic-rm: destroying the failed round's process groups: %r", exc)
+    log.warning(
+        "elastic-rm: the failed round's %d connection(s) shut and its objects collected in %.2fs, its "
+        "groups destroyed in %.2fs",
+        shut,
+        t1 - t0,
+        time.monotonic() - t1,
+    )
+
+
+def _shut_tcp_connections() -> int:
+    """Shut down every TCP connection of this process (both directions); returns how many."""
+    done = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fd = os.dup(int(name))
+        except (OSError, ValueError):
+            continue
+        try:
+            sock = socket.socket(fileno=fd)  # owns the duplicate only
+        except OSError:
+            os.close(fd)  # not a socket
+            continue
+        with sock:
+            if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
+                continue
+            try:
+                if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                    continue  # a listener: gloo's would abort the process on a failed accept
+                sock.getpeername()  # connected ones only
+                sock.shutdown(socket.SHUT_RDWR)
+                done += 1
+            except OSError:
+                pass
+    return done
+
+
 def _resumed(reporter: StepReporter, round_id: int):
     def send() -> None:
         reporter.send(KIND_RESUMED, RESUMED.pack(round_id))
@@ -126,8 +241,7 @@ def _resumed(reporter: StepReporter, round_id: int):
 
 def _report_failure(reporter: StepReporter, round_id: int, exc: BaseException) -> None:
     """Tell the agent why re-initialising failed (its event log says so), before the exception ends us."""
-    text = f"{type(exc).__name__}: {exc}".encode()[:MAX_TEXT]
-    reporter.send(KIND_FAILED, RESUMED.pack(round_id) + text)
+    reporter.send(KIND_FAILED, RESUMED.pack(round_id) + f"{type(exc).__name__}: {exc}".encode()[:MAX_TEXT])
 
 
 def _env_round() -> int:

@@ -30,6 +30,9 @@ CONTROL = struct.Struct("<HBxIQ")  # magic, version, drain (0/1), drain sequence
 # KIND_RESUMED carries RESUMED once the worker trained its first step of a round it joined in place;
 # KIND_FAILED carries RESUMED then UTF-8 text (at most MAX_TEXT bytes): why its re-init failed.
 KIND_INPLACE, KIND_RESUMED, KIND_FAILED = 5, 6, 7
+# KIND_LOST carries RESUMED then UTF-8 text: this worker's round failed (a collective, e.g. a peer was lost);
+# its process groups are destroyed and it waits in place for the agent's next round message.
+KIND_LOST = 9
 RESUMED = struct.Struct("<q")  # the round id
 MAX_TEXT = 2048
 
@@ -44,12 +47,14 @@ RESTORED_HEAD = struct.Struct("<qqiid")  # round id, restored (global) step, wor
 ROUND_FILE = "round-{pid}"
 ROUND = struct.Struct("<HBBIq")  # magic, version, action, payload bytes, round id
 ROUND_JOIN, ROUND_LEAVE = 1, 2
+ROUND_FAIL = 3  # to a worker waiting after its round failed: no new round came; fail as it would have
+ROUND_ACTIONS = (ROUND_JOIN, ROUND_LEAVE, ROUND_FAIL)
 
 
 def encode_round(action: int, round_id: int, env: dict[str, str]) -> bytes:
-    """The agent's message to one in-place worker: join ``round_id`` with ``env``, or leave (exit 0)."""
-    if action not in (ROUND_JOIN, ROUND_LEAVE):
-        raise ValueError(f"round action must be ROUND_JOIN or ROUND_LEAVE, got {action!r}")
+    """The agent's message to one in-place worker: join ``round_id`` with ``env``, leave (exit 0), or fail."""
+    if action not in ROUND_ACTIONS:
+        raise ValueError(f"round action must be ROUND_JOIN, ROUND_LEAVE or ROUND_FAIL, got {action!r}")
     for key, value in env.items():
         if not key or "=" in key or "\0" in key or "\0" in value:
             raise ValueError(f"environment entry {key!r} cannot be sent (empty, '=' or NUL in it)")
@@ -66,7 +71,7 @@ def decode_round(data: bytes) -> tuple[int, int, dict[str, str]]:
         raise ValueError(
             f"round message with magic {magic:#x} version {version} (mixed elastic-rm versions?)"
         )
-    if action not in (ROUND_JOIN, ROUND_LEAVE) or len(data) != ROUND.size + size:
+    if action not in ROUND_ACTIONS or len(data) != ROUND.size + size:
         raise ValueError(f"round message with action {action} and {len(data)} bytes is malformed")
     text = data[ROUND.size :].decode()
     env = dict(entry.split("=", 1) for entry in text.split("\0")) if text else {}

@@ -100,6 +100,12 @@ def parse_args() -> argparse.Namespace:
         help="fault injection for tests: this global rank raises when it re-initialises in place",
     )
     p.add_argument(
+        "--raise-at-step",
+        type=int,
+        default=0,
+        help="fault injection for tests: global rank 1 raises after this step of a fresh start (0: never)",
+    )
+    p.add_argument(
         "--checksum-every",
         type=int,
         default=0,
@@ -184,7 +190,9 @@ def main() -> None:
         for rnd in rounds(get_reporter(sync_every=5)):
             if rnd.in_place and rnd.rank == args.raise_in_place_on_rank:
                 raise RuntimeError(f"--raise-in-place-on-rank {rnd.rank}: failing the in-place round")
-            finished = train(args, in_place=rnd)
+            finished = False
+            with rnd:  # a collective that fails (a member was lost): wait for the next round in place
+                finished = train(args, in_place=rnd)
             gc.collect()  # the old round's DMP and groups are garbage before the groups are destroyed
             if finished:
                 break
@@ -299,6 +307,8 @@ def train(args: argparse.Namespace, in_place: Round | None) -> bool:
         step += 1
         emit(step=step, samples=local_batch, loss=float(loss.detach()), epoch=batches.ledger.epoch,
              sample_start=lo, sample_end=hi)  # fmt: skip
+        if step == args.raise_at_step and rank == 1 and restored is None:
+            raise RuntimeError(f"--raise-at-step {step}: a failure that is no member's loss")
         if args.checksum_every and step % args.checksum_every == 0:
             emit(checksum_step=step, **state_checksum(dmp, dense_opt))
         if step % args.checkpoint_every == 0:

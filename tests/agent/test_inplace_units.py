@@ -32,7 +32,7 @@ def test_round_message_round_trips_and_rejects_what_it_cannot_carry():
     for bad in ({"A=B": "1"}, {"": "1"}, {"A": "x\0y"}):
         with pytest.raises(ValueError, match="cannot be sent"):
             encode_round(ROUND_JOIN, 1, bad)
-    with pytest.raises(ValueError, match="ROUND_JOIN or ROUND_LEAVE"):
+    with pytest.raises(ValueError, match="ROUND_JOIN, ROUND_LEAVE or ROUND_FAIL"):
         encode_round(9, 1, {})
     data = encode_round(ROUND_JOIN, 3, {"RANK": "0"})
     for broken in (data[:4], data[:-1], b"\x00\x00" + data[2:], data[: ROUND.size - 1]):
