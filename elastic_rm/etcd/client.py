@@ -13,6 +13,8 @@ import asyncio
 import logging
 import os
 import threading
+import time
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -27,6 +29,7 @@ from .errors import (
     EtcdConfigError,
     EtcdConnectionError,
     EtcdError,
+    EtcdForkError,
     EtcdTimeoutError,
 )
 from .ops import Compare, Op
@@ -90,16 +93,49 @@ def _io_loop() -> asyncio.AbstractEventLoop:
         return _IO_LOOP
 
 
-def _forget_io_loop_in_child() -> None:
-    global _IO_LOOP
+# Fork: gRPC's asyncio layer does not survive fork() while a channel is open (measured: a fresh client in
+# such a child times out or crashes, with or without GRPC_ENABLE_FORK_SUPPORT; grpc/grpc#19793). A child
+# forked while no client was open works. So the facade counts its open clients and, in a child forked
+# with some open, refuses at once with a message saying what to do instead of timing out.
+_OPEN: weakref.WeakSet = weakref.WeakSet()  # clients created and not closed in this process
+_FORKED_WITH_OPEN: int | None = None  # pid of the parent, when this process was forked with clients open
+
+
+def _after_fork_in_child() -> None:
+    global _IO_LOOP, _FORKED_WITH_OPEN
     _IO_LOOP = None  # the parent's I/O thread does not exist in a forked child
+    if len(_OPEN) and _FORKED_WITH_OPEN is None:
+        _FORKED_WITH_OPEN = os.getppid()
+    _OPEN.clear()  # the inherited clients are unusable here (see EtcdClient.run); never touch their channels
 
 
-os.register_at_fork(after_in_child=_forget_io_loop_in_child)
+_LAST_CLOSE = 0.0  # time.monotonic() when a client of this process last closed
+FORK_SETTLE_S = 0.1  # gRPC ends a closed channel's calls asynchronously; measured: 50 ms sufficed
+
+
+def _before_fork() -> None:
+    """A fork right after the last client closed can catch gRPC still ending its calls (the child then
+    timed out in our probe); wait out the rest of a short settle time."""
+    if not len(_OPEN):
+        wait = _LAST_CLOSE + FORK_SETTLE_S - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+
+
+os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+
+FORK_ADVICE = (
+    "gRPC's asyncio layer, which the etcd client uses, does not work in a process forked while its parent "
+    "held open etcd clients. Start this process with multiprocessing's 'spawn' or 'forkserver' method "
+    "(multiprocessing.get_context('spawn')), or close the parent's clients (handler.shutdown()) before forking"
+)
 
 
 class EtcdClient:
-    """Blocking etcd v3 client. Thread-safe; one private event-loop thread per client.
+    """Blocking etcd v3 client. Thread-safe; all clients of a process share one I/O thread.
+
+    Fork: a client belongs to the process that created it. A process forked while no client was open
+    may create its own; one forked while clients were open gets EtcdForkError (see FORK_ADVICE).
 
     ``endpoints``: one or several ``host:port``; on a connection failure the next one is tried.
     ``timeout``: seconds for every call (a stalled etcd otherwise blocks forever).
@@ -115,6 +151,11 @@ class EtcdClient:
     ):
         if timeout <= 0:
             raise EtcdConfigError(f"etcd timeout must be > 0 seconds, got {timeout}")
+        if _FORKED_WITH_OPEN is not None:
+            raise EtcdForkError(
+                f"cannot open an etcd client in process {os.getpid()}, forked from {_FORKED_WITH_OPEN} "
+                f"while that one held etcd clients: {FORK_ADVICE}"
+            )
         if (user is None) != (password is None):
             raise EtcdConfigError("etcd auth needs both a user and a password, or neither")
         self.endpoints = parse_endpoints(endpoints)
@@ -125,8 +166,11 @@ class EtcdClient:
         self._current = 0
         self._lock = threading.Lock()
         self._closed = False
+        self._pid = os.getpid()
+        self._watches: list[PrefixWatch] = []
         self._loop = _io_loop()
         self._client = self._new_client()
+        _OPEN.add(self)
 
     # -- plumbing -------------------------------------------------------------------------------------
 
@@ -158,10 +202,18 @@ class EtcdClient:
         asyncio.run_coroutine_threadsafe(failed.close(), self._loop)
         log.warning("etcd: switching to endpoint %s", self.endpoint)
 
+    def _check_pid(self) -> None:
+        if os.getpid() != self._pid:
+            raise EtcdForkError(
+                f"this etcd client was created in process {self._pid} and cannot be used in its forked "
+                f"child {os.getpid()}: {FORK_ADVICE}"
+            )
+
     def run(self, make_coro: Callable[[_AetcdClient], Any], retry: bool = True) -> Any:
         """Run ``make_coro(client)`` on the loop thread; fail over to other endpoints if allowed."""
         if self._closed:
             raise EtcdError("etcd client is closed")
+        self._check_pid()
         attempts = len(self.endpoints) if retry else 1
         last: Exception | None = None
         for _ in range(attempts):
@@ -218,6 +270,7 @@ class EtcdClient:
     def put_nowait(self, key: str, value: bytes | str, lease: int | None = None) -> None:
         """Send a put without waiting for the answer; a failure is logged, not raised."""
         data = value.encode() if isinstance(value, str) else value
+        self._check_pid()
         future = asyncio.run_coroutine_threadsafe(
             self._client.put(key.encode(), data, lease=lease or None), self._loop
         )
@@ -297,7 +350,9 @@ class EtcdClient:
         EtcdCompactedError saying deletions were not seen; then it resumes from ``revision + 1``.
         ``exact``: watch this one key only. Returns a cancel function.
         """
+        self._check_pid()
         watch = PrefixWatch(self, prefix, start_revision, on_events, on_error, exact, on_resync)
+        self._watches.append(watch)
         asyncio.run_coroutine_threadsafe(watch.start(), self._loop).result(self.timeout + 1.0)
         return watch.cancel
 
@@ -305,10 +360,21 @@ class EtcdClient:
         if self._closed:
             return
         self._closed = True
+        _OPEN.discard(self)
+        if os.getpid() != self._pid:
+            return  # an inherited client: its channel belongs to the parent; touching it can crash the child
         try:
-            asyncio.run_coroutine_threadsafe(self._client.close(), self._loop).result(2.0)
+            asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(2.0)
         except Exception:  # noqa: BLE001 - closing a dead connection is best effort
             pass
+        global _LAST_CLOSE
+        _LAST_CLOSE = time.monotonic()
+
+    async def _close(self) -> None:
+        """End the watches' tasks, then the connection: once this returns no call of this client is in
+        flight in gRPC (a fork right after a close then finds gRPC idle)."""
+        await asyncio.gather(*(w.stop() for w in self._watches), return_exceptions=True)
+        await self._client.close()
 
     def __enter__(self) -> EtcdClient:
         return self
@@ -321,6 +387,7 @@ __all__ = [
     "Compare",
     "EtcdClient",
     "EtcdCompactedError",
+    "EtcdForkError",
     "KeyValue",
     "Op",
     "TlsOptions",
