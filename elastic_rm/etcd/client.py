@@ -10,6 +10,7 @@ seen revision after an outage.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import threading
@@ -93,33 +94,49 @@ def _io_loop() -> asyncio.AbstractEventLoop:
         return _IO_LOOP
 
 
-# Fork: gRPC's asyncio layer does not survive fork() while a channel is open (measured: a fresh client in
-# such a child times out or crashes, with or without GRPC_ENABLE_FORK_SUPPORT; grpc/grpc#19793). A child
-# forked while no client was open works. So the facade counts its open clients and, in a child forked
-# with some open, refuses at once with a message saying what to do instead of timing out.
+# Fork: gRPC's asyncio layer does not survive fork() while it is up (measured: a fresh client in such a
+# child timed out or crashed, with or without GRPC_ENABLE_FORK_SUPPORT; grpc/grpc#19793). It is up while a
+# channel lives: an open client, or a closed client's calls that sit in reference cycles until the garbage
+# collector runs. A child forked while it is down works. So before a fork with no client open, the facade
+# collects that garbage and waits (bounded) for gRPC's poller thread to end; a child forked while gRPC is
+# still up refuses at once, with a message that says what to do, instead of timing out or crashing.
 _OPEN: weakref.WeakSet = weakref.WeakSet()  # clients created and not closed in this process
-_FORKED_WITH_OPEN: int | None = None  # pid of the parent, when this process was forked with clients open
+_FORKED_WITH_OPEN: int | None = None  # pid of the parent, when this process was forked with gRPC up
+_UP_AT_FORK = False  # set by the pre-fork hook for the child to read
+_LAST_CLOSE = 0.0  # time.monotonic() when a client of this process last closed
+FORK_SETTLE_S = 0.1  # gRPC ends a closed channel's calls asynchronously; measured: 50 ms sufficed
+FORK_WAIT_S = 2.0  # at most this long for gRPC's poller thread to end before a fork
+
+
+def _grpc_pollers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if "_poll_wrapper" in t.name]  # grpc.aio's poller thread
+
+
+def _before_fork() -> None:
+    global _UP_AT_FORK
+    _UP_AT_FORK = bool(len(_OPEN))
+    if _UP_AT_FORK or _IO_LOOP is None:  # clients open, or gRPC never used here
+        return
+    pollers = _grpc_pollers()
+    if pollers:
+        gc.collect()  # closed clients' calls in reference cycles keep gRPC up until collected
+        deadline = time.monotonic() + FORK_WAIT_S
+        for t in pollers:
+            t.join(max(0.0, deadline - time.monotonic()))
+        if any(t.is_alive() for t in pollers):
+            _UP_AT_FORK = True
+            return
+    wait = _LAST_CLOSE + FORK_SETTLE_S - time.monotonic()
+    if wait > 0:
+        time.sleep(wait)
 
 
 def _after_fork_in_child() -> None:
     global _IO_LOOP, _FORKED_WITH_OPEN
     _IO_LOOP = None  # the parent's I/O thread does not exist in a forked child
-    if len(_OPEN) and _FORKED_WITH_OPEN is None:
+    if (_UP_AT_FORK or len(_OPEN)) and _FORKED_WITH_OPEN is None:
         _FORKED_WITH_OPEN = os.getppid()
     _OPEN.clear()  # the inherited clients are unusable here (see EtcdClient.run); never touch their channels
-
-
-_LAST_CLOSE = 0.0  # time.monotonic() when a client of this process last closed
-FORK_SETTLE_S = 0.1  # gRPC ends a closed channel's calls asynchronously; measured: 50 ms sufficed
-
-
-def _before_fork() -> None:
-    """A fork right after the last client closed can catch gRPC still ending its calls (the child then
-    timed out in our probe); wait out the rest of a short settle time."""
-    if not len(_OPEN):
-        wait = _LAST_CLOSE + FORK_SETTLE_S - time.monotonic()
-        if wait > 0:
-            time.sleep(wait)
 
 
 os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
@@ -154,7 +171,7 @@ class EtcdClient:
         if _FORKED_WITH_OPEN is not None:
             raise EtcdForkError(
                 f"cannot open an etcd client in process {os.getpid()}, forked from {_FORKED_WITH_OPEN} "
-                f"while that one held etcd clients: {FORK_ADVICE}"
+                f"while gRPC was up there (etcd clients open): {FORK_ADVICE}"
             )
         if (user is None) != (password is None):
             raise EtcdConfigError("etcd auth needs both a user and a password, or neither")
