@@ -10,12 +10,9 @@ seen revision after an outage.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import threading
-import time
-import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
@@ -24,6 +21,7 @@ import aetcd
 import aetcd.exceptions as aexc
 from aetcd import rpc
 
+from . import fork
 from .errors import (
     EtcdAuthError,
     EtcdCompactedError,
@@ -94,65 +92,19 @@ def _io_loop() -> asyncio.AbstractEventLoop:
         return _IO_LOOP
 
 
-# Fork: gRPC's asyncio layer does not survive fork() while it is up (measured: a fresh client in such a
-# child timed out or crashed, with or without GRPC_ENABLE_FORK_SUPPORT; grpc/grpc#19793). It is up while a
-# channel lives: an open client, or a closed client's calls that sit in reference cycles until the garbage
-# collector runs. A child forked while it is down works. So before a fork with no client open, the facade
-# collects that garbage and waits (bounded) for gRPC's poller thread to end; a child forked while gRPC is
-# still up refuses at once, with a message that says what to do, instead of timing out or crashing.
-_OPEN: weakref.WeakSet = weakref.WeakSet()  # clients created and not closed in this process
-_FORKED_WITH_OPEN: int | None = None  # pid of the parent, when this process was forked with gRPC up
-_UP_AT_FORK = False  # set by the pre-fork hook for the child to read
-_LAST_CLOSE = 0.0  # time.monotonic() when a client of this process last closed
-FORK_SETTLE_S = 0.1  # gRPC ends a closed channel's calls asynchronously; measured: 50 ms sufficed
-FORK_WAIT_S = 2.0  # at most this long for gRPC's poller thread to end before a fork
-
-
-def _grpc_pollers() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if "_poll_wrapper" in t.name]  # grpc.aio's poller thread
-
-
-def _before_fork() -> None:
-    global _UP_AT_FORK
-    _UP_AT_FORK = bool(len(_OPEN))
-    if _UP_AT_FORK or _IO_LOOP is None:  # clients open, or gRPC never used here
-        return
-    pollers = _grpc_pollers()
-    if pollers:
-        gc.collect()  # closed clients' calls in reference cycles keep gRPC up until collected
-        deadline = time.monotonic() + FORK_WAIT_S
-        for t in pollers:
-            t.join(max(0.0, deadline - time.monotonic()))
-        if any(t.is_alive() for t in pollers):
-            _UP_AT_FORK = True
-            return
-    wait = _LAST_CLOSE + FORK_SETTLE_S - time.monotonic()
-    if wait > 0:
-        time.sleep(wait)
-
-
-def _after_fork_in_child() -> None:
-    global _IO_LOOP, _FORKED_WITH_OPEN
+def _forget_io_loop_in_child() -> None:
+    global _IO_LOOP
     _IO_LOOP = None  # the parent's I/O thread does not exist in a forked child
-    if (_UP_AT_FORK or len(_OPEN)) and _FORKED_WITH_OPEN is None:
-        _FORKED_WITH_OPEN = os.getppid()
-    _OPEN.clear()  # the inherited clients are unusable here (see EtcdClient.run); never touch their channels
 
 
-os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
-
-FORK_ADVICE = (
-    "gRPC's asyncio layer, which the etcd client uses, does not work in a process forked while its parent "
-    "held open etcd clients. Start this process with multiprocessing's 'spawn' or 'forkserver' method "
-    "(multiprocessing.get_context('spawn')), or close the parent's clients (handler.shutdown()) before forking"
-)
+os.register_at_fork(after_in_child=_forget_io_loop_in_child)
 
 
 class EtcdClient:
     """Blocking etcd v3 client. Thread-safe; all clients of a process share one I/O thread.
 
     Fork: a client belongs to the process that created it. A process forked while no client was open
-    may create its own; one forked while clients were open gets EtcdForkError (see FORK_ADVICE).
+    may create its own; one forked while clients were open gets EtcdForkError (see fork.py).
 
     ``endpoints``: one or several ``host:port``; on a connection failure the next one is tried.
     ``timeout``: seconds for every call (a stalled etcd otherwise blocks forever).
@@ -168,11 +120,7 @@ class EtcdClient:
     ):
         if timeout <= 0:
             raise EtcdConfigError(f"etcd timeout must be > 0 seconds, got {timeout}")
-        if _FORKED_WITH_OPEN is not None:
-            raise EtcdForkError(
-                f"cannot open an etcd client in process {os.getpid()}, forked from {_FORKED_WITH_OPEN} "
-                f"while gRPC was up there (etcd clients open): {FORK_ADVICE}"
-            )
+        fork.check_can_open()
         if (user is None) != (password is None):
             raise EtcdConfigError("etcd auth needs both a user and a password, or neither")
         self.endpoints = parse_endpoints(endpoints)
@@ -187,7 +135,7 @@ class EtcdClient:
         self._watches: list[PrefixWatch] = []
         self._loop = _io_loop()
         self._client = self._new_client()
-        _OPEN.add(self)
+        fork.opened(self)
 
     # -- plumbing -------------------------------------------------------------------------------------
 
@@ -220,11 +168,7 @@ class EtcdClient:
         log.warning("etcd: switching to endpoint %s", self.endpoint)
 
     def _check_pid(self) -> None:
-        if os.getpid() != self._pid:
-            raise EtcdForkError(
-                f"this etcd client was created in process {self._pid} and cannot be used in its forked "
-                f"child {os.getpid()}: {FORK_ADVICE}"
-            )
+        fork.check_owner(self._pid)
 
     def run(self, make_coro: Callable[[_AetcdClient], Any], retry: bool = True) -> Any:
         """Run ``make_coro(client)`` on the loop thread; fail over to other endpoints if allowed."""
@@ -377,15 +321,13 @@ class EtcdClient:
         if self._closed:
             return
         self._closed = True
-        _OPEN.discard(self)
+        fork.closed(self)
         if os.getpid() != self._pid:
             return  # an inherited client: its channel belongs to the parent; touching it can crash the child
         try:
             asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(2.0)
         except Exception:  # noqa: BLE001 - closing a dead connection is best effort
             pass
-        global _LAST_CLOSE
-        _LAST_CLOSE = time.monotonic()
 
     async def _close(self) -> None:
         """End the watches' tasks, then the connection: once this returns no call of this client is in

@@ -54,3 +54,11 @@ def drift_success() -> int:
 
 def drift_fail() -> int:
     return _drift(True)
+
+
+def touch_rank(directory: str) -> int:
+    """Leave a file named after this worker's global rank (torch's launcher tests do the same)."""
+    rank = int(os.environ["RANK"])
+    with open(os.path.join(directory, f"{rank}-of-{os.environ['WORLD_SIZE']}"), "w"):
+        pass
+    return rank
