@@ -3,8 +3,8 @@
 gRPC's asyncio layer does not survive fork() while it is up (measured: a fresh client in such a child
 timed out or crashed, with or without GRPC_ENABLE_FORK_SUPPORT; grpc/grpc#19793). It is up while a channel
 lives: an open client, or a closed client's calls that sit in reference cycles until the garbage collector
-runs. A child forked while it is down works. So before a fork with no client open, this module collects
-that garbage and waits (bounded) for gRPC's poller thread to end; a child forked while gRPC is still up
+runs, and until gRPC's own threads have ended. A child forked while it is down works. So before a fork
+with no client open, this module collects that garbage and waits (bounded) for those threads to end; a child forked while gRPC is still up
 refuses at once, with a message that says what to do, instead of timing out or crashing.
 """
 
@@ -18,7 +18,7 @@ import weakref
 
 from .errors import EtcdForkError
 
-FORK_SETTLE_S = 0.1  # gRPC ends a closed channel's calls asynchronously; measured: 50 ms sufficed
+FORK_SETTLE_S = 0.1  # without /proc: gRPC ends a closed channel's threads asynchronously (50 ms measured)
 FORK_WAIT_S = 2.0  # at most this long for gRPC's poller thread to end before a fork
 ADVICE = (
     "gRPC's asyncio layer, which the etcd client uses, does not work in a process forked while its parent "
@@ -65,23 +65,49 @@ def _grpc_pollers() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if "_poll_wrapper" in t.name]  # grpc.aio's poller thread
 
 
+GRPC_THREADS = ("grpc_", "event_engine", "lifeguard")  # gRPC core's native threads, as Linux names them
+
+
+def _grpc_native_threads() -> int | None:
+    """How many of gRPC core's own threads run in this process (None where /proc cannot tell)."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    count = 0
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as fh:
+                count += fh.read().startswith(GRPC_THREADS)
+        except OSError:
+            continue  # the thread ended meanwhile
+    return count
+
+
+def _grpc_down_within(deadline: float) -> bool:
+    """Collect closed clients' leftover calls, then wait until gRPC's poller and core threads ended:
+    they end shortly after the last channel is gone (measured: the core's timer thread within 50 ms)."""
+    gc.collect()  # closed clients' calls in reference cycles keep gRPC up until collected
+    for t in _grpc_pollers():
+        t.join(max(0.0, deadline - time.monotonic()))
+    while True:
+        native = _grpc_native_threads()
+        if native is None:  # no /proc: give gRPC a settle time instead
+            time.sleep(max(0.0, min(_last_close + FORK_SETTLE_S - time.monotonic(), FORK_SETTLE_S)))
+            return not _grpc_pollers()
+        if native == 0 and not _grpc_pollers():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+
+
 def _before_fork() -> None:
     global _up_at_fork
     _up_at_fork = bool(len(_open))
-    if _up_at_fork or not _used:
+    if _up_at_fork or not _used:  # clients open, or gRPC never used here
         return
-    pollers = _grpc_pollers()
-    if pollers:
-        gc.collect()  # closed clients' calls in reference cycles keep gRPC up until collected
-        deadline = time.monotonic() + FORK_WAIT_S
-        for t in pollers:
-            t.join(max(0.0, deadline - time.monotonic()))
-        if any(t.is_alive() for t in pollers):
-            _up_at_fork = True
-            return
-    wait = _last_close + FORK_SETTLE_S - time.monotonic()
-    if wait > 0:
-        time.sleep(wait)
+    _up_at_fork = not _grpc_down_within(time.monotonic() + FORK_WAIT_S)
 
 
 def _after_fork_in_child() -> None:
