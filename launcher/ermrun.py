@@ -27,6 +27,7 @@ OUR_FLAGS = (
     "etcd_cert",
     "etcd_key",
     "etcd_user",
+    "ckpt_tls",
     "membership_grace",
     "job",
     "sample_interval",
@@ -63,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--etcd-cacert", help="CA certificate to verify etcd's TLS certificate.")
     group.add_argument("--etcd-cert", help="Client certificate for etcd TLS (needs --etcd-key).")
     group.add_argument("--etcd-key", help="Client key for etcd TLS (needs --etcd-cert).")
+    group.add_argument(
+        "--ckpt-tls",
+        choices=("auto", "required", "off"),
+        help="TLS of the checkpoint transport between nodes: auto (default: HTTPS with the etcd CA and "
+        "client pair when all three are given), required (refuse to start without them), off.",
+    )
     group.add_argument(
         "--membership-grace",
         type=float,
@@ -179,6 +186,7 @@ def add_settings_flags(args: argparse.Namespace) -> None:
         ssl_cert_key=args.etcd_key,
         user=args.etcd_user,
         job_file=args.job,
+        ckpt_tls=args.ckpt_tls,
     )
 
 

@@ -13,6 +13,7 @@ import os
 from typing import TYPE_CHECKING
 
 from ..train.paths import run_memory_dir
+from ..train.peer_tls import TLS_ENV, encode_tls
 from ..train.peers import PEERS_ENV, PeerEndpoint, encode_peers
 from .ckpt_server import CheckpointServer
 
@@ -30,7 +31,9 @@ def start_for_agent(services: NodeServices | None, run_id: str) -> CheckpointSer
         return None
     addr = services.addr
     root = run_memory_dir(run_id)
-    server = CheckpointServer(lambda: root / services.node_id, host=addr)
+    tls, required = services.checkpoint_tls
+    os.environ[TLS_ENV] = encode_tls(tls, required)  # this agent's peer clients and its workers read it
+    server = CheckpointServer(lambda: root / services.node_id, host=addr, tls=tls)
     try:
         server.start()
     except OSError as e:
@@ -50,10 +53,12 @@ def peer_endpoints(services: NodeServices | None) -> list[PeerEndpoint] | None:
     (torch's backends)."""
     if services is None:
         return None
+    tls, _required = services.checkpoint_tls
+    scheme = "https" if tls is not None else "http"  # every node of a run shares its etcd settings
     peers = []
     for node, (addr, port, token) in sorted(services.checkpoint_peers().items()):
         host = f"[{addr}]" if ":" in addr else addr
-        peers.append(PeerEndpoint(node, f"http://{host}:{port}", token))
+        peers.append(PeerEndpoint(node, f"{scheme}://{host}:{port}", token))
     return peers
 
 

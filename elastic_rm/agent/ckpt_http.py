@@ -24,11 +24,13 @@ import logging
 import os
 import re
 import socket
+import ssl
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from ..train.peer_tls import PeerTls
 from ..train.peers import API, safe_name
 from .ckpt_store import CheckpointStore, Refused
 
@@ -42,16 +44,33 @@ _OK = b'{"ok": true}'
 
 class CheckpointHttpServer(ThreadingHTTPServer):
     """Binds (host, port) (IPv6 when the host has a ':') and answers with :class:`CheckpointRequestHandler`
-    for `store`, to requests that carry `token`; each request's socket times out after `timeout_s`."""
+    for `store`, to requests that carry `token`; each request's socket times out after `timeout_s`.
+    With `tls`: HTTPS, and a client must present a certificate of the job's CA (peer_tls.py); the
+    handshake runs on the request's thread, so a slow or bad client cannot stall the accept loop."""
 
     request_queue_size = 64
 
-    def __init__(self, host: str, port: int, store: CheckpointStore, token: str, timeout_s: float) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        store: CheckpointStore,
+        token: str,
+        timeout_s: float,
+        tls: PeerTls | None = None,
+    ) -> None:
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.store = store
         self.expected_auth = f"Bearer {token}".encode()
         self.request_timeout_s = timeout_s
+        self.tls_context = tls.server_context() if tls is not None else None
         super().__init__((host, port), CheckpointRequestHandler)
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        sock, addr = super().get_request()
+        if self.tls_context is None:
+            return sock, addr
+        return self.tls_context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), addr
 
 
 class CheckpointRequestHandler(BaseHTTPRequestHandler):
@@ -60,9 +79,29 @@ class CheckpointRequestHandler(BaseHTTPRequestHandler):
     server: CheckpointHttpServer
     server_version = "elastic-rm-ckpt/1"
 
+    tls_refused = False
+
     def setup(self) -> None:
         self.timeout = self.server.request_timeout_s  # a stuck peer cannot hold a thread forever
+        if isinstance(self.request, ssl.SSLSocket):
+            self.request.settimeout(self.timeout)
+            try:
+                self.request.do_handshake()
+            except (ssl.SSLError, OSError) as e:
+                self.tls_refused = True
+                log.warning(
+                    "checkpoint server: refused %s: TLS handshake failed (%s); peers need a certificate "
+                    "signed by the job's CA",
+                    self.client_address[0],
+                    getattr(e, "reason", None) or e,
+                )
         super().setup()
+
+    def handle(self) -> None:
+        if self.tls_refused:
+            self.close_connection = True
+            return
+        super().handle()
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         self._dispatch("GET")

@@ -7,7 +7,8 @@ replicas into it when they save, so that losing one node loses nothing that is o
 The parts: ckpt_store.py (what is served and accepted), ckpt_http.py (the routes and the bearer token),
 this module (bind, serve on one daemon thread, stop) and ckpt_hooks.py (what the agent does with it).
 Every request needs the server's bearer token (a random one per agent, published with the node's record
-in etcd). Stdlib only; one daemon thread plus one short-lived thread per request, each bounded by a
+in etcd). With TLS (train/peer_tls.py: the node's etcd certificates) it serves HTTPS and requires a
+client certificate of the job's CA. Stdlib only; one daemon thread plus one short-lived thread per request, each bounded by a
 socket timeout.
 """
 
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..background import HttpThread
+from ..train.peer_tls import PeerTls
 from .ckpt_http import CheckpointHttpServer
 from .ckpt_store import MAX_FILE_BYTES, CheckpointStore
 
@@ -37,11 +39,13 @@ class CheckpointServer:
         token: str | None = None,
         max_file_bytes: int = MAX_FILE_BYTES,
         timeout_s: float = 60.0,
+        tls: PeerTls | None = None,
     ) -> None:
         self.store = CheckpointStore(node_dir, max_file_bytes)
         self.host = host
         self.token = token or secrets.token_urlsafe(32)
         self.timeout_s = timeout_s
+        self.tls = tls
         self._want_port = port
         self._http: HttpThread | None = None
 
@@ -57,13 +61,15 @@ class CheckpointServer:
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
     def start(self) -> CheckpointServer:
         """Bind and serve; OSError (port in use, an address not of this machine) propagates."""
         if self._http is not None:
             return self
-        server = CheckpointHttpServer(self.host, self._want_port, self.store, self.token, self.timeout_s)
+        server = CheckpointHttpServer(
+            self.host, self._want_port, self.store, self.token, self.timeout_s, self.tls
+        )
         self._http = HttpThread(server, "erm-ckpt-server")
         log.info("checkpoint server of %s on %s", self.node_dir, self.url)
         return self

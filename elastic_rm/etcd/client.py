@@ -21,12 +21,14 @@ import aetcd
 import aetcd.exceptions as aexc
 from aetcd import rpc
 
+from . import fork
 from .errors import (
     EtcdAuthError,
     EtcdCompactedError,
     EtcdConfigError,
     EtcdConnectionError,
     EtcdError,
+    EtcdForkError,
     EtcdTimeoutError,
 )
 from .ops import Compare, Op
@@ -99,7 +101,10 @@ os.register_at_fork(after_in_child=_forget_io_loop_in_child)
 
 
 class EtcdClient:
-    """Blocking etcd v3 client. Thread-safe; one private event-loop thread per client.
+    """Blocking etcd v3 client. Thread-safe; all clients of a process share one I/O thread.
+
+    Fork: a client belongs to the process that created it. A process forked while no client was open
+    may create its own; one forked while clients were open gets EtcdForkError (see fork.py).
 
     ``endpoints``: one or several ``host:port``; on a connection failure the next one is tried.
     ``timeout``: seconds for every call (a stalled etcd otherwise blocks forever).
@@ -115,6 +120,7 @@ class EtcdClient:
     ):
         if timeout <= 0:
             raise EtcdConfigError(f"etcd timeout must be > 0 seconds, got {timeout}")
+        fork.check_can_open()
         if (user is None) != (password is None):
             raise EtcdConfigError("etcd auth needs both a user and a password, or neither")
         self.endpoints = parse_endpoints(endpoints)
@@ -125,8 +131,11 @@ class EtcdClient:
         self._current = 0
         self._lock = threading.Lock()
         self._closed = False
+        self._pid = os.getpid()
+        self._watches: list[PrefixWatch] = []
         self._loop = _io_loop()
         self._client = self._new_client()
+        fork.opened(self)
 
     # -- plumbing -------------------------------------------------------------------------------------
 
@@ -158,10 +167,14 @@ class EtcdClient:
         asyncio.run_coroutine_threadsafe(failed.close(), self._loop)
         log.warning("etcd: switching to endpoint %s", self.endpoint)
 
+    def _check_pid(self) -> None:
+        fork.check_owner(self._pid)
+
     def run(self, make_coro: Callable[[_AetcdClient], Any], retry: bool = True) -> Any:
         """Run ``make_coro(client)`` on the loop thread; fail over to other endpoints if allowed."""
         if self._closed:
             raise EtcdError("etcd client is closed")
+        self._check_pid()
         attempts = len(self.endpoints) if retry else 1
         last: Exception | None = None
         for _ in range(attempts):
@@ -218,6 +231,7 @@ class EtcdClient:
     def put_nowait(self, key: str, value: bytes | str, lease: int | None = None) -> None:
         """Send a put without waiting for the answer; a failure is logged, not raised."""
         data = value.encode() if isinstance(value, str) else value
+        self._check_pid()
         future = asyncio.run_coroutine_threadsafe(
             self._client.put(key.encode(), data, lease=lease or None), self._loop
         )
@@ -297,7 +311,9 @@ class EtcdClient:
         EtcdCompactedError saying deletions were not seen; then it resumes from ``revision + 1``.
         ``exact``: watch this one key only. Returns a cancel function.
         """
+        self._check_pid()
         watch = PrefixWatch(self, prefix, start_revision, on_events, on_error, exact, on_resync)
+        self._watches.append(watch)
         asyncio.run_coroutine_threadsafe(watch.start(), self._loop).result(self.timeout + 1.0)
         return watch.cancel
 
@@ -305,10 +321,19 @@ class EtcdClient:
         if self._closed:
             return
         self._closed = True
+        fork.closed(self)
+        if os.getpid() != self._pid:
+            return  # an inherited client: its channel belongs to the parent; touching it can crash the child
         try:
-            asyncio.run_coroutine_threadsafe(self._client.close(), self._loop).result(2.0)
+            asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(2.0)
         except Exception:  # noqa: BLE001 - closing a dead connection is best effort
             pass
+
+    async def _close(self) -> None:
+        """End the watches' tasks, then the connection: once this returns no call of this client is in
+        flight in gRPC (a fork right after a close then finds gRPC idle)."""
+        await asyncio.gather(*(w.stop() for w in self._watches), return_exceptions=True)
+        await self._client.close()
 
     def __enter__(self) -> EtcdClient:
         return self
@@ -321,6 +346,7 @@ __all__ = [
     "Compare",
     "EtcdClient",
     "EtcdCompactedError",
+    "EtcdForkError",
     "KeyValue",
     "Op",
     "TlsOptions",

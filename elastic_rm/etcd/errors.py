@@ -29,3 +29,7 @@ class EtcdCompactedError(EtcdError):
 
 class EtcdAuthError(EtcdError):
     """etcd refused the credentials or the role lacks permission for the key."""
+
+
+class EtcdForkError(EtcdError):
+    """A forked child cannot use etcd through gRPC's asyncio layer while its parent held connections."""

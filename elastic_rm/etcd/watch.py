@@ -68,6 +68,13 @@ class PrefixWatch:
         if self._task is not None and not self._client._closed:
             self._client._loop.call_soon_threadsafe(self._task.cancel)
 
+    async def stop(self) -> None:
+        """On the loop: cancel the task and wait until it has ended."""
+        self._cancelled = True
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
     async def _run(self) -> None:
         while not self._cancelled:
             client = self._client._client

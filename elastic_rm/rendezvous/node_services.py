@@ -15,6 +15,7 @@ from collections.abc import Callable
 from ..etcd.client import EtcdClient
 from ..obs.events import EventLog
 from ..planner.interface import NodeMetrics
+from ..train.peer_tls import PeerTls
 from ..wire.records import LedgerRecord, NodeRecord, RecordError, RoundRecord
 from .history import build_history_record
 from .leader import RoundLeader
@@ -64,6 +65,10 @@ class RendezvousNodeServices:
     @property
     def lease_ttl(self) -> float:
         return float(self._session.settings.lease_ttl)
+
+    @property
+    def checkpoint_tls(self) -> tuple[PeerTls | None, bool]:
+        return self._session.settings.checkpoint_tls()
 
     @property
     def joined_round(self) -> RoundRecord | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from ..obs.events import EventLog
+from ..train.peer_tls import PeerTls
 from ..wire.records import LedgerRecord, RoundRecord
 
 # What an agent without node services (torch's own rendezvous backends) runs without; it logs this.
@@ -67,6 +68,12 @@ class NodeServices(Protocol):
 
     def set_checkpoint_endpoint(self, port: int, token: str) -> None:
         """Publish the agent's checkpoint server in this node's record (from its next registration on)."""
+        ...
+
+    @property
+    def checkpoint_tls(self) -> tuple[PeerTls | None, bool]:
+        """(the TLS files of the checkpoint transport, whether TLS is required): the etcd client's CA and
+        pair when ``ckpt_tls`` is auto or required (train/peer_tls.py)."""
         ...
 
     def checkpoint_peers(self) -> dict[str, tuple[str, int, str]]:

@@ -10,6 +10,7 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 from ..etcd.client import TlsOptions, parse_endpoints
 from ..planner.job import reject_unknown
+from ..train.peer_tls import PeerTls, peer_tls
 from ..wire.keyspace import DEFAULT_PREFIX, Keyspace, validate_name
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ KNOWN_KEYS = {
     "node_id": "this node's id (default <host>-<pid>-<random>)",
     "nproc": "workers on this node (informational; ermrun fills it in)",
     "job_file": "JSON job description for the planner (docs/planner.md); turns the planner on",
+    "ckpt_tls": "checkpoint transport TLS: auto (HTTPS when the etcd CA and client pair are given), required, off",
     "policy": "who decides rounds: membership (torch's semantics) or planner (default: planner with a job_file)",
 }
 
@@ -77,6 +79,12 @@ class RendezvousSettings:
     nproc: int
     policy: str = "membership"
     job: dict | None = None
+    ckpt_tls: str = "auto"
+
+    def checkpoint_tls(self) -> tuple[PeerTls | None, bool]:
+        """(TLS files for the checkpoint servers, whether TLS is required); checked in from_parameters."""
+        tls = peer_tls(self.ckpt_tls, self.tls.ca_cert, self.tls.cert, self.tls.key)
+        return tls, self.ckpt_tls == "required"
 
     @classmethod
     def from_parameters(cls, params: RendezvousParameters) -> RendezvousSettings:
@@ -88,9 +96,10 @@ class RendezvousSettings:
             raise ValueError(
                 "the elastic-rm rendezvous needs --rdzv-endpoint HOST:PORT of an etcd (or use ermrun)"
             )
-        # torch adds "rank" (--node-rank) itself; any other key nobody reads is a typo until proven otherwise
+        # torch adds "rank" (--node-rank) itself, and "is_host" is c10d's (whether this node hosts the
+        # TCP store; etcd needs no host); any other key nobody reads is a typo until proven otherwise
         reject_unknown(
-            {k: None for k in params.config if k != "rank"},
+            {k: None for k in params.config if k not in ("rank", "is_host")},
             frozenset(KNOWN_KEYS),
             "--rdzv-conf for elastic-rm",
             noun="key",
@@ -119,6 +128,8 @@ class RendezvousSettings:
             raise ValueError(
                 "--rdzv-conf policy=planner needs a job description: --rdzv-conf job_file=job.json"
             )
+        ckpt_tls = str(params.get("ckpt_tls") or "auto")
+        peer_tls(ckpt_tls, tls.ca_cert, tls.cert, tls.key)  # a bad mode or missing files fail here, early
         return cls(
             endpoints=endpoints,
             keys=Keyspace(params.get("prefix", DEFAULT_PREFIX) or DEFAULT_PREFIX, params.run_id),
@@ -136,6 +147,7 @@ class RendezvousSettings:
             nproc=int(_number(params, "nproc", 1.0)),
             policy=policy,
             job=job,
+            ckpt_tls=ckpt_tls,
         )
 
 

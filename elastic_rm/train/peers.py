@@ -14,10 +14,13 @@ import http.client
 import json
 import os
 import re
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
+
+from .peer_tls import PeerTls, tls_from_env
 
 PEERS_ENV = "ELASTIC_RM_CKPT_PEERS"  # JSON: {"v": 1, "peers": [{"node", "url", "token"}]}, set by the agent
 API = "/v1"
@@ -80,8 +83,8 @@ def parse_peers(text: str, where: str = PEERS_ENV) -> list[PeerEndpoint]:
             port = u.port
         except ValueError:
             port = None
-        if u.scheme != "http" or not u.hostname or not port or u.path not in ("", "/"):
-            raise bad(f"entry for node {p['node']!r}: url {p['url']!r} is not http://host:port")
+        if u.scheme not in ("http", "https") or not u.hostname or not port or u.path not in ("", "/"):
+            raise bad(f"entry for node {p['node']!r}: url {p['url']!r} is not http(s)://host:port")
         out.append(PeerEndpoint(p["node"], p["url"].rstrip("/"), p["token"]))
     return out
 
@@ -95,15 +98,47 @@ def peers_from_env() -> dict[str, PeerEndpoint] | None:
 
 
 class PeerClient:
-    """Requests to one peer's checkpoint server; every call is bounded by `timeout_s` per socket operation."""
+    """Requests to one peer's checkpoint server; every call is bounded by `timeout_s` per socket operation.
 
-    def __init__(self, peer: PeerEndpoint, timeout_s: float = 30.0) -> None:
+    An ``https://`` peer is reached with ``tls`` (default: the files the agent gave, ELASTIC_RM_CKPT_TLS):
+    its certificate must chain to the job's CA and this side presents its own. When the agent says TLS is
+    required, a plain ``http://`` peer is refused before anything is sent."""
+
+    def __init__(self, peer: PeerEndpoint, timeout_s: float = 30.0, tls: PeerTls | None = None) -> None:
         self.peer = peer
         self.timeout_s = timeout_s
+        required = False
+        if tls is None:
+            tls, required = tls_from_env()
+        self._tls = tls
+        self._required = required or tls is not None
+        self._context: ssl.SSLContext | None = None
 
     def _conn(self) -> http.client.HTTPConnection:
         host, port = self.peer.hostport
-        return http.client.HTTPConnection(host, port, timeout=self.timeout_s, blocksize=1 << 20)
+        if not self.peer.url.startswith("https://"):
+            if self._required:
+                raise PeerError(
+                    f"{self.peer.node} ({self.peer.url}): refusing plain HTTP: this node's checkpoint "
+                    "transport requires TLS (every node needs the etcd CA and a client certificate)"
+                )
+            return http.client.HTTPConnection(host, port, timeout=self.timeout_s, blocksize=1 << 20)
+        if self._tls is None:
+            raise PeerError(
+                f"{self.peer.node} ({self.peer.url}) serves HTTPS but this node has no TLS files: give "
+                "its agent the etcd CA and a client certificate and key (--etcd-cacert/--etcd-cert/--etcd-key)"
+            )
+        if self._context is None:
+            self._context = self._tls.client_context()
+        return http.client.HTTPSConnection(
+            host, port, timeout=self.timeout_s, blocksize=1 << 20, context=self._context
+        )
+
+    def _tls_error(self, what: str, e: ssl.SSLError) -> PeerError:
+        return PeerError(
+            f"{self.peer.node} ({self.peer.url}): {what}: TLS handshake failed ({e.reason or e}): both "
+            "sides need a certificate signed by the job's CA (the etcd CA, --etcd-cacert)"
+        )
 
     def _headers(self, **extra: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.peer.token}", **extra}
@@ -124,6 +159,8 @@ class PeerClient:
         try:
             try:
                 conn.request(method, API + path, body=body, headers=self._headers(**(headers or {})))
+            except ssl.SSLError:
+                raise
             except OSError:  # the server may have answered (401, 413, 507) and closed while we were sending
                 if conn.sock is None:  # not even connected
                     raise
@@ -133,6 +170,8 @@ class PeerClient:
             if resp.status != 200:
                 raise self._fail(f"{method} {path}", resp)
             return resp.read()
+        except ssl.SSLError as e:
+            raise self._tls_error(f"{method} {path}", e) from e
         except (OSError, http.client.HTTPException) as e:
             raise PeerError(f"{self.peer.node} ({self.peer.url}): {method} {path}: {e}") from e
         finally:
@@ -183,6 +222,8 @@ class PeerClient:
                 return None
             os.replace(part, dest)
             return got
+        except ssl.SSLError as e:
+            raise self._tls_error(f"GET {path}", e) from e
         except (OSError, http.client.HTTPException) as e:
             raise PeerError(f"{self.peer.node} ({self.peer.url}): GET {path}: {e}") from e
         finally:

@@ -252,7 +252,7 @@ def test_peer_list_and_node_record_are_strict() -> None:
     for bad in (
         "not json",
         json.dumps({"v": 2, "peers": []}),
-        json.dumps({"v": 1, "peers": [{"node": "n1", "url": "https://h:1", "token": "t"}]}),
+        json.dumps({"v": 1, "peers": [{"node": "n1", "url": "ftp://h:1", "token": "t"}]}),
         json.dumps({"v": 1, "peers": [{"node": "n1", "url": "http://h", "token": "t"}]}),
         json.dumps({"v": 1, "peers": [{"node": "../n1", "url": "http://h:1", "token": "t"}]}),
         json.dumps({"v": 1, "peers": [{"node": "n1", "url": "http://h:1", "token": ""}]}),
@@ -270,6 +270,8 @@ def test_peer_list_and_node_record_are_strict() -> None:
             NodeRecord.parse("k", json.dumps({**base, field: value}).encode())
 
     class Services:  # what the agent asks of the node services at each worker start
+        checkpoint_tls = (None, False)
+
         def checkpoint_peers(self) -> dict[str, tuple[str, int, str]]:
             return {"n2": ("::1", 9001, "b"), "n1": ("10.0.0.2", 9000, "a")}
 

@@ -1,0 +1,120 @@
+"""The etcd facade across fork(): which processes may use etcd, and a prompt error for those that cannot.
+
+gRPC's asyncio layer does not survive fork() while it is up (measured: a fresh client in such a child
+timed out or crashed, with or without GRPC_ENABLE_FORK_SUPPORT; grpc/grpc#19793). It is up while a channel
+lives: an open client, or a closed client's calls that sit in reference cycles until the garbage collector
+runs, and until gRPC's own threads have ended. A child forked while it is down works. So before a fork
+with no client open, this module collects that garbage and waits (bounded) for those threads to end; a child forked while gRPC is still up
+refuses at once, with a message that says what to do, instead of timing out or crashing.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+import time
+import weakref
+
+from .errors import EtcdForkError
+
+FORK_SETTLE_S = 0.1  # without /proc: gRPC ends a closed channel's threads asynchronously (50 ms measured)
+FORK_WAIT_S = 2.0  # at most this long for gRPC's poller thread to end before a fork
+ADVICE = (
+    "gRPC's asyncio layer, which the etcd client uses, does not work in a process forked while its parent "
+    "held open etcd clients. Start this process with multiprocessing's 'spawn' or 'forkserver' method "
+    "(multiprocessing.get_context('spawn')), or close the parent's clients (handler.shutdown()) before forking"
+)
+
+_open: weakref.WeakSet = weakref.WeakSet()  # clients created and not closed in this process
+_used = False  # a client was ever created here (gRPC may be up)
+_last_close = 0.0  # time.monotonic() when a client of this process last closed
+_up_at_fork = False  # set by the pre-fork hook for the child to read
+_forked_from: int | None = None  # the parent's pid, when this process was forked with gRPC up
+
+
+def opened(client: object) -> None:
+    global _used
+    _used = True
+    _open.add(client)
+
+
+def closed(client: object) -> None:
+    global _last_close
+    _open.discard(client)
+    _last_close = time.monotonic()
+
+
+def check_can_open() -> None:
+    if _forked_from is not None:
+        raise EtcdForkError(
+            f"cannot open an etcd client in process {os.getpid()}, forked from {_forked_from} while gRPC "
+            f"was up there (etcd clients open): {ADVICE}"
+        )
+
+
+def check_owner(pid: int) -> None:
+    if os.getpid() != pid:
+        raise EtcdForkError(
+            f"this etcd client was created in process {pid} and cannot be used in its forked child "
+            f"{os.getpid()}: {ADVICE}"
+        )
+
+
+def _grpc_pollers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if "_poll_wrapper" in t.name]  # grpc.aio's poller thread
+
+
+GRPC_THREADS = ("grpc_", "event_engine", "lifeguard")  # gRPC core's native threads, as Linux names them
+
+
+def _grpc_native_threads() -> int | None:
+    """How many of gRPC core's own threads run in this process (None where /proc cannot tell)."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    count = 0
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as fh:
+                count += fh.read().startswith(GRPC_THREADS)
+        except OSError:
+            continue  # the thread ended meanwhile
+    return count
+
+
+def _grpc_down_within(deadline: float) -> bool:
+    """Collect closed clients' leftover calls, then wait until gRPC's poller and core threads ended:
+    they end shortly after the last channel is gone (measured: the core's timer thread within 50 ms)."""
+    gc.collect()  # closed clients' calls in reference cycles keep gRPC up until collected
+    for t in _grpc_pollers():
+        t.join(max(0.0, deadline - time.monotonic()))
+    while True:
+        native = _grpc_native_threads()
+        if native is None:  # no /proc: give gRPC a settle time instead
+            time.sleep(max(0.0, min(_last_close + FORK_SETTLE_S - time.monotonic(), FORK_SETTLE_S)))
+            return not _grpc_pollers()
+        if native == 0 and not _grpc_pollers():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+
+
+def _before_fork() -> None:
+    global _up_at_fork
+    _up_at_fork = bool(len(_open))
+    if _up_at_fork or not _used:  # clients open, or gRPC never used here
+        return
+    _up_at_fork = not _grpc_down_within(time.monotonic() + FORK_WAIT_S)
+
+
+def _after_fork_in_child() -> None:
+    global _forked_from
+    if (_up_at_fork or len(_open)) and _forked_from is None:
+        _forked_from = os.getppid()
+    _open.clear()  # the inherited clients are unusable here (check_owner); never touch their channels
+
+
+os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
