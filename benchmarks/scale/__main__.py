@@ -82,6 +82,29 @@ class Child:
             pass
 
 
+class WriteCounter:
+    """Writes per second under the runs' prefix by key kind (nodes, metrics, events, ...), from a watch."""
+
+    def __init__(self, endpoint: str):
+        from elastic_rm.etcd.client import EtcdClient
+
+        self._client = EtcdClient(endpoint, timeout=30)
+        self.counts: dict[str, int] = {}
+
+        def count(events) -> None:
+            for e in events:
+                parts = e.kv.key.split("/")
+                kind = f"{e.kind}:{parts[3] if len(parts) > 3 else '?'}"
+                self.counts[kind] = self.counts.get(kind, 0) + 1
+
+        self._cancel = self._client.watch_prefix("/elastic-rm/", self._client.ping() + 1, count)
+
+    def stop(self, seconds: float) -> dict[str, float]:
+        self._cancel()
+        self._client.close()
+        return {k: v / seconds for k, v in sorted(self.counts.items())}
+
+
 def spread(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
@@ -171,9 +194,11 @@ def run_case(n: int, jobs: int, procs: int, steady: float, fail: bool, log_dir: 
         print(f"N={n} x {jobs}: join {join['latency_s']} s ok={join['ok']}", flush=True)
 
         time.sleep(5)  # the first metrics records and samples settle
+        counter = WriteCounter(endpoint)
         m0, e0, c0, t0 = scrape(endpoint), cpu_seconds(etcd_pid), cpu_of(children), time.monotonic()
         time.sleep(steady)
         m1, e1, c1, t1 = scrape(endpoint), cpu_seconds(etcd_pid), cpu_of(children), time.monotonic()
+        by_kind = counter.stop(t1 - t0)
         span = t1 - t0
         for c in children:
             c.send("report")
@@ -181,7 +206,8 @@ def run_case(n: int, jobs: int, procs: int, steady: float, fail: bool, log_dir: 
         churn = [o for c in children for o in c.other if o.get("ev") == "round"]
         steady_r = _steady_result(m0, m1, e1 - e0, c0, c1, span, children, leader, reports, churn)
         steady_r["etcd_rss_bytes"] = rss_bytes(etcd_pid)
-        print(f"  steady: {json.dumps(steady_r)[:600]}", flush=True)
+        steady_r["writes_per_s_by_kind"] = by_kind
+        print(f"  steady: {json.dumps(steady_r)}", flush=True)
         status = {run: status_latency(endpoint, run) for run in runs[:3]}
         print(f"  status: {status}", flush=True)
         result = {"n": n, "jobs": jobs, "procs": procs, "join": join, "steady": steady_r, "status": status}

@@ -150,7 +150,7 @@ def main() -> None:
             for node in nodes:
                 lease = node.handler._session.lease  # the keep-alive margin: read-only
                 if lease is not None and not lease.lost:
-                    node.max_gap = max(node.max_gap, now - lease.last_refresh)
+                    node.max_gap = max(node.max_gap, now - lease.last_refresh, getattr(lease, "max_gap", 0.0))
                 if not node.busy and node.handler.num_nodes_waiting() > 0:
                     node.busy = True
                     stats["rejoins"] += 1
