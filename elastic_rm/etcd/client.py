@@ -83,31 +83,29 @@ async def _range(c: _AetcdClient, request: Any) -> Any:
         aexc._handle_exception(exc)
 
 
-_LOOPS: dict[str, asyncio.AbstractEventLoop] = {}
+_IO_LOOP: asyncio.AbstractEventLoop | None = None
 _IO_LOCK = threading.Lock()
-KEEPALIVE_LOOP = "etcd-keepalive"
 
 
-def _io_loop(name: str = "etcd-io") -> asyncio.AbstractEventLoop:
+def _io_loop() -> asyncio.AbstractEventLoop:
     """One I/O thread per process, shared by every client in it (each keeps its own connection).
 
     A thread and an event loop per client made a process with many clients (128 simulated nodes in the
     join benchmark) spend its time switching between idle loops: 1.2 s to join 128 nodes in one process
-    against 0.3 s spread over 8 processes. Callbacks on this loop must never block. Lease keep-alives
-    have a loop of their own (``KEEPALIVE_LOOP``, keepalive.py): a refresh never queues behind a burst
-    of watch events being parsed.
+    against 0.3 s spread over 8 processes. Callbacks on this loop must never block.
     """
+    global _IO_LOOP
     with _IO_LOCK:
-        loop = _LOOPS.get(name)
-        if loop is None or loop.is_closed():
+        if _IO_LOOP is None or _IO_LOOP.is_closed():
             loop = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, name=name, daemon=True).start()
-            _LOOPS[name] = loop
-        return loop
+            threading.Thread(target=loop.run_forever, name="etcd-io", daemon=True).start()
+            _IO_LOOP = loop
+        return _IO_LOOP
 
 
 def _forget_io_loop_in_child() -> None:
-    _LOOPS.clear()  # the parent's I/O threads do not exist in a forked child
+    global _IO_LOOP
+    _IO_LOOP = None  # the parent's I/O thread does not exist in a forked child
 
 
 os.register_at_fork(after_in_child=_forget_io_loop_in_child)
@@ -142,7 +140,6 @@ class EtcdClient:
         self._closed = False
         self._loop = _io_loop()
         self._client = self._new_client()
-        self._keepalive: tuple[int, _AetcdClient] | None = None  # (endpoint index, its connection)
 
     # -- plumbing -------------------------------------------------------------------------------------
 
@@ -167,17 +164,6 @@ class EtcdClient:
             options=options,
             tls=self._tls,
         )
-
-    def keepalive_connection(self) -> tuple[_AetcdClient, asyncio.AbstractEventLoop]:
-        """A second connection, on the keep-alive loop, to the endpoint in use (keepalive.py)."""
-        loop = _io_loop(KEEPALIVE_LOOP)
-        with self._lock:
-            if self._keepalive is None or self._keepalive[0] != self._current:
-                old = self._keepalive
-                self._keepalive = (self._current, self._new_client())
-                if old is not None:
-                    asyncio.run_coroutine_threadsafe(old[1].close(), loop)
-            return self._keepalive[1], loop
 
     def _failover(self, failed: _AetcdClient) -> None:
         """Switch to the next endpoint (once per failed client object)."""
@@ -350,9 +336,6 @@ class EtcdClient:
         self._closed = True
         try:
             asyncio.run_coroutine_threadsafe(self._client.close(), self._loop).result(2.0)
-            if self._keepalive is not None:
-                loop = _io_loop(KEEPALIVE_LOOP)
-                asyncio.run_coroutine_threadsafe(self._keepalive[1].close(), loop).result(2.0)
         except Exception:  # noqa: BLE001 - closing a dead connection is best effort
             pass
 

@@ -1,12 +1,10 @@
-"""One lease's keep-alive: a LeaseKeepAlive stream kept open on the process's keep-alive loop.
+"""One lease's keep-alive: a LeaseKeepAlive stream kept open on the client's I/O loop.
 
 Why not a thread that calls refresh: aetcd's ``refresh_lease`` opens a new gRPC stream for every refresh,
 and a thread per lease has to be scheduled in time for each one. A process of many nodes (the scale
 benchmark's 128 simulated nodes per process) or an agent starved of CPU then refreshed too late and lost
-leases while alive. Here a refresh is one message on an open stream, on a fixed schedule from the
-previous send (a late answer does not push the next refresh back), from a loop and a connection of its
-own: it never waits behind the I/O loop's watch callbacks (a round of 1,000 members parsed by every
-handler of the process).
+leases while alive. Here a refresh is one message on an open stream, sent from the I/O loop, on a fixed
+schedule from the previous send (a late answer does not push the next refresh back).
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ class KeepAlive:
     """Refreshes ``lease_id`` every ``interval`` seconds until stopped or etcd says the lease is gone.
 
     ``on_refreshed(monotonic_time)`` after each confirmation, ``on_lost()`` once when a refresh answers
-    TTL <= 0; both run on the keep-alive loop and must not block. A broken stream (etcd restarting, a failover)
+    TTL <= 0; both run on the I/O loop and must not block. A broken stream (etcd restarting, a failover)
     is reopened after RETRY_DELAY_S, without counting the lease lost."""
 
     def __init__(
@@ -50,18 +48,17 @@ class KeepAlive:
         self._on_lost = on_lost
         self._task: asyncio.Task | None = None
         self._stopped = False
-        self._loop = client.keepalive_connection()[1]
 
     def start(self) -> None:
         def create() -> None:
             if not self._stopped:
                 self._task = asyncio.get_running_loop().create_task(self._run())
 
-        self._loop.call_soon_threadsafe(create)
+        self._client._loop.call_soon_threadsafe(create)
 
     def stop(self) -> None:
         self._stopped = True
-        loop = self._loop
+        loop = self._client._loop
 
         def cancel() -> None:
             if self._task is not None:
@@ -73,7 +70,7 @@ class KeepAlive:
     async def _run(self) -> None:
         next_at = time.monotonic() + self._interval
         while not self._stopped and not self._client._closed:
-            client, _ = self._client.keepalive_connection()
+            client = self._client._client
             call = None
             try:
                 await client.connect()
@@ -95,7 +92,7 @@ class KeepAlive:
             except grpc.aio.AioRpcError as exc:
                 log.debug("lease %x keep-alive stream failed (%s); reopening", self._id, exc.code())
                 if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                    self._client._failover(self._client._client)  # the next connection: the next endpoint
+                    self._client._failover(client)
             except (TimeoutError, ConnectionError, OSError, grpc.aio.UsageError) as exc:
                 log.debug("lease %x keep-alive stream failed (%s); reopening", self._id, exc)
             except Exception as exc:  # noqa: BLE001 - aetcd's connect errors; keep trying, as during an outage

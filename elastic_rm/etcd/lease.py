@@ -1,4 +1,4 @@
-"""A lease kept alive over an open keep-alive stream, and an election held with it."""
+"""A lease kept alive by a background thread, and an election held with it."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ log = logging.getLogger(__name__)
 class KeptLease:
     """Grants a lease and refreshes it every ``ttl / 3`` seconds until stopped or lost.
 
-    The refreshes go over one LeaseKeepAlive stream kept open on the keep-alive loop (keepalive.py):
+    The refreshes go over one LeaseKeepAlive stream kept open on the client's I/O loop (keepalive.py):
     no thread per lease and no new stream per refresh, which is what let a process of many simulated
     nodes, or a starved agent process, fall behind its TTL. The lease counts as lost only when etcd says
     so (a refresh answers TTL <= 0): during an etcd outage we keep trying, because etcd renews every lease
     when it elects a leader again, so the node's keys survive a short outage
-    (tests/chaos/test_etcd_outage.py). ``on_lost`` is called once, from the keep-alive loop: it must not block.
+    (tests/chaos/test_etcd_outage.py). ``on_lost`` is called once, from the I/O loop: it must not block.
     ``last_refresh`` (monotonic) is when etcd last confirmed the lease; ``max_gap`` the longest time
     between two confirmations (the keep-alive margin is ``ttl - max_gap``).
     """
