@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 
 from .client import Compare, EtcdClient, Op
 from .errors import EtcdError
+from .keepalive import KeepAlive
 
 log = logging.getLogger(__name__)
 
@@ -16,9 +16,14 @@ log = logging.getLogger(__name__)
 class KeptLease:
     """Grants a lease and refreshes it every ``ttl / 3`` seconds until stopped or lost.
 
-    The lease counts as lost only when etcd says so (refresh answers TTL <= 0): during an etcd outage
-    we keep trying, because etcd renews every lease when it elects a leader again, so the node's keys
-    survive a short outage (tests/chaos/test_etcd_outage.py). ``on_lost`` is called once, from the thread.
+    The refreshes go over one LeaseKeepAlive stream kept open on the client's I/O loop (keepalive.py):
+    no thread per lease and no new stream per refresh, which is what let a process of many simulated
+    nodes, or a starved agent process, fall behind its TTL. The lease counts as lost only when etcd says
+    so (a refresh answers TTL <= 0): during an etcd outage we keep trying, because etcd renews every lease
+    when it elects a leader again, so the node's keys survive a short outage
+    (tests/chaos/test_etcd_outage.py). ``on_lost`` is called once, from the I/O loop: it must not block.
+    ``last_refresh`` (monotonic) is when etcd last confirmed the lease; ``max_gap`` the longest time
+    between two confirmations (the keep-alive margin is ``ttl - max_gap``).
     """
 
     def __init__(self, client: EtcdClient, ttl: int, on_lost: Callable[[], None] | None = None):
@@ -28,27 +33,18 @@ class KeptLease:
         self.id, self.ttl = client.lease_grant(ttl)
         self.lost = False
         self.last_refresh = time.monotonic()
+        self.max_gap = 0.0
         self._on_lost = on_lost
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"lease-{self.id:x}", daemon=True)
-        self._thread.start()
+        self._keeper = KeepAlive(client, self.id, max(self.ttl / 3.0, 0.2), self._refreshed, self._mark_lost)
+        self._keeper.start()
 
-    def _run(self) -> None:
-        interval = max(self.ttl / 3.0, 0.2)
-        while not self._stop.wait(interval):
-            try:
-                remaining = self._client.lease_refresh(self.id)
-            except EtcdError as exc:
-                log.debug("lease %x refresh failed (%s); retrying", self.id, exc)
-                continue
-            if remaining <= 0:
-                self._mark_lost()
-                return
-            self.last_refresh = time.monotonic()
+    def _refreshed(self, now: float) -> None:
+        self.max_gap = max(self.max_gap, now - self.last_refresh)
+        self.last_refresh = now
 
     def mark_lost(self) -> None:
         """Record that etcd no longer knows this lease (a write under it said so): stop refreshing it."""
-        self._stop.set()
+        self._keeper.stop()
         self._mark_lost()
 
     def _mark_lost(self) -> None:
@@ -65,13 +61,15 @@ class KeptLease:
             return False
         try:
             if self._client.lease_refresh(self.id) <= 0:
-                self._mark_lost()
+                self.mark_lost()
+            else:
+                self._refreshed(time.monotonic())
         except EtcdError:
             pass
         return not self.lost
 
     def revoke(self) -> None:
-        self._stop.set()
+        self._keeper.stop()
         if not self.lost:
             try:
                 self._client.lease_revoke(self.id)
@@ -81,7 +79,7 @@ class KeptLease:
 
     def stop(self) -> None:
         """Stop refreshing without revoking (the keys then expire after the TTL)."""
-        self._stop.set()
+        self._keeper.stop()
 
 
 class Election:

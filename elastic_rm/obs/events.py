@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import os
+import random
 import threading
 import time
 from collections import deque
@@ -52,7 +53,10 @@ KINDS = (
     "sample",  # a node's periodic compact resource and throughput sample (for erm report and measured gain)
 )
 DEFAULT_KEEP = 2000  # events kept in etcd per run
-TRIM_EVERY = 100  # a writer trims the etcd copy after this many of its own events
+# A writer trims the etcd copy after one in this many of its events, at random: the run's copy stays near
+# ``keep`` however many nodes write (a count per writer let 1,000 nodes, each sampling every 10 s, pile up
+# 100 events a second for 1,000 s before anyone trimmed).
+TRIM_EVERY = 100
 MAX_VALUE_BYTES = 16 * 1024  # an event larger than this is refused (etcd values should stay small)
 BACKLOG = 256  # recent events kept in memory, replayed to a file or listener attached late
 TRIM_BATCH = 64  # deletes per transaction (etcd's default --max-txn-ops is 128)
@@ -204,7 +208,7 @@ class EventLog:
             try:
                 self._client.put_nowait(key, line)
                 self._last_key = key
-                if seq % TRIM_EVERY == TRIM_EVERY - 1:
+                if random.random() < 1.0 / TRIM_EVERY:  # see TRIM_EVERY
                     trim(self._client, self._keys, self._keep)
             except EtcdError as exc:
                 self._warn("etcd", f"event log to etcd failed: {exc}")

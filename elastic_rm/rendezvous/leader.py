@@ -28,9 +28,28 @@ from .view import JobView
 log = logging.getLogger(__name__)
 
 IDLE_WAKEUP_S = 1.0  # re-evaluate at least this often, even with no change
+DECIDE_PACE = (
+    1.0  # after a policy run of t seconds, the next one waits t (the leader decides <= half the time)
+)
+DECIDE_PAUSE_MAX_S = 0.25  # but never longer than this
 # A decided round's outcome is measured once every member reported steps for this long: one full window
 # of the agents' step summaries (elastic_rm.agent.agent.STEP_WINDOW_S), so it holds only the new round.
 OUTCOME_WINDOW_S = 10.0
+
+
+EVENT_IDS_BYTES = 6000  # node ids listed in one event at most (an event is at most 16 KiB)
+
+
+def ids_for_event(**lists: tuple[str, ...]) -> dict:
+    """Node id lists for an event: each list as is while it is small, else only its length
+    (``members_count``): a round of 1,000 members would not fit an event. ``world`` is always there."""
+    out: dict = {"world": len(lists.get("members", ()))}
+    for name, ids in lists.items():
+        if sum(len(i) + 3 for i in ids) <= EVENT_IDS_BYTES:
+            out[name] = ids
+        else:
+            out[f"{name}_count"] = len(ids)
+    return out
 
 
 class RoundLeader:
@@ -63,6 +82,7 @@ class RoundLeader:
         self._metrics_seen = -1  # metrics_version of the view when the policy last ran
         self._history: tuple[dict, ...] = ()
         self._wake_at = 0.0
+        self._next_decide_at = 0.0  # the policy runs again no sooner than this (monotonic)
         self._loop = Background(self._run, "erm-leader", wake=self._wake)
         self.last_reason = ""
 
@@ -123,11 +143,20 @@ class RoundLeader:
         new_metrics = view.metrics_version != self._metrics_seen and self._job.get("tables")
         if view.membership_version == self._decided_at_version and not due and not new_metrics:
             return self._wake_at
+        if view.round is None and len(view.nodes) < self._min:
+            self._decided_at_version = view.membership_version
+            return 0.0  # no policy may form a round below MIN: skip the O(N) snapshot per arrival
+        now = time.monotonic()
+        if now < self._next_decide_at:
+            return self._next_decide_at  # changes that come meanwhile are decided on together
         self._decided_at_version = view.membership_version
         self._metrics_seen = view.metrics_version
-        if view.round is None and len(view.nodes) < self._min:
-            return 0.0  # no policy may form a round below MIN: skip the O(N) snapshot per arrival
         plan = self._policy.decide(self._snapshot())
+        # The next decision waits as long as this one took (snapshot and policy are O(N)): a burst of
+        # arrivals at 1,000 nodes is decided in a few batches instead of once per node, O(N^2).
+        self._next_decide_at = time.monotonic() + min(
+            DECIDE_PACE * (time.monotonic() - now), DECIDE_PAUSE_MAX_S
+        )
         self._publish_demand()
         if isinstance(plan, Decision):
             self._write_round(plan)
@@ -310,8 +339,7 @@ class RoundLeader:
                 "decision",
                 f"round {record.round}: {len(record.members)} member(s); {record.reason}",
                 round=record.round,
-                members=record.members,
-                standby=record.standby,
+                **ids_for_event(members=record.members, standby=record.standby),
                 reason=record.reason,
                 predicted_gain=record.predicted_gain,
                 confidence=record.confidence,
@@ -355,8 +383,7 @@ class RoundLeader:
                 "round",
                 f"round {r.round} complete: world of {len(r.members)} node(s)",
                 round=r.round,
-                members=r.members,
-                standby=r.standby,
+                **ids_for_event(members=r.members, standby=r.standby),
                 reason=r.reason,
             )
             if r.round > 2:  # the agents' stores of rounds before the previous one are done with

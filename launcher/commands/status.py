@@ -52,6 +52,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--decisions", type=int, default=5, help="how many of the last decisions to show (default 5)"
     )
+    p.add_argument(
+        "--members", type=int, default=MAX_MEMBERS,
+        help=f"node rows to show (default {MAX_MEMBERS}; 0: all); the others are counted",
+    )  # fmt: skip
+
+
+MAX_MEMBERS = 64
 
 
 class UsageError(Exception):
@@ -87,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         from rich.console import Console
 
-        Console().print(render(status))
+        Console().print(render(status, max_members=max(0, args.members)))
     return 0
 
 
@@ -99,9 +106,10 @@ def _rate(x: float | None) -> str:
     return "-" if x is None else f"{x:,.0f}"
 
 
-def render(s: dict, title: str = "") -> Any:
+def render(s: dict, title: str = "", max_members: int = MAX_MEMBERS) -> Any:
     """The status as rich renderables: headline, members, decisions, recent events, malformed records.
-    Tables shrink to the console's width (80 columns is the design target)."""
+    Tables shrink to the console's width (80 columns is the design target). At most ``max_members`` node
+    rows (0: all), then a line with the count of the others: rich needs ~5 ms a row, 5 s for 1,024."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
@@ -116,7 +124,9 @@ def render(s: dict, title: str = "") -> Any:
     for col, just in (("rank", "right"), ("node", "left"), ("state", "left"), ("cpu", "right"),
                       ("mem", "right"), ("gpu", "right"), ("p50", "right"), ("samples/s", "right")):  # fmt: skip
         nodes.add_column(col, justify=just, overflow="fold")
-    for m in s["members"] + [{**x, "rank": "sb"} for x in s["standby"]]:
+    rows = s["members"] + [{**x, "rank": "sb"} for x in s["standby"]]
+    hidden = len(rows) - max_members if 0 < max_members < len(rows) else 0
+    for m in rows[: len(rows) - hidden]:
         mem = f"{m['mem_used_bytes'] / 2**30:.1f}G" if m.get("mem_used_bytes") is not None else "-"
         p50 = f"{m['step_p50_s'] * 1000:.0f}ms" if m.get("step_p50_s") is not None else "-"
         cpu = f"{m['cpu_util']:.0%}" if m.get("cpu_util") is not None else "-"
@@ -125,6 +135,10 @@ def render(s: dict, title: str = "") -> Any:
         nodes.add_row(str(m["rank"]), m["node"], m.get("state", "-"), cpu, mem, gpu, p50,
                       _rate(m.get("samples_per_s")))  # fmt: skip
     parts: list[Any] = [head, nodes]
+    if hidden:
+        parts.append(
+            Text(f"... and {hidden} more node(s) (--members 0 lists all; --json has all)", style="dim")
+        )
     if s.get("data"):
         d = s["data"]
         into = d["samples_done"] - d["epoch"] * d["epoch_samples"]

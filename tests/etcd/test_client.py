@@ -142,3 +142,17 @@ def test_binary_lookup_order(tmp_path, monkeypatch):
         find_etcd_binary()
     monkeypatch.delenv("ELASTIC_RM_ETCD_BINARY")
     assert find_etcd_binary().endswith("etcd")
+
+
+def test_get_prefix_reads_in_pages_at_one_revision(etcd, run_id):
+    """A prefix larger than one page (and than gRPC's default 4 MiB answer) comes back whole, in key order,
+    at the revision of its first page."""
+    with EtcdClient(etcd.endpoint, timeout=10) as c:
+        value = b"x" * 100_000
+        for i in range(45):  # 4.5 MB in all
+            c.put(f"/{run_id}/big/{i:03d}", value)
+        kvs, rev = c.get_prefix(f"/{run_id}/big/", page=7)
+        assert [kv.key for kv in kvs] == [f"/{run_id}/big/{i:03d}" for i in range(45)]
+        assert all(kv.value == value for kv in kvs) and rev >= max(kv.mod_revision for kv in kvs)
+        assert len(c.get_prefix(f"/{run_id}/big/")[0]) == 45
+        c.delete(f"/{run_id}/big/", prefix=True)

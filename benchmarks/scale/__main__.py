@@ -1,0 +1,353 @@
+"""Scale benchmark: the control plane with N simulated nodes (and many jobs) on one real etcd.
+
+Each case starts a fresh etcd (default 100 ms heartbeats, revision compaction as `erm etcd` sets it),
+one process holding the first node (it wins the election: the leader's CPU and memory are that process's),
+one process holding a single node to kill, and the other nodes spread over ``--procs`` processes
+(benchmarks/scale/nodes.py: real handlers through torch's registry, doing what each node's agent does to
+the control plane). Measured, per N:
+
+- join: from the last node's ``next_rendezvous()`` call until all N hold their rank (all ranks checked);
+  fan-out: from the sealed round's write to each node holding it;
+- steady state (``--steady`` s): CPU of the leader's process, of the node processes (per node), of etcd;
+  etcd writes/s (puts, deletes, txns), database size, keep-alive gaps of every lease, rounds that churned;
+- ``erm status`` (one read of the run) and one ``erm top`` frame, at N;
+- failure: the lone node is SIGKILLed; time until every survivor holds the next round.
+
+``--jobs J``: J jobs of N nodes each on the same etcd (no failure case; leaders wherever they win).
+Baseline in the same run: the N=128 case (``--sizes`` starts with it); c10d's join is in
+benchmarks/rendezvous. Writes benchmarks/results/scale.json (or ``--name``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+from benchmarks.common import stop_processes, summarize, write_result
+from benchmarks.scale.etcd_stats import cpu_seconds, rss_bytes, scrape
+from elastic_rm.etcd.server import EtcdServer
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PY = sys.executable
+
+
+class Child:
+    """A nodes.py process and its JSON lines (read by a thread into a queue)."""
+
+    def __init__(self, endpoint: str, jobs: str, start_file: str, log_dir: str, tag: str):
+        argv = [PY, "-m", "benchmarks.scale.nodes", "--endpoint", endpoint, "--jobs", jobs,
+                "--start-at-file", start_file]  # fmt: skip
+        self.log = open(os.path.join(log_dir, f"{tag}.log"), "w")
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+                                     text=True, start_new_session=True)  # fmt: skip
+        self.lines: queue.Queue = queue.Queue()
+        self.other: list[dict] = []  # lines that came while waiting for another kind
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                self.lines.put(json.loads(line))
+            except ValueError:
+                pass
+
+    def expect(self, ev: str, timeout: float) -> dict:
+        deadline = time.time() + timeout
+        while True:
+            left = deadline - time.time()
+            if left <= 0:
+                raise TimeoutError(f"no {ev!r} line from pid {self.proc.pid} within {timeout:.0f}s")
+            item = self.lines.get(timeout=left)
+            if item.get("ev") == ev:
+                return item
+            self.other.append(item)
+
+    def send(self, command: str) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(command + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass
+
+
+class WriteCounter:
+    """Writes per second under the runs' prefix by key kind (nodes, metrics, events, ...), from a watch."""
+
+    def __init__(self, endpoint: str):
+        from elastic_rm.etcd.client import EtcdClient
+
+        self._client = EtcdClient(endpoint, timeout=30)
+        self.counts: dict[str, int] = {}
+
+        def count(events) -> None:
+            for e in events:
+                parts = e.kv.key.split("/")
+                kind = f"{e.kind}:{parts[3] if len(parts) > 3 else '?'}"
+                self.counts[kind] = self.counts.get(kind, 0) + 1
+
+        self._cancel = self._client.watch_prefix("/elastic-rm/", self._client.ping() + 1, count)
+
+    def stop(self, seconds: float) -> dict[str, float]:
+        self._cancel()
+        self._client.close()
+        return {k: v / seconds for k, v in sorted(self.counts.items())}
+
+
+def spread(total: int, parts: int) -> list[int]:
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+def cpu_of(children: list[Child]) -> list[float]:
+    out = []
+    for c in children:
+        try:
+            out.append(cpu_seconds(c.proc.pid))
+        except Exception:  # noqa: BLE001 - a dead process
+            out.append(float("nan"))
+    return out
+
+
+def status_latency(endpoint: str, run_id: str, repeats: int = 3) -> dict:
+    """`erm status` (one read of the run, parsed) and one `erm top` frame (status from the watched copy,
+    rendered), timed in this process."""
+    from rich.console import Console
+
+    from elastic_rm.etcd.client import EtcdClient
+    from elastic_rm.obs.status import job_status, status_from_kvs
+    from elastic_rm.wire.keyspace import Keyspace
+    from launcher.commands.status import render
+    from launcher.commands.top import WatchedRun
+
+    keys = Keyspace("/elastic-rm", run_id)
+    status_s, top_s, keys_read = [], [], 0
+    with EtcdClient(endpoint, timeout=30) as client:
+        console = Console(file=open(os.devnull, "w"), width=160)
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            status = job_status(client, keys)
+            console.print(render(status))
+            status_s.append(time.perf_counter() - t0)
+        watched = WatchedRun(client, keys)
+        try:
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                kvs, revision, _err = watched.snapshot()
+                console.print(render(status_from_kvs(keys, kvs, revision)))
+                top_s.append(time.perf_counter() - t0)
+                keys_read = len(kvs)
+        finally:
+            watched.close()
+    return {"status_s": summarize(status_s), "top_frame_s": summarize(top_s), "keys": keys_read,
+            "members_shown": len(status.get("members", []))}  # fmt: skip
+
+
+def run_case(n: int, jobs: int, procs: int, steady: float, fail: bool, log_dir: str) -> dict:
+    etcd = EtcdServer(fast_election=False).start()
+    endpoint = etcd.endpoint
+    etcd_pid = etcd.members[0].proc.pid  # type: ignore[union-attr]
+    tmp = tempfile.mkdtemp(prefix="erm-scale-", dir=log_dir)
+    start_file = os.path.join(tmp, "start")
+    runs = [f"s{uuid.uuid4().hex[:6]}" for _ in range(jobs)]
+    lo = max(1, n // 2)
+    children: list[Child] = []
+    try:
+        leader = victim = None
+        rest = n
+        if jobs == 1:
+            leader = Child(endpoint, f"{runs[0]}:{lo}:{n}:1", start_file, tmp, "leader")
+            leader.expect("ready", 120)
+            _wait_leader(endpoint, runs[0])
+            children.append(leader)
+            rest -= 1
+            if fail:
+                victim = Child(endpoint, f"{runs[0]}:{lo}:{n}:1", start_file, tmp, "victim")
+                children.append(victim)
+                rest -= 1
+        shares = [spread(rest if jobs == 1 else n, procs) for _ in runs]
+        workers = []
+        for i in range(procs):
+            spec = ",".join(f"{run}:{lo}:{n}:{shares[j][i]}" for j, run in enumerate(runs) if shares[j][i])
+            workers.append(Child(endpoint, spec, start_file, tmp, f"nodes{i}"))
+        children += workers
+        for c in children:
+            if c is not leader:
+                c.expect("ready", 600)
+        with open(start_file + ".tmp", "w") as fh:
+            fh.write(str(time.time() + 1.0))
+        os.replace(start_file + ".tmp", start_file)
+        rows = []
+        for c in children:
+            rows += c.expect("joined", 300)["rows"]
+        join = _join_result(rows, runs, n)
+        print(f"N={n} x {jobs}: join {join['latency_s']} s ok={join['ok']}", flush=True)
+
+        time.sleep(5)  # the first metrics records and samples settle
+        counter = WriteCounter(endpoint)
+        m0, e0, c0, t0 = scrape(endpoint), cpu_seconds(etcd_pid), cpu_of(children), time.monotonic()
+        time.sleep(steady)
+        m1, e1, c1, t1 = scrape(endpoint), cpu_seconds(etcd_pid), cpu_of(children), time.monotonic()
+        by_kind = counter.stop(t1 - t0)
+        span = t1 - t0
+        for c in children:
+            c.send("report")
+        reports = [c.expect("report", 60) for c in children]
+        churn = [o for c in children for o in c.other if o.get("ev") == "round"]
+        steady_r = _steady_result(m0, m1, e1 - e0, c0, c1, span, children, leader, reports, churn)
+        steady_r["etcd_rss_bytes"] = rss_bytes(etcd_pid)
+        steady_r["writes_per_s_by_kind"] = by_kind
+        print(f"  steady: {json.dumps(steady_r)}", flush=True)
+        status = status_latency(endpoint, runs[0])  # the first job's (all jobs are alike)
+        print(f"  status: {status}", flush=True)
+        result = {"n": n, "jobs": jobs, "procs": procs, "join": join, "steady": steady_r, "status": status}
+        if fail and victim is not None:
+            result["failure"] = _failure(victim, children, n, runs[0])
+            print(f"  failure: {result['failure']}", flush=True)
+        result["etcd_end"] = scrape(endpoint)
+        return result
+    finally:
+        for c in children:
+            c.send("exit")
+        time.sleep(0.5)
+        stop_processes([c.proc for c in children])
+        etcd.stop()
+
+
+def _wait_leader(endpoint: str, run_id: str) -> None:
+    from elastic_rm.etcd.client import EtcdClient
+    from elastic_rm.wire.keyspace import Keyspace
+
+    with EtcdClient(endpoint) as client:
+        deadline = time.time() + 60
+        while client.get(Keyspace("/elastic-rm", run_id).leader) is None:
+            if time.time() > deadline:
+                raise TimeoutError("the first node did not lead within 60 s")
+            time.sleep(0.05)
+
+
+def _join_result(rows: list[dict], runs: list[str], n: int) -> dict:
+    per_run = {}
+    for run in runs:
+        mine = [r for r in rows if r.get("run") == run]
+        errors = [r["error"] for r in mine if "error" in r]
+        ok = not errors and sorted(r.get("rank", -1) for r in mine) == list(range(n))
+        ok = ok and all(r.get("world") == n for r in mine)
+        latency = max(r["end"] for r in mine) - max(r["start"] for r in mine) if ok else None
+        fanout = [r["end"] - r["round_time"] for r in mine if "round_time" in r]
+        per_run[run] = {"ok": ok, "latency_s": latency, "errors": errors[:3],
+                        "fanout_s": summarize(fanout) if fanout else None}  # fmt: skip
+    lat = [v["latency_s"] for v in per_run.values() if v["latency_s"] is not None]
+    fanout = [r["end"] - r["round_time"] for r in rows if "round_time" in r]
+    return {"ok": all(v["ok"] for v in per_run.values()), "latency_s": max(lat) if lat else None,
+            "fanout_s": summarize(fanout), "per_run": list(per_run.values())}  # fmt: skip
+
+
+def _steady_result(m0, m1, etcd_cpu, c0, c1, span, children, leader, reports, churn) -> dict:
+    rate = lambda k: (m1.get(k, 0) - m0.get(k, 0)) / span  # noqa: E731
+    node_cores = []
+    leader_cores = None
+    for c, a, b, rep in zip(children, c0, c1, reports, strict=True):
+        cores = (b - a) / span
+        if c is leader:
+            leader_cores = cores
+        else:
+            node_cores.append(cores / max(1, rep["nodes"]))
+    lease_lost = sum(r["lease_lost"] for r in reports)
+    return {
+        "seconds": span,
+        "leader_cores": leader_cores,
+        "leader_rss_bytes": rss_bytes(leader.proc.pid) if leader is not None else None,
+        "node_cores_per_node": summarize(node_cores),
+        "process_cores": [(b - a) / span for a, b in zip(c0, c1, strict=True)],
+        "etcd_cores": etcd_cpu / span,
+        "etcd_puts_per_s": rate("puts"),
+        "etcd_deletes_per_s": rate("deletes"),
+        "etcd_txns_per_s": rate("txns"),
+        "etcd_writes_per_s": rate("puts") + rate("deletes") + rate("txns"),
+        "etcd_revisions_per_s": rate("revision"),
+        "db_bytes_start": m0.get("db_bytes"),
+        "db_bytes_end": m1.get("db_bytes"),
+        "db_in_use_bytes_end": m1.get("db_in_use_bytes"),
+        "watchers": m1.get("watchers"),
+        "published_per_s": sum(r["published"] for r in reports) / max(span, 1e-9),
+        "max_keepalive_gap_s": max(r["max_gap_s"] for r in reports),
+        "lease_ttl_s": reports[0]["lease_ttl_s"],
+        "lease_lost": lease_lost,
+        "rounds_churned": len(churn),
+        "load_avg": os.getloadavg(),
+    }
+
+
+def _failure(victim: Child, children: list[Child], n: int, run: str) -> dict:
+    survivors = [c for c in children if c is not victim]
+    t_kill = time.time()
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.proc.wait(10)
+    seen: dict[str, float] = {}
+    errors = []
+    deadline = time.time() + 60
+    while len(seen) < n - 1 and time.time() < deadline:
+        for c in survivors:
+            try:
+                while True:
+                    item = c.lines.get_nowait()
+                    if item.get("ev") != "round":
+                        continue
+                    if "error" in item:
+                        errors.append(item["error"])
+                    elif item["world"] == n - 1:
+                        seen[item["node"]] = item["t"]
+            except queue.Empty:
+                pass
+        time.sleep(0.05)
+    ok = len(seen) == n - 1 and not errors
+    return {"ok": ok, "latency_s": (max(seen.values()) - t_kill) if ok else None,
+            "survivors_in_round": len(seen), "errors": errors[:3]}  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="128,512,1024")
+    p.add_argument("--procs", type=int, default=8, help="node processes per case (besides leader and victim)")
+    p.add_argument("--steady", type=float, default=60.0, help="seconds of steady state per case (issue: 600)")
+    p.add_argument("--jobs", type=int, default=10, help="then J jobs x --job-nodes on one etcd (0: skip)")
+    p.add_argument("--job-nodes", type=int, default=100)
+    p.add_argument("--name", default="scale")
+    args = p.parse_args()
+    load_start = os.getloadavg()
+    log_dir = tempfile.mkdtemp(prefix="erm-scale-logs-")
+    cases = {}
+    for n in [int(s) for s in args.sizes.split(",") if s]:
+        cases[f"N={n}"] = run_case(n, 1, args.procs, args.steady, True, log_dir)
+    if args.jobs:
+        key = f"{args.jobs}x{args.job_nodes}"
+        cases[key] = run_case(args.job_nodes, args.jobs, args.procs, args.steady, False, log_dir)
+    ratios = {}
+    base = cases.get("N=128", {}).get("join", {}).get("latency_s")
+    for name, c in cases.items():
+        lat = c["join"]["latency_s"]
+        if base and lat:
+            ratios[f"join.{name}/N=128"] = lat / base
+    payload = {"config": vars(args), "cases": cases, "ratios": ratios, "load_avg_at_end": os.getloadavg(),
+               "load_avg_at_start": load_start, "logs": log_dir}  # fmt: skip
+    path = write_result(args.name, payload)
+    for name, c in cases.items():
+        s = c["steady"]
+        print(f"{name}: join {c['join']['latency_s']} s; leader {s['leader_cores']} cores; etcd "
+              f"{s['etcd_writes_per_s']:.0f} writes/s; db {s['db_bytes_end']}; status "
+              f"{c['status']['status_s']['median']:.3f} s")  # fmt: skip
+    print(f"ratios: {ratios}\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,194 @@
+"""Many simulated nodes in one process for the scale benchmark: real rendezvous handlers (through torch's
+registry), each doing what a node's agent does to the control plane, without training workers.
+
+Per node, as ``ElasticRMAgent`` does: ``next_rendezvous()``; then ``num_nodes_waiting()`` every 0.1 s
+(torch's monitor interval) and a new ``next_rendezvous()`` when it is positive; a metrics record a second
+through ``services.publish_metrics`` (the agent's record, with a few percent of noise on a steady load);
+a "sample" event every ``--event-sample-interval`` seconds through the node's event log.
+
+stdout: JSON lines. ``{"ev": "ready"}`` once every handler exists; ``{"ev": "joined", ...}`` after the
+first round (per node: start, end, rank, world, the round's write time); ``{"ev": "round", ...}`` for
+every later round a node joins; ``{"ev": "report", ...}`` on the stdin command ``report`` (lease keep-alive
+gaps, leases lost, records published). stdin ``exit`` ends the process (os._exit: leases die with it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import sys
+import threading
+import time
+
+OUT_LOCK = threading.Lock()
+
+
+def say(obj: dict) -> None:
+    with OUT_LOCK:
+        sys.stdout.write(json.dumps(obj) + "\n")
+        sys.stdout.flush()
+
+
+def fake_record(node_id: str, rng: random.Random) -> dict:
+    """The agent's metrics record for a node under a steady load (noise of a few percent)."""
+    from elastic_rm.agent.channel import StepSummary
+    from elastic_rm.agent.monitor import ResourceSummary, WorkerSummary
+    from elastic_rm.agent.record import build_record
+
+    j = lambda x, f=0.02: x * (1 + rng.uniform(-f, f))  # noqa: E731
+    resources = ResourceSummary(
+        t=time.time(), samples=10, cpu_util_mean=j(0.6), cpu_util_max=j(0.7), cpu_util_last=j(0.6),
+        mem_used_bytes=int(j(8e9)), mem_available_bytes=int(j(24e9)), mem_total_bytes=32 * 2**30,
+        workers=(WorkerSummary(pid=1000, rss_bytes=int(j(2e9)), cpu_util=j(0.95)),), gpus=(),
+    )  # fmt: skip
+    steps = StepSummary(
+        p50_s=j(0.05), p90_s=j(0.06), busy_p50_s=j(0.04), samples_per_s=j(1000.0), steps=int(j(200)),
+        age_s=rng.uniform(0, 0.1), workers=1,
+    )  # fmt: skip
+    return build_record(node_id, resources, steps)
+
+
+class Node:
+    def __init__(self, run: str, handler) -> None:
+        self.run, self.handler = run, handler
+        self.services = handler.services
+        self.busy = False  # a next_rendezvous call is in flight
+        self.max_gap = 0.0  # longest time without a successful lease refresh, while alive
+        self.next_sample = 0.0
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--endpoint", required=True)
+    p.add_argument(
+        "--jobs", required=True, help="RUN:MIN:MAX:COUNT,...: COUNT nodes of run RUN (--nnodes MIN:MAX)"
+    )
+    p.add_argument("--join-timeout", type=float, default=120)
+    p.add_argument("--start-at-file", default=None, help="wait for this file; it holds the start time")
+    p.add_argument("--publish-interval", type=float, default=1.0)
+    p.add_argument("--event-sample-interval", type=float, default=10.0)
+    args = p.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+    from elastic_rm.agent.node_events import emit_sample
+    from elastic_rm.rendezvous.registration import register
+    from elastic_rm.wire.metrics import encode_record
+
+    register()
+    nodes: list[Node] = []
+    for spec in args.jobs.split(","):
+        run, lo, hi, count = spec.split(":")
+        for _ in range(int(count)):
+            params = RendezvousParameters(
+                "elastic-rm", args.endpoint, run, int(lo), int(hi),
+                join_timeout=args.join_timeout, local_addr="127.0.0.1",
+            )  # fmt: skip
+            nodes.append(Node(run, get_rendezvous_handler(params)))
+    k = len(nodes)
+    rows: list[dict] = [{} for _ in range(k)]
+    barrier = threading.Barrier(k + 1)
+
+    def join(i: int) -> None:
+        node = nodes[i]
+        barrier.wait()
+        row = rows[i]
+        row.update(run=node.run, start=time.time())
+        try:
+            info = node.handler.next_rendezvous()
+            row.update(rank=info.rank, world=info.world_size)
+            r = node.handler.joined_round
+            row.update(round=r.round, round_time=r.time)
+        except Exception as exc:  # noqa: BLE001 - reported in the result
+            row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        row["end"] = time.time()
+
+    threads = [threading.Thread(target=join, args=(i,), daemon=True) for i in range(k)]
+    for t in threads:
+        t.start()
+    say({"ev": "ready", "nodes": k})
+    if args.start_at_file:
+        deadline = time.time() + 600
+        while not os.path.exists(args.start_at_file) and time.time() < deadline:
+            time.sleep(0.01)
+        start_at = float(open(args.start_at_file).read() or 0)
+        time.sleep(max(0.0, start_at - time.time()))
+    barrier.wait()
+    for t in threads:
+        t.join(args.join_timeout + 15)
+    say({"ev": "joined", "rows": rows})
+
+    stats = {"published": 0, "rejoins": 0, "lease_lost": 0}
+
+    def rejoin(node: Node) -> None:
+        try:
+            info = node.handler.next_rendezvous()
+            r = node.handler.joined_round
+            say({"ev": "round", "run": node.run, "round": r.round, "rank": info.rank, "world": info.world_size,
+                 "t": time.time(), "round_time": r.time, "node": node.handler.node_id})  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - reported
+            say(
+                {
+                    "ev": "round",
+                    "run": node.run,
+                    "error": f"{type(exc).__name__}: {exc}"[:300],
+                    "t": time.time(),
+                }
+            )
+        finally:
+            node.busy = False
+
+    def agent_loop() -> None:
+        """What torch's agent does between rounds, per node: num_nodes_waiting() every 0.1 s."""
+        while True:
+            now = time.monotonic()
+            for node in nodes:
+                lease = node.handler._session.lease  # the keep-alive margin: read-only
+                if lease is not None and not lease.lost:
+                    node.max_gap = max(node.max_gap, now - lease.last_refresh, getattr(lease, "max_gap", 0.0))
+                if not node.busy and node.handler.num_nodes_waiting() > 0:
+                    node.busy = True
+                    stats["rejoins"] += 1
+                    threading.Thread(target=rejoin, args=(node,), daemon=True).start()
+            time.sleep(0.1)
+
+    def publish_loop() -> None:
+        """What each agent's publish thread does once a second (elastic_rm.agent.agent._publish_once)."""
+        rng = random.Random(os.getpid())
+        while True:
+            t0 = time.monotonic()
+            for node in nodes:
+                joined = node.services.joined_round
+                if joined is None:
+                    continue
+                record = fake_record(node.services.node_id, rng)
+                node.services.publish_metrics(encode_record(record))
+                stats["published"] += 1
+                if args.event_sample_interval > 0 and t0 >= node.next_sample:
+                    node.next_sample = t0 + args.event_sample_interval * rng.uniform(0.9, 1.1)
+                    emit_sample(node.services.events, node.services.node_id, record, joined)
+            time.sleep(max(0.0, args.publish_interval - (time.monotonic() - t0)))
+
+    threading.Thread(target=agent_loop, daemon=True).start()
+    threading.Thread(target=publish_loop, daemon=True).start()
+    for line in sys.stdin:
+        command = line.strip()
+        if command == "report":
+            lost = sum(n.handler._session._incarnation for n in nodes)  # leases lost, rejoined under a new id
+            gaps = [n.max_gap for n in nodes]
+            ttl = nodes[0].services.lease_ttl if nodes else 0.0
+            say({"ev": "report", "nodes": k, "published": stats["published"], "rejoins": stats["rejoins"],
+                 "lease_lost": lost, "max_gap_s": max(gaps, default=0.0), "lease_ttl_s": ttl,
+                 "leading": sum(1 for n in nodes if n.services.leading)})  # fmt: skip
+        elif command == "exit":
+            break
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""What keeps a run of many nodes bounded: the event log's size with many writers, events of big rounds,
+one round parse per process."""
+
+from __future__ import annotations
+
+import json
+
+from elastic_rm.etcd.client import EtcdClient
+from elastic_rm.obs import events as ev
+from elastic_rm.rendezvous.leader import ids_for_event
+from elastic_rm.rendezvous.view import parse_round
+from elastic_rm.wire.keyspace import Keyspace
+from elastic_rm.wire.records import RoundRecord
+
+
+def test_many_writers_keep_the_event_log_near_keep(etcd, run_id, monkeypatch):
+    """300 writers with 3 events each: a trim counted per writer (every TRIM_EVERY of its own events) would
+    never run and leave 900 events; trimming one event in TRIM_EVERY at random keeps the run near ``keep``."""
+    monkeypatch.setattr(ev, "TRIM_EVERY", 5)
+    keys = Keyspace("/elastic-rm", run_id)
+    with EtcdClient(etcd.endpoint, timeout=10) as c:
+        logs = [ev.EventLog(run_id, f"n{i}", client=c, keys=keys, keep=40) for i in range(300)]
+        for k in range(3):
+            for log in logs:
+                log.emit("checkpoint", f"checkpoint {k}", step=k)
+        assert logs[-1].flush(10)
+        ev.trim(c, keys, keep=10**6)  # a no-op trim: every put sent before it has landed when it returns
+        events, errors, _ = ev.read_etcd(c, keys)
+    assert not errors
+    # keep, plus what came after the last trim (60 or more events without one: probability 0.8**60 ~ 1e-6)
+    assert len(events) <= 40 + 60, len(events)
+
+
+def test_events_of_a_big_round_give_the_count_not_the_ids():
+    small = ids_for_event(members=("a", "b"), standby=("c",))
+    assert small == {"world": 2, "members": ("a", "b"), "standby": ("c",)}
+    members = tuple(f"host-{i:05d}-abcdef" for i in range(1024))
+    big = ids_for_event(members=members, standby=())
+    assert big == {"world": 1024, "members_count": 1024, "standby": ()}
+    event = ev.Event(0.0, "r", "n", "decision", "round 2", big)
+    assert len(event.to_json()) < ev.MAX_VALUE_BYTES
+
+
+def test_a_round_value_is_parsed_once_per_process():
+    record = RoundRecord(round=3, members=("a", "b"), reason="x", leader="a", time=1.0)
+    raw = record.to_json()
+    first = parse_round("/elastic-rm/r/round", bytes(raw))
+    again = parse_round("/elastic-rm/r/round", bytes(raw))  # another handler's copy of the same value
+    assert first is again and first.members == ("a", "b")
+    other = json.loads(raw)
+    other["round"] = 4
+    assert parse_round("/elastic-rm/r/round", json.dumps(other).encode()).round == 4
