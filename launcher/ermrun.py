@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import sys
 import uuid
 
@@ -238,7 +239,7 @@ def _launch(args: argparse.Namespace, options: AgentOptions, progress) -> int:
     """Start the embedded etcd when needed, put the node under its limits, run the agent; its exit status."""
     from elastic_rm.agent.cgroup import CgroupError
     from elastic_rm.agent.http import EndpointError
-    from elastic_rm.agent.launch import launch_agent
+    from elastic_rm.agent.launch import default_log_dir, launch_agent
     from elastic_rm.etcd.errors import EtcdError
     from elastic_rm.etcd.server import EtcdServer, EtcdServerError
 
@@ -247,6 +248,7 @@ def _launch(args: argparse.Namespace, options: AgentOptions, progress) -> int:
     except ValueError as exc:
         return _fail(str(exc))
     server = None
+    log_dir = None
     try:
         if embedded:
             server = EtcdServer(binary=args.etcd_binary).start()
@@ -255,6 +257,7 @@ def _launch(args: argparse.Namespace, options: AgentOptions, progress) -> int:
             config, cmd, cmd_args = config_from_args(args)
         except (AssertionError, ValueError) as exc:
             return _fail(str(exc))
+        log_dir = default_log_dir(config)
         config.rdzv_configs.setdefault("nproc", config.nproc_per_node)
         if server is not None and config.max_nodes > 1:
             log.warning(
@@ -280,6 +283,8 @@ def _launch(args: argparse.Namespace, options: AgentOptions, progress) -> int:
             return _fail(f"rendezvous: {exc}")
         raise
     finally:
+        if log_dir is not None:
+            shutil.rmtree(log_dir, ignore_errors=True)
         if server is not None:
             server.stop()
 

@@ -116,6 +116,7 @@ class ElasticRMAgent(LocalElasticAgent):
         self._publisher = Background(self._publish_loop, "erm-metrics")
         # workers run in sessions of their own: without it they would train on after this agent's death
         self._orphan_guard = Watchdog()
+        self._orphan_guard.watch([], remove=[self.channel.directory])  # gone with the agent, SIGKILL included
         self._started = False
         self._closed = False
         self._next_sample = 0.0  # monotonic time of the next "sample" event
@@ -202,6 +203,10 @@ class ElasticRMAgent(LocalElasticAgent):
         if self.ckpt_server is not None:
             self.ckpt_server.stop()
         self._orphan_guard.release()  # torch has stopped the workers by now
+
+    def remove_on_exit(self, path: str) -> None:
+        """A temporary directory that goes with the agent: at close(), or after a SIGKILL (its watchdog)."""
+        self._orphan_guard.watch([], remove=[path])
 
     def _health(self) -> tuple[bool, dict[str, Any]]:
         state = self._worker_group.state

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +29,24 @@ from ..train.paths import remove_node_memory
 from .agent import AgentOptions, ElasticRMAgent
 
 log = logging.getLogger(__name__)
+
+
+def default_log_dir(config: LaunchConfig) -> str | None:
+    """The torchelastic_* temporary directory torch made for the workers' logs and error files because no
+    --log-dir was given (torch leaves it behind after every run); None for a --log-dir the user named.
+    ermrun removes it at exit, the agent's watchdog after a SIGKILL (error files are read when a worker
+    fails, before that)."""
+    root = getattr(config.logs_specs, "root_log_dir", None)
+    if root and os.path.dirname(os.path.abspath(root)) == tempfile.gettempdir():
+        if os.path.basename(root).startswith("torchelastic_"):
+            return root
+    return None
+
+
+def _remove_default_log_dir(agent: ElasticRMAgent, config: LaunchConfig) -> None:
+    root = default_log_dir(config)
+    if root is not None:
+        agent.remove_on_exit(root)
 
 
 def launch_agent(
@@ -84,6 +103,7 @@ def launch_agent(
     )
     if on_agent is not None:
         on_agent(agent)
+    _remove_default_log_dir(agent, config)
     name = _get_entrypoint_name(entrypoint, args)
     agent.events.emit(
         "job",
