@@ -35,11 +35,13 @@ class Watchdog:
         self._proc: subprocess.Popen | None = None
         self._fd = -1
 
-    def watch(self, pids: list[int], remove: list[str] = ()) -> None:
-        """End ``pids`` with the owner; remove the directories in ``remove`` when the owner is gone."""
+    def watch(self, pids: list[int], remove: list[str] = (), prune: list[str] = ()) -> None:
+        """End ``pids`` with the owner; when it is gone, remove the files and directories in ``remove``,
+        then the directories in ``prune`` that are empty by then (in the order given)."""
         self._start()
         lines = [f"{pid} {started}\n" for pid in pids if (started := start_time(pid)) is not None]
         lines += [f"rm {os.path.abspath(path)}\n" for path in remove]
+        lines += [f"rmdir {os.path.abspath(path)}\n" for path in prune]
         if lines:
             os.write(self._fd, "".join(lines).encode())
 
@@ -87,15 +89,23 @@ def _end(pid: int) -> None:
             return
 
 
-def _remove(path: str) -> None:
-    """Only what the owner named, and only a real directory (never through a link)."""
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)
+def _remove(verb: str, path: str) -> None:
+    """Only what the owner named: a directory tree (never through a link) or a file; "rmdir": an empty
+    directory only."""
+    try:
+        if verb == "rmdir":
+            os.rmdir(path)
+        elif os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.unlink(path)
+    except OSError:
+        pass
 
 
 def main(fd: int) -> None:
     watched: dict[int, str] = {}
-    paths: list[str] = []
+    paths: list[tuple[str, str]] = []
     with os.fdopen(fd, "rb", buffering=0) as pipe:
         pending = b""
         while chunk := pipe.read(4096):  # ends at end-of-file: the owner is gone or done
@@ -103,8 +113,9 @@ def main(fd: int) -> None:
             *lines, pending = pending.split(b"\n")
             for line in lines:
                 text = line.decode()
-                if text.startswith("rm "):
-                    paths.append(text[3:])
+                if text.startswith(("rm ", "rmdir ")):
+                    verb, path = text.split(" ", 1)
+                    paths.append((verb, path))
                 elif text == "keep":
                     paths.clear()
                 else:
@@ -113,8 +124,8 @@ def main(fd: int) -> None:
     for pid, started in watched.items():
         if start_time(pid) == started:
             _end(pid)
-    for path in paths:
-        _remove(path)
+    for verb, path in paths:
+        _remove(verb, path)
 
 
 if __name__ == "__main__":

@@ -204,9 +204,10 @@ class ElasticRMAgent(LocalElasticAgent):
             self.ckpt_server.stop()
         self._orphan_guard.release()  # torch has stopped the workers by now
 
-    def remove_on_exit(self, path: str) -> None:
-        """A temporary directory that goes with the agent: at close(), or after a SIGKILL (its watchdog)."""
-        self._orphan_guard.watch([], remove=[path])
+    def remove_on_exit(self, path: str, prune: tuple[str, ...] = ()) -> None:
+        """A temporary file or directory that goes with the agent (at close(), or after a SIGKILL: its
+        watchdog), then the directories in ``prune`` that are empty by then."""
+        self._orphan_guard.watch([], remove=[path], prune=list(prune))
 
     def _health(self) -> tuple[bool, dict[str, Any]]:
         state = self._worker_group.state
