@@ -192,8 +192,13 @@ def _apply_node_limits(args: argparse.Namespace, run_id: str):
 
 
 def _agent_options(args: argparse.Namespace) -> AgentOptions:
-    """The agent's options from our flags, checked (ValueError says which flag is wrong)."""
+    """The agent's options from our flags, checked (ValueError says which flag is wrong). Read before
+    torch's config, which sets OMP_NUM_THREADS=1 for several workers: a user's own value wins."""
+    if args.cpu_limit is not None and not args.cpu_limit > 0:
+        raise ValueError(f"--cpu-limit must be a positive number of cores (e.g. 0.5), got {args.cpu_limit:g}")
     options = AgentOptions(
+        worker_threads="OMP_NUM_THREADS" not in os.environ,
+        cpu_limit=args.cpu_limit,
         node_id=args.node_id,
         membership_grace_s=args.membership_grace,
         sample_interval_s=args.sample_interval,
