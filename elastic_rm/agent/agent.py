@@ -35,7 +35,7 @@ from ..train.paths import run_memory_dir
 from ..wire.channel import ENV_ROUND
 from ..wire.metrics import encode_record
 from ..wire.records import RoundRecord
-from . import ckpt_hooks
+from . import ckpt_hooks, threads
 from .channel import AgentChannel
 from .http import AgentHttpServer
 from .inplace import InPlaceRounds
@@ -69,10 +69,8 @@ class AgentOptions:
     metrics_host: str = "127.0.0.1"
     event_log: str | None = None  # also append the run's events (elastic_rm.obs.events) to this JSONL file
     event_sample_interval_s: float = 10.0  # a "sample" event (resources, throughput) this often; 0: none
-    # set the workers' OMP_NUM_THREADS from this node's CPU share (elastic_rm.agent.threads); ermrun does
-    # unless the user set OMP_NUM_THREADS. cpu_limit: --cpu-limit, the node's share when given.
-    worker_threads: bool = False
-    cpu_limit: float | None = None
+    worker_threads: bool = False  # OMP_NUM_THREADS from the CPU share (agent/threads.py); ermrun: unless set
+    cpu_limit: float | None = None  # --cpu-limit: this node's CPU share
 
     def validate(self) -> None:
         if self.sample_interval_s <= 0:
@@ -122,7 +120,7 @@ class ElasticRMAgent(LocalElasticAgent):
         self._orphan_guard = Watchdog()
         self._orphan_guard.watch([], remove=[self.channel.directory])  # gone with the agent, SIGKILL included
         self._started = False
-        self._threads_said = False  # the workers' thread count was said in the event log
+        self._threads: int | None = None  # the workers' thread count said in the event log
         self._closed = False
         self._next_sample = 0.0  # monotonic time of the next "sample" event
         self._last_checkpoint = 0  # the newest flash checkpoint step reported as a "checkpoint" event
@@ -210,8 +208,7 @@ class ElasticRMAgent(LocalElasticAgent):
         self._orphan_guard.release()  # torch has stopped the workers by now
 
     def remove_on_exit(self, path: str, prune: tuple[str, ...] = ()) -> None:
-        """A temporary file or directory that goes with the agent (at close(), or after a SIGKILL: its
-        watchdog), then the directories in ``prune`` that are empty by then."""
+        """Remove a file or directory, then ``prune``'s empty directories, at close() or after a SIGKILL."""
         self._orphan_guard.watch([], remove=[path], prune=list(prune))
 
     def _health(self) -> tuple[bool, dict[str, Any]]:
@@ -284,28 +281,18 @@ class ElasticRMAgent(LocalElasticAgent):
         ckpt_hooks.set_worker_env(self._services)  # this round's peers' checkpoint servers
         joined = self.joined_round
         os.environ[ENV_ROUND] = str(joined.round if joined is not None else 0)
-        if self.options.worker_threads:
-            self._set_worker_threads(worker_group.spec.local_world_size)
+        if self.options.worker_threads:  # OMP_NUM_THREADS from this node's CPU share
+            run_dir = run_memory_dir(self._handler.get_run_id())
+            nproc, limit = worker_group.spec.local_world_size, self.options.cpu_limit
+            self._threads = threads.set_worker_env(
+                run_dir, nproc, limit, self.events, self.node_id, self._threads
+            )
         self.channel.clear_drain()
         self.channel.reset_steps()  # a new world: step times of the old one would blur the planner's view
         pids = super()._start_workers(worker_group)
         self.monitor.set_pids(pids.values())
         self._orphan_guard.watch(list(pids.values()))  # they end with this agent, even by SIGKILL
         return pids
-
-    def _set_worker_threads(self, nproc: int) -> None:
-        """OMP_NUM_THREADS for this round's workers from the node's CPU share; said when it changes."""
-        from ..train.owners import live_owners
-        from . import threads
-
-        nodes_here = len(live_owners(run_memory_dir(self._handler.get_run_id()))) or 1
-        choice = threads.choose(nproc, self.options.cpu_limit, nodes_here, threads.usable_cores())
-        if os.environ.get(threads.ENV) != str(choice.threads) or not self._threads_said:
-            self._threads_said = True
-            message = threads.message(self.node_id, nproc, choice)
-            log.info("%s", message)
-            self.events.emit("node", message, threads=choice.threads, cpu_share=round(choice.cpu_share, 3))
-        os.environ[threads.ENV] = str(choice.threads)
 
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
         """A new round while the workers are healthy: drain them at a step boundary first, when the new round

@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 ENV = "OMP_NUM_THREADS"
 
@@ -43,6 +45,22 @@ def choose(nproc: int, cpu_limit: float | None, nodes_here: int, cores: int) -> 
     else:
         share, why = float(cores), f"{cores} cores"
     return ThreadChoice(max(1, math.floor(share / nproc)), share, why)
+
+
+def set_worker_env(
+    run_dir: Path, nproc: int, cpu_limit: float | None, events: Any, node: str, said: int | None
+) -> int:
+    """Choose for this node, set OMP_NUM_THREADS in this process's environment (workers inherit it) and
+    say so in the event log when it differs from ``said``; the threads per worker. The nodes here are the
+    run's live node-memory claims on this machine (each agent makes one)."""
+    from ..train.owners import live_owners
+
+    choice = choose(nproc, cpu_limit, len(live_owners(run_dir)) or 1, usable_cores())
+    os.environ[ENV] = str(choice.threads)
+    if choice.threads != said:
+        text = message(node, nproc, choice)
+        events.emit("node", text, threads=choice.threads, cpu_share=round(choice.cpu_share, 3))
+    return choice.threads
 
 
 def message(node: str, nproc: int, choice: ThreadChoice) -> str:
