@@ -117,7 +117,9 @@ def render(s: dict, title: str = "") -> Any:
                       ("mem", "right"), ("gpu", "right"), ("p50", "right"), ("samples/s", "right")):  # fmt: skip
         nodes.add_column(col, justify=just, overflow="fold")
     for m in s["members"] + [{**x, "rank": "sb"} for x in s["standby"]]:
-        mem = f"{m['mem_used_bytes'] / 2**30:.1f}G" if m.get("mem_used_bytes") is not None else "-"
+        own = m.get("mem_node_bytes")  # the node's own memory; older agents report the machine's only
+        own = own if own is not None else m.get("mem_used_bytes")
+        mem = f"{own / 2**30:.1f}G" if own is not None else "-"
         p50 = f"{m['step_p50_s'] * 1000:.0f}ms" if m.get("step_p50_s") is not None else "-"
         cpu = f"{m['cpu_util']:.0%}" if m.get("cpu_util") is not None else "-"
         utils = [u for u in m.get("gpu_util") or [] if u is not None]
