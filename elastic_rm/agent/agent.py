@@ -35,7 +35,7 @@ from ..train.paths import run_memory_dir
 from ..wire.channel import ENV_ROUND
 from ..wire.metrics import encode_record
 from ..wire.records import RoundRecord
-from . import ckpt_hooks, threads
+from . import ckpt_hooks, stop, threads
 from .channel import AgentChannel
 from .http import AgentHttpServer
 from .inplace import InPlaceRounds
@@ -282,11 +282,7 @@ class ElasticRMAgent(LocalElasticAgent):
         joined = self.joined_round
         os.environ[ENV_ROUND] = str(joined.round if joined is not None else 0)
         if self.options.worker_threads:  # OMP_NUM_THREADS from this node's CPU share
-            run_dir = run_memory_dir(self._handler.get_run_id())
-            nproc, limit = worker_group.spec.local_world_size, self.options.cpu_limit
-            self._threads = threads.set_worker_env(
-                run_dir, nproc, limit, self.events, self.node_id, self._threads
-            )
+            self._threads = threads.for_workers(self, worker_group.spec.local_world_size, self._threads)
         self.channel.clear_drain()
         self.channel.reset_steps()  # a new world: step times of the old one would blur the planner's view
         pids = super()._start_workers(worker_group)
@@ -356,6 +352,8 @@ class ElasticRMAgent(LocalElasticAgent):
         membership grace for the rendezvous to show a newer round; if it does, we report HEALTHY so that
         torch's loop sees ``num_nodes_waiting() > 0`` and re-rendezvous without using a restart.
         """
+        if stop.requested(self._handler):  # `erm stop RUN`: drain, then finish (elastic_rm.agent.stop)
+            return stop.stop_workers(self, worker_group)
         result = super()._monitor_workers(worker_group)
         if result.state not in (WorkerState.FAILED, WorkerState.UNHEALTHY):
             return result

@@ -143,19 +143,21 @@ def launch_agent(
         events.record(agent.get_event_succeeded(), config.event_log_handler)
         if result is None:  # torch: the run closed while this node waited (a standby at the job's end)
             status = "left: the run closed before this node was needed"
+            free_node_memory(config.run_id, agent, "the run closed")
             return {}
         if result.is_failed():
             ranks = sorted(result.failures)
             status = f"failed (rank(s) {ranks})"
             free_node_memory(config.run_id, agent, "the job failed")
             raise ChildFailedError(name=name, failures=result.failures)
-        status = "succeeded"
-        if services is not None:  # the warm start of the next run of this job (rank 0 only)
+        stopped = getattr(agent, "stop_reason", None)  # `erm stop RUN` (elastic_rm.agent.stop)
+        status = f"stopped by {stopped}" if stopped else "succeeded"
+        if services is not None and not stopped:  # the warm start of the next run of this job (rank 0)
             try:
                 services.record_history("completed")
             except Exception as exc:  # noqa: BLE001 - a finished job must not fail on its epilogue
                 log.warning("could not record the run in history/: %s", exc)
-        free_node_memory(config.run_id, agent, "the job succeeded")
+        free_node_memory(config.run_id, agent, status)
         return result.return_values
     except ChildFailedError:
         raise

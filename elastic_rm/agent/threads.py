@@ -63,6 +63,14 @@ def set_worker_env(
     return choice.threads
 
 
+def for_workers(agent: Any, nproc: int, said: int | None) -> int:
+    """:func:`set_worker_env` for an ElasticRMAgent's next workers."""
+    from ..train.paths import run_memory_dir
+
+    run_dir = run_memory_dir(agent._handler.get_run_id())
+    return set_worker_env(run_dir, nproc, agent.options.cpu_limit, agent.events, agent.node_id, said)
+
+
 def message(node: str, nproc: int, choice: ThreadChoice) -> str:
     return (
         f"node {node}: {ENV}={choice.threads} for each of its {nproc} worker(s) "
