@@ -282,10 +282,14 @@ def _launch(args: argparse.Namespace, options: AgentOptions, progress) -> int:
     except (EtcdServerError, EtcdError, EndpointError, ValueError, CgroupError) as exc:
         return _fail(str(exc))
     except Exception as exc:
+        from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.rendezvous import RendezvousError
 
         if isinstance(exc, RendezvousError):
             return _fail(f"rendezvous: {exc}")
+        if isinstance(exc, SignalException):  # the node was taken down (docs/operate.md): no traceback
+            print(f"ermrun: stopped by {exc.sigval.name}; the run goes on without this node", file=sys.stderr)
+            return 128 + int(exc.sigval)
         raise
     finally:
         if log_dir is not None:

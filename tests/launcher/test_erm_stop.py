@@ -77,7 +77,8 @@ def test_erm_stop_node_takes_one_node_down_and_the_run_goes_on(etcd, run_id, tmp
     result = _erm("stop", run_id, "--endpoint", etcd.endpoint, "--node", "b")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "node b left run" in result.stdout
-    nodes["b"].wait(60)
+    assert nodes["b"].wait(60) == 128 + 15  # stopped by SIGTERM, said without a traceback
+    assert "stopped by SIGTERM" in nodes["b"].output() and "Traceback" not in nodes["b"].output()
     wait_until(lambda: _steps_at(tmp_path, "a", 1) >= 5, 120, "node a training alone", nodes.values())
     assert nodes["a"].popen.poll() is None
     (tmp_path / "stop").touch()  # end the run
