@@ -24,8 +24,10 @@ def tree(pid: int) -> list[psutil.Process]:
 
 
 def signal_tree(pid: int, sig: int) -> None:
-    """Send ``sig`` to ``pid``'s process group and to each of its descendants (their own groups too)."""
-    procs = tree(pid)
+    """Send ``sig`` to ``pid``'s process group and to each of its descendants (their own groups too), but
+    not to owner watchdogs (elastic_rm.guard): a node killed this way must still be cleaned up after, as
+    when only its agent is killed. They end by themselves once their owner is gone."""
+    procs = [p for p in tree(pid) if not _is_watchdog(p)]
     try:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):

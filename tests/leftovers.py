@@ -23,6 +23,7 @@ from elastic_rm.train.paths import ENV_MEMORY_ROOT
 
 ENV_SESSION = "ERM_TEST_SESSION"
 WAIT_S = 15.0  # processes get this long to finish exiting (watchdogs clean up after their owners)
+CACHES = ("torchinductor_",)  # kept across runs on purpose (torch's compile cache): not a leftover
 
 
 def marked_processes(session: str) -> list[psutil.Process]:
@@ -81,6 +82,6 @@ class SessionMarks:
         for root, what in ((self.tmp, "temporary"), (self.memory, "node memory")):
             if root is None or not root.exists():
                 continue
-            leftovers += [f"{what} {path}" for path in sorted(root.iterdir())]
+            leftovers += [f"{what} {p}" for p in sorted(root.iterdir()) if not p.name.startswith(CACHES)]
             shutil.rmtree(root, ignore_errors=True)
         return leftovers
