@@ -12,6 +12,8 @@ import signal
 
 import psutil
 
+from . import guard
+
 
 def tree(pid: int) -> list[psutil.Process]:
     try:
@@ -22,8 +24,10 @@ def tree(pid: int) -> list[psutil.Process]:
 
 
 def signal_tree(pid: int, sig: int) -> None:
-    """Send ``sig`` to ``pid``'s process group and to each of its descendants (their own groups too)."""
-    procs = tree(pid)
+    """Send ``sig`` to ``pid``'s process group and to each of its descendants (their own groups too), but
+    not to owner watchdogs (elastic_rm.guard): a node killed this way must still be cleaned up after, as
+    when only its agent is killed. They end by themselves once their owner is gone."""
+    procs = [p for p in tree(pid) if not _is_watchdog(p)]
     try:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
@@ -35,14 +39,35 @@ def signal_tree(pid: int, sig: int) -> None:
             pass
 
 
+def _is_watchdog(p: psutil.Process) -> bool:
+    try:
+        return p.cmdline()[1:2] == [os.path.abspath(guard.__file__)]
+    except (psutil.Error, IndexError):
+        return False
+
+
 def kill_tree(pid: int, timeout: float = 5.0) -> None:
-    """SIGCONT (a stopped process cannot die of SIGTERM), then SIGKILL to the whole tree; wait for it."""
+    """SIGCONT (a stopped process cannot die of SIGTERM), then SIGKILL to the whole tree; wait for it.
+    Owner watchdogs (elastic_rm.guard) go last: once their owners are dead they remove the temporary
+    directories those owners left, and exit by themselves."""
     procs = tree(pid)
+    watchdogs = [p for p in procs if _is_watchdog(p)]
+    others = [p for p in procs if p not in watchdogs]
     for sig in (signal.SIGCONT, signal.SIGKILL):
-        signal_tree(pid, sig)
-        for p in procs:
+        try:
+            os.killpg(pid, sig)  # watchdogs run in sessions of their own: not in this group
+        except (ProcessLookupError, PermissionError):
+            pass
+        for p in others:
             try:
                 p.send_signal(sig)
             except psutil.NoSuchProcess:
                 pass
-    psutil.wait_procs(procs, timeout=timeout)
+    psutil.wait_procs(others, timeout=timeout)
+    _, alive = psutil.wait_procs(watchdogs, timeout=timeout)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=timeout)

@@ -7,7 +7,19 @@ import argparse
 import importlib
 import sys
 
-SUBCOMMANDS = ("etcd", "status", "top", "events", "plan", "simulate", "demo", "report", "launch")
+SUBCOMMANDS = (
+    "etcd",
+    "status",
+    "top",
+    "events",
+    "plan",
+    "simulate",
+    "demo",
+    "report",
+    "launch",
+    "stop",
+    "gc",
+)
 
 
 def _load(name: str):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import sys
 import uuid
 
@@ -199,8 +200,13 @@ def _apply_node_limits(args: argparse.Namespace, run_id: str):
 
 
 def _agent_options(args: argparse.Namespace) -> AgentOptions:
-    """The agent's options from our flags, checked (ValueError says which flag is wrong)."""
+    """The agent's options from our flags, checked (ValueError says which flag is wrong). Read before
+    torch's config, which sets OMP_NUM_THREADS=1 for several workers: a user's own value wins."""
+    if args.cpu_limit is not None and not args.cpu_limit > 0:
+        raise ValueError(f"--cpu-limit must be a positive number of cores (e.g. 0.5), got {args.cpu_limit:g}")
     options = AgentOptions(
+        worker_threads="OMP_NUM_THREADS" not in os.environ,
+        cpu_limit=args.cpu_limit,
         node_id=args.node_id,
         membership_grace_s=args.membership_grace,
         sample_interval_s=args.sample_interval,
@@ -246,7 +252,7 @@ def _launch(args: argparse.Namespace, options: AgentOptions, progress) -> int:
     """Start the embedded etcd when needed, put the node under its limits, run the agent; its exit status."""
     from elastic_rm.agent.cgroup import CgroupError
     from elastic_rm.agent.http import EndpointError
-    from elastic_rm.agent.launch import launch_agent
+    from elastic_rm.agent.launch import default_log_dir, launch_agent
     from elastic_rm.etcd.errors import EtcdError
     from elastic_rm.etcd.server import EtcdServer, EtcdServerError
 
@@ -255,6 +261,7 @@ def _launch(args: argparse.Namespace, options: AgentOptions, progress) -> int:
     except ValueError as exc:
         return _fail(str(exc))
     server = None
+    log_dir = None
     try:
         if embedded:
             server = EtcdServer(binary=args.etcd_binary).start()
@@ -263,6 +270,7 @@ def _launch(args: argparse.Namespace, options: AgentOptions, progress) -> int:
             config, cmd, cmd_args = config_from_args(args)
         except (AssertionError, ValueError) as exc:
             return _fail(str(exc))
+        log_dir = default_log_dir(config)
         config.rdzv_configs.setdefault("nproc", config.nproc_per_node)
         if server is not None and config.max_nodes > 1:
             log.warning(
@@ -282,12 +290,18 @@ def _launch(args: argparse.Namespace, options: AgentOptions, progress) -> int:
     except (EtcdServerError, EtcdError, EndpointError, ValueError, CgroupError) as exc:
         return _fail(str(exc))
     except Exception as exc:
+        from torch.distributed.elastic.multiprocessing.api import SignalException
         from torch.distributed.elastic.rendezvous import RendezvousError
 
         if isinstance(exc, RendezvousError):
             return _fail(f"rendezvous: {exc}")
+        if isinstance(exc, SignalException):  # the node was taken down (docs/operate.md): no traceback
+            print(f"ermrun: stopped by {exc.sigval.name}; the run goes on without this node", file=sys.stderr)
+            return 128 + int(exc.sigval)
         raise
     finally:
+        if log_dir is not None:
+            shutil.rmtree(log_dir, ignore_errors=True)
         if server is not None:
             server.stop()
 

@@ -13,9 +13,23 @@ import pytest
 
 from elastic_rm.etcd.server import EtcdCluster, EtcdServer
 from elastic_rm.proc import kill_tree, signal_tree
+from tests.leftovers import SessionMarks
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leftovers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The session fails (at its last teardown) when it left a process, a temporary directory or node
+    memory behind, naming each; they are removed either way (tests/leftovers.py)."""
+    tmp_path_factory.getbasetemp()  # pytest's own tmp_path stays where it was
+    marks = SessionMarks()
+    marks.enter()
+    yield
+    leftovers = marks.exit()
+    if leftovers:
+        pytest.fail("the test session left these behind (now removed):\n  " + "\n  ".join(leftovers))
 
 
 @pytest.fixture(scope="session")

@@ -36,7 +36,7 @@ from ..train.paths import run_memory_dir
 from ..wire.channel import ENV_ROUND
 from ..wire.metrics import encode_record
 from ..wire.records import RoundRecord
-from . import ckpt_hooks
+from . import ckpt_hooks, stop, threads
 from .channel import AgentChannel
 from .http import AgentHttpServer
 from .inplace import InPlaceRounds
@@ -71,6 +71,8 @@ class AgentOptions:
     metrics_host: str = "127.0.0.1"
     event_log: str | None = None  # also append the run's events (elastic_rm.obs.events) to this JSONL file
     event_sample_interval_s: float = 10.0  # a "sample" event (resources, throughput) this often; 0: none
+    worker_threads: bool = False  # OMP_NUM_THREADS from the CPU share (agent/threads.py); ermrun: unless set
+    cpu_limit: float | None = None  # --cpu-limit: this node's CPU share
 
     def validate(self) -> None:
         if self.sample_interval_s <= 0:
@@ -120,7 +122,9 @@ class ElasticRMAgent(LocalElasticAgent):
         self._publisher = Background(self._publish_loop, "erm-metrics")
         # workers run in sessions of their own: without it they would train on after this agent's death
         self._orphan_guard = Watchdog()
+        self._orphan_guard.watch([], remove=[self.channel.directory])  # gone with the agent, SIGKILL included
         self._started = False
+        self._threads: int | None = None  # the workers' thread count said in the event log
         self._closed = False
         self._next_sample = 0.0  # monotonic time of the next "sample" event
         self._last_checkpoint = 0  # the newest flash checkpoint step reported as a "checkpoint" event
@@ -207,6 +211,10 @@ class ElasticRMAgent(LocalElasticAgent):
             self.ckpt_server.stop()
         self._orphan_guard.release()  # torch has stopped the workers by now
 
+    def remove_on_exit(self, path: str, prune: tuple[str, ...] = ()) -> None:
+        """Remove a file or directory, then ``prune``'s empty directories, at close() or after a SIGKILL."""
+        self._orphan_guard.watch([], remove=[path], prune=list(prune))
+
     def _health(self) -> tuple[bool, dict[str, Any]]:
         state = self._worker_group.state
         ok = state not in (WorkerState.FAILED, WorkerState.UNKNOWN)
@@ -278,6 +286,8 @@ class ElasticRMAgent(LocalElasticAgent):
         ckpt_hooks.set_worker_env(self._services)  # this round's peers' checkpoint servers
         joined = self.joined_round
         os.environ[ENV_ROUND] = str(joined.round if joined is not None else 0)
+        if self.options.worker_threads:  # OMP_NUM_THREADS from this node's CPU share
+            self._threads = threads.for_workers(self, worker_group.spec.local_world_size, self._threads)
         self.channel.clear_drain()
         self.channel.reset_steps()  # a new world: step times of the old one would blur the planner's view
         pids = super()._start_workers(worker_group)
@@ -358,6 +368,8 @@ class ElasticRMAgent(LocalElasticAgent):
         membership grace for the rendezvous to show a newer round; if it does, we report HEALTHY so that
         torch's loop sees ``num_nodes_waiting() > 0`` and re-rendezvous without using a restart.
         """
+        if stop.requested(self._handler):  # `erm stop RUN`: drain, then finish (elastic_rm.agent.stop)
+            return stop.stop_workers(self, worker_group)
         result = super()._monitor_workers(worker_group)
         if result.state == WorkerState.HEALTHY:  # workers that hold a failed round wait: in place, or fail
             return self.in_place.held_failure(self, worker_group, result, LocalElasticAgent._monitor_workers)

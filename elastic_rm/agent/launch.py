@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -24,10 +25,47 @@ from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 from torch.distributed.launcher.api import LaunchConfig, _get_addr_and_port, _get_entrypoint_name
 
 from ..rendezvous.registration import node_services, register
-from ..train.paths import remove_node_memory
+from ..train import owners
+from ..train.paths import remove_node_memory, run_memory_dir
 from .agent import AgentOptions, ElasticRMAgent
 
 log = logging.getLogger(__name__)
+
+
+def default_log_dir(config: LaunchConfig) -> str | None:
+    """The torchelastic_* temporary directory torch made for the workers' logs and error files because no
+    --log-dir was given (torch leaves it behind after every run); None for a --log-dir the user named.
+    ermrun removes it at exit, the agent's watchdog after a SIGKILL (error files are read when a worker
+    fails, before that)."""
+    root = getattr(config.logs_specs, "root_log_dir", None)
+    if root and os.path.dirname(os.path.abspath(root)) == tempfile.gettempdir():
+        if os.path.basename(root).startswith("torchelastic_"):
+            return root
+    return None
+
+
+def _remove_default_log_dir(agent: ElasticRMAgent, config: LaunchConfig) -> None:
+    root = default_log_dir(config)
+    if root is not None:
+        agent.remove_on_exit(root)
+
+
+def _claim_node_memory(agent: ElasticRMAgent, run_id: str) -> None:
+    """Mark the run's node memory as in use by this agent (`erm gc` keeps it); the mark goes with the
+    agent, however it ends (the node's own memory stays after a signal: a restart with the same
+    --node-id restores from it)."""
+    run_dir = run_memory_dir(run_id)
+    claim = owners.claim(run_dir)
+    if claim is not None:
+        agent.remove_on_exit(str(claim), prune=(str(claim.parent), str(run_dir)))
+
+
+def free_node_memory(run_id: str, agent: ElasticRMAgent, why: str) -> None:
+    """The run ended for this node: its in-memory checkpoint copies only hold RAM now (durable copies
+    stay)."""
+    node = os.environ.get("ERM_NODE_ID") or agent.node_id
+    if remove_node_memory(run_id, node):
+        agent.events.emit("job", f"node {agent.node_id}: node memory freed ({why})", status="memory freed")
 
 
 def launch_agent(
@@ -84,6 +122,8 @@ def launch_agent(
     )
     if on_agent is not None:
         on_agent(agent)
+    _remove_default_log_dir(agent, config)
+    _claim_node_memory(agent, config.run_id)
     name = _get_entrypoint_name(entrypoint, args)
     agent.events.emit(
         "job",
@@ -103,19 +143,21 @@ def launch_agent(
         events.record(agent.get_event_succeeded(), config.event_log_handler)
         if result is None:  # torch: the run closed while this node waited (a standby at the job's end)
             status = "left: the run closed before this node was needed"
+            free_node_memory(config.run_id, agent, "the run closed")
             return {}
         if result.is_failed():
             ranks = sorted(result.failures)
             status = f"failed (rank(s) {ranks})"
+            free_node_memory(config.run_id, agent, "the job failed")
             raise ChildFailedError(name=name, failures=result.failures)
-        status = "succeeded"
-        if services is not None:  # the warm start of the next run of this job (rank 0 only)
+        stopped = getattr(agent, "stop_reason", None)  # `erm stop RUN` (elastic_rm.agent.stop)
+        status = f"stopped by {stopped}" if stopped else "succeeded"
+        if services is not None and not stopped:  # the warm start of the next run of this job (rank 0)
             try:
                 services.record_history("completed")
             except Exception as exc:  # noqa: BLE001 - a finished job must not fail on its epilogue
                 log.warning("could not record the run in history/: %s", exc)
-        # The job finished: this node's in-memory checkpoint copies only hold RAM now (durable copies stay).
-        remove_node_memory(config.run_id, os.environ.get("ERM_NODE_ID") or agent.node_id)
+        free_node_memory(config.run_id, agent, status)
         return result.return_values
     except ChildFailedError:
         raise

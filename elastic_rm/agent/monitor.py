@@ -50,6 +50,7 @@ class NodeSample:
     mem_total_bytes: int
     workers: tuple[WorkerSample, ...] = ()
     gpus: tuple[GpuSample, ...] = ()
+    mem_node_bytes: int | None = None  # the node's own: its cgroup's, else the agent's + workers' RSS
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ class ResourceSummary:
     mem_total_bytes: int
     workers: tuple[WorkerSummary, ...]
     gpus: tuple[GpuSummary, ...]
+    mem_node_bytes: int | None = None  # last; the node's own memory (NodeSample)
 
 
 class _Tracked:
@@ -195,8 +197,10 @@ class ResourceMonitor:
             workers.append(WorkerSample(pid=pid, rss_bytes=int(rss), cpu_util=util))
         gpus = tuple(self._gpu.sample()) if self._gpu is not None else ()
         used, available, total = int(vm.used), int(vm.available), int(vm.total)
+        node_bytes = self._own_rss() + sum(w.rss_bytes for w in workers)
         if self._scope is not None:
-            cpu_util, (used, available, total) = self._scoped(workers, cpu_util, vm)
+            cpu_util, (used, available, total), scoped = self._scoped(workers, cpu_util, vm)
+            node_bytes = used if scoped else node_bytes
         sample = NodeSample(
             t=now,
             mono=mono,
@@ -206,6 +210,7 @@ class ResourceMonitor:
             mem_total_bytes=total,
             workers=tuple(workers),
             gpus=gpus,
+            mem_node_bytes=node_bytes,
         )
         with self._lock:
             for pid in gone:
@@ -216,20 +221,28 @@ class ResourceMonitor:
                 self._samples.popleft()
         return sample
 
-    def _scoped(self, workers, host_cpu, vm) -> tuple[float | None, tuple[int, int, int]]:
-        """CPU and memory of the node's cgroup (see ``scope``); the machine's where a read fails."""
+    @staticmethod
+    def _own_rss() -> int:
+        """The agent's own resident memory (the monitor runs in the agent)."""
+        try:
+            return int(psutil.Process().memory_info().rss)
+        except psutil.Error:
+            return 0
+
+    def _scoped(self, workers, host_cpu, vm) -> tuple[float | None, tuple[int, int, int], bool]:
+        """CPU and memory of the node's cgroup (see ``scope``); the machine's where a read fails (False)."""
         scope = self._scope
         assert scope is not None
         try:
             used, limit = scope.memory_usage()
             cores = scope.cpu_limit() or float(psutil.cpu_count() or 1)
         except (OSError, ValueError):
-            return host_cpu, (int(vm.used), int(vm.available), int(vm.total))
+            return host_cpu, (int(vm.used), int(vm.available), int(vm.total)), False
         total = min(limit, int(vm.total)) if limit else int(vm.total)
         available = max(total - used, 0) if limit else int(vm.available)
         known = [w.cpu_util for w in workers if w.cpu_util is not None]
         cpu = min(sum(known) / cores, 1.0) if known else (None if workers else 0.0)
-        return cpu, (used, available, total)
+        return cpu, (used, available, total), True
 
     def latest(self) -> NodeSample | None:
         with self._lock:
@@ -265,6 +278,7 @@ class ResourceMonitor:
             mem_total_bytes=last.mem_total_bytes,
             workers=tuple(workers),
             gpus=tuple(_gpu_summary(g, window) for g in last.gpus),
+            mem_node_bytes=last.mem_node_bytes,
         )
 
     # ---- thread --------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ def build_record(
             "used_bytes": resources.mem_used_bytes,
             "available_bytes": resources.mem_available_bytes,
             "total_bytes": resources.mem_total_bytes,
+            "node_bytes": resources.mem_node_bytes,
         },
         "workers": [
             {"pid": w.pid, "rss_bytes": w.rss_bytes, "cpu_util": w.cpu_util} for w in resources.workers

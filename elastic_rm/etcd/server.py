@@ -264,7 +264,8 @@ class EtcdCluster:
                 env=env,
                 start_new_session=True,
             )
-        self._watchdog.watch([member.proc.pid])
+        # a throwaway data directory goes with the members, even when this process dies by SIGKILL
+        self._watchdog.watch([member.proc.pid], remove=[self._tmp] if self._tmp is not None else [])
 
     def _healthy(self, member: Member) -> bool:
         try:
@@ -323,7 +324,7 @@ class EtcdCluster:
             except subprocess.TimeoutExpired:
                 m.proc.kill()
                 m.proc.wait(5)
-        self._watchdog.release()
+        self._watchdog.release(keep_paths=not remove_data)
         if remove_data and self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None

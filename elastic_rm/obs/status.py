@@ -127,6 +127,7 @@ def status_from_kvs(keys: Keyspace, kvs: list[KeyValue], revision: int, decision
                 {
                     "cpu_util": m.cpu_util_last,
                     "mem_used_bytes": m.mem_used_bytes,
+                    "mem_node_bytes": m.mem_node_bytes,
                     "mem_total_bytes": m.mem_total_bytes,
                     "gpus": len(m.gpus),
                     "gpu_util": [g.util for g in m.gpus],

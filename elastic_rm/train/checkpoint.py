@@ -28,6 +28,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.types import ShardingPlan
 
+from elastic_rm.train import owners
 from elastic_rm.train.collectives import all_gather_json, broadcast_bytes
 from elastic_rm.train.manifest import (
     DCP_METADATA,
@@ -116,6 +117,8 @@ class FlashCheckpointer:
         self.nodes = sorted(set(self.rank_nodes))
         self.leader = self.rank_nodes.index(self.node) == self.rank
         self.node_dir = self.cfg.root() / self.node
+        if self.cfg.memory_root is None and (owner := owners.script_owner()) is not None:
+            owners.claim(self.cfg.root(), owner)  # `erm gc` keeps a live run's node memory
         self._snap = Snapshotter()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -332,13 +335,19 @@ class FlashCheckpointer:
                         log.info("restore: %d bytes fetched from %s", src.bytes_fetched, src.name)
                     src.clear()
 
-    def close(self) -> None:
-        """Finish the background save and free the snapshot buffers; call before destroying the group."""
+    def close(self, finished: bool = False) -> None:
+        """Finish the background save and free the snapshot buffers; call before destroying the group
+        (collective with ``finished``). ``finished``: the job is done; under plain torchrun this node's
+        memory copies are then freed (durable copies stay; an ermrun agent frees them itself)."""
         try:
             self.wait()
         finally:
             self._snap.clear()
             gc.collect()
+        if finished and self.cfg.memory_root is None:
+            dist.barrier(group=self.pg)  # every rank of this node is done with its memory copies
+            if self.leader and owners.free_finished(self.cfg.root(), self.node_dir):
+                log.info("job finished: freed this node's memory copies in %s", self.node_dir)
 
 
 __all__ = ["CorruptCheckpointError", "FlashCheckpointer", "FlashConfig", "RestoreResult", "SaveStats"]

@@ -4,16 +4,23 @@ without loading torchrec."""
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 MEMORY_ROOT = Path("/dev/shm") / "elastic-rm"
+ENV_MEMORY_ROOT = "ELASTIC_RM_MEMORY_ROOT"  # another node-memory root (a tmpfs), for every process of a node
+
+
+def memory_root() -> Path:
+    """Where node memory lives: $ELASTIC_RM_MEMORY_ROOT, else /dev/shm/elastic-rm."""
+    return Path(os.environ.get(ENV_MEMORY_ROOT) or MEMORY_ROOT)
 
 
 def run_memory_dir(run_id: str, root: Path | None = None) -> Path:
-    return Path(root or MEMORY_ROOT) / run_id
+    return Path(root or memory_root()) / run_id
 
 
 def remove_node_memory(run_id: str, node_id: str, root: Path | None = None) -> bool:

@@ -69,6 +69,7 @@ class MetricsRecord:
     gpus: tuple[GpuRecord, ...]
     steps: StepStats | None  # the planner's own type: no second copy of the step summary
     steps_age_s: float | None = None  # seconds since the newest step report, when steps is known
+    mem_node_bytes: int | None = None  # the node's own memory (its cgroup's, else agent + workers RSS)
 
 
 def encode_record(record: dict[str, Any]) -> bytes:
@@ -206,6 +207,7 @@ def parse_record(data: bytes | str | dict[str, Any], key: str = "") -> MetricsRe
         gpus=tuple(gpus),
         steps=steps,
         steps_age_s=steps_age_s,  # type: ignore[arg-type]
+        mem_node_bytes=None if mem.get("node_bytes") is None else r.int_(mem, "node_bytes", "mem.node_bytes"),
     )
 
 

@@ -335,7 +335,7 @@ def train(args: argparse.Namespace, in_place: Round | None) -> bool:
             ledger_samples_done=batches.ledger.samples_done(),
             **state_checksum(dmp, dense_opt),
         )
-    ckpt.close()
+    ckpt.close(finished=finished)  # a finished job's node memory is freed (plain torchrun too)
     if progress is not None:
         progress.close()
     return finished

@@ -127,7 +127,9 @@ def render(s: dict, title: str = "", max_members: int = MAX_MEMBERS) -> Any:
     rows = s["members"] + [{**x, "rank": "sb"} for x in s["standby"]]
     hidden = len(rows) - max_members if 0 < max_members < len(rows) else 0
     for m in rows[: len(rows) - hidden]:
-        mem = f"{m['mem_used_bytes'] / 2**30:.1f}G" if m.get("mem_used_bytes") is not None else "-"
+        own = m.get("mem_node_bytes")  # the node's own memory; older agents report the machine's only
+        own = own if own is not None else m.get("mem_used_bytes")
+        mem = f"{own / 2**30:.1f}G" if own is not None else "-"
         p50 = f"{m['step_p50_s'] * 1000:.0f}ms" if m.get("step_p50_s") is not None else "-"
         cpu = f"{m['cpu_util']:.0%}" if m.get("cpu_util") is not None else "-"
         utils = [u for u in m.get("gpu_util") or [] if u is not None]

@@ -128,7 +128,15 @@ def test_unmodified_ddp_script_matches_torchrun(etcd, run_id, tmp_path, procs):
     for p in outs.values():
         assert p.wait(120) == 0, p.output()[-2000:]
     ref = subprocess.run(
-        [os.path.join(BIN, "torchrun"), "--standalone", "--nproc-per-node", "4", DDP],
+        [
+            os.path.join(BIN, "torchrun"),
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "--standalone",
+            "--nproc-per-node",
+            "4",
+            DDP,
+        ],
         env={**os.environ, "DDP_OUT": str(tmp_path / "torchrun.out")},
         capture_output=True,
         timeout=120,

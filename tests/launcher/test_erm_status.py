@@ -24,6 +24,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
 from elastic_rm.etcd.client import EtcdClient
@@ -126,6 +127,17 @@ def test_status_json_matches_etcd_and_explains_decisions(job):
     assert last["measured_gain"] == pytest.approx(last["throughput_after"] / last["throughput_before"] - 1)
     assert "leader does not record it" in s["measured_how"]
     assert {"decision", "round"} <= {e["kind"] for e in s["events"]}
+
+
+def test_status_shows_each_nodes_own_memory_not_the_machines(job):
+    """Two nodes share this machine: each reports its agent's and workers' resident memory."""
+    s = status(job)
+    for m in s["members"]:
+        agent = psutil.Process(job.procs[m["node"]].pid)
+        workers = [p for p in agent.children(recursive=True) if "guard.py" not in " ".join(p.cmdline())]
+        rss = sum(p.memory_info().rss for p in [agent, *workers])
+        assert 0.5 * rss <= m["mem_node_bytes"] <= 2 * rss, (m, rss)
+        assert m["mem_node_bytes"] < m["mem_used_bytes"]  # the machine's used memory holds both nodes
 
 
 ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07|\x1b[()][A-Za-z0-9]")

@@ -6,12 +6,12 @@ import os
 import subprocess
 import time
 
-import psutil
 import pytest
 
 from elastic_rm.etcd.client import EtcdClient
 from tests.conftest import BIN
 from tests.launcher.helpers import STEPS, records
+from tests.leftovers import ENV_SESSION, marked_processes
 
 ERMRUN = os.path.join(BIN, "ermrun")
 
@@ -22,8 +22,9 @@ def run(args: list[str], tmp_path, timeout: float = 120, **env: str) -> subproce
 
 
 def etcd_children() -> set[int]:
-    """Every etcd process on the machine: a leaked one is reparented, so children() would miss it."""
-    return {p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "etcd"}
+    """Every etcd process this test session started: a leaked one is reparented, so children() would
+    miss it; other sessions' etcds on the machine do not count."""
+    return {p.pid for p in marked_processes(os.environ[ENV_SESSION]) if p.name() == "etcd"}
 
 
 @pytest.mark.parametrize("extra", [[], ["--standalone"]])

@@ -46,7 +46,16 @@ def test_two_nodes_run_to_completion_with_torchrun_environment(etcd, run_id, tmp
     # the same script under stock torchrun (c10d) sees the same set of variables
     ref = tmp_path / "ref"
     ref.mkdir()
-    argv = [os.path.join(BIN, "torchrun"), "--standalone", "--nproc-per-node", "2", STEPS]
+    # --log-dir: torchrun leaves its default one (torchelastic_*) in /tmp
+    argv = [
+        os.path.join(BIN, "torchrun"),
+        "--log-dir",
+        str(ref / "logs"),
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        STEPS,
+    ]
     env = {**os.environ, "STEPS_DIR": str(ref), "STEPS_NODE": "ref", "STEPS_MAX": "5"}
     assert subprocess.run(argv, env=env, capture_output=True, timeout=120).returncode == 0
     ref_names = {tuple(r["names"]) for r in records(ref, "ref") if r.get("start")}
@@ -160,7 +169,7 @@ def test_stock_torchrun_uses_the_elastic_rm_backend(etcd, run_id, tmp_path, proc
     env = {"STEPS_DIR": str(tmp_path), "STEPS_NODE": "t", "STEPS_MAX": "5"}
     argv = [
         os.path.join(BIN, "torchrun"), "--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "elastic-rm",
-        "--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, STEPS,
+        "--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, "--log-dir", str(tmp_path / "logs"), STEPS,
     ]  # fmt: skip
     p = Proc(argv, str(tmp_path / "torchrun.log"), env=env)
     procs.append(p)

@@ -17,7 +17,7 @@ def torchrun(tmp_path, etcd, run_id: str, node: str, steps: int = 3) -> Proc:
     argv = [
         os.path.join(BIN, "torchrun"), "--nnodes", "1", "--nproc-per-node", "1", "--rdzv-backend", "elastic-rm",
         "--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, "--rdzv-conf", "lease_ttl=2,join_timeout=60",
-        STEPS,
+        "--log-dir", str(tmp_path / f"{node}-logs"), STEPS,
     ]  # fmt: skip
     return Proc(argv, str(tmp_path / f"{node}.log"), env=env)
 

@@ -1,0 +1,85 @@
+"""`erm stop RUN` stops a run cleanly (drain, final checkpoint, closed, every agent exits 0, node memory
+freed); `erm stop RUN --node N` takes one node down while the run goes on."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from elastic_rm.etcd.client import EtcdClient
+from elastic_rm.train.paths import memory_root
+from tests.conftest import BIN, REPO, Proc
+from tests.launcher.helpers import records, wait_until
+
+ERM = os.path.join(BIN, "erm")
+REPORTING = os.path.join(REPO, "tests", "workers", "reporting.py")
+CONF = "lease_ttl=2,last_call_timeout=0.5,join_timeout=60"
+
+
+def _node(etcd, run_id: str, tmp_path, name: str, nnodes: str) -> Proc:
+    argv = [os.path.join(BIN, "ermrun"), "--nnodes", nnodes, "--nproc-per-node", "1", "--monitor-interval", "0.1",
+            "--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, "--rdzv-conf", CONF, "--node-id", name,
+            REPORTING]  # fmt: skip
+    return Proc(argv, str(tmp_path / f"{name}.log"), env={"STEPS_DIR": str(tmp_path), "STEPS_NODE": name})
+
+
+def _erm(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([ERM, *args], capture_output=True, text=True, timeout=180)
+
+
+def _steps_at(tmp_path, node: str, world: int) -> int:
+    return sum(1 for r in records(tmp_path, node) if "step" in r and r.get("world") == world)
+
+
+def test_erm_stop_drains_closes_and_every_agent_exits_0(etcd, run_id, tmp_path, procs):
+    nodes = {n: _node(etcd, run_id, tmp_path, n, "2") for n in ("a", "b")}
+    procs.extend(nodes.values())
+    wait_until(lambda: all(_steps_at(tmp_path, n, 2) >= 5 for n in nodes), 120, "both nodes at world 2",
+               nodes.values())  # fmt: skip
+    for n in nodes:  # what a flash checkpoint leaves in node memory
+        (memory_root() / run_id / n / "step-5").mkdir(parents=True)
+        (memory_root() / run_id / n / "step-5" / "shard").write_bytes(b"0" * 4096)
+
+    result = _erm("stop", run_id, "--endpoint", etcd.endpoint)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "stopped: 2 node(s) left (a, b)" in result.stdout
+    for p in nodes.values():
+        assert p.wait(60) == 0, p.output()[-3000:]
+    stopped = {n: [r["stopped_at"] for r in records(tmp_path, n) if "stopped_at" in r] for n in nodes}
+    assert len(stopped["a"]) == 1 and stopped["a"] == stopped["b"], stopped  # one final checkpoint, one step
+    with EtcdClient(etcd.endpoint) as c:
+        closed = json.loads(c.get(f"/elastic-rm/{run_id}/closed").value)
+        assert closed["by"] == "erm stop"
+        assert c.get_prefix(f"/elastic-rm/{run_id}/nodes/")[0] == []
+    assert not (memory_root() / run_id).exists(), sorted((memory_root() / run_id).rglob("*"))
+    for p in nodes.values():
+        assert "stopped by erm stop" in p.output() and "node memory freed" in p.output()
+
+    again = _erm("stop", run_id, "--endpoint", etcd.endpoint)
+    assert again.returncode == 0 and "already closed (by erm stop)" in again.stdout
+    bad = _erm("stop", "no-such-run", "--endpoint", etcd.endpoint)
+    assert bad.returncode == 2 and "no run 'no-such-run' under /elastic-rm" in bad.stderr
+    node = _erm("stop", run_id, "--endpoint", etcd.endpoint, "--node", "zz")
+    assert node.returncode == 2 and "no node 'zz' in run" in node.stderr
+    wait = _erm("stop", run_id, "--endpoint", etcd.endpoint, "--wait", "-1")
+    assert wait.returncode == 2 and "--wait must be >= 0 seconds" in wait.stderr
+
+
+@pytest.mark.slow
+def test_erm_stop_node_takes_one_node_down_and_the_run_goes_on(etcd, run_id, tmp_path, procs):
+    nodes = {n: _node(etcd, run_id, tmp_path, n, "1:2") for n in ("a", "b")}
+    procs.extend(nodes.values())
+    wait_until(lambda: all(_steps_at(tmp_path, n, 2) >= 5 for n in nodes), 120, "both nodes at world 2",
+               nodes.values())  # fmt: skip
+    result = _erm("stop", run_id, "--endpoint", etcd.endpoint, "--node", "b")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "node b left run" in result.stdout
+    assert nodes["b"].wait(60) == 128 + 15  # stopped by SIGTERM, said without a traceback
+    assert "stopped by SIGTERM" in nodes["b"].output() and "Traceback" not in nodes["b"].output()
+    wait_until(lambda: _steps_at(tmp_path, "a", 1) >= 5, 120, "node a training alone", nodes.values())
+    assert nodes["a"].popen.poll() is None
+    (tmp_path / "stop").touch()  # end the run
+    assert nodes["a"].wait(60) == 0, nodes["a"].output()[-3000:]
