@@ -36,12 +36,13 @@ from ..wire.channel import ENV_ROUND
 from ..wire.metrics import encode_record
 from ..wire.records import RoundRecord
 from . import ckpt_hooks
-from .channel import AgentChannel
+from .channel import AgentChannel, _pid_alive
 from .http import AgentHttpServer
 from .inplace import InPlaceRounds
 from .monitor import ResourceMonitor
 from .node_events import emit_new_checkpoints, emit_sample
 from .record import build_record
+from .spares import spare_pool, start_from_spares
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,8 @@ class AgentOptions:
     metrics_host: str = "127.0.0.1"
     event_log: str | None = None  # also append the run's events (elastic_rm.obs.events) to this JSONL file
     event_sample_interval_s: float = 10.0  # a "sample" event (resources, throughput) this often; 0: none
+    spares: bool = True  # keep one warm spare worker process per local rank (elastic_rm.agent.spares)
+    spare_preload: tuple[str, ...] = ("torch",)  # what the spares import while they wait
 
     def validate(self) -> None:
         if self.sample_interval_s <= 0:
@@ -81,6 +84,10 @@ class AgentOptions:
             raise ValueError(
                 f"--event-sample-interval must be >= 0 seconds (0: off), got {self.event_sample_interval_s}"
             )
+        if self.spares:
+            from .spares import parse_preload
+
+            parse_preload(",".join(self.spare_preload))
 
 
 class ElasticRMAgent(LocalElasticAgent):
@@ -116,6 +123,7 @@ class ElasticRMAgent(LocalElasticAgent):
         self._publisher = Background(self._publish_loop, "erm-metrics")
         # workers run in sessions of their own: without it they would train on after this agent's death
         self._orphan_guard = Watchdog()
+        self.spares = spare_pool(self.options, self._worker_group.spec, self._orphan_guard, self.events)
         self._started = False
         self._closed = False
         self._next_sample = 0.0  # monotonic time of the next "sample" event
@@ -199,6 +207,8 @@ class ElasticRMAgent(LocalElasticAgent):
             self.monitor.stop()
             self.channel.close()
         self.http.stop()
+        if self.spares is not None:
+            self.spares.close()
         if self.ckpt_server is not None:
             self.ckpt_server.stop()
         self._orphan_guard.release()  # torch has stopped the workers by now
@@ -254,7 +264,11 @@ class ElasticRMAgent(LocalElasticAgent):
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
         """torch's rendezvous and rank exchange, once more when a member died right after the round was
         sealed: the exchange then waits for the dead member in the round's store, a newer round (without
-        it) ends that wait (RoundSupersededError), and this node joins the newer round."""
+        it) ends that wait (RoundSupersededError), and this node joins the newer round. Spares warm up
+        meanwhile (a joining node's first workers start from them)."""
+        if self.spares is not None:
+            running = any(_pid_alive(w.id) for w in worker_group.workers if w.id is not None)
+            self.spares.fill(worker_group.spec.local_world_size, low_priority=running)
         for attempt in range(1, MAX_SUPERSEDED_ROUNDS + 1):
             try:
                 return super()._rendezvous(worker_group)
@@ -275,7 +289,10 @@ class ElasticRMAgent(LocalElasticAgent):
         os.environ[ENV_ROUND] = str(joined.round if joined is not None else 0)
         self.channel.clear_drain()
         self.channel.reset_steps()  # a new world: step times of the old one would blur the planner's view
-        pids = super()._start_workers(worker_group)
+        if self.spares is None:
+            pids = super()._start_workers(worker_group)
+        else:
+            pids = start_from_spares(self, worker_group, self.spares)
         self.monitor.set_pids(pids.values())
         self._orphan_guard.watch(list(pids.values()))  # they end with this agent, even by SIGKILL
         return pids
