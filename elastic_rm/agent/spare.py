@@ -1,8 +1,9 @@
 """A warm spare worker process: Python started and the heavy modules imported before its round exists.
 
-The agent starts it as ``python -u spare.py FD MODULE,...`` (it imports nothing of elastic-rm). The
-imports run on a thread at the lowest CPU priority (Linux nice values are per thread), so a spare warming
-up next to training workers takes only idle CPU; the main thread keeps its priority for the script. When
+The agent starts it as ``python -u spare.py FD NICE MODULE,... SCRIPT ARGS...`` (the script and its
+arguments only label the process for ``ps`` and ``pgrep -f``; it imports nothing of elastic-rm). The
+imports run on a thread at nice NICE (19 next to training workers, so that a warming spare takes only
+idle CPU; Linux nice values are per thread); the main thread keeps its priority for the script. When
 the imports are done it writes one byte, ``R``, on its socket. Then it waits for its round: one JSON
 message (no pickle) with the script's argv, the full environment and the working directory, and with
 the file descriptors of its stdout and stderr when torch redirects them (``--redirects``/``--tee``). It
@@ -25,11 +26,12 @@ READY = b"R"
 MAX_MESSAGE = 1 << 22  # the environment of a worker is a few KiB; 4 MiB leaves room
 
 
-def _warm(modules: list[str], errors: list[str]) -> None:
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, 19)  # this thread only (Linux: nice is per thread)
-    except OSError:
-        pass
+def _warm(nice: int, modules: list[str], errors: list[str]) -> None:
+    if nice:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, nice)  # this thread only (Linux: nice is per thread)
+        except OSError:
+            pass
     for name in modules:
         try:
             importlib.import_module(name)
@@ -67,11 +69,11 @@ def _run(argv: list[str]) -> None:
         runpy.run_path(argv[0], run_name="__main__")
 
 
-def main(fd: int, modules: list[str]) -> None:
+def main(fd: int, nice: int, modules: list[str]) -> None:
     del sys.path[0]  # this file's directory: its modules must not shadow others (http.py)
     sock = socket.socket(fileno=fd)
     errors: list[str] = []
-    warm = threading.Thread(target=_warm, args=(modules, errors), name="erm-spare-warm", daemon=True)
+    warm = threading.Thread(target=_warm, args=(nice, modules, errors), name="erm-spare-warm", daemon=True)
     warm.start()
     warm.join()
     try:
@@ -91,4 +93,4 @@ def main(fd: int, modules: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), [m for m in sys.argv[2].split(",") if m])
+    main(int(sys.argv[1]), int(sys.argv[2]), [m for m in sys.argv[3].split(",") if m])

@@ -40,6 +40,7 @@ from . import spare as spare_main
 
 log = logging.getLogger(__name__)
 
+LOW_NICE = 19  # a spare warming next to training workers takes only idle CPU
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
@@ -77,11 +78,20 @@ def why_unsupported(spec: Any) -> str | None:
 class Spare:
     """One warm process: its ``Popen``, the agent's end of its socket, whether it warms at low priority."""
 
-    def __init__(self, modules: tuple[str, ...], low_priority: bool) -> None:
+    def __init__(self, modules: tuple[str, ...], low_priority: bool, label: tuple[str, ...] = ()) -> None:
+        """``label``: the worker command it will run, only shown in its command line (ps, pgrep -f)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-u", spare_main.__file__, str(theirs.fileno()), ",".join(modules)],
+                [
+                    sys.executable,
+                    "-u",
+                    spare_main.__file__,
+                    str(theirs.fileno()),
+                    str(LOW_NICE if low_priority else 0),
+                    ",".join(modules),
+                    *label,
+                ],
                 pass_fds=(theirs.fileno(),),
                 start_new_session=True,  # as torch starts workers: its killpg ends a spare's children too
             )
@@ -133,8 +143,9 @@ class Spare:
 class SparePool:
     """The node's spares: started ahead of rounds, taken by them, ended with the agent (and its Watchdog)."""
 
-    def __init__(self, modules: tuple[str, ...], guard: Watchdog) -> None:
+    def __init__(self, modules: tuple[str, ...], guard: Watchdog, label: tuple[str, ...] = ()) -> None:
         self.modules = modules
+        self.label = label
         self._guard = guard
         self._spares: list[Spare] = []
         self.used_pids: list[int] = []  # spares that became workers, newest last
@@ -147,7 +158,7 @@ class SparePool:
         for dead in [s for s in self._spares if not s.alive()]:
             dead.kill()  # reaps it and closes its socket
             self._spares.remove(dead)
-        started = [Spare(self.modules, low_priority) for _ in range(count - len(self._spares))]
+        started = [Spare(self.modules, low_priority, self.label) for _ in range(count - len(self._spares))]
         if started:
             self._spares.extend(started)
             self._guard.watch([s.pid for s in started])  # a spare never outlives its agent
@@ -310,7 +321,7 @@ def spare_pool(options: Any, spec: Any, guard: Watchdog, events: Any) -> SparePo
         log.warning("no warm spare workers: %s", why)
         events.emit("node", f"no warm spare workers: {why}", spares=False, reason=why)
         return None
-    return SparePool(options.spare_preload, guard)
+    return SparePool(options.spare_preload, guard, label=tuple(str(a) for a in spec.args[1:]))
 
 
 def start_from_spares(agent: Any, worker_group: Any, pool: SparePool) -> dict[int, int]:
