@@ -235,7 +235,8 @@ class ElasticRMAgent(LocalElasticAgent):
         resources = self.monitor.summary()
         if resources is None:
             return
-        record = build_record(self.node_id, resources, self.channel.summary())
+        spares = None if self.spares is None else (len(self.spares.pids()), self.spares.rss_bytes())
+        record = build_record(self.node_id, resources, self.channel.summary(), spares=spares)
         self.last_record = record
         self.metrics.update(record)
         self.metrics.add_steps(self.channel.steps_total)

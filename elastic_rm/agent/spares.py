@@ -182,7 +182,8 @@ class SparePool:
         return None
 
     def pids(self) -> list[int]:
-        return [s.pid for s in self._spares if s.alive()]
+        """The waiting spares (also read by the metrics thread: a snapshot of the list, never mutated)."""
+        return [s.pid for s in list(self._spares) if s.alive()]
 
     def rss_bytes(self) -> int:
         """Resident memory of the waiting spares (what keeping them costs)."""

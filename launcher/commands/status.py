@@ -125,6 +125,11 @@ def render(s: dict, title: str = "") -> Any:
         nodes.add_row(str(m["rank"]), m["node"], m.get("state", "-"), cpu, mem, gpu, p50,
                       _rate(m.get("samples_per_s")))  # fmt: skip
     parts: list[Any] = [head, nodes]
+    spares = [m for m in s["members"] + s["standby"] if m.get("spares") is not None]
+    if spares:
+        parts.append(Text("warm spares: " + ", ".join(
+            f"{m['node']} {m['spares']} ({m['spares_rss_bytes'] / 2**30:.2f}G)" for m in spares
+        )))  # fmt: skip
     if s.get("data"):
         d = s["data"]
         into = d["samples_done"] - d["epoch"] * d["epoch_samples"]
