@@ -166,8 +166,9 @@ def wait_change(workdir: Path, since: float, limit: float) -> dict | None:
     return None
 
 
-def planned_trial(kind: str, limit: float) -> dict:
-    """One planned size change; see the module docstring for what each kind is."""
+def planned_trial(kind: str, limit: float, agent_extra: tuple[str, ...] = ()) -> dict:
+    """One planned size change; see the module docstring for what each kind is. ``agent_extra``: more
+    ermrun flags (benchmarks.recovery.spares: --spares on/off)."""
     launcher = kind.split("/")[0].removesuffix("-inplace")
     script_extra = ["--in-place"] if "-inplace/" in kind else []
     workdir = Path(tempfile.mkdtemp(prefix="erm-planned-"))
@@ -180,6 +181,8 @@ def planned_trial(kind: str, limit: float) -> dict:
         job["planner"].update(max_step=0)  # never resize for throughput: n2 stays the spare
         (workdir / "job.json").write_text(json.dumps(job))
         extra = ["--job", str(workdir / "job.json"), "--cpu-limit", str(os.cpu_count() or 1)]
+    if launcher == "ermrun":
+        extra += agent_extra
     load_before = os.getloadavg()
 
     def node(i: int) -> subprocess.Popen:
@@ -246,7 +249,8 @@ def main_planned(args: argparse.Namespace) -> None:
         kinds = [k for k in kinds if k in args.kinds]
     results: dict = {}
     for kind in kinds:
-        trials = [planned_trial(kind, args.limit) for _ in range(args.runs)]
+        # new processes, as measured before warm spares (their variants: benchmarks.recovery.spares)
+        trials = [planned_trial(kind, args.limit, agent_extra=("--spares", "off")) for _ in range(args.runs)]
         down = [t["downtime_s"] for t in trials if t["ok"]]
         results[kind] = {**summarize(down), "runs": args.runs, "failed": args.runs - len(down),
                          "steps_redone": [t.get("steps_redone") for t in trials if t["ok"]],

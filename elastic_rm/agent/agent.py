@@ -36,13 +36,13 @@ from ..wire.channel import ENV_ROUND
 from ..wire.metrics import encode_record
 from ..wire.records import RoundRecord
 from . import ckpt_hooks
-from .channel import AgentChannel, _pid_alive
+from .channel import AgentChannel
 from .http import AgentHttpServer
 from .inplace import InPlaceRounds
 from .monitor import ResourceMonitor
 from .node_events import emit_new_checkpoints, emit_sample
 from .record import build_record
-from .spares import spare_pool, start_from_spares
+from .spares import spare_pool, start_from_spares, warm_before_joining
 
 log = logging.getLogger(__name__)
 
@@ -265,11 +265,10 @@ class ElasticRMAgent(LocalElasticAgent):
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
         """torch's rendezvous and rank exchange, once more when a member died right after the round was
         sealed: the exchange then waits for the dead member in the round's store, a newer round (without
-        it) ends that wait (RoundSupersededError), and this node joins the newer round. Spares warm up
-        meanwhile (a joining node's first workers start from them)."""
+        it) ends that wait (RoundSupersededError), and this node joins the newer round. A node that runs
+        no workers yet joins once its spares are warm (elastic_rm.agent.spares)."""
         if self.spares is not None:
-            running = any(_pid_alive(w.id) for w in worker_group.workers if w.id is not None)
-            self.spares.fill(worker_group.spec.local_world_size, low_priority=running)
+            warm_before_joining(self, worker_group, self.spares)
         for attempt in range(1, MAX_SUPERSEDED_ROUNDS + 1):
             try:
                 return super()._rendezvous(worker_group)

@@ -37,9 +37,11 @@ from torch.distributed.elastic.utils import macros
 
 from ..guard import Watchdog
 from . import spare as spare_main
+from .channel import _pid_alive
 
 log = logging.getLogger(__name__)
 
+WARM_LIMIT_S = 120.0  # how long a node that runs no workers yet waits for its spares before it joins
 LOW_NICE = 19  # a spare warming next to training workers takes only idle CPU
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
@@ -180,6 +182,18 @@ class SparePool:
                     self.used_pids.append(spare.pid)
                     return spare
         return None
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Until every waiting spare finished its imports (False: one died, or ``timeout_s`` passed)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            spares = list(self._spares)
+            if any(not s.alive() for s in spares):
+                return False
+            if all(s.ready() for s in spares):
+                return True
+            time.sleep(0.05)
+        return False
 
     def pids(self) -> list[int]:
         """The waiting spares (also read by the metrics thread: a snapshot of the list, never mutated)."""
@@ -344,3 +358,23 @@ def start_from_spares(agent: Any, worker_group: Any, pool: SparePool) -> dict[in
     )
     pool.fill(worker_group.spec.local_world_size, low_priority=True)
     return pids
+
+
+def warm_before_joining(agent: Any, worker_group: Any, pool: SparePool) -> None:
+    """Before a rendezvous: start the spares the next round needs. A node whose workers do not run (it
+    is about to join a running job, or the job is starting) joins once they are warm: the running job
+    trains meanwhile, and the round then waits for no import (a scale-up's critical path). Next to
+    running workers (a round in place) they warm at nice 19 and the round does not wait."""
+    running = any(_pid_alive(w.id) for w in worker_group.workers if w.id is not None)
+    if pool.fill(worker_group.spec.local_world_size, low_priority=running) and not running:
+        t0 = time.monotonic()
+        warm = pool.wait_ready(WARM_LIMIT_S)
+        waited = time.monotonic() - t0
+        log.info("spares %s after %.2fs; joining the rendezvous", "warm" if warm else "not warm", waited)
+        agent.events.emit(
+            "node",
+            f"{len(pool.pids())} spare worker(s) {'warm' if warm else 'still warming'} after {waited:.2f}s; "
+            "joining the rendezvous",
+            spares_warm=warm,
+            waited_s=round(waited, 3),
+        )
