@@ -110,7 +110,8 @@ def main() -> None:
     from elastic_rm.agent import cgroup as cg
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--runs", type=int, default=2, help="trials per variant (default 2)")
+    p.add_argument("--runs", type=int, default=2, help="trials per spares variant (default 2)")
+    p.add_argument("--baseline-runs", type=int, default=1, help="trials per baseline (default 1)")
     p.add_argument(
         "--limit", type=float, default=120.0, help="seconds to wait for the new round (default 120)"
     )
@@ -126,7 +127,8 @@ def main() -> None:
     load_before = os.getloadavg()
     results = {}
     for name in names:
-        results[name] = run_variant(name, args.runs, args.limit, args.contended)
+        runs = args.runs if "+spares" in name else args.baseline_runs
+        results[name] = run_variant(name, runs, args.limit, args.contended)
         r = results[name]
         print(
             f"{name:38s} downtime median {fmt(r['median']):>9s}  failed {r['failed']}/{r['runs']}", flush=True
