@@ -42,7 +42,7 @@ from .inplace import InPlaceRounds
 from .monitor import ResourceMonitor
 from .node_events import emit_new_checkpoints, emit_sample
 from .record import build_record
-from .spares import spare_pool, start_from_spares, warm_before_joining
+from .spares import parse_preload, spare_pool, start_from_spares, warm_before_joining
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +85,6 @@ class AgentOptions:
                 f"--event-sample-interval must be >= 0 seconds (0: off), got {self.event_sample_interval_s}"
             )
         if self.spares:
-            from .spares import parse_preload
-
             parse_preload(",".join(self.spare_preload))
 
 
@@ -235,7 +233,7 @@ class ElasticRMAgent(LocalElasticAgent):
         resources = self.monitor.summary()
         if resources is None:
             return
-        spares = None if self.spares is None else (len(self.spares.pids()), self.spares.rss_bytes())
+        spares = self.spares.usage() if self.spares is not None else None
         record = build_record(self.node_id, resources, self.channel.summary(), spares=spares)
         self.last_record = record
         self.metrics.update(record)
@@ -265,8 +263,7 @@ class ElasticRMAgent(LocalElasticAgent):
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
         """torch's rendezvous and rank exchange, once more when a member died right after the round was
         sealed: the exchange then waits for the dead member in the round's store, a newer round (without
-        it) ends that wait (RoundSupersededError), and this node joins the newer round. A node that runs
-        no workers yet joins once its spares are warm (elastic_rm.agent.spares)."""
+        it) ends that wait (RoundSupersededError), and this node joins the newer round (spares: first warm)."""
         if self.spares is not None:
             warm_before_joining(self, worker_group, self.spares)
         for attempt in range(1, MAX_SUPERSEDED_ROUNDS + 1):

@@ -199,6 +199,10 @@ class SparePool:
         """The waiting spares (also read by the metrics thread: a snapshot of the list, never mutated)."""
         return [s.pid for s in list(self._spares) if s.alive()]
 
+    def usage(self) -> tuple[int, int]:
+        """(count, resident memory) of the waiting spares, for the metrics record."""
+        return len(self.pids()), self.rss_bytes()
+
     def rss_bytes(self) -> int:
         """Resident memory of the waiting spares (what keeping them costs)."""
         total = 0
