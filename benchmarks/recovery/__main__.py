@@ -137,6 +137,7 @@ def round_change(rows: list[dict], since: float) -> dict | None:
     nodes = {r["rank"]: r["node"] for r in after}
     starts = [r for r in rows if r.get("start") and r["t"] > since and r["world"] == start["world"]]
     return {
+        **phases(rows, before[-1]["t"], start["world"]),
         "downtime_s": max(firsts.values()) - before[-1]["t"],
         "world": start["world"],
         "steps_redone": before[-1]["step"] - (start.get("restored_step") or 0),
@@ -144,6 +145,18 @@ def round_change(rows: list[dict], since: float) -> dict | None:
         # and whether its worker kept its process (rounds in place) or started new
         "first_step_after_s": {nodes[k]: round(t - before[-1]["t"], 3) for k, t in firsts.items()},
         "in_place": {r["node"]: bool(r.get("in_place")) for r in starts},
+    }
+
+
+def phases(rows: list[dict], last: float, world: int) -> dict:
+    """Where a round's downtime went, seconds after rank 0's last step before it: the drain's checkpoint
+    committed (the last "drained" row) and the new world's workers restored ("start" rows, written after
+    process group, model, sharding and restore; absent under torchrun's own script paths)."""
+    drained = [r["t"] for r in rows if "drained_step" in r and last - 1 <= r["t"]]
+    restored = [r["t"] for r in rows if r.get("start") and r["world"] == world and r["t"] > last]
+    return {
+        "drained_after_s": round(max(drained) - last, 3) if drained else None,
+        "restored_after_s": round(max(restored) - last, 3) if restored else None,
     }
 
 
