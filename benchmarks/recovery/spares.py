@@ -101,6 +101,7 @@ def run_variant(name: str, runs: int, limit: float, contended: bool) -> dict:
         "runs": runs,
         "failed": runs - len(down),
         "spare_rss_bytes": summarize([float(x) for x in rss]) if rss else None,
+        "spare_rss_mib": summarize([x / 2**20 for x in rss]) if rss else None,
         "trials": [t for t in trials if t["ok"]],
         "errors": [t.get("error") for t in trials if not t["ok"]],
     }
