@@ -117,6 +117,7 @@ def main() -> None:
         "--limit", type=float, default=120.0, help="seconds to wait for the new round (default 120)"
     )
     p.add_argument("--contended", action="store_true", help="keep one core busy during every trial")
+    p.add_argument("--name", default=None, help="results file name (default recovery-spares[-contended])")
     p.add_argument("--variants", nargs="*", default=None, help=f"only these (default all): {list(VARIANTS)}")
     args = p.parse_args()
     names = [n for n in VARIANTS if cg.detect() is not None or not n.endswith("straggler-swap")]
@@ -165,7 +166,7 @@ def main() -> None:
         "load_avg_after": os.getloadavg(),
         "config": {**vars(args), "preload": PRELOAD},
     }
-    name = "recovery-spares-contended" if args.contended else "recovery-spares"
+    name = args.name or ("recovery-spares-contended" if args.contended else "recovery-spares")
     print("wrote", write_result(name, payload))
 
 
