@@ -39,6 +39,8 @@ OUR_FLAGS = (
     "event_sample_interval",
     "log_format",
     "quiet",
+    "spares",
+    "spare_preload",
 )
 
 
@@ -135,6 +137,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="Memory this node may use (a cgroup limit, e.g. 4G). Default: no limit.",
     )
+    group.add_argument(
+        "--spares",
+        choices=("on", "off"),
+        default="on",
+        help="Keep one warm spare worker process per local rank (Python started, --spare-preload "
+        "imported) so that a new round's workers skip that start (default on).",
+    )
+    group.add_argument(
+        "--spare-preload",
+        default="torch",
+        metavar="MODULES",
+        help="Modules the spares import while they wait, comma-separated (default torch; e.g. torch,torchrec).",
+    )
     return parser
 
 
@@ -215,6 +230,8 @@ def _agent_options(args: argparse.Namespace) -> AgentOptions:
         metrics_host=args.metrics_host,
         event_log=args.event_log,
         event_sample_interval_s=args.event_sample_interval,
+        spares=args.spares == "on",
+        spare_preload=tuple(n.strip() for n in args.spare_preload.split(",") if n.strip()),
     )
     options.validate()
     if args.event_log:

@@ -152,6 +152,7 @@ def round_change(rows: list[dict], since: float) -> dict | None:
     nodes = {r["rank"]: r["node"] for r in after}
     starts = [r for r in rows if r.get("start") and r["t"] > since and r["world"] == start["world"]]
     return {
+        **phases(rows, before[-1]["t"], start["world"]),
         "downtime_s": max(firsts.values()) - before[-1]["t"],
         "world": start["world"],
         "steps_redone": before[-1]["step"] - (start.get("restored_step") or 0),
@@ -159,6 +160,18 @@ def round_change(rows: list[dict], since: float) -> dict | None:
         # and whether its worker kept its process (rounds in place) or started new
         "first_step_after_s": {nodes[k]: round(t - before[-1]["t"], 3) for k, t in firsts.items()},
         "in_place": {r["node"]: bool(r.get("in_place")) for r in starts},
+    }
+
+
+def phases(rows: list[dict], last: float, world: int) -> dict:
+    """Where a round's downtime went, seconds after rank 0's last step before it: the drain's checkpoint
+    committed (the last "drained" row) and the new world's workers restored ("start" rows, written after
+    process group, model, sharding and restore; absent under torchrun's own script paths)."""
+    drained = [r["t"] for r in rows if "drained_step" in r and last - 1 <= r["t"]]
+    restored = [r["t"] for r in rows if r.get("start") and r["world"] == world and r["t"] > last]
+    return {
+        "drained_after_s": round(max(drained) - last, 3) if drained else None,
+        "restored_after_s": round(max(restored) - last, 3) if restored else None,
     }
 
 
@@ -181,8 +194,9 @@ def wait_change(workdir: Path, since: float, limit: float) -> dict | None:
     return None
 
 
-def planned_trial(kind: str, limit: float) -> dict:
-    """One planned size change; see the module docstring for what each kind is."""
+def planned_trial(kind: str, limit: float, agent_extra: tuple[str, ...] = ()) -> dict:
+    """One planned size change; see the module docstring for what each kind is. ``agent_extra``: more
+    ermrun flags (benchmarks.recovery.spares: --spares on/off)."""
     launcher = kind.split("/")[0].removesuffix("-inplace")
     script_extra = ["--in-place"] if "-inplace/" in kind else []
     workdir = Path(tempfile.mkdtemp(prefix="erm-planned-"))
@@ -195,6 +209,8 @@ def planned_trial(kind: str, limit: float) -> dict:
         job["planner"].update(max_step=0)  # never resize for throughput: n2 stays the spare
         (workdir / "job.json").write_text(json.dumps(job))
         extra = ["--job", str(workdir / "job.json"), "--cpu-limit", str(os.cpu_count() or 1)]
+    if launcher == "ermrun":
+        extra += agent_extra
     load_before = os.getloadavg()
 
     def node(i: int) -> subprocess.Popen:
@@ -261,7 +277,8 @@ def main_planned(args: argparse.Namespace) -> None:
         kinds = [k for k in kinds if k in args.kinds]
     results: dict = {}
     for kind in kinds:
-        trials = [planned_trial(kind, args.limit) for _ in range(args.runs)]
+        # new processes, as measured before warm spares (their variants: benchmarks.recovery.spares)
+        trials = [planned_trial(kind, args.limit, agent_extra=("--spares", "off")) for _ in range(args.runs)]
         down = [t["downtime_s"] for t in trials if t["ok"]]
         results[kind] = {**summarize(down), "runs": args.runs, "failed": args.runs - len(down),
                          "steps_redone": [t.get("steps_redone") for t in trials if t["ok"]],

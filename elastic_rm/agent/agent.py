@@ -44,6 +44,8 @@ from .monitor import ResourceMonitor
 from .node_events import emit_new_checkpoints, emit_sample
 from .record import build_record
 from .restores import RestoreTracker
+from .spares import parse_preload, spare_pool, start_from_spares, warm_before_joining
+from .wiring import ledger_mirror_for, open_event_log
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,8 @@ class AgentOptions:
     event_sample_interval_s: float = 10.0  # a "sample" event (resources, throughput) this often; 0: none
     worker_threads: bool = False  # OMP_NUM_THREADS from the CPU share (agent/threads.py); ermrun: unless set
     cpu_limit: float | None = None  # --cpu-limit: this node's CPU share
+    spares: bool = True  # keep one warm spare worker process per local rank (elastic_rm.agent.spares)
+    spare_preload: tuple[str, ...] = ("torch",)  # what the spares import while they wait
 
     def validate(self) -> None:
         if self.sample_interval_s <= 0:
@@ -85,6 +89,8 @@ class AgentOptions:
             raise ValueError(
                 f"--event-sample-interval must be >= 0 seconds (0: off), got {self.event_sample_interval_s}"
             )
+        if self.spares:
+            parse_preload(",".join(self.spare_preload))
 
 
 class ElasticRMAgent(LocalElasticAgent):
@@ -107,7 +113,7 @@ class ElasticRMAgent(LocalElasticAgent):
         from ..obs.metrics import AgentMetrics
 
         self.metrics = AgentMetrics(self.node_id)
-        self.events = self._event_log()
+        self.events = open_event_log(self._handler, self._services, self.node_id, self.options.event_log)
         self.http = AgentHttpServer(
             self.metrics, self.options.metrics_port, self.options.metrics_host, self._health
         )
@@ -123,13 +129,14 @@ class ElasticRMAgent(LocalElasticAgent):
         # workers run in sessions of their own: without it they would train on after this agent's death
         self._orphan_guard = Watchdog()
         self._orphan_guard.watch([], remove=[self.channel.directory])  # gone with the agent, SIGKILL included
+        self.spares = spare_pool(self.options, self._worker_group.spec, self._orphan_guard, self.events)
         self._started = False
         self._threads: int | None = None  # the workers' thread count said in the event log
         self._closed = False
         self._next_sample = 0.0  # monotonic time of the next "sample" event
         self._last_checkpoint = 0  # the newest flash checkpoint step reported as a "checkpoint" event
         self._publish_errors: set[str] = set()  # metrics-loop errors already logged as warnings
-        self.ledger_mirror = self._ledger_mirror()
+        self.ledger_mirror = ledger_mirror_for(self._handler, self._services, self.node_id)
         self.last_record: dict[str, Any] | None = None  # the newest metrics record (ermrun's status line)
 
     # -- read-only views (ermrun's status line) ---------------------------------------------------------
@@ -153,40 +160,6 @@ class ElasticRMAgent(LocalElasticAgent):
         """This node's id now: it changes when the node rejoins after losing its lease."""
         return self._services.node_id if self._services is not None else self.node_id
 
-    def _event_log(self):
-        """The run's event log in etcd (node services), else a local one (torch's backends); plus the
-        --event-log file."""
-        from ..obs.events import EventLog
-
-        if self._services is not None:
-            events = self._services.events
-        else:
-            events = EventLog(self._handler.get_run_id(), self.node_id)
-        if self.options.event_log:
-            try:
-                events.attach_file(self.options.event_log)
-            except OSError as exc:
-                raise ValueError(
-                    f"--event-log {self.options.event_log}: cannot append to it ({exc})"
-                ) from exc
-        return events
-
-    def _ledger_mirror(self):
-        """The leader's etcd copy of the checkpointed sample ledger (node services only)."""
-        from .ledger_mirror import LedgerMirror
-
-        services = self._services
-        if services is None:
-            return None
-        root = run_memory_dir(self._handler.get_run_id())
-        return LedgerMirror(
-            self.node_id,
-            node_dir=lambda: root / services.node_id,  # the id changes when the node rejoins
-            publish=services.publish_ledger,
-            leading=lambda: services.leading,
-            peers=lambda: ckpt_hooks.peer_endpoints(services),
-        )
-
     # -- life cycle -------------------------------------------------------------------------------------
 
     def _start_side_services(self) -> None:
@@ -207,6 +180,8 @@ class ElasticRMAgent(LocalElasticAgent):
             self.monitor.stop()
             self.channel.close()
         self.http.stop()
+        if self.spares is not None:
+            self.spares.close()
         if self.ckpt_server is not None:
             self.ckpt_server.stop()
         self._orphan_guard.release()  # torch has stopped the workers by now
@@ -237,7 +212,8 @@ class ElasticRMAgent(LocalElasticAgent):
         resources = self.monitor.summary()
         if resources is None:
             return
-        record = build_record(self.node_id, resources, self.channel.summary())
+        spares = self.spares.usage() if self.spares is not None else None
+        record = build_record(self.node_id, resources, self.channel.summary(), spares=spares)
         self.last_record = record
         self.metrics.update(record)
         self.metrics.add_steps(self.channel.steps_total)
@@ -267,7 +243,9 @@ class ElasticRMAgent(LocalElasticAgent):
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
         """torch's rendezvous and rank exchange, once more when a member died right after the round was
         sealed: the exchange then waits for the dead member in the round's store, a newer round (without
-        it) ends that wait (RoundSupersededError), and this node joins the newer round."""
+        it) ends that wait (RoundSupersededError), and this node joins the newer round (spares: first warm)."""
+        if self.spares is not None:
+            warm_before_joining(self, worker_group, self.spares)
         for attempt in range(1, MAX_SUPERSEDED_ROUNDS + 1):
             try:
                 return super()._rendezvous(worker_group)
@@ -290,7 +268,10 @@ class ElasticRMAgent(LocalElasticAgent):
             self._threads = threads.for_workers(self, worker_group.spec.local_world_size, self._threads)
         self.channel.clear_drain()
         self.channel.reset_steps()  # a new world: step times of the old one would blur the planner's view
-        pids = super()._start_workers(worker_group)
+        if self.spares is None:
+            pids = super()._start_workers(worker_group)
+        else:
+            pids = start_from_spares(self, worker_group, self.spares)
         self.monitor.set_pids(pids.values())
         self._orphan_guard.watch(list(pids.values()))  # they end with this agent, even by SIGKILL
         return pids

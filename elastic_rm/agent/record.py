@@ -14,10 +14,15 @@ from .monitor import ResourceSummary
 
 
 def build_record(
-    node: str, resources: ResourceSummary, steps: StepSummary | None, t: float | None = None
+    node: str,
+    resources: ResourceSummary,
+    steps: StepSummary | None,
+    t: float | None = None,
+    spares: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
-    """The JSON-ready record from the monitor's and the channel's summaries."""
-    return {
+    """The JSON-ready record from the monitor's and the channel's summaries; ``spares``: (count, RSS
+    bytes) of the waiting spare workers, None with spares off."""
+    record = {
         "v": RECORD_VERSION,
         "node": node,
         "t": time.time() if t is None else t,
@@ -58,6 +63,9 @@ def build_record(
             "age_s": steps.age_s,
         },
     }
+    if spares is not None:
+        record["spares"] = {"count": spares[0], "rss_bytes": spares[1]}
+    return record
 
 
 def _unit(x: float) -> float:

@@ -76,6 +76,10 @@ class AgentMetrics:
             "elastic_rm_step_throughput_samples_per_second",
             "Samples per second, summed over the node's workers",
         )
+        self.spares = gauge("elastic_rm_spare_workers", "Warm spare worker processes waiting for a round")
+        self.spares_rss = gauge(
+            "elastic_rm_spare_resident_memory_bytes", "Resident memory of the waiting spare workers, summed"
+        )
         self.step_window = gauge("elastic_rm_step_window_steps", "Steps reported within the window")
         self.step_age = gauge("elastic_rm_step_report_age_seconds", "Seconds since the newest step report")
         self.steps_total = Counter(
@@ -128,6 +132,11 @@ class AgentMetrics:
             self.gpu_throttled.labels(node, i).set(1 if gpu["throttled"] else 0)
             for reason in gpu["throttle_reasons"]:
                 self.gpu_reason.labels(node, i, reason).set(1)
+        for g in (self.spares, self.spares_rss):
+            g.clear()
+        if record.get("spares") is not None:
+            self.spares.labels(node).set(record["spares"]["count"])
+            self.spares_rss.labels(node).set(record["spares"]["rss_bytes"])
         steps = record.get("steps")
         for g in (self.step_time, self.step_rate, self.step_window, self.step_age):
             g.clear()  # aged out: absent, not a stale value

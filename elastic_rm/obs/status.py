@@ -134,6 +134,8 @@ def status_from_kvs(keys: Keyspace, kvs: list[KeyValue], revision: int, decision
                     "step_p50_s": m.steps.p50_s if m.steps else None,
                     "step_p90_s": m.steps.p90_s if m.steps else None,
                     "samples_per_s": m.steps.samples_per_s if m.steps else None,
+                    "spares": m.spares,
+                    "spares_rss_bytes": m.spares_rss_bytes,
                 }
             )
     data = None

@@ -12,12 +12,14 @@ this module only shapes the data)::
      "gpus": [{"index": 0, "util": 0.9, "mem_used_bytes": 5, "mem_total_bytes": 6, "temp_c": 61.0,
                "throttled": false, "throttle_reasons": []}],
      "steps": {"p50_s": 0.011, "p90_s": 0.013, "busy_p50_s": 0.008, "samples_per_s": 5800.0, "steps": 2700,
-               "age_s": 0.2}}
+               "age_s": 0.2},
+     "spares": {"count": 2, "rss_bytes": 7}}
 
 ``cpu.util_*`` are fractions of all the node's cores (0..1); a worker's ``cpu_util`` is in cores (1.0 = one
 busy core, more for a multi-threaded worker). A GPU's ``util``/``temp_c`` are null where the device does not
 report them; ``steps.busy_p50_s`` is the median busy time of a step (on CPU or runnable, not sleeping in a
-collective: what tells a slow node in synchronous training; optional, absent from older agents); ``steps`` is null when no worker reported step times within the agent's window. Unknown keys
+collective: what tells a slow node in synchronous training; optional, absent from older agents);
+``spares`` are the node's waiting warm spare workers (optional: absent with spares off and from older agents); ``steps`` is null when no worker reported step times within the agent's window. Unknown keys
 are ignored (a newer agent may add some); missing or mistyped known keys are an error naming the field.
 """
 
@@ -70,6 +72,8 @@ class MetricsRecord:
     steps: StepStats | None  # the planner's own type: no second copy of the step summary
     steps_age_s: float | None = None  # seconds since the newest step report, when steps is known
     mem_node_bytes: int | None = None  # the node's own memory (its cgroup's, else agent + workers RSS)
+    spares: int | None = None  # waiting warm spare workers (None: spares off, or an older agent)
+    spares_rss_bytes: int | None = None  # their resident memory
 
 
 def encode_record(record: dict[str, Any]) -> bytes:
@@ -194,6 +198,10 @@ def parse_record(data: bytes | str | dict[str, Any], key: str = "") -> MetricsRe
             steps=r.int_(s, "steps", "steps.steps"),
             busy_p50_s=r.num(s, "busy_p50_s", "steps.busy_p50_s") if "busy_p50_s" in s else None,
         )
+    spares, spares_rss = None, None
+    if doc.get("spares") is not None:
+        sp = r.obj(doc, "spares", "spares")
+        spares, spares_rss = r.int_(sp, "count", "spares.count"), r.int_(sp, "rss_bytes", "spares.rss_bytes")
     return MetricsRecord(
         node=node,
         t=t,  # type: ignore[arg-type]
@@ -208,6 +216,8 @@ def parse_record(data: bytes | str | dict[str, Any], key: str = "") -> MetricsRe
         steps=steps,
         steps_age_s=steps_age_s,  # type: ignore[arg-type]
         mem_node_bytes=None if mem.get("node_bytes") is None else r.int_(mem, "node_bytes", "mem.node_bytes"),
+        spares=spares,
+        spares_rss_bytes=spares_rss,
     )
 
 

@@ -141,6 +141,11 @@ def render(s: dict, title: str = "", max_members: int = MAX_MEMBERS) -> Any:
         parts.append(
             Text(f"... and {hidden} more node(s) (--members 0 lists all; --json has all)", style="dim")
         )
+    spares = [m for m in s["members"] + s["standby"] if m.get("spares") is not None]
+    if spares:
+        parts.append(Text("warm spares: " + ", ".join(
+            f"{m['node']} {m['spares']} ({m['spares_rss_bytes'] / 2**30:.2f}G)" for m in spares
+        )))  # fmt: skip
     if s.get("data"):
         d = s["data"]
         into = d["samples_done"] - d["epoch"] * d["epoch_samples"]

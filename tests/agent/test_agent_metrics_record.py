@@ -165,3 +165,45 @@ def test_huge_numbers_and_deep_nesting_are_errors():
         parse_record(b'{"v": 1, "node": "a", "t": 1' + b"0" * 400 + b"}", key="k")
     with pytest.raises(MalformedMetricsError, match="not valid JSON"):
         parse_record(b"[" * 100_000, key="k")
+
+
+def test_spares_round_trip_to_the_status_and_prometheus(record):
+    from elastic_rm.obs.metrics import AgentMetrics
+
+    with_spares = copy.deepcopy(record)
+    with_spares["spares"] = {"count": 2, "rss_bytes": 123 << 20}
+    rec = parse_record(encode_record(with_spares))
+    assert (rec.spares, rec.spares_rss_bytes) == (2, 123 << 20)
+    assert parse_record(encode_record(record)).spares is None  # spares off (or an older agent)
+    bad = copy.deepcopy(with_spares)
+    bad["spares"]["rss_bytes"] = "lots"
+    with pytest.raises(MalformedMetricsError, match=r"spares\.rss_bytes"):
+        parse_record(bad)
+    metrics = AgentMetrics("node-a")
+    metrics.update(with_spares)
+    text = metrics.exposition().decode()
+    assert 'elastic_rm_spare_workers{node="node-a"} 2.0' in text
+    assert 'elastic_rm_spare_resident_memory_bytes{node="node-a"} 1.28974848e+08' in text
+
+
+def test_erm_status_shows_each_nodes_spares(record):
+    from rich.console import Console
+
+    from elastic_rm.etcd.types import KeyValue
+    from elastic_rm.obs.status import status_from_kvs
+    from elastic_rm.wire.keyspace import Keyspace
+    from elastic_rm.wire.records import NodeRecord, NodeState, dumps
+    from launcher.commands.status import render
+
+    keys = Keyspace("/elastic-rm", "r1")
+    node = NodeRecord("node-a", "h", "127.0.0.1", 1, 1, NodeState.STANDBY)
+    with_spares = {**copy.deepcopy(record), "spares": {"count": 1, "rss_bytes": 3 << 28}}
+    kvs = [
+        KeyValue(keys.node("node-a"), dumps(node), 1, 1, 1, 0),
+        KeyValue(keys.metric("node-a"), encode_record(with_spares), 1, 1, 1, 0),
+    ]
+    s = status_from_kvs(keys, kvs, revision=1)
+    assert [(n["node"], n["spares"], n["spares_rss_bytes"]) for n in s["standby"]] == [("node-a", 1, 3 << 28)]
+    console = Console(width=80, record=True)
+    console.print(render(s))
+    assert "warm spares: node-a 1 (0.75G)" in console.export_text()

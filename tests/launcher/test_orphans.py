@@ -26,33 +26,45 @@ def _gone_within(pids: list[int], seconds: float) -> list[int]:
     return alive
 
 
-def test_a_sigkilled_agent_takes_its_workers_and_its_etcd_with_it(tmp_path):
-    own_tmp = tmp_path / "tmp"  # the agent's temporary directories: its channel, etcd's data, torch's logs
-    own_tmp.mkdir()
-    env = {
-        **os.environ,
-        "STEPS_DIR": str(tmp_path),
-        "STEPS_NODE": "o",
-        "STEPS_MAX": "0",
-        "TMPDIR": str(own_tmp),
-    }
-    agent = subprocess.Popen(
-        [os.path.join(BIN, "ermrun"), "--standalone", "--nproc-per-node", "2", STEPS],
+def _start(tmp_path, *flags: str, own_tmp=None) -> subprocess.Popen:
+    env = {**os.environ, "STEPS_DIR": str(tmp_path), "STEPS_NODE": "o", "STEPS_MAX": "0"}
+    if own_tmp is not None:  # the agent's temporary directories: its channel, etcd's data, torch's logs
+        env["TMPDIR"] = str(own_tmp)
+    return subprocess.Popen(
+        [os.path.join(BIN, "ermrun"), "--standalone", "--nproc-per-node", "2", *flags, STEPS],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+
+def _started_workers(
+    agent: subprocess.Popen, tmp_path, spares: int
+) -> tuple[list[int], list[int], list[int]]:
+    """(workers, spares, etcd) pids once both workers trained and ``spares`` spares wait."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert agent.poll() is None, "ermrun ended before its workers started"
+        workers = [r["pid"] for r in records(tmp_path, "o") if r.get("start")]
+        children = psutil.Process(agent.pid).children(recursive=True)
+        waiting = [p.pid for p in children if "spare.py" in " ".join(p.cmdline()) and p.pid not in workers]
+        etcd = [p.pid for p in children if p.name() == "etcd"]
+        if len(workers) == 2 and len(waiting) >= spares:
+            return workers, waiting, etcd
+        time.sleep(0.2)
+    raise AssertionError(f"no 2 workers and {spares} spares within 120 s")
+
+
+def test_a_sigkilled_agent_takes_its_workers_spares_and_etcd_with_it(tmp_path):
+    own_tmp = tmp_path / "tmp"
+    own_tmp.mkdir()
+    agent = _start(tmp_path, own_tmp=own_tmp)
     owned: list[int] = []
     try:
-        deadline = time.monotonic() + 120
-        while len([r for r in records(tmp_path, "o") if r.get("start")]) < 2 and time.monotonic() < deadline:
-            assert agent.poll() is None, "ermrun ended before its workers started"
-            time.sleep(0.2)
-        children = psutil.Process(agent.pid).children(recursive=True)
-        workers = [p.pid for p in children if "steps.py" in " ".join(p.cmdline())]
-        etcd = [p.pid for p in children if p.name() == "etcd"]
-        owned = workers + etcd
-        assert len(workers) == 2 and len(etcd) == 1, [p.cmdline() for p in children]
+        workers, spares, etcd = _started_workers(agent, tmp_path, spares=2)
+        owned = workers + spares + etcd
+        children = [p.pid for p in psutil.Process(agent.pid).children(recursive=True)]
+        assert set(workers) <= set(children) and len(spares) == 2 and len(etcd) == 1
         made = sorted(p.name.split("_")[0].rsplit("-", 1)[0] for p in own_tmp.iterdir())
         assert made == ["elastic-rm-agent", "erm-etcd", "torchelastic"], made
         agent.send_signal(signal.SIGKILL)
@@ -63,11 +75,32 @@ def test_a_sigkilled_agent_takes_its_workers_and_its_etcd_with_it(tmp_path):
             time.sleep(0.1)
         assert list(own_tmp.iterdir()) == [], "temporary directories outlived their agent"
     finally:
-        if agent.poll() is None:
-            agent.kill()
-            agent.wait(10)
-        for pid in owned:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        _stop(agent, owned)
+
+
+def test_spares_off_starts_no_spare_process(tmp_path):
+    agent = _start(tmp_path, "--spares", "off")
+    workers: list[int] = []
+    try:
+        workers, spares, _ = _started_workers(agent, tmp_path, spares=0)
+        time.sleep(1)  # spares would start right after the workers
+        children = psutil.Process(agent.pid).children(recursive=True)
+        assert not [p for p in children if "spare.py" in " ".join(p.cmdline())], "a spare exists"
+        assert spares == []
+        for pid in workers:  # plain `python -u steps.py`, as under torchrun
+            assert psutil.Process(pid).cmdline()[-1] == STEPS
+        (tmp_path / "stop").touch()
+        assert agent.wait(60) == 0
+    finally:
+        _stop(agent, workers)
+
+
+def _stop(agent: subprocess.Popen, owned: list[int]) -> None:
+    if agent.poll() is None:
+        agent.kill()
+        agent.wait(10)
+    for pid in owned:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass

@@ -32,7 +32,15 @@ def main() -> None:
         names = sorted(k for k in os.environ if k.startswith(("TORCHELASTIC_", "PET_")) or k in ENV)
         fh.write(
             json.dumps(
-                {"start": True, "t": time.time(), "rank": rank, "world": world, "env": env, "names": names}
+                {
+                    "start": True,
+                    "t": time.time(),
+                    "pid": os.getpid(),
+                    "rank": rank,
+                    "world": world,
+                    "env": env,
+                    "names": names,
+                }
             )
             + "\n"
         )

@@ -1,0 +1,384 @@
+"""Warm spare worker processes: a round's workers start from processes that already imported torch.
+
+Why: every round of a script that does not keep its processes (``elastic_rm.train.rounds``) starts new
+workers, and Python's start plus ``import torch, torchrec`` is most of a round's downtime on a small
+node. While a round trains, the agent keeps one spare per local rank (:mod:`elastic_rm.agent.spare`:
+imports done on a thread at nice 19, waiting for a round); the next round hands each spare torch's
+worker environment and argv, and the spare runs the script with ``runpy``. A node that joins a running
+job starts its spares while it waits in the rendezvous (at normal priority: nothing trains there yet).
+
+torch's semantics stay: the workers are ``SubprocessHandler``s in a ``SubprocessContext`` (the same
+``WorkerGroup``, ``RunResult``, redirects, tee and error files); only the ``Popen`` of a rank that gets a
+spare is the spare's. A rank without a usable spare (dead, or still warming at low priority) gets a new
+process as under torch. Spares apply to ``python -u script.py`` and ``python -u -m module`` workers
+(what torchrun starts); ``--no-python`` commands, function entrypoints and NUMA binding start as usual.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from string import Template
+from typing import Any
+
+import psutil
+from torch.distributed.elastic.multiprocessing.api import SubprocessContext
+from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
+from torch.distributed.elastic.multiprocessing.subprocess_handler.handlers import get_subprocess_handler
+from torch.distributed.elastic.utils import macros
+
+from ..guard import Watchdog
+from . import spare as spare_main
+from .channel import _pid_alive
+
+log = logging.getLogger(__name__)
+
+WARM_LIMIT_S = 120.0  # how long a node that runs no workers yet waits for its spares before it joins
+LOW_NICE = 19  # a spare warming next to training workers takes only idle CPU
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def parse_preload(text: str) -> tuple[str, ...]:
+    """``--spare-preload torch,torchrec``: module names, each importable here (ValueError says which)."""
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    for name in names:
+        if not _MODULE.match(name):
+            raise ValueError(
+                f"--spare-preload: {name!r} is not a module name; give dotted module names separated by "
+                "commas, e.g. torch,torchrec"
+            )
+        if importlib.util.find_spec(name.split(".")[0]) is None:
+            raise ValueError(
+                f"--spare-preload: module {name!r} is not installed for {sys.executable}; install it or "
+                "drop it from the list"
+            )
+    return names
+
+
+def why_unsupported(spec: Any) -> str | None:
+    """None when this worker spec can start from spares; else why not."""
+    if not isinstance(spec.entrypoint, str) or os.path.realpath(spec.entrypoint) != os.path.realpath(
+        sys.executable
+    ):
+        return "the workers are not this Python (--no-python or a function entrypoint)"
+    args = [str(a) for a in spec.args]
+    if len(args) < 2 or args[0] != "-u" or (args[1] == "-m" and len(args) < 3):
+        return f"the worker command is not `python -u script.py` or `python -u -m module`: {args[:3]}"
+    if spec.numa_options is not None:
+        return "NUMA binding wraps the worker command"
+    return None
+
+
+class Spare:
+    """One warm process: its ``Popen``, the agent's end of its socket, whether it warms at low priority."""
+
+    def __init__(self, modules: tuple[str, ...], low_priority: bool, label: tuple[str, ...] = ()) -> None:
+        """``label``: the worker command it will run, only shown in its command line (ps, pgrep -f)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-u",
+                    spare_main.__file__,
+                    str(theirs.fileno()),
+                    str(LOW_NICE if low_priority else 0),
+                    ",".join(modules),
+                    *label,
+                ],
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,  # as torch starts workers: its killpg ends a spare's children too
+            )
+        finally:
+            theirs.close()
+        self.sock = ours
+        self.low_priority = low_priority
+        self.started = time.time()
+        self._ready = False
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def ready(self) -> bool:
+        """Its imports are done (it said so on the socket)."""
+        if not self._ready:
+            try:
+                self._ready = self.sock.recv(1, socket.MSG_DONTWAIT) == spare_main.READY
+            except BlockingIOError:
+                pass
+            except OSError:
+                return False
+        return self._ready
+
+    def hand(self, argv: list[str], env: dict[str, str], stdout: Any, stderr: Any) -> None:
+        """Its round: argv, environment, working directory and redirected stdout/stderr (their fds)."""
+        fds = [f.fileno() for f in (stdout, stderr) if f is not None]
+        message = {"argv": argv, "env": env, "cwd": os.getcwd(), "stdout": stdout is not None}
+        message["stderr"] = stderr is not None
+        socket.send_fds(self.sock, [json.dumps(message).encode()], fds)
+        self.sock.close()
+
+    def kill(self) -> None:
+        self.sock.close()
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            log.warning("spare pid %d did not exit after SIGKILL", self.proc.pid)
+
+
+class SparePool:
+    """The node's spares: started ahead of rounds, taken by them, ended with the agent (and its Watchdog)."""
+
+    def __init__(self, modules: tuple[str, ...], guard: Watchdog, label: tuple[str, ...] = ()) -> None:
+        self.modules = modules
+        self.label = label
+        self._guard = guard
+        self._spares: list[Spare] = []
+        self.used_pids: list[int] = []  # spares that became workers, newest last
+        self.closed = False
+
+    def fill(self, count: int, low_priority: bool) -> list[int]:
+        """Start spares until ``count`` live ones wait; the pids started."""
+        if self.closed:
+            return []
+        for dead in [s for s in self._spares if not s.alive()]:
+            dead.kill()  # reaps it and closes its socket
+            self._spares.remove(dead)
+        started = [Spare(self.modules, low_priority, self.label) for _ in range(count - len(self._spares))]
+        if started:
+            self._spares.extend(started)
+            self._guard.watch([s.pid for s in started])  # a spare never outlives its agent
+            log.info(
+                "started %d spare worker process(es) %s (%s priority)",
+                len(started),
+                [s.pid for s in started],
+                "low" if low_priority else "normal",
+            )
+        return [s.pid for s in started]
+
+    def take(self) -> Spare | None:
+        """A spare for one rank: a ready one first, else one warming at normal priority (ahead of a new
+        process anyway); one still warming at nice 19 is left for the next round."""
+        for usable in (Spare.ready, lambda s: not s.low_priority):
+            for spare in self._spares:
+                if spare.alive() and usable(spare):
+                    self._spares.remove(spare)
+                    self.used_pids.append(spare.pid)
+                    return spare
+        return None
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Until every waiting spare finished its imports (False: one died, or ``timeout_s`` passed)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            spares = list(self._spares)
+            if any(not s.alive() for s in spares):
+                return False
+            if all(s.ready() for s in spares):
+                return True
+            time.sleep(0.05)
+        return False
+
+    def pids(self) -> list[int]:
+        """The waiting spares (also read by the metrics thread: a snapshot of the list, never mutated)."""
+        return [s.pid for s in list(self._spares) if s.alive()]
+
+    def usage(self) -> tuple[int, int]:
+        """(count, resident memory) of the waiting spares, for the metrics record."""
+        return len(self.pids()), self.rss_bytes()
+
+    def rss_bytes(self) -> int:
+        """Resident memory of the waiting spares (what keeping them costs)."""
+        total = 0
+        for pid in self.pids():
+            try:
+                total += psutil.Process(pid).memory_info().rss
+            except psutil.Error:
+                pass
+        return total
+
+    def close(self) -> None:
+        self.closed = True
+        for spare in self._spares:
+            spare.kill()
+        self._spares = []
+
+
+class _SpareHandler(SubprocessHandler):
+    """torch's handler of one worker, whose process is a spare's instead of a new ``Popen``."""
+
+    def __init__(self, spare: Spare, **kwargs: Any) -> None:
+        self._spare = spare
+        super().__init__(**kwargs)
+
+    def _popen(self, args: tuple, env: dict[str, str]) -> subprocess.Popen:
+        try:
+            self._spare.hand(list(args[2:]), env, self._stdout, self._stderr)  # args: python -u ...
+        except OSError as exc:  # it died between take() and now: a new process, as torch would
+            log.warning("spare pid %d unusable (%s); starting a new worker process", self._spare.pid, exc)
+            self._spare.kill()
+            return super()._popen(args, env)
+        return self._spare.proc
+
+
+class SpareContext(SubprocessContext):
+    """torch's ``SubprocessContext`` whose ranks start from spares where there is one."""
+
+    def __init__(self, pool: SparePool, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._pool = pool
+        self.from_spares: dict[int, int] = {}  # local rank -> pid of the spare it runs in
+
+    def _start(self) -> None:
+        if self.subprocess_handlers:
+            raise ValueError("the workers were started already")
+        for rank in range(self.nprocs):
+            options = dict(
+                entrypoint=self.entrypoint,
+                args=self.args[rank],
+                env=self.envs[rank],
+                stdout=self.stdouts[rank],
+                stderr=self.stderrs[rank],
+                local_rank_id=rank,
+                numa_options=self._numa_options,
+            )
+            spare = self._pool.take()
+            if spare is None:
+                self.subprocess_handlers[rank] = get_subprocess_handler(**options)
+                continue
+            handler = _SpareHandler(spare, **options)
+            self.subprocess_handlers[rank] = handler
+            if handler.proc is spare.proc:
+                self.from_spares[rank] = spare.pid
+
+
+def start_workers(agent: Any, worker_group: Any, pool: SparePool) -> SpareContext:
+    """torch's ``LocalElasticAgent._start_workers`` (torch 2.13, pinned by tests/launcher/
+    test_torch_contract.py), line for line, with :class:`SpareContext` in place of ``start_processes``."""
+    spec = worker_group.spec
+    if worker_group.store is None:
+        raise AssertionError
+    restart_count = spec.max_restarts - agent._remaining_restarts
+    use_agent_store: bool = spec.rdzv_handler.use_agent_store
+    args: dict[int, tuple] = {}
+    envs: dict[int, dict[str, str]] = {}
+    prefixes: dict[int, str] | None = {} if agent._log_line_prefix_template else None
+    for worker in worker_group.workers:
+        local_rank = worker.local_rank
+        worker_env = {
+            "RANK": str(worker.global_rank),
+            "GROUP_RANK": str(worker_group.group_rank),
+            "ROLE_RANK": str(worker.role_rank),
+            "ROLE_NAME": spec.role,
+            "LOCAL_WORLD_SIZE": str(spec.local_world_size),
+            "WORLD_SIZE": str(worker.world_size),
+            "GROUP_WORLD_SIZE": str(worker_group.group_world_size),
+            "ROLE_WORLD_SIZE": str(worker.role_world_size),
+            "MASTER_ADDR": worker_group.master_addr,
+            "MASTER_PORT": str(worker_group.master_port),
+            "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+            "TORCHELASTIC_MAX_RESTARTS": str(spec.max_restarts),
+            "TORCHELASTIC_RUN_ID": spec.rdzv_handler.get_run_id(),
+            "TORCHELASTIC_USE_AGENT_STORE": str(use_agent_store),
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", str(1)),
+        }
+        agent._set_local_rank_env(worker_env, local_rank, spec)
+        if "OMP_NUM_THREADS" in os.environ:
+            worker_env["OMP_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"]
+        if prefixes is not None:
+            prefixes[local_rank] = Template(agent._log_line_prefix_template).safe_substitute(
+                role_name=spec.role, rank=worker.global_rank, local_rank=local_rank
+            )
+        envs[local_rank] = worker_env
+        args[local_rank] = tuple(macros.substitute(list(spec.args), str(local_rank)))
+    agent._setup_local_watchdog(envs=envs)
+    agent._setup_healthcheck()
+    if spec.entrypoint is None or agent._logs_specs is None:
+        raise AssertionError
+    context = SpareContext(
+        pool,
+        name=spec.role,
+        entrypoint=spec.entrypoint,
+        args=args,
+        envs=envs,
+        logs_specs=agent._logs_specs,
+        log_line_prefixes=prefixes,
+        numa_options=spec.numa_options,
+        duplicate_stdout_filters=spec.duplicate_stdout_filters,
+        duplicate_stderr_filters=spec.duplicate_stderr_filters,
+    )
+    try:
+        context.start()
+    except Exception:
+        context.close()
+        raise
+    return context
+
+
+def spare_pool(options: Any, spec: Any, guard: Watchdog, events: Any) -> SparePool | None:
+    """The agent's pool (None: ``--spares off``, or workers that cannot start from spares, said once)."""
+    if not options.spares:
+        return None
+    why = why_unsupported(spec)
+    if why is not None:
+        log.warning("no warm spare workers: %s", why)
+        events.emit("node", f"no warm spare workers: {why}", spares=False, reason=why)
+        return None
+    return SparePool(options.spare_preload, guard, label=tuple(str(a) for a in spec.args[1:]))
+
+
+def start_from_spares(agent: Any, worker_group: Any, pool: SparePool) -> dict[int, int]:
+    """The agent's ``_start_workers`` with spares: start the round, say which ranks got a spare, and
+    warm the next round's spares at low priority."""
+    context = start_workers(agent, worker_group, pool)
+    agent._pcontext = context
+    pids = context.pids()
+    used = context.from_spares
+    joined = agent.joined_round
+    round_id = joined.round if joined is not None else 0
+    fresh = len(pids) - len(used)
+    agent.events.emit(
+        "round",
+        f"round {round_id}: {len(used)} worker(s) started from warm spares, {fresh} as new processes",
+        round=round_id,
+        from_spares={str(rank): pid for rank, pid in sorted(used.items())},
+        new_processes=fresh,
+    )
+    pool.fill(worker_group.spec.local_world_size, low_priority=True)
+    return pids
+
+
+def warm_before_joining(agent: Any, worker_group: Any, pool: SparePool) -> None:
+    """Before a rendezvous: start the spares the next round needs. A node whose workers do not run (it
+    is about to join a running job, or the job is starting) joins once they are warm: the running job
+    trains meanwhile, and the round then waits for no import (a scale-up's critical path). Next to
+    running workers (a round in place) they warm at nice 19 and the round does not wait."""
+    running = any(_pid_alive(w.id) for w in worker_group.workers if w.id is not None)
+    if pool.fill(worker_group.spec.local_world_size, low_priority=running) and not running:
+        t0 = time.monotonic()
+        warm = pool.wait_ready(WARM_LIMIT_S)
+        waited = time.monotonic() - t0
+        log.info("spares %s after %.2fs; joining the rendezvous", "warm" if warm else "not warm", waited)
+        agent.events.emit(
+            "node",
+            f"{len(pool.pids())} spare worker(s) {'warm' if warm else 'still warming'} after {waited:.2f}s; "
+            "joining the rendezvous",
+            spares_warm=warm,
+            waited_s=round(waited, 3),
+        )

@@ -1,0 +1,51 @@
+"""ermrun with spares: torchrun's --redirects/--tee/--log-dir work for workers started from spares, and
+bad --spares/--spare-preload values are clear errors before anything starts."""
+
+from __future__ import annotations
+
+import glob
+
+import pytest
+
+from tests.launcher.test_ermrun_cli import run
+
+SCRIPT = """
+import os, sys
+print(f"out rank {os.environ['RANK']} pid {os.getpid()} torch {'torch' in sys.modules}", flush=True)
+print(f"err rank {os.environ['RANK']}", file=sys.stderr, flush=True)
+"""
+
+
+def test_redirects_and_tee_reach_the_log_dir_and_the_console(tmp_path):
+    script = tmp_path / "hello.py"
+    script.write_text(SCRIPT)
+    logs = tmp_path / "logs"
+    args = ["--standalone", "--nproc-per-node", "2", "--redirects", "3", "--tee", "2", "--log-dir", str(logs)]
+    result = run([*args, str(script)], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "2 worker(s) started from warm spares" in result.stderr
+    for rank in (0, 1):
+        (out,) = glob.glob(str(logs / "*" / "attempt_0" / str(rank) / "stdout.log"))
+        (err,) = glob.glob(str(logs / "*" / "attempt_0" / str(rank) / "stderr.log"))
+        text = open(out).read()
+        assert f"out rank {rank} pid" in text and "torch True" in text  # the spare had imported torch
+        assert open(err).read() == f"err rank {rank}\n"
+        assert f"err rank {rank}" in result.stderr  # --tee 2: stderr also on the console
+        assert (
+            f"out rank {rank}" not in result.stdout
+        )  # --redirects 3 without --tee 1: stdout only in the file
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--spares", "maybe"], "argument --spares: invalid choice: 'maybe'"),
+        (["--spare-preload", "no_such_module_erm"], "module 'no_such_module_erm' is not installed"),
+        (["--spare-preload", "torch rec"], "'torch rec' is not a module name"),
+    ],
+)
+def test_bad_spare_flags_are_clear_errors(tmp_path, args, message):
+    result = run([*args, "--standalone", "x.py"], tmp_path, timeout=60)
+    assert result.returncode == 2
+    assert message in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
