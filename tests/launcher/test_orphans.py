@@ -38,6 +38,17 @@ def _start(tmp_path, *flags: str, own_tmp=None) -> subprocess.Popen:
     )
 
 
+def _alive(procs: list[psutil.Process]) -> list[tuple[psutil.Process, str]]:
+    """(process, command line) of those still there: a child may exit (a zombie) while we look."""
+    out = []
+    for p in procs:
+        try:
+            out.append((p, " ".join(p.cmdline())))
+        except psutil.Error:
+            pass
+    return out
+
+
 def _started_workers(
     agent: subprocess.Popen, tmp_path, spares: int
 ) -> tuple[list[int], list[int], list[int]]:
@@ -46,9 +57,9 @@ def _started_workers(
     while time.monotonic() < deadline:
         assert agent.poll() is None, "ermrun ended before its workers started"
         workers = [r["pid"] for r in records(tmp_path, "o") if r.get("start")]
-        children = psutil.Process(agent.pid).children(recursive=True)
-        waiting = [p.pid for p in children if "spare.py" in " ".join(p.cmdline()) and p.pid not in workers]
-        etcd = [p.pid for p in children if p.name() == "etcd"]
+        children = _alive(psutil.Process(agent.pid).children(recursive=True))
+        waiting = [p.pid for p, cmd in children if "spare.py" in cmd and p.pid not in workers]
+        etcd = [p.pid for p, _ in children if p.name() == "etcd"]
         if len(workers) == 2 and len(waiting) >= spares:
             return workers, waiting, etcd
         time.sleep(0.2)
@@ -84,8 +95,8 @@ def test_spares_off_starts_no_spare_process(tmp_path):
     try:
         workers, spares, _ = _started_workers(agent, tmp_path, spares=0)
         time.sleep(1)  # spares would start right after the workers
-        children = psutil.Process(agent.pid).children(recursive=True)
-        assert not [p for p in children if "spare.py" in " ".join(p.cmdline())], "a spare exists"
+        children = _alive(psutil.Process(agent.pid).children(recursive=True))
+        assert not [p for p, cmd in children if "spare.py" in cmd], "a spare exists"
         assert spares == []
         for pid in workers:  # plain `python -u steps.py`, as under torchrun
             assert psutil.Process(pid).cmdline()[-1] == STEPS
