@@ -37,6 +37,7 @@ KNOWN_KEYS = {
     "node_id": "this node's id (default <host>-<pid>-<random>)",
     "nproc": "workers on this node (informational; ermrun fills it in)",
     "job_file": "JSON job description for the planner (docs/planner.md); turns the planner on",
+    "peer_probe": "seconds a node may reach etcd but not most of its peers before it leaves the run (default: lease_ttl; 0: off)",
     "policy": "who decides rounds: membership (torch's semantics) or planner (default: planner with a job_file)",
 }
 
@@ -77,6 +78,7 @@ class RendezvousSettings:
     nproc: int
     policy: str = "membership"
     job: dict | None = None
+    peer_probe_s: float = DEFAULT_LEASE_TTL  # 0: no probes (peer_probe.py)
 
     @classmethod
     def from_parameters(cls, params: RendezvousParameters) -> RendezvousSettings:
@@ -136,6 +138,7 @@ class RendezvousSettings:
             nproc=int(_number(params, "nproc", 1.0)),
             policy=policy,
             job=job,
+            peer_probe_s=_number(params, "peer_probe", float(lease_ttl), minimum=-1e-9),
         )
 
 

@@ -1,0 +1,116 @@
+"""The peer probe (elastic_rm/rendezvous/peer_probe.py): the cut-off rule, real TCP probes, and three real
+handlers on a real etcd where one node's peers stop answering it (their checkpoint ports close): it steps
+out, the other two form a round without it, and it rejoins only once it reaches them again."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from elastic_rm.rendezvous.peer_probe import CutOffClock, cut_off, unreachable_of
+from tests.rendezvous.test_handler import join_all, make, wait_for
+
+
+@pytest.mark.parametrize(
+    ("peers", "unreachable", "out"),
+    [(0, 0, False), (1, 1, False), (2, 1, False), (2, 2, True), (3, 1, False), (3, 2, True), (4, 2, False)],
+)
+def test_the_rule_is_more_than_half_of_at_least_two_peers(peers, unreachable, out):
+    assert cut_off(peers, unreachable) is out
+
+
+def test_the_clock_needs_the_rule_to_hold_without_a_break_for_the_window():
+    clock = CutOffClock(window_s=3.0)
+    assert not clock.observe(10.0, 3, 2)
+    assert not clock.observe(12.9, 3, 2)
+    assert not clock.observe(13.0, 3, 1)  # one good probe resets
+    assert not clock.observe(14.0, 3, 3)
+    assert not clock.observe(16.5, 3, 3)
+    assert clock.observe(17.0, 3, 3)
+    assert not clock.observe(100.0, 1, 1)  # a single peer never counts
+
+
+class Acceptor:
+    """A listening socket that accepts and closes connections (a checkpoint server, for the probe)."""
+
+    def __init__(self, port: int = 0) -> None:
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", port))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        self._thread.join(5)
+
+
+def test_probes_are_real_tcp_connects():
+    up = Acceptor()
+    down = Acceptor()
+    down.close()
+    try:
+        assert unreachable_of({"up": ("127.0.0.1", up.port), "down": ("127.0.0.1", down.port)}) == {"down"}
+        assert unreachable_of({}) == set()
+    finally:
+        up.close()
+
+
+def test_a_node_that_reaches_etcd_but_not_its_peers_steps_out_and_rejoins_once_it_reaches_them(etcd, run_id):
+    servers = {name: Acceptor() for name in "abc"}
+    handlers = {name: make(etcd, run_id, 2, 3, node_id=name, peer_probe="1") for name in "abc"}
+    try:
+        for name, h in handlers.items():
+            h.services.set_checkpoint_endpoint(servers[name].port, "token")
+        infos = join_all(list(handlers.values()))
+        assert {i.world_size for i in infos.values()} == {3}
+        for name in "ab":  # c's peers stop answering it (and each other: one of two peers is no majority)
+            servers[name].close()
+        c = handlers["c"]
+        assert wait_for(lambda: c._session.lease_lost, timeout=20), "c did not step out"
+        assert not handlers["a"]._session.lease_lost and not handlers["b"]._session.lease_lost
+        rejoined = {}
+        t = threading.Thread(target=lambda: rejoined.update(info=c.next_rendezvous()))
+        t.start()  # c waits at the gate: it must not be readmitted while it cannot reach a and b
+        two = join_all([handlers["a"], handlers["b"]])
+        assert {i.world_size for i in two.values()} == {2}
+        assert t.is_alive() and "info" not in rejoined
+        assert c.view.round is not None and sorted(c.view.round.members) == ["a", "b"]
+        for name in "ab":  # the link heals
+            servers[name] = Acceptor(servers[name].port)
+        assert wait_for(lambda: handlers["a"].num_nodes_waiting() > 0, timeout=20), "no round with c again"
+        three = join_all([handlers["a"], handlers["b"]])
+        t.join(30)
+        assert "info" in rejoined, "c did not rejoin after the heal"
+        assert {i.world_size for i in three.values()} == {3} and rejoined["info"].world_size == 3
+        assert sorted(c.view.round.members) == ["a", "b", "c-r1"]
+    finally:
+        for h in handlers.values():
+            h.shutdown()
+        for s in servers.values():
+            s.close() if s.sock.fileno() != -1 else None
+
+
+def test_peer_probe_setting_is_validated(etcd, run_id):
+    with pytest.raises(ValueError, match="peer_probe"):
+        make(etcd, run_id, 1, 1, peer_probe="soon")
+    with pytest.raises(ValueError, match="peer_probe"):
+        make(etcd, run_id, 1, 1, peer_probe="-1")
+    h = make(etcd, run_id, 1, 1, peer_probe="0")  # 0: off
+    try:
+        assert h._probe is None and h._session.rejoin_gate is None
+    finally:
+        h.shutdown()
