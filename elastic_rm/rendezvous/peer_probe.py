@@ -192,7 +192,7 @@ class PeerProbe:
                 if not cut_off(len(targets), len(lost)):
                     waited = time.monotonic() - t0
                     message = f"reaches {len(targets) - len(lost)} of {len(targets)} peers again after {waited:.1f}s: rejoining"
-                    log.info("node %s %s", session.node_id, message)
+                    log.warning("node %s %s", session.node_id, message)  # the end of the step-out
                     session.events.emit("node", message, waited_s=round(waited, 3))
                     break
             except EtcdError as exc:
