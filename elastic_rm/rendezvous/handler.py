@@ -46,6 +46,7 @@ from .bootstrap import pick_master_port
 from .etcd_store import EtcdStore
 from .leader import RoundLeader
 from .node_services import RendezvousNodeServices
+from .peer_probe import PeerProbe
 from .services import NodeServices
 from .session import NodeSession
 from .settings import BACKEND, RendezvousSettings
@@ -109,6 +110,7 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             events=self._session.events,
         )
         self._shut = False
+        self._probe: PeerProbe | None = None
         self.services: NodeServices = RendezvousNodeServices(
             self._client, self._session, self._view, self._leader, self.release, job, metrics_parser
         )
@@ -120,6 +122,22 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             self.release()
             raise RendezvousConnectionError(f"elastic-rm rendezvous: {exc}") from exc
         self._leader.start()
+        self._probe = self._peer_probe()
+
+    def _peer_probe(self) -> PeerProbe | None:
+        """A node that reaches etcd but not its peers leaves the run, and rejoins once it reaches them."""
+        if self.settings.peer_probe_s <= 0:
+            return None
+        view, session = self._view, self._session
+
+        def newer_round() -> bool:
+            r, done = view.round, session.joined
+            return r is not None and done is not None and r.round > done.round
+
+        probe = PeerProbe(self._client, session, self.settings.peer_probe_s, newer_round)
+        session.rejoin_gate = probe.gate
+        probe.start()
+        return probe
 
     # -- identity -------------------------------------------------------------------------------------
 
@@ -305,6 +323,8 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
         self._shut = True
         self._session.released = True
         self._leader.stop()
+        if self._probe is not None:
+            self._probe.stop()
         if self._session.lease is not None:
             self._session.lease.revoke()
         self._view.stop()

@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
 import psutil
 
@@ -57,6 +58,8 @@ class NodeSession:
         # The run's event log in etcd, in this node's name; the agent attaches its --event-log file.
         self.events = EventLog(self._keys.run_id, self.node_id, client=client, keys=self._keys)
         self.released = False  # the handler left the run; nothing more is published
+        # called (without the lock) before a node whose lease is gone registers again (peer_probe.py)
+        self.rejoin_gate: Callable[[], None] | None = None
 
     @property
     def lease_lost(self) -> bool:
@@ -95,6 +98,9 @@ class NodeSession:
         ``wait=False`` sends the update without waiting for etcd's answer (a failure is logged; the
         lease keeps the old record meanwhile), for updates that nothing on the join path waits for.
         """
+        gate = self.rejoin_gate
+        if gate is not None and self.lease_lost:
+            gate()
         with self.lock:
             if self.lease_lost:
                 self._rejoin_as_new_member()

@@ -39,6 +39,7 @@ KNOWN_KEYS = {
     "nproc": "workers on this node (informational; ermrun fills it in)",
     "job_file": "JSON job description for the planner (docs/planner.md); turns the planner on",
     "ckpt_tls": "checkpoint transport TLS: auto (HTTPS when the etcd CA and client pair are given), required, off",
+    "peer_probe": "seconds a node may reach etcd but not most of its peers before it leaves the run (default: lease_ttl; 0: off)",
     "policy": "who decides rounds: membership (torch's semantics) or planner (default: planner with a job_file)",
 }
 
@@ -80,6 +81,7 @@ class RendezvousSettings:
     policy: str = "membership"
     job: dict | None = None
     ckpt_tls: str = "auto"
+    peer_probe_s: float = DEFAULT_LEASE_TTL  # 0: no probes (peer_probe.py)
 
     def checkpoint_tls(self) -> tuple[PeerTls | None, bool]:
         """(TLS files for the checkpoint servers, whether TLS is required); checked in from_parameters."""
@@ -148,6 +150,7 @@ class RendezvousSettings:
             policy=policy,
             job=job,
             ckpt_tls=ckpt_tls,
+            peer_probe_s=_number(params, "peer_probe", float(lease_ttl), minimum=-1e-9),
         )
 
 

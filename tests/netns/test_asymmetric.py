@@ -1,8 +1,9 @@
 """One side of an asymmetric partition: a host that reaches its peers but not etcd (a blackhole route to
 etcd's address in its namespace; its peers still reach it and it them). To the run this is a lease
 expiry: the others train at world 2 within the lease TTL plus a few seconds, and the host rejoins under
-a new id once its route is back. (The other side, a host that reaches etcd but not its peers, is a known
-gap: docs/guarantees.md.)"""
+a new id once its route is back. The other side, a host that reaches etcd but not its peers (blackhole
+routes to their addresses): its peer probe (elastic_rm/rendezvous/peer_probe.py) takes it out of the run,
+the others train at world 2, and it rejoins only once it reaches them again."""
 
 from __future__ import annotations
 
@@ -54,4 +55,51 @@ def test_a_host_that_reaches_its_peers_but_not_etcd_is_a_lease_expiry_and_rejoin
     print(
         f"\n{cut.name} without etcd: {rest} at world 2 {took:.1f}s after the cut; all at world 3 {back:.1f}s "
         f"after the heal; rounds {before.round} -> {after.round}"
+    )
+
+
+def test_a_host_that_reaches_etcd_but_not_its_peers_steps_out_and_rejoins_after_the_heal(
+    run_id, tmp_path, procs
+):
+    keys = Keyspace("/elastic-rm", run_id)
+    with (
+        Network(3) as net,
+        EtcdCluster(size=1, host=net.gateway) as cluster,
+        EtcdClient(cluster.endpoint, timeout=5) as client,
+    ):
+        nodes = {h.name: start_host(h, cluster.endpoint, run_id, tmp_path) for h in net.hosts}
+        procs.extend(nodes.values())
+        wait_until(lambda: all(steps_at_world(tmp_path, n, 3) > 5 for n in nodes), 180, "3 hosts training",
+                   nodes.values())  # fmt: skip
+        before = current_round(client, keys)
+        leader = client.get(keys.leader).value.decode()
+        cut = next(h for h in net.hosts if h.name != leader)
+        others = [h for h in net.hosts if h is not cut]
+        rest = sorted(h.name for h in others)
+        for h in others:
+            cut.blackhole(h.addr)
+        t_cut = time.time()
+        took = wait_until(lambda: all(steps_at_world(tmp_path, n, 2, since=t_cut) > 3 for n in rest), 60,
+                          f"{rest} training at world 2", nodes.values())  # fmt: skip
+        time.sleep(max(0.0, 3 * LEASE_TTL - (time.time() - t_cut)))
+        during = current_round(client, keys)  # not readmitted while cut off (its gate held it back)
+        assert during is not None and sorted(during.members) == rest, during
+        assert client.get(keys.node(f"{cut.name}-r1")) is None
+        for h in others:
+            cut.unblackhole(h.addr)
+        t_heal = time.time()
+        back = wait_until(lambda: all(steps_at_world(tmp_path, n, 3, since=t_heal) > 3 for n in nodes), 90,
+                          "all three hosts at world 3 again", nodes.values())  # fmt: skip
+        after = current_round(client, keys)
+        (tmp_path / "stop").touch()
+        codes = {n: p.wait(120) for n, p in nodes.items()}
+    assert before is not None and after is not None and after.round > before.round + 1
+    assert sorted(after.members) == sorted([*rest, f"{cut.name}-r1"]), after.members
+    assert codes == {"h0": 0, "h1": 0, "h2": 0}, {n: p.output()[-2000:] for n, p in nodes.items()}
+    out = nodes[cut.name].output()
+    left, rejoined = out.find("leaving the run"), out.find("again after")
+    assert 0 <= left < rejoined, out[-3000:]  # it stepped out, then waited to reach its peers, then rejoined
+    print(
+        f"\n{cut.name} without its peers: {rest} at world 2 {took:.1f}s after the cut; all at world 3 "
+        f"{back:.1f}s after the heal; rounds {before.round} -> {after.round}"
     )

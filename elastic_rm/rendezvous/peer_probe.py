@@ -1,0 +1,215 @@
+"""A node that reaches etcd but not its peers steps out of the run, and comes back once it reaches them.
+
+Why: with its link to the other hosts cut but etcd reachable, a node keeps its lease, so no round ever
+leaves it out; every member then waits in gloo collectives for minutes. Each node probes the checkpoint
+servers of its round's other members (a TCP connect, every ``PROBE_INTERVAL_S``). When more than half of
+at least 2 peers stay unreachable for the window (``--rdzv-conf peer_probe``), the node revokes its own
+lease: the leader sees a lost member, the others train on without it, and its agent stops its workers and
+rejoins. A peer that is gone from etcd does not count (its lease ended: the leader replaces it anyway).
+
+The trap is the rejoin: a node readmitted while still cut off stalls the next round too, over and over. So
+before a node that stepped out registers again, :meth:`PeerProbe.gate` waits (bounded by join_timeout)
+until that rule no longer holds against the run's other live nodes.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from ..background import Background
+from ..etcd.client import EtcdClient
+from ..etcd.errors import EtcdError
+from ..wire.records import NodeRecord, RecordError
+from .session import NodeSession
+
+log = logging.getLogger(__name__)
+
+PROBE_INTERVAL_S = 0.5
+CONNECT_TIMEOUT_S = 0.5
+GATE_LOG_EVERY_S = 10.0
+
+Target = tuple[str, int]  # (addr, checkpoint server port)
+
+
+def cut_off(peers: int, unreachable: int) -> bool:
+    """The rule: more than half of at least 2 peers unreachable. With one peer nobody can tell which side
+    is cut off, so nobody steps out."""
+    return peers >= 2 and 2 * unreachable > peers
+
+
+class CutOffClock:
+    """How long the rule has held without a break; pure (the caller passes the time)."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._since: float | None = None
+
+    def observe(self, now: float, peers: int, unreachable: int) -> bool:
+        """True once the rule held at every observation for ``window_s``; one good observation resets."""
+        if not cut_off(peers, unreachable):
+            self._since = None
+            return False
+        if self._since is None:
+            self._since = now
+        return now - self._since >= self.window_s
+
+    def reset(self) -> None:
+        self._since = None
+
+
+def reachable(target: Target, timeout_s: float = CONNECT_TIMEOUT_S) -> bool:
+    try:
+        with socket.create_connection(target, timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def unreachable_of(targets: dict[str, Target], timeout_s: float = CONNECT_TIMEOUT_S) -> set[str]:
+    """The nodes of ``targets`` whose address does not accept a TCP connection within ``timeout_s``
+    (probed in parallel: a cut-off peer costs the timeout once, not once per peer)."""
+    if not targets:
+        return set()
+    names = sorted(targets)
+    with ThreadPoolExecutor(max_workers=min(16, len(names)), thread_name_prefix="erm-probe") as pool:
+        ok = list(pool.map(lambda n: reachable(targets[n], timeout_s), names))
+    return {n for n, good in zip(names, ok, strict=True) if not good}
+
+
+def live_targets(client: EtcdClient, nodes_prefix: str, exclude: str) -> dict[str, Target]:
+    """Every live node of the run but ``exclude`` that serves checkpoints: node -> (addr, port)."""
+    kvs, _ = client.get_prefix(nodes_prefix)
+    out = {}
+    for kv in kvs:
+        try:
+            rec = NodeRecord.parse(kv.key, kv.value)
+        except RecordError:
+            continue
+        if rec.node != exclude and rec.ckpt_port:
+            out[rec.node] = (rec.addr, rec.ckpt_port)
+    return out
+
+
+class PeerProbe:
+    """Probes this node's round peers while it trains; steps out when cut off; gates its rejoin."""
+
+    def __init__(
+        self,
+        client: EtcdClient,
+        session: NodeSession,
+        window_s: float,
+        newer_round: Callable[[], bool],
+        interval_s: float = PROBE_INTERVAL_S,
+    ) -> None:
+        """``newer_round``: whether a round after the joined one is pending (then no step-out is needed)."""
+        self._client = client
+        self._session = session
+        self._nodes = session.settings.keys.nodes
+        self._newer_round = newer_round
+        self._interval_s = interval_s
+        self.clock = CutOffClock(window_s)
+        self.stepped_out = threading.Event()
+        self._thread = Background(self._loop, "erm-peer-probe")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._thread.stop(timeout_s=2 * CONNECT_TIMEOUT_S + 1)
+
+    # -- while training -------------------------------------------------------------------------------
+
+    def _loop(self, stopping: threading.Event) -> None:
+        round_seen, targets = 0, {}
+        while not stopping.wait(self._interval_s):
+            try:
+                round_seen, targets = self._tick(round_seen, targets)
+            except EtcdError as exc:  # etcd down is not our concern here (the lease handles it)
+                log.debug("peer probe: %s", exc)
+            except Exception:  # noqa: BLE001 - a probe must never take the node down
+                log.exception("peer probe failed")
+
+    def _tick(self, round_seen: int, targets: dict[str, Target]) -> tuple[int, dict[str, Target]]:
+        session = self._session
+        joined = session.joined
+        if session.released or joined is None or session.live_lease_id() is None or self.stepped_out.is_set():
+            self.clock.reset()
+            return 0, {}
+        if joined.round != round_seen:
+            self.clock.reset()
+            live = live_targets(self._client, self._nodes, session.node_id)
+            targets = {n: t for n, t in live.items() if n in joined.members}
+            round_seen = joined.round
+        lost = unreachable_of(targets)
+        if self.clock.observe(time.monotonic(), len(targets), len(lost)):
+            self.clock.reset()
+            self._maybe_step_out(targets, lost)
+        return round_seen, targets
+
+    def _maybe_step_out(self, targets: dict[str, Target], lost: set[str]) -> None:
+        """Confirm with etcd (peers gone from it do not count; a pending newer round settles it), then revoke
+        this node's lease."""
+        if self._newer_round():
+            return
+        live = set(live_targets(self._client, self._nodes, self._session.node_id))
+        peers, lost = set(targets) & live, lost & live
+        if not cut_off(len(peers), len(lost)):
+            return
+        session, lease = self._session, self._session.lease
+        if lease is None or session.joined is None:
+            return
+        window = self.clock.window_s
+        message = (
+            f"cannot reach {len(lost)} of {len(peers)} peers ({', '.join(sorted(lost))}) for {window:g}s while "
+            "etcd answers: leaving the run (revoking this node's lease); it rejoins once it reaches them"
+        )
+        log.warning("node %s %s", session.node_id, message)
+        session.events.emit("node", message, unreachable=sorted(lost), peers=len(peers), window_s=window)
+        self.stepped_out.set()
+        lease.revoke()
+
+    # -- before rejoining -----------------------------------------------------------------------------
+
+    def gate(self) -> None:
+        """Called before a node whose lease is gone registers again: after a step-out, wait until the cut-off
+        rule no longer holds against the run's other live nodes (at most join_timeout; then rejoin anyway,
+        with a warning). Returns at once for a lease lost any other way."""
+        if not self.stepped_out.is_set():
+            return
+        session = self._session
+        timeout = session.settings.join_timeout
+        t0 = time.monotonic()
+        next_log = t0 + GATE_LOG_EVERY_S
+        while not session.released:
+            try:
+                targets = live_targets(self._client, self._nodes, session.node_id)
+                lost = unreachable_of(targets)
+                if not cut_off(len(targets), len(lost)):
+                    waited = time.monotonic() - t0
+                    message = f"reaches {len(targets) - len(lost)} of {len(targets)} peers again after {waited:.1f}s: rejoining"
+                    log.warning("node %s %s", session.node_id, message)  # the end of the step-out
+                    session.events.emit("node", message, waited_s=round(waited, 3))
+                    break
+            except EtcdError as exc:
+                log.debug("peer probe gate: %s", exc)
+                lost = set()
+            now = time.monotonic()
+            if now - t0 > timeout:
+                log.warning(
+                    "node %s still cannot reach its peers after %.0fs (join_timeout): rejoining anyway",
+                    session.node_id, now - t0,
+                )  # fmt: skip
+                break
+            if now >= next_log:
+                next_log = now + GATE_LOG_EVERY_S
+                log.warning(
+                    "node %s waits to reach its peers before rejoining (unreachable: %s)",
+                    session.node_id, ", ".join(sorted(lost)) or "?",
+                )  # fmt: skip
+            time.sleep(self._interval_s)
+        self.stepped_out.clear()

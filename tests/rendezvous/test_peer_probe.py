@@ -1,0 +1,167 @@
+"""The peer probe (elastic_rm/rendezvous/peer_probe.py): the cut-off rule, real TCP probes, and three real
+handlers on a real etcd where one node's peers stop answering it (their checkpoint ports close): it steps
+out, the other two form a round without it, and it rejoins only once it reaches them again."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from elastic_rm.rendezvous.peer_probe import CutOffClock, cut_off, live_targets, unreachable_of
+from tests.rendezvous.test_handler import join_all, make, wait_for
+
+
+@pytest.mark.parametrize(
+    ("peers", "unreachable", "out"),
+    [(0, 0, False), (1, 1, False), (2, 1, False), (2, 2, True), (3, 1, False), (3, 2, True), (4, 2, False)],
+)
+def test_the_rule_is_more_than_half_of_at_least_two_peers(peers, unreachable, out):
+    assert cut_off(peers, unreachable) is out
+
+
+def test_the_clock_needs_the_rule_to_hold_without_a_break_for_the_window():
+    clock = CutOffClock(window_s=3.0)
+    assert not clock.observe(10.0, 3, 2)
+    assert not clock.observe(12.9, 3, 2)
+    assert not clock.observe(13.0, 3, 1)  # one good probe resets
+    assert not clock.observe(14.0, 3, 3)
+    assert not clock.observe(16.5, 3, 3)
+    assert clock.observe(17.0, 3, 3)
+    assert not clock.observe(100.0, 1, 1)  # a single peer never counts
+
+
+class Acceptor:
+    """A listening socket that accepts and closes connections (a checkpoint server, for the probe)."""
+
+    def __init__(self, port: int = 0) -> None:
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", port))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        self._thread.join(5)
+
+
+def test_probes_are_real_tcp_connects():
+    up = Acceptor()
+    down = Acceptor()
+    down.close()
+    try:
+        assert unreachable_of({"up": ("127.0.0.1", up.port), "down": ("127.0.0.1", down.port)}) == {"down"}
+        assert unreachable_of({}) == set()
+    finally:
+        up.close()
+
+
+@pytest.mark.parametrize("role", ["member", "leader"])
+def test_a_node_that_reaches_etcd_but_not_its_peers_steps_out_and_rejoins_once_it_reaches_them(
+    role, etcd, run_id
+):
+    """role: the node cut off is a plain member or the run's leader node (another node leads then)."""
+    servers = {name: Acceptor() for name in "abc"}
+    handlers = {name: make(etcd, run_id, 2, 3, node_id=name, peer_probe="1") for name in "abc"}
+    try:
+        for name, h in handlers.items():
+            h.services.set_checkpoint_endpoint(servers[name].port, "token")
+        infos = join_all(list(handlers.values()))
+        assert {i.world_size for i in infos.values()} == {3}
+        cut = next(n for n, h in handlers.items() if h.services.leading == (role == "leader"))
+        rest = sorted(set(handlers) - {cut})
+        for (
+            name
+        ) in rest:  # the cut node's peers stop answering it (and each other: one of two is no majority)
+            servers[name].close()
+        c = handlers[cut]
+        assert wait_for(lambda: c._session.lease_lost, timeout=20), f"{cut} did not step out"
+        assert not any(handlers[n]._session.lease_lost for n in rest)
+        rejoined = {}
+        t = threading.Thread(target=lambda: rejoined.update(info=c.next_rendezvous()))
+        t.start()  # it waits at the gate: it must not be readmitted while it cannot reach its peers
+        two = join_all([handlers[n] for n in rest])
+        assert {i.world_size for i in two.values()} == {2}
+        assert t.is_alive() and "info" not in rejoined
+        assert c.view.round is not None and sorted(c.view.round.members) == rest
+        for name in rest:  # the link heals
+            servers[name] = Acceptor(servers[name].port)
+        assert wait_for(lambda: handlers[rest[0]].num_nodes_waiting() > 0, timeout=20), f"no round with {cut}"
+        three = join_all([handlers[n] for n in rest])
+        t.join(30)
+        assert "info" in rejoined, f"{cut} did not rejoin after the heal"
+        assert {i.world_size for i in three.values()} == {3} and rejoined["info"].world_size == 3
+        assert sorted(c.view.round.members) == sorted([*rest, f"{cut}-r1"])
+    finally:
+        for h in handlers.values():
+            h.shutdown()
+        for s in servers.values():
+            s.close() if s.sock.fileno() != -1 else None
+
+
+def test_peers_gone_from_etcd_do_not_count_and_live_ones_do(etcd, run_id):
+    """The step-out's confirmation with etcd: unreachable peers whose records are gone (their leases ended:
+    the leader replaces them anyway) do not take the node out; live ones do."""
+    servers = {name: Acceptor() for name in "abc"}
+    handlers = {name: make(etcd, run_id, 3, 3, node_id=name, peer_probe="1000") for name in "abc"}
+    try:
+        for name, h in handlers.items():
+            h.services.set_checkpoint_endpoint(servers[name].port, "token")
+        join_all(list(handlers.values()))
+        c = handlers["c"]
+        targets = {n: ("127.0.0.1", servers[n].port) for n in "ab"}
+        c._probe._maybe_step_out(targets, {"a"})  # one of two: no majority
+        assert not c._session.lease_lost
+        handlers["b"].release()  # b's record goes with its lease: only a counts, and one peer never does
+        assert wait_for(lambda: "b" not in live_targets(c._client, c.settings.keys.nodes, "c"))
+        c._probe._newer_round = lambda: False  # as if the leader had not written the round without b yet
+        c._probe._maybe_step_out(targets, {"a", "b"})
+        assert not c._session.lease_lost
+    finally:
+        for h in handlers.values():
+            h.shutdown()
+        for s in servers.values():
+            s.close()
+
+
+def test_a_node_whose_live_peers_are_unreachable_steps_out(etcd, run_id):
+    servers = {name: Acceptor() for name in "abc"}
+    handlers = {name: make(etcd, run_id, 2, 3, node_id=name, peer_probe="1000") for name in "abc"}
+    try:
+        for name, h in handlers.items():
+            h.services.set_checkpoint_endpoint(servers[name].port, "token")
+        join_all(list(handlers.values()))
+        c = handlers["c"]
+        c._probe._maybe_step_out({n: ("127.0.0.1", servers[n].port) for n in "ab"}, {"a", "b"})
+        assert c._session.lease_lost and c._probe.stepped_out.is_set()
+        assert wait_for(lambda: handlers["a"].num_nodes_waiting() > 0)  # the others get a round without c
+    finally:
+        for h in handlers.values():
+            h.shutdown()
+        for s in servers.values():
+            s.close()
+
+
+def test_peer_probe_setting_is_validated(etcd, run_id):
+    with pytest.raises(ValueError, match="peer_probe"):
+        make(etcd, run_id, 1, 1, peer_probe="soon")
+    with pytest.raises(ValueError, match="peer_probe"):
+        make(etcd, run_id, 1, 1, peer_probe="-1")
+    h = make(etcd, run_id, 1, 1, peer_probe="0")  # 0: off
+    try:
+        assert h._probe is None and h._session.rejoin_gate is None
+    finally:
+        h.shutdown()
