@@ -15,6 +15,7 @@ until that rule no longer holds against the run's other live nodes.
 from __future__ import annotations
 
 import logging
+import random
 import socket
 import threading
 import time
@@ -32,6 +33,9 @@ log = logging.getLogger(__name__)
 PROBE_INTERVAL_S = 0.5
 CONNECT_TIMEOUT_S = 0.5
 GATE_LOG_EVERY_S = 10.0
+# Peers probed per node: all of them up to this many, else a random sample of this size (drawn per round),
+# so that a large job costs each node a constant number of connects, and no peer gets N of them.
+MAX_PROBED_PEERS = 8
 
 Target = tuple[str, int]  # (addr, checkpoint server port)
 
@@ -79,6 +83,14 @@ def unreachable_of(targets: dict[str, Target], timeout_s: float = CONNECT_TIMEOU
     with ThreadPoolExecutor(max_workers=min(16, len(names)), thread_name_prefix="erm-probe") as pool:
         ok = list(pool.map(lambda n: reachable(targets[n], timeout_s), names))
     return {n for n, good in zip(names, ok, strict=True) if not good}
+
+
+def probe_sample(targets: dict[str, Target], k: int = MAX_PROBED_PEERS) -> dict[str, Target]:
+    """``targets`` when it has at most ``k`` nodes, else ``k`` of them at random: the majority rule holds
+    on a sample as well (a node cut off from all its peers fails every probe)."""
+    if len(targets) <= k:
+        return targets
+    return {n: targets[n] for n in random.sample(sorted(targets), k)}
 
 
 def live_targets(client: EtcdClient, nodes_prefix: str, exclude: str) -> dict[str, Target]:
@@ -143,7 +155,7 @@ class PeerProbe:
         if joined.round != round_seen:
             self.clock.reset()
             live = live_targets(self._client, self._nodes, session.node_id)
-            targets = {n: t for n, t in live.items() if n in joined.members}
+            targets = probe_sample({n: t for n, t in live.items() if n in joined.members})
             round_seen = joined.round
         lost = unreachable_of(targets)
         if self.clock.observe(time.monotonic(), len(targets), len(lost)):
@@ -187,7 +199,7 @@ class PeerProbe:
         next_log = t0 + GATE_LOG_EVERY_S
         while not session.released:
             try:
-                targets = live_targets(self._client, self._nodes, session.node_id)
+                targets = probe_sample(live_targets(self._client, self._nodes, session.node_id))
                 lost = unreachable_of(targets)
                 if not cut_off(len(targets), len(lost)):
                     waited = time.monotonic() - t0

@@ -165,3 +165,13 @@ def test_peer_probe_setting_is_validated(etcd, run_id):
         assert h._probe is None and h._session.rejoin_gate is None
     finally:
         h.shutdown()
+
+
+def test_a_large_round_is_probed_through_a_bounded_sample() -> None:
+    from elastic_rm.rendezvous.peer_probe import MAX_PROBED_PEERS, probe_sample
+
+    few = {f"n{i}": ("127.0.0.1", 1000 + i) for i in range(MAX_PROBED_PEERS)}
+    assert probe_sample(few) == few
+    many = {f"n{i}": ("127.0.0.1", 1000 + i) for i in range(1000)}
+    picked = probe_sample(many)
+    assert len(picked) == MAX_PROBED_PEERS and all(many[n] == t for n, t in picked.items())
