@@ -197,10 +197,13 @@ class RoundLeader:
             return
         before = o["before"]
         measured = throughput / before - 1 if before else None
+        predicted = r.predicted_gain
+        error = predicted - measured if predicted is not None and measured is not None else None
         outcome = {
             "v": 1, "round": r.round, "reason": r.reason, "world": len(r.members),
             "throughput_before": before, "throughput_after": throughput,
-            "measured_gain": measured, "predicted_gain": r.predicted_gain, "time": time.time(),
+            "measured_gain": measured, "predicted_gain": predicted, "prediction_error": error,
+            "time": time.time(),
         }  # fmt: skip
         assert self._election is not None
         self._client.txn(
@@ -210,7 +213,8 @@ class RoundLeader:
         fmt = lambda g: "-" if g is None else f"{g:+.0%}"  # noqa: E731
         self._emit(
             "outcome",
-            f"round {r.round}: {throughput:,.0f} samples/s, measured {fmt(measured)}, predicted {fmt(r.predicted_gain)}",
+            f"round {r.round}: {throughput:,.0f} samples/s, measured {fmt(measured)}, predicted {fmt(predicted)}"
+            f", error {fmt(error)}",
             **{k: v for k, v in outcome.items() if k != "v"},
         )
 

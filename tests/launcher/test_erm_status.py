@@ -124,7 +124,7 @@ def test_status_json_matches_etcd_and_explains_decisions(job):
     assert last["predicted_gain"] is None  # the membership policy predicts nothing
     assert last["compared_to_round"] < last["round"] and last["throughput_before"] > 0
     assert last["measured_gain"] == pytest.approx(last["throughput_after"] / last["throughput_before"] - 1)
-    assert "leader does not record it" in s["measured_how"]
+    assert "outcome record" in s["measured_how"] and last["prediction_error"] is None  # nothing predicted
     assert {"decision", "round"} <= {e["kind"] for e in s["events"]}
 
 
