@@ -46,7 +46,18 @@ class PlannerPolicy:
     def decide(self, snapshot: ClusterSnapshot) -> Answer:
         """RoundPolicy: same as :meth:`step`, keeping the state in this object."""
         answer, self.state = self.step(snapshot, self.state)
+        self._job = snapshot.job
         return answer
+
+    def model_coef(self) -> tuple[float, ...]:
+        """The model's coefficients fitted on this run's measurements so far (() before any): the leader
+        records them so that the run's history record carries them to the next run's warm start."""
+        try:
+            job = parse_job(getattr(self, "_job", {})) if getattr(self, "_job", {}).get("tables") else None
+        except JobSpecError:
+            return ()
+        f = self._fit(self.state, job) if job is not None else None
+        return tuple(f.coef) if f is not None else ()
 
     def wanted_nodes(self) -> tuple[int, str] | None:
         """The node count the planner advises (for executors that can add or release nodes), or None."""

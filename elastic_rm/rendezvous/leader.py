@@ -203,7 +203,7 @@ class RoundLeader:
             "v": 1, "round": r.round, "reason": r.reason, "world": len(r.members),
             "throughput_before": before, "throughput_after": throughput,
             "measured_gain": measured, "predicted_gain": predicted, "prediction_error": error,
-            "time": time.time(),
+            "time": time.time(), "coef": list(getattr(self._policy, "model_coef", tuple)()),
         }  # fmt: skip
         assert self._election is not None
         self._client.txn(
@@ -251,15 +251,18 @@ class RoundLeader:
                     nproc=e.record.nproc,
                     cpu_count=e.record.cpu_count,
                     mem_total_bytes=e.record.mem_total_bytes,
-                    gpu_count=e.record.gpu_count,
+                    gpu_count=e.record.gpu_count or _gpus_in(view.metrics.get(node_id)),
                     metrics=view.metrics.get(node_id),
                 )
                 for node_id, e in sorted(view.nodes.items(), key=lambda item: item[1].arrival)
             )
             r = view.round
-        current = None if r is None else RoundView(r.round, r.members, r.standby, 0.0, r.reason)
+        now = time.monotonic()
+        # the record's unix time on the policy's clock (monotonic): the cooldown counts from the decision
+        decided = now - max(time.time() - r.time, 0.0) if r is not None and r.time > 0 else 0.0
+        current = None if r is None else RoundView(r.round, r.members, r.standby, decided, r.reason)
         return ClusterSnapshot(
-            now=time.monotonic(),
+            now=now,
             min_nodes=self._min,
             max_nodes=self._max,
             last_call_timeout=self._last_call,
@@ -365,3 +368,8 @@ class RoundLeader:
             )
             if r.round > 2:  # the agents' stores of rounds before the previous one are done with
                 self._client.delete(self._view.keys.store(r.round - 2), prefix=True)
+
+
+def _gpus_in(metrics) -> int:
+    """GPUs in a node's published metrics, for records of agents older than the record's gpu_count."""
+    return len(metrics.gpu_util) if metrics is not None else 0
