@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import csv
 import os
-import statistics
 import sys
 from dataclasses import replace
 
