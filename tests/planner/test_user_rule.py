@@ -112,3 +112,32 @@ def test_the_job_never_stays_below_the_user(request, comm, fixed):
     assert final >= request or tp(final) >= (1 - EPS) * tp(request), f"ends below the user: {sizes}"
     for i in range(2, len(sizes)):  # A -> B -> A -> B is a loop
         assert not (i >= 3 and sizes[i] == sizes[i - 2] and sizes[i - 1] == sizes[i - 3]), f"loop: {sizes}"
+
+
+def test_a_scale_up_that_lost_is_taken_back_once_and_never_tried_again():
+    """The demo on 2 cores: a third node makes every step slower. The planner may try it once (its prior
+    predicts a gain), measures the loss, takes the node back within a window, and never scales up again
+    however long the job runs (the measured size is remembered past any sample window)."""
+    cfg = PlannerConfig(
+        sample_interval_s=1, profile_window_s=6, min_profile_samples=2, cooldown_s=6, round_warmup_s=0
+    )
+    job = {**JOB, "request": {**JOB["request"], "nodes": 2}}
+
+    def step_of(w: int) -> float:  # 2 cores shared: a third worker adds contention, not compute
+        return {1: 0.20, 2: 0.12, 3: 0.16}[w]
+
+    pool = ["a", "b", "c"]
+    members, number, decided_at = ["a", "b"], 0, 0.0
+    p, state = PlannerPolicy(cfg), PlannerState()
+    sizes = []
+    for i in range(400):  # 400 s, far beyond the 64-sample window that used to forget world 3
+        now = 1.0 * (i + 1)
+        waiting = [n for n in pool if n not in members]
+        snap = _snapshot(now, members, waiting, number, step_of, job, decided_at)
+        answer, state = p.step(snap, state)
+        if isinstance(answer, Decision) and answer.members:
+            members, number, decided_at = list(answer.members), number + 1, now
+            sizes.append((now, len(members)))
+    assert [w for _, w in sizes] in ([], [3, 2]), sizes
+    if sizes:
+        assert sizes[1][0] - sizes[0][0] <= 30, "taken back within one profiling window and cooldown"
