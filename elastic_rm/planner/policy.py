@@ -250,6 +250,8 @@ class PlannerPolicy:
         window, need = (cfg.profile_window_s, cfg.min_profile_samples) if cfg.profiling else (0.0, 1)
         start = state.start
         want = min(start.world, snapshot.max_nodes) if isinstance(start, StartPlan) else 0
+        if state.advice.target_nodes > 0:  # never past what stage 2 has since chosen (standby nodes wait)
+            want = min(want, state.advice.target_nodes)
         if len(members) < want and healthy:  # started short of the start size (a full cluster): catch up
             new = list(members) + healthy[: want - len(members)]  # as nodes come, no profiling needed
             state = replace(state, last_round_at=snapshot.now)

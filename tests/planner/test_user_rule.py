@@ -141,3 +141,30 @@ def test_a_scale_up_that_lost_is_taken_back_once_and_never_tried_again():
     assert [w for _, w in sizes] in ([], [3, 2]), sizes
     if sizes:
         assert sizes[1][0] - sizes[0][0] <= 30, "taken back within one profiling window and cooldown"
+
+
+def test_waiting_nodes_do_not_undo_a_measured_scale_down():
+    """Communication-bound and over-requested: fewer nodes are faster. Once stage 2 scaled down, the
+    standby nodes still waiting never bring the job back up to the request."""
+    cfg = PlannerConfig(
+        sample_interval_s=10, profile_window_s=30, min_profile_samples=2, cooldown_s=60, round_warmup_s=0
+    )
+    job = {**JOB, "bandwidth": 2e8, "request": {**JOB["request"], "nodes": 6}}
+    shape = shape_of(parse_job(job))
+
+    def step_of(w: int) -> float:  # the model's own form at wire speed: the prior is right
+        return Fit((2e-6, 1.0, 1.0, 0.005), float("nan"), 0.0, 1, (6,)).step_s(shape, w, 1.0)
+
+    pool = [f"n{i}" for i in range(8)]
+    members, number, decided_at = pool[:6], 0, 0.0
+    p, state = PlannerPolicy(cfg), PlannerState()
+    sizes = []
+    for i in range(200):
+        now = 10.0 * (i + 1)
+        waiting = [n for n in pool if n not in members]
+        answer, state = p.step(_snapshot(now, members, waiting, number, step_of, job, decided_at), state)
+        if isinstance(answer, Decision) and answer.members:
+            members, number, decided_at = list(answer.members), number + 1, now
+            sizes.append(len(members))
+    assert sizes and sizes[0] < 6, sizes  # it did scale down (fewer nodes are faster here)
+    assert sizes == sorted(sizes, reverse=True), f"went back up: {sizes}"
