@@ -1,8 +1,11 @@
-"""`python -m benchmarks.planner`: the three policies on one generated trace, the table, ratios, JSON.
+"""`python -m benchmarks.planner`: the planner against static and Optimus-style on the generator's trace
+and on every trace family (elastic_rm.planner.sim.families), in one run; tables, targets, JSON.
 
-Targets (issue 4, from the paper's headline): mean JCT >= 31% below static and below Optimus-style; CPU
-utilisation >= +15 points and memory utilisation >= +20 points over static; completion rate not below
-static. The table reports what was measured; the target lines say met or NOT met.
+Targets (issue 4, from the paper's headline, on the generator at load 0.85): mean JCT >= 31% below static
+and below Optimus-style; CPU utilisation >= +15 points and memory utilisation >= +20 points over static;
+completion rate not below static. On every family (issue 15): mean and median JCT at or below
+Optimus-style's and static's (right-sized users: within +3% of static), completion at or above static.
+The table reports what was measured; the target lines say met or NOT met.
 """
 
 from __future__ import annotations
@@ -13,11 +16,17 @@ import sys
 import time
 
 from benchmarks.common import write_result
+from benchmarks.planner.evidence import slower_jobs
 from elastic_rm.planner.sim.cluster import ClusterSpec
 from elastic_rm.planner.sim.engine import Instability
+from elastic_rm.planner.sim.families import FAMILIES
 from elastic_rm.planner.sim.report import write_json
 from elastic_rm.planner.sim.runner import payload, run_policies, table
 from elastic_rm.planner.sim.tracegen import generate
+
+
+def _change(a: float, b: float) -> float:
+    return a / b - 1
 
 
 def targets(s: dict) -> list[tuple[str, bool, str]]:
@@ -48,6 +57,50 @@ def targets(s: dict) -> list[tuple[str, bool, str]]:
     ]
 
 
+def family_targets(name: str, s: dict) -> list[tuple[str, bool, str]]:
+    """Issue 15's targets on one family: never worse than static (right-sized: within +3%) nor Optimus."""
+    st, op, us = s["static"], s["optimus"], s["ours"]
+    slack = 0.03 if name == "right-sized" else 0.0
+    out = []
+    for key, label in (("mean_jct_s", "mean JCT"), ("median_jct_s", "median JCT")):
+        vs_st, vs_op = _change(us[key], st[key]), _change(us[key], op[key])
+        out.append((f"{label} <= static" + (" +3%" if slack else ""), vs_st <= slack, f"{vs_st:+.1%}"))
+        out.append((f"{label} <= Optimus-style", vs_op <= 0, f"{vs_op:+.1%}"))
+    pts = (us["completion_rate"] - st["completion_rate"]) * 100
+    out.append(("completion >= static", pts >= 0, f"{pts:+.1f} pt"))
+    return out
+
+
+KEEP = ("mean_jct_s", "median_jct_s", "mean_run_s", "mean_queue_s", "completion_rate", "cpu_util", "mem_util")
+KEEP += ("gpu_util", "rounds_per_job", "mean_jct_common_s", "median_jct_common_s", "common_jobs")
+
+
+def run_family(name: str, n: int, seed: int, spec: ClusterSpec, inst: Instability) -> dict:
+    jobs = generate(n, seed, spec, family=name)
+    result = run_policies(jobs, spec, seed, ("static", "optimus", "ours"), inst)
+    s = result["summary"]
+    checks = family_targets(name, s)
+    print(f"\n== family {name}: {FAMILIES[name].about} ({n} jobs, seed {seed})")
+    print(table(s))
+    for label, ok, value in checks:
+        print(f"  {'met    ' if ok else 'NOT met'}  {label:<32} {value}")
+    ev = slower_jobs(result["runs"])
+    print(
+        f"  slower than static: {ev['jobs_slower']} of {ev['jobs_compared']} jobs; by cause (jobs, hours later):"
+    )
+    for cause, v in sorted(ev["by_cause"].items(), key=lambda kv: -kv[1]["hours"]):
+        print(f"    {cause:<40} {v['jobs']:>4} {v['hours']:>8.1f}")
+    return {
+        "about": FAMILIES[name].about,
+        "jobs": n,
+        "seed": seed,
+        "policies": {p: {k: v[k] for k in KEEP if k in v} for p, v in s.items()},
+        "targets": {label: {"met": ok, "value": value} for label, ok, value in checks},
+        "slower_than_static": ev,
+        "wall_seconds": result["seconds"],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.planner", description=__doc__.splitlines()[0])
     p.add_argument("--jobs", type=int, default=1000)
@@ -55,8 +108,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--machines", type=int, default=48)
     p.add_argument("--load", type=float, default=0.85)
     p.add_argument("--ablation", action="store_true", help="also run ours-fixed-size (no per-node resizing)")
+    p.add_argument(
+        "--families", default=",".join(FAMILIES), help="trace families to run (comma-separated; '' for none)"
+    )
+    p.add_argument("--family-jobs", type=int, default=400)
+    p.add_argument("--family-seed", type=int, default=3)
     p.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/planner.json)")
-    a = p.parse_args(argv)
+    a = p.parse_args(argv)  # fmt: skip
+    load_before = os.getloadavg()
     spec, inst = ClusterSpec(machines=a.machines), Instability()
     t0 = time.perf_counter()
     jobs = generate(a.jobs, a.seed, spec, a.load)
@@ -75,6 +134,15 @@ def main(argv: list[str] | None = None) -> int:
         result, spec, inst, a.seed, f"generated(n={a.jobs}, seed={a.seed}, load={a.load})", len(jobs)
     )
     data["targets"] = {name: {"met": ok, "value": value} for name, ok, value in checks}
+    names = [f for f in a.families.split(",") if f]
+    unknown = [f for f in names if f not in FAMILIES]
+    if unknown:
+        p.error(f"unknown family {unknown[0]!r}; known: {', '.join(FAMILIES)}")
+    data["families"] = {f: run_family(f, a.family_jobs, a.family_seed, spec, inst) for f in names}
+    missed = [(f, t) for f, v in data["families"].items() for t, r in v["targets"].items() if not r["met"]]
+    data["family_targets_missed"] = [f"{f}: {t}" for f, t in missed]
+    data["load_avg"] = {"before": load_before, "after": os.getloadavg()}
+    print(f"\nfamily targets missed: {len(missed)}" + "".join(f"\n  {f}: {t}" for f, t in missed))
     if a.out:
         os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
         write_json(a.out, data)

@@ -121,6 +121,8 @@ class ElasticRMAgent(LocalElasticAgent):
         # peers fetch and replicate flash checkpoints through it; published in this node's record
         self.ckpt_server = ckpt_hooks.start_for_agent(services, self._handler.get_run_id())
         self.monitor = ResourceMonitor(interval_s=self.options.sample_interval_s)
+        if services is not None:  # the node record carries the GPUs (the planner's capacity)
+            services.set_hardware(*self.monitor.gpu_inventory())
         self.channel = AgentChannel(window_s=STEP_WINDOW_S)
         self.in_place = InPlaceRounds(self.channel, self.events)  # workers that keep their processes
         self.restores = RestoreTracker(self.channel, self.events)  # "restore" events from the workers

@@ -81,6 +81,11 @@ class NoGpuProbe:
     def sample(self) -> list[GpuSample]:
         return []
 
+    device_count = 0
+
+    def model(self) -> str:
+        return ""
+
     def close(self) -> None:
         return None
 
@@ -119,6 +124,16 @@ class NvmlProbe:
     @property
     def device_count(self) -> int:
         return len(self._handles)
+
+    def model(self) -> str:
+        """The first GPU's product name ("" when NVML does not say); the node record carries it."""
+        if not self._handles:
+            return ""
+        try:
+            name = self._nvml.nvmlDeviceGetName(self._handles[0][1])
+        except Exception:
+            return ""
+        return name.decode(errors="replace") if isinstance(name, bytes) else str(name)
 
     def sample(self) -> list[GpuSample]:
         out: list[GpuSample] = []

@@ -248,6 +248,15 @@ class ResourceMonitor:
         with self._lock:
             return self._samples[-1] if self._samples else None
 
+    def gpu_inventory(self) -> tuple[int, str]:
+        """(GPU count, model) of this node as its probe sees them, for the node record (planner capacity)."""
+        probe = self._gpu
+        if probe is None:
+            return 0, ""
+        count = int(getattr(probe, "device_count", 0) or 0)
+        model = probe.model() if count and hasattr(probe, "model") else ""
+        return count, model
+
     def summary(self) -> ResourceSummary | None:
         """Mean/max/last over the window; None until a CPU utilisation is known (two samples)."""
         with self._lock:

@@ -328,3 +328,18 @@ def follow_etcd(
                 on_error(str(exc))
 
     return client.watch_prefix(keys.events, start_revision, handle, lambda exc: on_error(str(exc)))
+
+
+EVENT_IDS_BYTES = 6000  # node ids listed in one event at most (an event is at most 16 KiB)
+
+
+def ids_for_event(**lists: tuple[str, ...]) -> dict:
+    """Node id lists for an event: each list as is while it is small, else only its length
+    (``members_count``): a round of 1,000 members would not fit an event. ``world`` is always there."""
+    out: dict = {"world": len(lists.get("members", ()))}
+    for name, ids in lists.items():
+        if sum(len(i) + 3 for i in ids) <= EVENT_IDS_BYTES:
+            out[name] = ids
+        else:
+            out[f"{name}_count"] = len(ids)
+    return out

@@ -19,7 +19,7 @@ from ..wire.keyspace import Keyspace
 from ..wire.records import RoundRecord, effective_rounds
 from .events import Event, EventError, merge, read_etcd, read_file
 from .restores import round_restores, with_restores
-from .status import MEASURED_HOW, decision_rows, round_throughput
+from .status import MEASURED_HOW, decision_rows, outcomes_from_kvs
 
 
 @dataclass
@@ -37,6 +37,7 @@ def load_run(
     errors: list[str] = []
     streams: list[list[Event]] = []
     records: dict[int, RoundRecord] = {}
+    outcomes: dict[int, dict[str, Any]] = {}
     if client is not None:
         keys = Keyspace(prefix, run_id)
         from_etcd, bad, _ = read_etcd(client, keys)
@@ -44,6 +45,7 @@ def load_run(
         errors += bad
         kvs, _ = client.get_prefix(keys.rounds)
         records.update((r.round, r) for r in effective_rounds(kvs, errors))
+        outcomes.update(outcomes_from_kvs(kvs, errors))
     for path in files:
         mine = []
         for item in read_file(path):
@@ -67,9 +69,12 @@ def load_run(
                 )
             except (TypeError, ValueError) as exc:
                 errors.append(f"decision event at {e.time}: {exc}")
-    throughput = round_throughput(e for e in events if e.kind == "sample")
+    for e in events:  # the leader's outcome event carries the same record (files, or a compacted etcd)
+        r = e.data.get("round")
+        if e.kind == "outcome" and isinstance(r, int) and r not in outcomes:
+            outcomes[r] = dict(e.data)
     decisions = with_restores(
-        decision_rows([records[n] for n in sorted(records)], throughput), round_restores(events)
+        decision_rows([records[n] for n in sorted(records)], outcomes), round_restores(events)
     )
     return RunData(run_id, events, decisions, errors)
 
@@ -84,6 +89,24 @@ def _restore_cell(d: dict[str, Any]) -> str:
     down = "-" if d.get("downtime_s") is None else f"{d['downtime_s']:.2f} s"
     again = "-" if d.get("redone_steps") is None else str(d["redone_steps"])
     return f"step {d['restored_step']}, {down}, {again}"
+
+
+ERROR_BINS = (-1.0, -0.5, -0.25, -0.1, 0.1, 0.25, 0.5, 1.0)  # predicted - measured gain
+
+
+def error_histogram(decisions: list[dict[str, Any]]) -> list[tuple[str, int]]:
+    """Counts of decisions by prediction error (predicted - measured gain), in bins of ERROR_BINS; the
+    first and last bins are open. Decisions without a measured outcome are not counted."""
+    errs = [d["prediction_error"] for d in decisions if d.get("prediction_error") is not None]
+    edges = ERROR_BINS
+    labels = [f"< {edges[0]:+.0%}"] + [
+        f"{a:+.0%} .. {b:+.0%}" for a, b in zip(edges[:-1], edges[1:], strict=True)
+    ]
+    labels.append(f">= {edges[-1]:+.0%}")
+    counts = [0] * len(labels)
+    for e in errs:
+        counts[sum(e >= x for x in edges)] += 1
+    return list(zip(labels, counts, strict=True))
 
 
 def write_report(run: RunData, out_dir: str) -> tuple[str, str, list[str]]:
@@ -110,8 +133,12 @@ def write_report(run: RunData, out_dir: str) -> tuple[str, str, list[str]]:
             f"<tr><td>{d['round']}</td><td>{esc(when)}</td><td>{len(d['members'])}</td>"
             f"<td>{esc(', '.join(d['members']))}</td><td>{esc(d['reason'] or '-')}</td>"
             f"<td>{_pct(d.get('predicted_gain'))}</td><td>{measured}</td>"
-            f"<td>{_restore_cell(d)}</td></tr>"
+            f"<td>{_pct(d.get('prediction_error'))}</td><td>{_restore_cell(d)}</td></tr>"
         )
+    hist = error_histogram(run.decisions)
+    hist_rows = "".join(
+        f"<tr><td>{esc(label)}</td><td>{n}</td><td>{'&#9608;' * n}</td></tr>" for label, n in hist
+    )
     event_rows = [
         f"<tr><td>{esc(time.strftime('%H:%M:%S', time.localtime(e.time)))}</td><td>{esc(e.node)}</td>"
         f"<td>{esc(e.kind)}</td><td>{esc(e.message)}</td></tr>"
@@ -130,9 +157,11 @@ samples from {len({e.node for e in run.events if e.kind == "sample"})} node(s).<
 <img alt="timeline of run {esc(run.run_id)}" src="data:image/png;base64,{image}">
 <h2>Decisions</h2>
 <table><tr><th>round</th><th>time</th><th>world</th><th>members</th><th>reason</th><th>predicted gain</th>
-<th>measured gain</th><th>restore: step, downtime, steps trained again</th></tr>
+<th>measured gain</th><th>prediction error</th><th>restore: step, downtime, steps trained again</th></tr>
 {"".join(rows)}</table>
 <p class="note">{esc(MEASURED_HOW)}.</p>
+<h2>Prediction error (predicted - measured gain)</h2>
+<table><tr><th>error</th><th>decisions</th><th></th></tr>{hist_rows}</table>
 <h2>Events</h2>
 <table><tr><th>time</th><th>node</th><th>kind</th><th>message</th></tr>
 {"".join(event_rows)}</table>

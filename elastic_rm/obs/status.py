@@ -2,8 +2,9 @@
 times, leader, decisions with predicted and measured gain, recent events. Read-only; a malformed record or
 event is reported in ``errors`` and the rest is still shown.
 
-The measured gain of a decision is not recorded by the leader: it is computed here from the agents'
-"sample" events (elastic_rm.obs.events), see :func:`round_throughput`.
+The measured gain of a decision has one definition: the leader's ``rounds/<n>/outcome`` record (the
+job's samples/s once the round ran a full step window, over the samples/s before the decision), read here
+as written; `erm report` and `erm demo` read the same record.
 """
 
 from __future__ import annotations
@@ -21,9 +22,8 @@ from .restores import round_restores, with_restores
 
 RECENT_EVENTS = 8
 MEASURED_HOW = (
-    "measured = samples/s of the round after the decision over the round before, from the agents' "
-    "'sample' events (per node the median of the later half of its samples in the round, summed over "
-    "nodes); the leader does not record it"
+    "measured = the leader's outcome record of the round: the job's samples/s once the round ran a full "
+    "step window over the samples/s before the decision; error = predicted - measured"
 )
 
 
@@ -54,35 +54,59 @@ def round_throughput(samples: Iterable[Event]) -> dict[int, float]:
     return {r: sum(statistics.median(v[len(v) // 2 :]) for v in nodes.values()) for r, nodes in per.items()}
 
 
-def measured_gain(number: int, throughput: dict[int, float]) -> dict[str, Any]:
-    """Throughput of round ``number`` against the latest earlier round with one, as a relative change."""
-    after = throughput.get(number)
-    earlier = [r for r in throughput if r < number]
-    before_round = max(earlier) if earlier else None
-    before = throughput.get(before_round) if before_round is not None else None
-    gain = after / before - 1 if after is not None and before else None
-    return {
-        "measured_gain": gain,
-        "throughput_after": after,
-        "throughput_before": before,
-        "compared_to_round": before_round,
-    }
+def outcomes_from_kvs(kvs: Iterable[KeyValue], errors: list[str]) -> dict[int, dict[str, Any]]:
+    """Round -> the leader's outcome record (``rounds/<n>/outcome``) among ``kvs``; malformed ones are
+    reported in ``errors`` and left out."""
+    import json
+
+    out: dict[int, dict[str, Any]] = {}
+    for kv in kvs:
+        if "/rounds/" in kv.key and kv.key.endswith("/outcome"):
+            try:
+                d = json.loads(kv.value)
+            except (ValueError, RecursionError):
+                errors.append(f"etcd key {kv.key}: not JSON")
+                continue
+            if isinstance(d, dict) and isinstance(d.get("round"), int):
+                out[d["round"]] = d
+            else:
+                errors.append(f"etcd key {kv.key}: expected an object with an integer 'round'")
+    return out
 
 
-def decision_rows(records: Iterable[RoundRecord], throughput: dict[int, float]) -> list[dict[str, Any]]:
-    return [
-        {
-            "round": r.round,
-            "members": list(r.members),
-            "standby": list(r.standby),
-            "reason": r.reason,
-            "predicted_gain": r.predicted_gain,
-            "confidence": r.confidence,
-            "time": r.time,
-            **measured_gain(r.round, throughput),
-        }
-        for r in records
-    ]
+def prediction_error(outcome: dict[str, Any]) -> float | None:
+    """Predicted minus measured gain (None when either is missing); older records lack the field."""
+    err = outcome.get("prediction_error")
+    if isinstance(err, (int, float)):
+        return float(err)
+    p, m = outcome.get("predicted_gain"), outcome.get("measured_gain")
+    return p - m if isinstance(p, (int, float)) and isinstance(m, (int, float)) else None
+
+
+def decision_rows(
+    records: Iterable[RoundRecord], outcomes: dict[int, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    rows, previous = [], None
+    for r in records:
+        o = outcomes.get(r.round, {})
+        rows.append(
+            {
+                "round": r.round,
+                "members": list(r.members),
+                "standby": list(r.standby),
+                "reason": r.reason,
+                "predicted_gain": r.predicted_gain,
+                "confidence": r.confidence,
+                "time": r.time,
+                "measured_gain": o.get("measured_gain"),
+                "throughput_after": o.get("throughput_after"),
+                "throughput_before": o.get("throughput_before"),
+                "compared_to_round": previous if o else None,
+                "prediction_error": prediction_error(o) if o else None,
+            }
+        )
+        previous = r.round
+    return rows
 
 
 def parse_events(keys: Keyspace, kvs: Iterable[KeyValue], errors: list[str]) -> list[Event]:
@@ -148,7 +172,7 @@ def status_from_kvs(keys: Keyspace, kvs: list[KeyValue], revision: int, decision
             errors.append(str(exc))
     records = effective_rounds([kv for kv in kvs if kv.key.startswith(keys.rounds)], errors)
     events = parse_events(keys, kvs, errors)
-    throughput = round_throughput(e for e in events if e.kind == "sample")
+    outcomes = outcomes_from_kvs(kvs, errors)
     members = list(current.members) if current else []
     leader = by_key[keys.leader].value.decode(errors="replace") if keys.leader in by_key else None
     rates = [nodes.get(n, {}).get("samples_per_s") for n in members]
@@ -167,7 +191,7 @@ def status_from_kvs(keys: Keyspace, kvs: list[KeyValue], revision: int, decision
         else None,
         "data": data,  # the sample ledger as of the newest checkpoint (None: no ledger mirrored)
         # with each round's restore: downtime and steps trained again (the agents' "restore" events)
-        "decisions": with_restores(decision_rows(records[-decisions:], throughput), round_restores(events)),
+        "decisions": with_restores(decision_rows(records, outcomes)[-decisions:], round_restores(events)),
         "measured_how": MEASURED_HOW,
         "events": [
             {"time": e.time, "node": e.node, "kind": e.kind, "message": e.message}

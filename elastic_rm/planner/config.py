@@ -26,6 +26,8 @@ class PlannerConfig:
     max_step: int = 8  # at most this many nodes added or removed in one round (DLRover: 4-8)
     gain_horizon_s: float = 1800.0  # a change must repay its round cost within this horizon
     round_cost_s: float = 60.0  # expected pause of one round (flash checkpoint, restart, reshard)
+    user_loss_max: float = 0.03  # ours: below the user's requested node count, keep >= 97% of the
+    # throughput predicted (and then measured) at the request ("never worse than the user", docs/planner.md)
     # --- stage 3: runtime ---
     cooldown_s: float = 300.0  # between planner rounds (DLRover plan interval: 300 s); losses bypass it
     straggler_k: float = 1.5  # a node is slow when its busy time > k x the members' median

@@ -127,6 +127,7 @@ class StartPlan:
     reason: str
     confidence: float
     from_history: int  # records used
+    warm: bool = False  # the size came from finished runs (else the request, or MAX)
 
 
 def warm_start(
@@ -140,6 +141,17 @@ def warm_start(
     if not good:
         return _cold_start(job, mine, lo, hi, cfg)
     world = min(max(round(major_cluster_mean([r.world_size for r in good])), lo), hi)
+    coefs = [r.coef for r in good if len(r.coef) == 4]
+    coef = tuple(major_cluster_mean([c[i] for c in coefs]) for i in range(4)) if coefs else ()
+    req = job.request.nodes if job.request else 0
+    if coef and lo <= world < req <= hi:  # past runs ended smaller (a full cluster, failures): the user's
+        # rule on the model of those runs decides whether the request's nodes are needed
+        from .perf_model import Fit
+        from .scaling import user_floor
+
+        cap = major_cluster_mean([r.capacity for r in good])
+        model = Fit(coef, float("nan"), 0.0, 0, ())
+        world = max(world, user_floor(model, job, cap, req, lo, cfg.user_loss_max, [])[0])
     est_to = estimate_node_memory(job, world, cfg.cold_overhead_bytes)
     mem = 0.0
     for r in mine:  # failed and OOM runs count too: their peak is a floor of the need
@@ -152,8 +164,6 @@ def warm_start(
     mem_budget = mem * (1 + cfg.mem_margin) + growth * cfg.mem_growth_horizon_s
     cpu = major_cluster_mean([r.cpu_per_node_used for r in good])
     cpu_budget = cpu * (1 + cfg.cpu_margin_frac) + cfg.cpu_margin_cores if cpu > 0 else 0.0
-    coefs = [r.coef for r in good if len(r.coef) == 4]
-    coef = tuple(major_cluster_mean([c[i] for c in coefs]) for i in range(4)) if coefs else ()
     tps = [r.throughput / max(r.world_size, 1) for r in good]
     spread = (max(tps) - min(tps)) / max(major_cluster_mean(tps), 1e-9) if len(tps) > 1 else 0.5
     conf = min(0.95, (1 - 1 / (1 + len(good))) * max(0.2, 1 - spread))
@@ -165,6 +175,7 @@ def warm_start(
         reason=f"warm start from {len(good)} finished run(s) of {sig}",
         confidence=conf,
         from_history=len(mine),
+        warm=True,
     )
 
 
@@ -175,6 +186,8 @@ def _cold_start(job: JobSpec, failed: list[HistoryRecord], lo: int, hi: int, cfg
     want = cfg.cold_start_nodes or (req.nodes if req else hi)
     world = min(max(want, lo), hi)
     est = estimate_node_memory(job, world, cfg.cold_overhead_bytes).total * (1 + cfg.cold_mem_margin)
+    if req and req.mem_per_node_bytes > est and world == req.nodes:  # never less than the user asked
+        est = float(req.mem_per_node_bytes)  # before anything was observed (resized once measured)
     for r in failed:
         if r.status == "oom":
             est = max(est, r.mem_per_node_peak_bytes * cfg.oom_restart_factor)

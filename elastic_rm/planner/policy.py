@@ -32,7 +32,7 @@ from .memory_model import estimate_node_memory, rescale_observed
 from .memory_rules import oom_check
 from .perf_model import Sample
 from .runtime import memory_growth, update_stragglers
-from .scaling import budgets, choose_world, fit_configs, memory_floor, observed_cap
+from .scaling import budgets, choose_world, fit_configs, memory_floor, observed_cap, user_floor
 from .state import Advice, PlannerState, node_capacity, observe
 
 
@@ -46,7 +46,18 @@ class PlannerPolicy:
     def decide(self, snapshot: ClusterSnapshot) -> Answer:
         """RoundPolicy: same as :meth:`step`, keeping the state in this object."""
         answer, self.state = self.step(snapshot, self.state)
+        self._job = snapshot.job
         return answer
+
+    def model_coef(self) -> tuple[float, ...]:
+        """The model's coefficients fitted on this run's measurements so far (() before any): the leader
+        records them so that the run's history record carries them to the next run's warm start."""
+        try:
+            job = parse_job(getattr(self, "_job", {})) if getattr(self, "_job", {}).get("tables") else None
+        except JobSpecError:
+            return ()
+        f = self._fit(self.state, job) if job is not None else None
+        return tuple(f.coef) if f is not None else ()
 
     def wanted_nodes(self) -> tuple[int, str] | None:
         """The node count the planner advises (for executors that can add or release nodes), or None."""
@@ -237,6 +248,16 @@ class PlannerPolicy:
         cur = snapshot.current
         ready = [c for c in state.configs if c.round == cur.number and c.clean]
         window, need = (cfg.profile_window_s, cfg.min_profile_samples) if cfg.profiling else (0.0, 1)
+        start = state.start
+        want = min(start.world, snapshot.max_nodes) if isinstance(start, StartPlan) else 0
+        if state.advice.target_nodes > 0:  # never past what stage 2 has since chosen (standby nodes wait)
+            want = min(want, state.advice.target_nodes)
+        if len(members) < want and healthy:  # started short of the start size (a full cluster): catch up
+            new = list(members) + healthy[: want - len(members)]  # as nodes come, no profiling needed
+            state = replace(state, last_round_at=snapshot.now)
+            reason = f"scale up {len(members)} -> {len(new)}: toward the start size {want} ({start.reason})"
+            spare = self._standby(healthy[want - len(members) :], state.flagged)
+            return decide(state, cur.number, new, spare, reason, None, start.confidence)
         if snapshot.now - state.round_seen_at < window or len(ready) < need:
             until = state.round_seen_at + cfg.profile_window_s
             return Wait(
@@ -251,14 +272,14 @@ class PlannerPolicy:
         node_mem = min(state.nodes[m][-1].mem_total for m in members)
         lo, hi = max(snapshot.min_nodes, 1), snapshot.max_nodes
         lo_up = max(lo, memory_floor(job, cfg, w, per_node, growth, node_mem, lo, hi))
-        measured = observed_cap(
-            [(c.world, c.step_s) for c in state.configs if c.clean], cfg.min_marginal_gain
-        )
-        t = choose_world(f, job, cap, w, lo_up, hi, cfg, measured)
+        points = [(c.world, c.step_s) for c in state.configs if c.clean]
+        measured = observed_cap(points, cfg.min_marginal_gain)
+        floor, floor_why = self._user_floor(state, job, f, cap, lo, hi, points)
+        t = choose_world(f, job, cap, w, lo_up, hi, cfg, measured, floor, floor_why)
         if t.world < w:  # scaling down needs memory headroom too (hysteresis against OOM-driven scale-ups)
             strict = replace(cfg, oom_threshold=cfg.oom_threshold * 0.85)
             lo_down = max(lo_up, memory_floor(job, strict, w, per_node, growth, node_mem, lo, hi))
-            t = choose_world(f, job, cap, w, min(lo_down, w), hi, cfg, measured)
+            t = choose_world(f, job, cap, w, min(lo_down, w), hi, cfg, measured, floor, floor_why)
         est_w = estimate_node_memory(job, w, cfg.cold_overhead_bytes)
         est_t = estimate_node_memory(job, t.world, cfg.cold_overhead_bytes)
         per_target = max(per_node, rescale_observed(per_node, est_w, est_t))  # budget for both sizes
@@ -296,6 +317,17 @@ class PlannerPolicy:
         state = replace(state, last_round_at=snapshot.now)
         spare = self._standby(rest, state.flagged)
         return decide(state, cur.number, new, spare, reason, gain, t.confidence)
+
+    def _user_floor(self, state, job, f, cap, lo, hi, points) -> tuple[int, str]:
+        """The user's rule (scaling.user_floor) around the requested node count, or the warm start's
+        size when history chose it; 0 when the job has neither."""
+        start = state.start
+        ref = start.world if isinstance(start, StartPlan) and start.warm else 0
+        ref = ref or (job.request.nodes if job.request else 0)
+        if ref <= 0:
+            return 0, ""
+        ref = min(max(ref, lo), hi)
+        return user_floor(f, job, cap, ref, lo, self.config.user_loss_max, points)
 
     def _resize(self, snapshot, state, job, members, healthy, nodes):
         cfg = self.config

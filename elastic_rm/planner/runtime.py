@@ -22,6 +22,19 @@ def _is_slow(s: NodeSample, med_busy: float, med_gpu: float, k: float, cfg: Plan
     return med_gpu > 0 and 0 <= s.gpu_util < cfg.low_gpu_util * med_gpu
 
 
+def reference_busy(busy: list[float], k: float) -> float:
+    """The busy time a node is compared with: the members' median, unless more than a quarter of them (two
+    or more) are slower than k x it. Such a class is the job's hardware mix (PAI's job 4: two classes
+    ~4x apart, replaced by nothing better), not a straggler: the reference is then the slower half's
+    median, so that a node far slower than its own class is still found."""
+    ordered = sorted(busy)
+    med = statistics.median(ordered)
+    slow = sum(b > k * med for b in ordered)
+    if slow >= 2 and slow > len(ordered) / 4:
+        return statistics.median(ordered[len(ordered) // 2 :])
+    return med
+
+
 def update_stragglers(
     state: PlannerState, members: tuple[str, ...], now: float, cfg: PlannerConfig
 ) -> tuple[dict[str, int], frozenset[str]]:
@@ -33,7 +46,7 @@ def update_stragglers(
         return slow, frozenset(flagged)
     if len(latest) < 2:
         return slow, frozenset(flagged)
-    med_busy = statistics.median(s.busy_s for s in latest.values())
+    med_busy = reference_busy([s.busy_s for s in latest.values()], cfg.straggler_k)
     gpus = [s.gpu_util for s in latest.values() if s.gpu_util >= 0]
     med_gpu = statistics.median(gpus) if gpus else -1.0
     for m, s in latest.items():

@@ -68,9 +68,12 @@ def choose_world(
     hi: int,
     cfg: PlannerConfig,
     cap: int | None = None,
+    floor: int = 0,
+    floor_why: str = "",
 ) -> Target:
-    """Hysteresis around the marginal-gain rule, capped by what was measured (``cap``, see observed_cap);
-    never outside [lo, hi] nor more than max_step away."""
+    """Hysteresis around the marginal-gain rule, capped by what was measured (``cap``, see observed_cap),
+    never below ``floor`` (the user's rule, see user_floor); never outside [lo, hi] nor more than
+    max_step away."""
     shape = shape_of(job)
     g = cfg.min_marginal_gain
     up, _ = best_world(f, shape, capacity, lo, hi, g)
@@ -85,6 +88,8 @@ def choose_world(
         target, why = current, "at the marginal-gain optimum"
     if cap is not None and cap >= lo and target > cap:
         target, why = cap, f"measured: nodes beyond {cap} brought < {g:.0%} of an average node"
+    if target < min(floor, hi):
+        target, why = min(floor, hi), floor_why
     target = min(max(target, current - cfg.max_step, lo), current + cfg.max_step, hi)
     return Target(
         world=target,
@@ -112,6 +117,42 @@ def observed_cap(samples: list[tuple[int, float]], min_gain: float, min_per_size
             if tp[w2] - tp[w1] < min_gain * (w2 - w1) * tp[w1] / w1:
                 return w1
     return None
+
+
+def user_floor(
+    f: Fit,
+    job: JobSpec,
+    capacity: float,
+    request: int,
+    lo: int,
+    loss_max: float,
+    measured: list[tuple[int, float]],
+) -> tuple[int, str]:
+    """ "Never worse than the user": the smallest world below the requested node count whose throughput
+    stays within ``loss_max`` of the request's, predicted by the model, and measured once both sizes ran.
+
+    Measured sizes win over the model: a size measured below (1 - loss_max) of the measured request is
+    refuted (the floor goes back up to the request), and one measured within it is accepted.
+    """
+    if request <= lo:
+        return lo, ""
+    shape = shape_of(job)
+    by_world: dict[int, list[float]] = {}
+    for w, s in measured:
+        by_world.setdefault(w, []).append(s)
+    tp_m = {w: 1.0 / statistics.median(v) for w, v in by_world.items()}
+    ref = tp_m.get(request)
+    floor = request
+    for w in range(request - 1, lo - 1, -1):
+        if ref is not None and w in tp_m:
+            ok = tp_m[w] >= (1 - loss_max) * ref
+        else:
+            ok = f.throughput(shape, w, capacity) >= (1 - loss_max) * f.throughput(shape, request, capacity)
+        if not ok:
+            break
+        floor = w
+    why = f"the user's {request} node(s): fewer would lose > {loss_max:.0%} of the request's throughput"
+    return floor, why
 
 
 def budgets(

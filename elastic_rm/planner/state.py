@@ -158,5 +158,18 @@ def observe(
                 med = busy[len(busy) // 2]
                 clean = not any(s.throttled for s in latest) and busy[-1] <= straggler_k * med
                 cs = ConfigSample(now, cur.number, len(cur.members), cap, batch / tp, clean)
-                new = replace(new, configs=(new.configs + (cs,))[-64:])
+                new = replace(new, configs=keep_configs(new.configs + (cs,)))
     return new
+
+
+def keep_configs(configs: tuple[ConfigSample, ...], per_world: int = 8) -> tuple[ConfigSample, ...]:
+    """The latest ``per_world`` samples of every world size measured: a size measured once is remembered
+    for the whole run (a window over the latest samples forgot it, and the model then predicted the same
+    refuted gain again: the scale-up, measure, take back, scale-up oscillation)."""
+    seen: dict[int, int] = {}
+    kept = []
+    for c in reversed(configs):
+        seen[c.world] = seen.get(c.world, 0) + 1
+        if seen[c.world] <= per_world:
+            kept.append(c)
+    return tuple(reversed(kept))

@@ -20,7 +20,7 @@ from ..background import Background
 from ..etcd.client import Compare, EtcdClient, Op
 from ..etcd.errors import EtcdError
 from ..etcd.lease import Election
-from ..obs.events import EventLog
+from ..obs.events import EventLog, ids_for_event
 from ..planner.interface import ClusterSnapshot, Decision, NodeState, NodeView, RoundPolicy, RoundView
 from ..wire.records import DemandRecord, LedgerRecord, RoundRecord
 from .view import JobView
@@ -35,21 +35,6 @@ DECIDE_PAUSE_MAX_S = 0.25  # but never longer than this
 # A decided round's outcome is measured once every member reported steps for this long: one full window
 # of the agents' step summaries (elastic_rm.agent.agent.STEP_WINDOW_S), so it holds only the new round.
 OUTCOME_WINDOW_S = 10.0
-
-
-EVENT_IDS_BYTES = 6000  # node ids listed in one event at most (an event is at most 16 KiB)
-
-
-def ids_for_event(**lists: tuple[str, ...]) -> dict:
-    """Node id lists for an event: each list as is while it is small, else only its length
-    (``members_count``): a round of 1,000 members would not fit an event. ``world`` is always there."""
-    out: dict = {"world": len(lists.get("members", ()))}
-    for name, ids in lists.items():
-        if sum(len(i) + 3 for i in ids) <= EVENT_IDS_BYTES:
-            out[name] = ids
-        else:
-            out[f"{name}_count"] = len(ids)
-    return out
 
 
 class RoundLeader:
@@ -226,10 +211,13 @@ class RoundLeader:
             return
         before = o["before"]
         measured = throughput / before - 1 if before else None
+        predicted = r.predicted_gain
+        error = predicted - measured if predicted is not None and measured is not None else None
         outcome = {
             "v": 1, "round": r.round, "reason": r.reason, "world": len(r.members),
             "throughput_before": before, "throughput_after": throughput,
-            "measured_gain": measured, "predicted_gain": r.predicted_gain, "time": time.time(),
+            "measured_gain": measured, "predicted_gain": predicted, "prediction_error": error,
+            "time": time.time(), "coef": list(getattr(self._policy, "model_coef", tuple)()),
         }  # fmt: skip
         assert self._election is not None
         self._client.txn(
@@ -239,7 +227,8 @@ class RoundLeader:
         fmt = lambda g: "-" if g is None else f"{g:+.0%}"  # noqa: E731
         self._emit(
             "outcome",
-            f"round {r.round}: {throughput:,.0f} samples/s, measured {fmt(measured)}, predicted {fmt(r.predicted_gain)}",
+            f"round {r.round}: {throughput:,.0f} samples/s, measured {fmt(measured)}, predicted {fmt(predicted)}"
+            f", error {fmt(error)}",
             **{k: v for k, v in outcome.items() if k != "v"},
         )
 
@@ -276,15 +265,18 @@ class RoundLeader:
                     nproc=e.record.nproc,
                     cpu_count=e.record.cpu_count,
                     mem_total_bytes=e.record.mem_total_bytes,
-                    gpu_count=e.record.gpu_count,
+                    gpu_count=e.record.gpu_count or _gpus_in(view.metrics.get(node_id)),
                     metrics=view.metrics.get(node_id),
                 )
                 for node_id, e in sorted(view.nodes.items(), key=lambda item: item[1].arrival)
             )
             r = view.round
-        current = None if r is None else RoundView(r.round, r.members, r.standby, 0.0, r.reason)
+        now = time.monotonic()
+        # the record's unix time on the policy's clock (monotonic): the cooldown counts from the decision
+        decided = now - max(time.time() - r.time, 0.0) if r is not None and r.time > 0 else 0.0
+        current = None if r is None else RoundView(r.round, r.members, r.standby, decided, r.reason)
         return ClusterSnapshot(
-            now=time.monotonic(),
+            now=now,
             min_nodes=self._min,
             max_nodes=self._max,
             last_call_timeout=self._last_call,
@@ -388,3 +380,8 @@ class RoundLeader:
             )
             if r.round > 2:  # the agents' stores of rounds before the previous one are done with
                 self._client.delete(self._view.keys.store(r.round - 2), prefix=True)
+
+
+def _gpus_in(metrics) -> int:
+    """GPUs in a node's published metrics, for records of agents older than the record's gpu_count."""
+    return len(metrics.gpu_util) if metrics is not None else 0

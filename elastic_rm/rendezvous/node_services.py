@@ -111,6 +111,10 @@ class RendezvousNodeServices:
             self._gate.published(record, now)
         self._client.put_nowait(self._keys.metric(session.node_id), value, lease=lease.id)
 
+    def set_hardware(self, gpu_count: int, gpu_model: str) -> None:
+        """The node's GPUs as the agent's monitor sees them; every later node record carries them."""
+        self._session.gpus = (max(int(gpu_count), 0), str(gpu_model))
+
     def set_checkpoint_endpoint(self, port: int, token: str) -> None:
         """Published in this node's record from its next registration on (the agent calls this before
         the first rendezvous)."""
@@ -154,20 +158,43 @@ class RendezvousNodeServices:
                     metrics[self._keys.node_of(kv.key)] = self._metrics_parser(kv.key, kv.value)
                 except ValueError as exc:
                     log.error("%s (left out of the history record)", exc)
+        gpu_counts: dict[str, int] = {}
         nodes, _ = self._client.get_prefix(self._keys.nodes)
         for kv in nodes:
             try:
-                cpu_counts[self._keys.node_of(kv.key)] = NodeRecord.parse(kv.key, kv.value).cpu_count
+                rec = NodeRecord.parse(kv.key, kv.value)
             except RecordError as exc:
                 log.error("%s", exc)
+                continue
+            cpu_counts[self._keys.node_of(kv.key)] = rec.cpu_count
+            gpu_counts[self._keys.node_of(kv.key)] = rec.gpu_count
         record = build_history_record(
-            job, self._keys.run_id, status, r, metrics, cpu_counts, time.monotonic() - self._created
-        )
+            job, self._keys.run_id, status, r, metrics, cpu_counts, time.monotonic() - self._created,
+            gpu_counts, self._latest_coef(),
+        )  # fmt: skip
         self._client.put(self._keys.history(record["signature"]), json.dumps(record, sort_keys=True))
         log.info(
             "recorded run %s in history/%s for later warm starts", self._keys.run_id, record["signature"]
         )
         return True
+
+    def _latest_coef(self) -> list[float]:
+        """The model coefficients of the leader's newest outcome record of this run ([] when none)."""
+        kvs, _ = self._client.get_prefix(self._keys.rounds)
+        newest: tuple[int, list] = (-1, [])
+        for kv in kvs:
+            if not kv.key.endswith("/outcome"):
+                continue
+            try:
+                d = json.loads(kv.value)
+            except (ValueError, RecursionError):
+                continue
+            coef = d.get("coef") if isinstance(d, dict) else None
+            ok = isinstance(coef, list) and len(coef) == 4
+            if ok and all(isinstance(c, int | float) and not isinstance(c, bool) for c in coef):
+                if isinstance(d.get("round"), int) and d["round"] > newest[0]:
+                    newest = (d["round"], coef)
+        return newest[1]
 
     def peers_all_kept(self) -> bool:
         """Every member of our round is kept in the pending round, or left out of it by a planned decision

@@ -42,6 +42,7 @@ class NodeSession:
         self._keys = settings.keys
         self.host = socket.gethostname()
         self._mem_total = int(psutil.virtual_memory().total)
+        self.gpus: tuple[int, str] = (0, "")  # (count, model) from the agent's monitor (set_hardware)
         self.addr = settings.local_addr or default_local_addr()
         self.node_id = settings.node_id or new_node_id(self.host)
         self.lock = threading.RLock()
@@ -87,6 +88,8 @@ class NodeSession:
             round=self.joined.round if self.joined else self.stale_round,
             cpu_count=os.cpu_count() or 0,
             mem_total_bytes=self._mem_total,
+            gpu_count=self.gpus[0],
+            gpu_model=self.gpus[1],
             master_port=self.master_port if waiting else 0,
             ckpt_port=self.ckpt_endpoint[0],
             ckpt_token=self.ckpt_endpoint[1],

@@ -114,7 +114,8 @@ class NodeRecord:
     round: int = 0  # the last round this node joined (0: none yet)
     cpu_count: int = 0
     mem_total_bytes: int = 0
-    gpu_count: int = 0
+    gpu_count: int = 0  # GPUs the agent's monitor sees (the planner's capacity; 0: cores/16)
+    gpu_model: str = ""  # their product name, as NVML says it
     master_port: int = 0  # a free port on addr, for the workers' MASTER_PORT should this node be rank 0
     # the agent's checkpoint server on addr (elastic_rm/agent/ckpt_server.py) and its bearer token; 0/"": none
     ckpt_port: int = 0
@@ -140,6 +141,7 @@ class NodeRecord:
             cpu_count=_field(key, d, "cpu_count", int, 0),
             mem_total_bytes=_field(key, d, "mem_total_bytes", int, 0),
             gpu_count=_field(key, d, "gpu_count", int, 0),
+            gpu_model=_field(key, d, "gpu_model", str, ""),
             master_port=_field(key, d, "master_port", int, 0),
             ckpt_port=_port(key, d, "ckpt_port"),
             ckpt_token=_field(key, d, "ckpt_token", str, ""),

@@ -23,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from elastic_rm.etcd.errors import EtcdError
-    from elastic_rm.obs.report import load_run, write_report
+    from elastic_rm.obs.report import error_histogram, load_run, write_report
 
     if not args.endpoint and not args.events:
         print("erm report: error: pass --endpoint (etcd) and/or --events FILE", file=sys.stderr)
@@ -45,6 +45,9 @@ def run(args: argparse.Namespace) -> int:
     for message in data.errors:
         print(f"erm report: malformed (skipped): {message}", file=sys.stderr)
     print(f"{len(data.decisions)} decision(s), {len(data.events)} event(s)")
+    hist = [(label, n) for label, n in error_histogram(data.decisions) if n]
+    if hist:
+        print("prediction error (predicted - measured gain): " + ", ".join(f"{lb}: {n}" for lb, n in hist))
     print(f"picture: {png}")
     print(f"page:    {page}")
     return 0

@@ -18,7 +18,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seed", type=int, default=1, help="seed of the trace generator and of injected faults"
     )
-    parser.add_argument("--load", type=float, default=0.85, help="generated trace: requested load / cluster")
+    parser.add_argument(
+        "--load",
+        type=float,
+        default=None,
+        help="generated trace: requested load / cluster (default: the family's, 0.85)",
+    )
+    parser.add_argument(
+        "--family",
+        default="generator",
+        help="generated trace: a population of docs/planner.md 'Trace families' (right-sized, comm-bound, "
+        "oom-heavy, bursty, low-load, high-load, hetero-gpu; default: generator)",
+    )
     parser.add_argument(
         "--policies", default="static,optimus,ours", help="comma-separated; also ours-fixed-size (ablation)"
     )
@@ -36,6 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from elastic_rm.planner.sim.cluster import ClusterSpec
     from elastic_rm.planner.sim.engine import ABLATIONS, POLICIES, Instability
+    from elastic_rm.planner.sim.families import FAMILIES
     from elastic_rm.planner.sim.runner import payload, run_policies, table, write_outputs
     from elastic_rm.planner.sim.trace import TraceError, load_trace, write_trace
     from elastic_rm.planner.sim.tracegen import generate
@@ -48,8 +60,14 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.family not in FAMILIES:
+        print(
+            f"erm simulate: --family: unknown {args.family!r}; choose from {', '.join(FAMILIES)}",
+            file=sys.stderr,
+        )
+        return 2
     for flag in ("machines", "cores", "mem_gib", "gpus", "tick", "load"):
-        if getattr(args, flag) <= 0:
+        if getattr(args, flag) is not None and getattr(args, flag) <= 0:
             print(f"erm simulate: --{flag.replace('_', '-')} must be > 0", file=sys.stderr)
             return 2
     spec = ClusterSpec(args.machines, args.cores, args.mem_gib, args.gpus)
@@ -64,9 +82,10 @@ def run(args: argparse.Namespace) -> int:
             if n < 1:
                 print("erm simulate: --generate must be >= 1", file=sys.stderr)
                 return 2
+            load = args.load if args.load is not None else FAMILIES[args.family].load
             jobs, source = (
-                generate(n, args.seed, spec, args.load),
-                f"generated(n={n}, seed={args.seed}, load={args.load})",
+                generate(n, args.seed, spec, load, family=args.family),
+                f"generated(n={n}, seed={args.seed}, load={load}, family={args.family})",
             )
             if args.write_trace:
                 write_trace(args.write_trace, jobs)

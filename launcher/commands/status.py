@@ -11,8 +11,8 @@ from typing import Any
 
 HELP = "Show a job's round, members (resources, step times), leader and last decisions."
 MEASURED_SHORT = (
-    "measured: samples/s of the round vs the earlier one, from the agents' samples in the event log "
-    "(the leader does not record it; docs/operate.md)"
+    "measured: the leader's outcome record of the round (samples/s after a full step window vs before the "
+    "decision); error = predicted - measured (docs/operate.md)"
 )
 
 
@@ -156,7 +156,8 @@ def render(s: dict, title: str = "", max_members: int = MAX_MEMBERS) -> Any:
     if s["decisions"]:
         dec = Table(title="decisions", title_justify="left", expand=False, pad_edge=False)
         for col, just in (("round", "right"), ("time", "left"), ("world", "right"), ("reason", "left"),
-                          ("pred.", "right"), ("measured", "right"), ("down", "right"), ("redone", "right")):  # fmt: skip
+                          ("pred.", "right"), ("measured", "right"), ("error", "right"), ("down", "right"),
+                          ("redone", "right")):  # fmt: skip
             dec.add_column(col, justify=just, overflow="fold")
         for d in s["decisions"]:
             when = time.strftime("%H:%M:%S", time.localtime(d["time"])) if d.get("time") else "-"
@@ -166,7 +167,7 @@ def render(s: dict, title: str = "", max_members: int = MAX_MEMBERS) -> Any:
             down = f"{d['downtime_s']:.1f}s" if d.get("downtime_s") is not None else "-"
             redone = str(d["redone_steps"]) if d.get("redone_steps") is not None else "-"
             dec.add_row(str(d["round"]), when, str(len(d["members"])), d["reason"] or "-",
-                        _pct(d.get("predicted_gain")), measured, down, redone)  # fmt: skip
+                        _pct(d.get("predicted_gain")), measured, _pct(d.get("prediction_error")), down, redone)  # fmt: skip
         parts += [dec, Text(MEASURED_SHORT, style="dim")]
     if s.get("events"):
         ev = Table(title="recent events", title_justify="left", show_header=False, box=None, pad_edge=False)

@@ -127,3 +127,17 @@ def test_nvml_init_failure_means_no_gpus():
 def test_unknown_throttle_bits_are_named_not_lost():
     assert decode_throttle_reasons(0x8 | 0x1000) == ("hw_slowdown", "bit_0x1000")
     assert decode_throttle_reasons(0) == ()
+
+
+def test_the_node_record_gets_the_gpu_count_and_model_from_the_monitor():
+    class Named(FakeNvml):
+        def nvmlDeviceGetName(self, h):  # noqa: N802
+            return self._get(h, "name")
+
+    from elastic_rm.agent.monitor import ResourceMonitor
+
+    nvml = Named([{"name": b"NVIDIA H200"}, {"name": b"NVIDIA H200"}])
+    assert ResourceMonitor(gpu_probe=NvmlProbe(nvml)).gpu_inventory() == (2, "NVIDIA H200")
+    broken = Named([{"name": FakeNvml.NVMLError("gone")}])
+    assert ResourceMonitor(gpu_probe=NvmlProbe(broken)).gpu_inventory() == (1, "")
+    assert ResourceMonitor(gpu_probe=None).gpu_inventory() == (0, "")

@@ -244,6 +244,10 @@ def test_scale_up_admitted_by_the_planner_keeps_every_row_and_sample(etcd, tmp_p
         outcome.data["throughput_after"] / outcome.data["throughput_before"] - 1
     )
     assert outcome.data["predicted_gain"] == pytest.approx(decided.data["predicted_gain"])
+    if outcome.data["predicted_gain"] is not None:  # the prediction error of the decision, in the record
+        assert outcome.data["prediction_error"] == pytest.approx(
+            outcome.data["predicted_gain"] - outcome.data["measured_gain"]
+        )
     rows = demo.progress()
     drained = [r for r in rows if "drained_step" in r and r["world"] == 2]
     assert {r["rank"] for r in drained} == {0, 1}

@@ -125,7 +125,7 @@ def test_status_json_matches_etcd_and_explains_decisions(job):
     assert last["predicted_gain"] is None  # the membership policy predicts nothing
     assert last["compared_to_round"] < last["round"] and last["throughput_before"] > 0
     assert last["measured_gain"] == pytest.approx(last["throughput_after"] / last["throughput_before"] - 1)
-    assert "leader does not record it" in s["measured_how"]
+    assert "outcome record" in s["measured_how"] and last["prediction_error"] is None  # nothing predicted
     # the recent events: the newest 8 (decisions may have scrolled out behind drains, restores, node notes)
     assert "round" in {e["kind"] for e in s["events"]} and len(s["events"]) <= 8
     assert all(e["node"] and e["message"] and e["time"] > 0 for e in s["events"])

@@ -3,6 +3,8 @@ GPU), as the agents and the leader write them: round records in etcd, events in 
 
 from __future__ import annotations
 
+import json
+
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.obs.events import Event
 from elastic_rm.wire.keyspace import Keyspace
@@ -19,6 +21,17 @@ RESTORES = (  # round, time (s), restored step, newest step before, downtime per
     (3, 84.0, 780, 787, {"n0": 4.7, "n1": 4.9}, ("n0", "n1")),  # n2 lost: 7 steps trained again
 )
 RATE = {1: 1000.0, 2: 1300.0, 3: 950.0}  # samples/s of each node's workers, summed per round below
+
+
+def outcome(number: int) -> dict:
+    """The leader's outcome record of a round after the first (as rendezvous/leader.py writes it)."""
+    before, after = RATE[number - 1], RATE[number]
+    predicted = next(g for n, _, _, _, g in ROUNDS if n == number)
+    measured = after / before - 1
+    return {"v": 1, "round": number, "reason": "r", "world": 2, "throughput_before": before,
+            "throughput_after": after, "measured_gain": measured, "predicted_gain": predicted,
+            "prediction_error": None if predicted is None else predicted - measured,
+            "time": T0 + 30.0 + 40.0 * (number - 1)}  # fmt: skip
 
 
 def events(run_id: str) -> list[Event]:
@@ -42,6 +55,18 @@ def events(run_id: str) -> list[Event]:
                 "redone_steps": last - step if node in down else None, "downtime_s": down.get(node),
                 "sources": {}, "files_by_source": {}}  # fmt: skip
         out.append(Event(T0 + t, run_id, node, "restore", f"round {number}: restored step {step}", data))
+    for number in (2, 3):
+        o = outcome(number)
+        out.append(
+            Event(
+                o["time"],
+                run_id,
+                "n0",
+                "outcome",
+                f"round {number}",
+                {k: v for k, v in o.items() if k != "v"},
+            )
+        )
     out.append(Event(T0 + 77.0, run_id, "n2", "failure", "worker group failed: rank(s) [2] exit code(s) [-9]",
                      {"ranks": [2], "exit_codes": [-9]}))  # fmt: skip
     return sorted(out, key=lambda e: e.time)
@@ -54,6 +79,8 @@ def write(client: EtcdClient, keys: Keyspace, file_path: str) -> list[Event]:
         record = RoundRecord(number, members, reason=reason, leader="n0", sealed=True, predicted_gain=gain,
                              confidence=None if gain is None else 0.8, time=T0 + start)  # fmt: skip
         client.put(keys.record(number), record.to_json())
+        if number > 1:
+            client.put(keys.outcome(number), json.dumps(outcome(number)))
     for i, e in enumerate(evs):
         if i % 2 == 0:
             client.put(f"{keys.events}{int(e.time * 1e9):020d}-{e.node}-{i:06d}", e.to_json())

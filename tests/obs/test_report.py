@@ -1,5 +1,5 @@
 """`erm report` of a recorded run renders, names each decision and survives malformed records; measured
-gains are what the samples say."""
+gains and prediction errors are the leader's outcome records."""
 
 from __future__ import annotations
 
@@ -8,21 +8,27 @@ import io
 import os
 
 from elastic_rm.etcd.client import EtcdClient
-from elastic_rm.obs.report import load_run, write_report
-from elastic_rm.obs.status import job_status, measured_gain, round_throughput
+from elastic_rm.obs.report import error_histogram, load_run, write_report
+from elastic_rm.obs.status import job_status
 from elastic_rm.wire.keyspace import Keyspace
 from launcher.erm import main as erm_main
 from tests.obs import recorded_run
 
 
-def test_measured_gain_uses_the_settled_samples_of_each_round():
-    samples = [e for e in recorded_run.events("r") if e.kind == "sample"]
-    tput = round_throughput(samples)
-    assert tput == {1: 1000.0, 2: 1300.0, 3: 950.0}  # the ramp-up sample is in each round's first half
-    assert measured_gain(2, tput)["measured_gain"] == 1300.0 / 1000.0 - 1
-    assert measured_gain(1, tput) == {"measured_gain": None, "throughput_after": 1000.0,
-                                      "throughput_before": None, "compared_to_round": None}  # fmt: skip
-    assert measured_gain(4, {1: 5.0})["measured_gain"] is None
+def test_measured_gain_and_error_are_the_leaders_outcome_records(run_id, tmp_path):
+    """From a file alone (no etcd): the outcome events give each decision its measured gain and error."""
+    file_path = tmp_path / "events.jsonl"
+    file_path.write_text("".join(e.to_json() + "\n" for e in recorded_run.events(run_id)))
+    data = load_run(run_id, None, files=(str(file_path),))
+    by_round = {d["round"]: d for d in data.decisions}
+    assert by_round[1]["measured_gain"] is None and by_round[1]["prediction_error"] is None
+    assert by_round[2]["measured_gain"] == 1300.0 / 1000.0 - 1
+    assert by_round[2]["prediction_error"] == 0.4 - (1300.0 / 1000.0 - 1)
+    assert by_round[3]["measured_gain"] == 950.0 / 1300.0 - 1 and by_round[3]["prediction_error"] is None
+    assert sum(n for _, n in error_histogram(data.decisions)) == 1  # decisions without an error: not counted
+    hist = dict(error_histogram([{"prediction_error": e} for e in (0.78, -0.3, -2.0, 0.0, 0.05, None)]))
+    assert hist["+50% .. +100%"] == 1 and hist["-50% .. -25%"] == 1 and hist["< -100%"] == 1
+    assert hist["-10% .. +10%"] == 2 and sum(hist.values()) == 5
 
 
 def test_report_of_a_recorded_run_renders_and_names_each_decision(etcd, run_id, tmp_path):
@@ -55,6 +61,9 @@ def test_report_of_a_recorded_run_renders_and_names_each_decision(etcd, run_id, 
     for _, _, _, reason, _ in recorded_run.ROUNDS:
         assert f"<td>{reason}</td>" in html
     assert "+40.0%" in html and "+30.0% (1,000 &rarr; 1,300 samples/s, vs round 1)" in html
+    assert (
+        "Prediction error" in html and "<td>+10.0%</td></tr>" in html
+    )  # round 2: +40% predicted, +30% measured
     # each round's restore: the slowest node's downtime, the most steps any node trained again
     assert [(d["restored_step"], d["downtime_s"], d["redone_steps"]) for d in data.decisions] == [
         (None, None, None),

@@ -128,3 +128,16 @@ def test_simulate_bad_trace_names_the_line(tmp_path, capsys):
 def test_simulate_rejects_unknown_policy(capsys):
     rc, _, err = run(capsys, "simulate", "--policies", "static,magic")
     assert rc == 2 and "magic" in err
+
+
+def test_simulate_family(tmp_path, capsys):
+    rc, _, err = run(capsys, "simulate", "--family", "tiny-jobs")
+    assert rc == 2 and "--family: unknown 'tiny-jobs'" in err and "right-sized" in err
+    csv_path = tmp_path / "t.csv"
+    rc, _, err = run(capsys, "simulate", "--generate", "6", "--family", "comm-bound", "--machines", "8",
+                     "--policies", "static", "--no-plots", "--out", str(tmp_path / "o"),
+                     "--write-trace", str(csv_path))  # fmt: skip
+    assert rc == 0, err
+    from elastic_rm.planner.sim.trace import load_trace
+
+    assert all(j.dim in (128, 256) for j in load_trace(str(csv_path)))

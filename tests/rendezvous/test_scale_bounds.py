@@ -7,7 +7,7 @@ import json
 
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.obs import events as ev
-from elastic_rm.rendezvous.leader import ids_for_event
+from elastic_rm.obs.events import ids_for_event
 from elastic_rm.rendezvous.view import parse_round
 from elastic_rm.wire.keyspace import Keyspace
 from elastic_rm.wire.records import RoundRecord

@@ -242,7 +242,9 @@ class Simulator:
             i = idx.get(n.id)
             if i is not None and running and i < len(st.busy_s):
                 used, cpu = member_mem, st.cpu_used[i]
-                steps = StepStats(st.busy_s[i], st.busy_s[i] * 1.05, job.last_tp / len(job.members), 100)
+                steps = StepStats(  # the synchronous wall step, and the node's own busy time
+                    st.step_s, st.step_s * 1.05, job.last_tp / len(job.members), 100, busy_p50_s=st.busy_s[i]
+                )
                 gpu = (st.gpu_util[i],) * n.gpus
             else:
                 used, cpu, steps, gpu = (

@@ -19,6 +19,7 @@ import math
 import numpy as np
 
 from .cluster import GIB, ClusterSpec
+from .families import FAMILIES, Family, apply_template, arrival_times, family_rng
 from .trace import TraceJob
 from .truth import ideal_step, knee, mem_used, step
 
@@ -56,7 +57,8 @@ def _template(rng: np.random.Generator, name: str, spec: ClusterSpec) -> dict:
 
 
 def _job(rng: np.random.Generator, t: dict, job_id: str, spec: ClusterSpec) -> TraceJob:
-    base = {k: t[k] for k in t if k not in ("user_bias", "cpu_over", "mem_over", "under_u", "under_frac")}
+    habits = ("user_bias", "cpu_over", "mem_over", "under_u", "under_frac", "under_share")
+    base = {k: t[k] for k in t if k not in habits}
     growth = float(np.clip(t["mem_growth_frac"] * rng.uniform(0.8, 1.2), 0.0, 1.5))
     probe = TraceJob(
         job_id=job_id, submit_s=0.0, **{**base, "mem_growth_frac": growth}, req_nodes=1, req_min_nodes=1,
@@ -68,7 +70,7 @@ def _job(rng: np.random.Generator, t: dict, job_id: str, spec: ClusterSpec) -> T
     cpu_need = max(st.cpu_used)
     cpu_req = float(np.clip(math.ceil(cpu_need * t["cpu_over"]), math.ceil(cpu_need + 1), spec.cores))
     start_mem, peak_mem = mem_used(probe, nodes, 0.0), mem_used(probe, nodes, 1.0)
-    p_under = min(0.06 + 0.012 * nodes, 0.35)
+    p_under = t.get("under_share", min(0.06 + 0.012 * nodes, 0.35))
     if t["under_u"] < p_under and peak_mem > start_mem * 1.15:
         mem_req = start_mem * 1.08 + t["under_frac"] * (peak_mem * 0.95 - start_mem * 1.08)
     else:
@@ -84,18 +86,30 @@ def _job(rng: np.random.Generator, t: dict, job_id: str, spec: ClusterSpec) -> T
     )  # fmt: skip
 
 
-def generate(n_jobs: int, seed: int, spec: ClusterSpec | None = None, load: float = 0.85) -> list[TraceJob]:
-    """``n_jobs`` jobs; 60% are runs of recurring jobs (~8 runs each), the rest one-off."""
+def generate(
+    n_jobs: int,
+    seed: int,
+    spec: ClusterSpec | None = None,
+    load: float | None = None,
+    family: str | Family = "generator",
+) -> list[TraceJob]:
+    """``n_jobs`` jobs; 60% are runs of recurring jobs (~8 runs each), the rest one-off. ``family`` (see
+    families.py) changes the population; ``load`` (default: the family's, 0.85) the arrival rate."""
     spec = spec or ClusterSpec()
-    rng = np.random.default_rng(seed)
+    fam = FAMILIES[family] if isinstance(family, str) else family
+    load = fam.load if load is None else load
+    rng, frng = np.random.default_rng(seed), family_rng(seed, fam)
     n_recurring = int(round(n_jobs * 0.6))
-    templates = [_template(rng, f"rec{i:03d}", spec) for i in range(max(n_recurring // 8, 1))]
+    templates = [
+        apply_template(_template(rng, f"rec{i:03d}", spec), fam, frng, spec.gpus)
+        for i in range(max(n_recurring // 8, 1))
+    ]
     jobs: list[TraceJob] = []
     for i in range(n_jobs):
         t = (
             templates[int(rng.integers(len(templates)))]
             if i < n_recurring
-            else _template(rng, f"once{i:04d}", spec)
+            else apply_template(_template(rng, f"once{i:04d}", spec), fam, frng, spec.gpus)
         )
         jobs.append(_job(rng, t, f"j{i:05d}", spec))
     order = rng.permutation(n_jobs)
@@ -108,8 +122,11 @@ def generate(n_jobs: int, seed: int, spec: ClusterSpec | None = None, load: floa
         demand[1] += j.req_nodes * j.req_mem_gib_per_node * GIB * dur / mem
         demand[2] += j.req_nodes * j.gpus_per_node * dur / gpus
     span = max(demand) / load
-    gaps = rng.exponential(span / n_jobs, n_jobs)
-    times = np.cumsum(gaps) - gaps[0]
+    if fam.burst:
+        times = arrival_times(n_jobs, span, fam, frng)
+    else:  # the default stream, so that the generator's trace stays the same
+        gaps = rng.exponential(span / n_jobs, n_jobs)
+        times = np.cumsum(gaps) - gaps[0]
     return [
         TraceJob(**{**j.__dict__, "submit_s": round(float(s), 1)}) for j, s in zip(jobs, times, strict=True)
     ]

@@ -1,0 +1,45 @@
+"""Per-job evidence: which jobs ran later under the planner than under static, and the planner's own
+record of why (its decisions), grouped by cause."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+CAUSES = (
+    ("start below the request (warm start)", lambda j, s, d: _first(d) < s.trace.req_nodes and "warm start" in d),
+    ("start below the request (cold start)", lambda j, s, d: _first(d) < s.trace.req_nodes and "warm start" not in d),
+    ("OOM", lambda j, s, d: "OOM happened" in d),
+    ("scale-down", lambda j, s, d: "scale down" in d),
+    ("straggler round", lambda j, s, d: "straggler" in d),
+    ("queued longer", lambda j, s, d: j.start_s > s.start_s),
+)  # fmt: skip
+
+
+def _first(decisions: str) -> int:
+    m = re.search(r"first round of (\d+)", decisions)
+    return int(m.group(1)) if m else 0
+
+
+def slower_jobs(runs: dict[str, list], policy: str = "ours", base: str = "static", tol: float = 0.02) -> dict:
+    """Jobs both completed whose JCT under ``policy`` exceeds ``base``'s by more than ``tol``, by cause.
+
+    A job counts under every cause that applies; ``hours`` is the sum of their extra JCT."""
+    by_id = {j.trace.job_id: j for j in runs[base]}
+    out: dict[str, dict] = defaultdict(lambda: {"jobs": 0, "hours": 0.0})
+    total = slower = 0
+    for j in runs[policy]:
+        s = by_id[j.trace.job_id]
+        if j.status != "completed" or s.status != "completed":
+            continue
+        total += 1
+        extra = j.end_s - s.end_s
+        if extra <= tol * (s.end_s - s.trace.submit_s):
+            continue
+        slower += 1
+        d = " | ".join(j.decisions)
+        hit = [name for name, test in CAUSES if test(j, s, d)] or ["other"]
+        for name in hit:
+            out[name]["jobs"] += 1
+            out[name]["hours"] += extra / 3600
+    return {"jobs_compared": total, "jobs_slower": slower, "by_cause": dict(out)}
