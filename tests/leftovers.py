@@ -24,6 +24,10 @@ from elastic_rm.train.paths import ENV_MEMORY_ROOT
 ENV_SESSION = "ERM_TEST_SESSION"
 WAIT_S = 15.0  # processes get this long to finish exiting (watchdogs clean up after their owners)
 CACHES = ("torchinductor_",)  # kept across runs on purpose (torch's compile cache): not a leftover
+# this pytest process's own: multiprocessing's temporary directory and helpers (a test used spawn or
+# forkserver), which end with it; and pytest's base directory of a pytest run in a subprocess (kept by design)
+OWN_TEMP = ("pymp-", "pytest-of-")
+OWN_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
 
 
 def marked_processes(session: str) -> list[psutil.Process]:
@@ -33,8 +37,11 @@ def marked_processes(session: str) -> list[psutil.Process]:
         if p.pid == os.getpid():
             continue
         try:
-            if p.environ().get(ENV_SESSION) == session and p.status() != psutil.STATUS_ZOMBIE:
-                found.append(p)
+            if p.environ().get(ENV_SESSION) != session or p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if p.ppid() == os.getpid() and any(h in " ".join(p.cmdline()) for h in OWN_HELPERS):
+                continue  # ends with this process
+            found.append(p)
         except psutil.Error:
             continue
     return found
@@ -82,6 +89,12 @@ class SessionMarks:
         for root, what in ((self.tmp, "temporary"), (self.memory, "node memory")):
             if root is None or not root.exists():
                 continue
-            leftovers += [f"{what} {p}" for p in sorted(root.iterdir()) if not p.name.startswith(CACHES)]
-            shutil.rmtree(root, ignore_errors=True)
+            for p in sorted(root.iterdir()):
+                if p.name.startswith(OWN_TEMP):
+                    continue  # multiprocessing removes its own at exit
+                if not p.name.startswith(CACHES):
+                    leftovers.append(f"{what} {p}")
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+            if not any(p.name.startswith("pymp-") for p in root.iterdir()):
+                shutil.rmtree(root, ignore_errors=True)
         return leftovers

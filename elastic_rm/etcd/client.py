@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import CancelledError as FutureCancelled
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
@@ -203,6 +204,13 @@ class EtcdClient:
                 future.cancel()
                 last = EtcdTimeoutError(f"etcd at {self.endpoint} did not answer within {self.timeout:.1f}s")
                 last.__cause__ = exc
+            except (
+                FutureCancelled,
+                asyncio.CancelledError,
+            ) as exc:  # another call's failover closed the channel
+                last = EtcdConnectionError(f"etcd at {self.endpoint}: the call was cut off by a reconnect")
+                last.__cause__ = exc
+                continue  # on the client the failover switched to (not one more failover)
             except (aexc.ConnectionTimeoutError, aexc.ConnectionFailedError, aexc.InternalError) as exc:
                 kind = (
                     EtcdTimeoutError if isinstance(exc, aexc.ConnectionTimeoutError) else EtcdConnectionError

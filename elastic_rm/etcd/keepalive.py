@@ -69,17 +69,20 @@ class KeepAlive:
 
     async def _run(self) -> None:
         next_at = time.monotonic() + self._interval
+        # an answer later than one refresh interval: the endpoint is cut off or stalled (a silent partition
+        # sends no reset), so try the next endpoint rather than wait out the client's timeout past the TTL
+        answer_s = min(self._client.timeout, max(self._interval, 0.5))
         while not self._stopped and not self._client._closed:
             client = self._client._client
             call = None
             try:
-                await client.connect()
+                await asyncio.wait_for(client.connect(), answer_s)
                 call = client.leasestub.LeaseKeepAlive(metadata=client.metadata)
                 while not self._stopped:
                     await asyncio.sleep(max(0.0, next_at - time.monotonic()))
                     next_at = time.monotonic() + self._interval
-                    await call.write(rpc.LeaseKeepAliveRequest(ID=self._id))
-                    reply = await asyncio.wait_for(call.read(), self._client.timeout)
+                    await asyncio.wait_for(call.write(rpc.LeaseKeepAliveRequest(ID=self._id)), answer_s)
+                    reply = await asyncio.wait_for(call.read(), answer_s)
                     if reply is grpc.aio.EOF:
                         raise ConnectionError("etcd closed the keep-alive stream")
                     if reply.TTL <= 0:
@@ -88,12 +91,23 @@ class KeepAlive:
                         return
                     self._on_refreshed(time.monotonic())
             except asyncio.CancelledError:
-                return
+                task = asyncio.current_task()
+                if self._stopped or (task is not None and task.cancelling()):
+                    return  # stop(), or the loop shutting down
+                # the call was cancelled under us: a failover closed the channel it ran on; reopen
+                log.debug("lease %x keep-alive stream closed with its channel; reopening", self._id)
             except grpc.aio.AioRpcError as exc:
                 log.debug("lease %x keep-alive stream failed (%s); reopening", self._id, exc.code())
                 if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     self._client._failover(client)
-            except (TimeoutError, ConnectionError, OSError, grpc.aio.UsageError) as exc:
+            except TimeoutError:
+                log.debug(
+                    "lease %x keep-alive: no answer within %.1fs; trying the next endpoint",
+                    self._id,
+                    answer_s,
+                )
+                self._client._failover(client)
+            except (ConnectionError, OSError, grpc.aio.UsageError) as exc:
                 log.debug("lease %x keep-alive stream failed (%s); reopening", self._id, exc)
             except Exception as exc:  # noqa: BLE001 - aetcd's connect errors; keep trying, as during an outage
                 log.debug("lease %x keep-alive failed (%r); retrying", self._id, exc)

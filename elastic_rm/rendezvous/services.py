@@ -70,6 +70,10 @@ class NodeServices(Protocol):
         """Publish the agent's checkpoint server in this node's record (from its next registration on)."""
         ...
 
+    def set_hardware(self, gpu_count: int, gpu_model: str) -> None:
+        """Publish this node's GPU count and model (the agent's monitor) in its record, for the planner."""
+        ...
+
     @property
     def checkpoint_tls(self) -> tuple[PeerTls | None, bool]:
         """(the TLS files of the checkpoint transport, whether TLS is required): the etcd client's CA and

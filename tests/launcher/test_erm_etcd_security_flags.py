@@ -16,8 +16,10 @@ TALK_TO_ETCD = {  # subcommand -> the least it needs besides the security flags
     "events": ["--endpoint", "h:2379"],
     "report": ["--endpoint", "h:2379", "run1"],
     "launch": ["--hostfile", "hosts", "train.py"],
+    "stop": ["--endpoint", "h:2379", "run1"],
 }
-NO_ETCD = {"plan", "simulate", "demo", "etcd"}  # dry runs, the embedded demo, and the etcd server itself
+# dry runs, the embedded demo, the etcd server itself, and gc (node memory on this machine only)
+NO_ETCD = {"plan", "simulate", "demo", "etcd", "gc"}
 
 
 @pytest.mark.parametrize("command", sorted(TALK_TO_ETCD))

@@ -73,7 +73,7 @@ def events(run_id: str) -> list[Event]:
 
 
 def write(client: EtcdClient, keys: Keyspace, file_path: str) -> list[Event]:
-    """Round records and every other event in etcd; every event in the file (so they overlap)."""
+    """Round records, every other event and every restore event in etcd; every event in the file (so they overlap)."""
     evs = events(keys.run_id)
     for number, start, members, reason, gain in ROUNDS:
         record = RoundRecord(number, members, reason=reason, leader="n0", sealed=True, predicted_gain=gain,
@@ -82,7 +82,7 @@ def write(client: EtcdClient, keys: Keyspace, file_path: str) -> list[Event]:
         if number > 1:
             client.put(keys.outcome(number), json.dumps(outcome(number)))
     for i, e in enumerate(evs):
-        if i % 2 == 0:
+        if i % 2 == 0 or e.kind == "restore":  # restores all in etcd too: erm status reads etcd alone
             client.put(f"{keys.events}{int(e.time * 1e9):020d}-{e.node}-{i:06d}", e.to_json())
     with open(file_path, "w") as f:
         f.writelines(e.to_json() + "\n" for e in evs)

@@ -62,7 +62,7 @@ def test_report_of_a_recorded_run_renders_and_names_each_decision(etcd, run_id, 
         assert f"<td>{reason}</td>" in html
     assert "+40.0%" in html and "+30.0% (1,000 &rarr; 1,300 samples/s, vs round 1)" in html
     assert (
-        "Prediction error" in html and "<td>+10.0%</td></tr>" in html
+        "Prediction error" in html and "<td>+10.0%</td><td>step 400, 2.40 s, 0</td></tr>" in html
     )  # round 2: +40% predicted, +30% measured
     # each round's restore: the slowest node's downtime, the most steps any node trained again
     assert [(d["restored_step"], d["downtime_s"], d["redone_steps"]) for d in data.decisions] == [
