@@ -30,8 +30,8 @@ RECORD = {
 }  # fmt: skip
 
 
-def handlers(etcd, run_id, n, lo, hi, job_file):
-    conf = {"lease_ttl": "1", "last_call_timeout": "0.5", "join_timeout": "20", "job_file": str(job_file)}
+def handlers(etcd, run_id, n, lo, hi, job_file, last_call="0.5"):
+    conf = {"lease_ttl": "1", "last_call_timeout": last_call, "join_timeout": "20", "job_file": str(job_file)}
     return [
         create_handler(
             RendezvousParameters("elastic-rm", etcd.endpoint, run_id, lo, hi, local_addr="127.0.0.1", **conf)
@@ -43,7 +43,9 @@ def handlers(etcd, run_id, n, lo, hi, job_file):
 def test_planner_decides_the_first_round_and_sees_metrics(etcd, run_id, tmp_path):
     job_file = tmp_path / "job.json"
     job_file.write_text(json.dumps(JOB))
-    hs = handlers(etcd, run_id, 3, 1, 3, job_file)
+    # min 1: the first round forms last_call after the first node is seen; 2 s lets the other two threads
+    # register even on a loaded machine (a later node would join by the planner's catch-up round instead)
+    hs = handlers(etcd, run_id, 3, 1, 3, job_file, last_call="2")
     try:
         infos = {}
         threads = [
