@@ -54,7 +54,13 @@ def sim_snapshot() -> ClusterSnapshot:
 
 
 def test_live_and_simulated_snapshots_fill_what_the_planner_reads(etcd, tmp_path):
-    job = {**JOB, "request": {"nodes": 2, "cpu_per_node": 8, "mem_per_node_bytes": 2**33, "gpus_per_node": 2}}
+    # a name of its own: the session's etcd is shared, and history under JOB's signature would warm-start
+    # test_planner_in_leader's cold-start case
+    job = {
+        **JOB,
+        "name": "ctr-parity",
+        "request": {"nodes": 2, "cpu_per_node": 8, "mem_per_node_bytes": 2**33, "gpus_per_node": 2},
+    }
     job_file = tmp_path / "job.json"
     job_file.write_text(json.dumps(job))
     run_id = f"parity-{time.monotonic_ns()}"
