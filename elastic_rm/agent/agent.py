@@ -351,7 +351,7 @@ class ElasticRMAgent(LocalElasticAgent):
         membership grace for the rendezvous to show a newer round; if it does, we report HEALTHY so that
         torch's loop sees ``num_nodes_waiting() > 0`` and re-rendezvous without using a restart.
         """
-        if stop.requested(self._handler):  # `erm stop RUN`: drain, then finish (elastic_rm.agent.stop)
+        if stop.requested(self._services):  # `erm stop RUN`: drain, then finish (elastic_rm.agent.stop)
             return stop.stop_workers(self, worker_group)
         result = super()._monitor_workers(worker_group)
         if result.state == WorkerState.HEALTHY:  # workers that hold a failed round wait: in place, or fail

@@ -15,6 +15,7 @@ import logging
 import time
 from typing import Any
 
+from ..rendezvous.services import NodeServices
 from ..wire.channel import ROUND_LEAVE
 
 log = logging.getLogger(__name__)
@@ -23,10 +24,9 @@ STOP_BY = "erm stop"  # the closed record's "by" (node ids cannot contain a spac
 EXIT_LIMIT_S = 30.0  # how long drained workers get to exit before they are stopped
 
 
-def requested(handler: Any) -> bool:
-    """Whether `erm stop` closed this node's run (our rendezvous only: torch's backends have no view)."""
-    closed = getattr(getattr(handler, "view", None), "closed", None)
-    return closed is not None and closed.by == STOP_BY
+def requested(services: NodeServices | None) -> bool:
+    """Whether `erm stop` closed this node's run (node services only: torch's backends have none)."""
+    return services is not None and services.closed_by == STOP_BY
 
 
 def stop_workers(agent: Any, group: Any) -> Any:

@@ -83,6 +83,12 @@ class RendezvousNodeServices:
             return self._view.round
 
     @property
+    def closed_by(self) -> str | None:
+        with self._view.cond:
+            closed = self._view.closed
+        return None if closed is None else closed.by
+
+    @property
     def leading(self) -> bool:
         return self._leader.leading
 

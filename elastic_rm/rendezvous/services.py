@@ -58,6 +58,11 @@ class NodeServices(Protocol):
         ...
 
     @property
+    def closed_by(self) -> str | None:
+        """Who closed the run (its ``closed`` record's ``by``: a node id, or "erm stop"); None while open."""
+        ...
+
+    @property
     def leading(self) -> bool:
         """Whether this node leads the run now (it may stop leading at any time)."""
         ...
