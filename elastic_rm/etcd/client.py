@@ -32,6 +32,7 @@ from .errors import (
     EtcdForkError,
     EtcdTimeoutError,
 )
+from .gateway import GatewayClient
 from .ops import Compare, Op
 from .options import TlsOptions, parse_endpoints
 from .types import KeyValue, TxnResult, WatchEvent, key_value
@@ -117,8 +118,8 @@ os.register_at_fork(after_in_child=_forget_io_loop_in_child)
 class EtcdClient:
     """Blocking etcd v3 client. Thread-safe; all clients of a process share one I/O thread.
 
-    Fork: a client belongs to the process that created it. A process forked while no client was open
-    may create its own; one forked while clients were open gets EtcdForkError (see fork.py).
+    Fork: a client belongs to the process that created it (an inherited one raises EtcdForkError). A
+    forked process opens its own; forked while gRPC was up, it talks to etcd's JSON gateway (fork.py).
 
     ``endpoints``: one or several ``host:port``; on a connection failure the next one is tried.
     ``timeout``: seconds for every call (a stalled etcd otherwise blocks forever).
@@ -134,7 +135,6 @@ class EtcdClient:
     ):
         if timeout <= 0:
             raise EtcdConfigError(f"etcd timeout must be > 0 seconds, got {timeout}")
-        fork.check_can_open()
         if (user is None) != (password is None):
             raise EtcdConfigError("etcd auth needs both a user and a password, or neither")
         self.endpoints = parse_endpoints(endpoints)
@@ -158,14 +158,19 @@ class EtcdClient:
         host, port = self.endpoints[self._current]
         return f"{host}:{port}"
 
-    def _new_client(self) -> _AetcdClient:
+    @property
+    def transport(self) -> str:
+        return "gateway" if isinstance(self._client, GatewayClient) else "grpc"
+
+    def _new_client(self) -> aetcd.Client:
         host, port = self.endpoints[self._current]
         options = {
             "grpc.initial_reconnect_backoff_ms": 100,
             "grpc.max_reconnect_backoff_ms": 1000,
             "grpc.max_receive_message_length": MAX_MESSAGE_BYTES,
         }
-        return _AetcdClient(
+        kind = GatewayClient if fork.gateway_needed() else _AetcdClient
+        return kind(
             host=host,
             port=port,
             username=self._user,

@@ -1,11 +1,16 @@
-"""The etcd facade across fork(): which processes may use etcd, and a prompt error for those that cannot.
+"""The etcd facade across fork(): which transport a process uses, and a clear error for inherited clients.
 
-gRPC's asyncio layer does not survive fork() while it is up (measured: a fresh client in such a child
+gRPC's asyncio layer does not survive fork() while it is up (measured: a fresh gRPC client in such a child
 timed out or crashed, with or without GRPC_ENABLE_FORK_SUPPORT; grpc/grpc#19793). It is up while a channel
 lives: an open client, or a closed client's calls that sit in reference cycles until the garbage collector
-runs, and until gRPC's own threads have ended. A child forked while it is down works. So before a fork
-with no client open, this module collects that garbage and waits (bounded) for those threads to end; a child forked while gRPC is still up
-refuses at once, with a message that says what to do, instead of timing out or crashing.
+runs, and until gRPC's own threads have ended. So:
+
+- a process forked while gRPC was down (no client open; before such a fork this module collects that
+  garbage and waits, bounded, for gRPC's threads to end) uses gRPC, as every other process does;
+- a process forked while gRPC was up (or from such a process) uses etcd's JSON gateway instead
+  (gateway.py): every facade call works there, a little slower (docs/guarantees.md);
+- a client inherited from the parent belongs to the parent: using it in the child raises EtcdForkError at
+  once (its connection, watches and keep-alives live in the parent), saying to open a new one.
 """
 
 from __future__ import annotations
@@ -21,16 +26,15 @@ from .errors import EtcdForkError
 FORK_SETTLE_S = 0.1  # without /proc: gRPC ends a closed channel's threads asynchronously (50 ms measured)
 FORK_WAIT_S = 2.0  # at most this long for gRPC's poller thread to end before a fork
 ADVICE = (
-    "gRPC's asyncio layer, which the etcd client uses, does not work in a process forked while its parent "
-    "held open etcd clients. Start this process with multiprocessing's 'spawn' or 'forkserver' method "
-    "(multiprocessing.get_context('spawn')), or close the parent's clients (handler.shutdown()) before forking"
+    "a client's connection, watches and lease keep-alives stay in the process that created it. Open a new "
+    "EtcdClient (or rendezvous handler) in this process: that works after fork"
 )
 
 _open: weakref.WeakSet = weakref.WeakSet()  # clients created and not closed in this process
 _used = False  # a client was ever created here (gRPC may be up)
 _last_close = 0.0  # time.monotonic() when a client of this process last closed
 _up_at_fork = False  # set by the pre-fork hook for the child to read
-_forked_from: int | None = None  # the parent's pid, when this process was forked with gRPC up
+_forked_from: int | None = None  # the parent's pid, when this process (or an ancestor) forked with gRPC up
 
 
 def opened(client: object) -> None:
@@ -45,12 +49,9 @@ def closed(client: object) -> None:
     _last_close = time.monotonic()
 
 
-def check_can_open() -> None:
-    if _forked_from is not None:
-        raise EtcdForkError(
-            f"cannot open an etcd client in process {os.getpid()}, forked from {_forked_from} while gRPC "
-            f"was up there (etcd clients open): {ADVICE}"
-        )
+def gateway_needed() -> bool:
+    """True in a process forked while gRPC was up in its parent: gRPC cannot be used here."""
+    return _forked_from is not None
 
 
 def check_owner(pid: int) -> None:
