@@ -17,6 +17,7 @@ from elastic_rm.etcd.errors import EtcdAuthError, EtcdConfigError
 from elastic_rm.etcd.server import EtcdServer, find_etcd_binary
 from elastic_rm.rendezvous.registration import create_handler
 from tests.conftest import BIN, REPO, Proc
+from tests.etcd.test_fork import _run
 from tests.launcher.helpers import STEPS, records
 
 ERMRUN = os.path.join(BIN, "ermrun")
@@ -309,3 +310,28 @@ def test_the_scan_catches_what_it_looks_for(tmp_path):
         assert len(_violations(probe)) == 6
     finally:
         probe.unlink()
+
+
+def _auth_child_work(endpoint: str) -> tuple:
+    out = []
+    with EtcdClient(endpoint, timeout=3, user="alice", password=USER_PW) as c:
+        c.put("/elastic-rm/job-a/forked", "1")
+        out.append((c.transport, c.get("/elastic-rm/job-a/forked").value))
+        try:
+            c.put("/elastic-rm/job-b/x", "1")
+        except EtcdAuthError as exc:
+            out.append(("denied", "permission denied" in str(exc)))
+    try:
+        EtcdClient(endpoint, timeout=3, user="alice", password="wrong").get("/elastic-rm/job-a/forked")
+    except EtcdAuthError as exc:
+        out.append(("refused", endpoint in str(exc)))
+    return tuple(out)
+
+
+def test_a_forked_child_authenticates_over_the_gateway(auth_etcd):
+    """Forked while this process holds a client: the child's gateway transport sends the user's token, and
+    etcd's refusals are the same EtcdAuthError."""
+    with EtcdClient(auth_etcd.endpoint, timeout=3, user="alice", password=USER_PW) as parent:
+        parent.put("/elastic-rm/job-a/parent", "p")
+        got = _run("fork", _auth_child_work, auth_etcd.endpoint)
+    assert got == ("ok", (("gateway", b"1"), ("denied", True), ("refused", True))), got

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from elastic_rm.etcd.client import EtcdClient
+
 from . import entrypoints as ep
 from .agents import Node, free_endpoint, run_agent, run_job
 
@@ -89,13 +91,22 @@ def test_workers_drift_fail(backend, etcd, run_id):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_forked_agents_after_an_agent_in_this_process(backend, etcd, run_id):
     """The order that failed in torch's suite: an agent runs in the test process (its handler shut down),
-    then agents are forked from it (multiprocessing's default start method on Linux)."""
+    then agents are forked from it (multiprocessing's default start method on Linux) while this process
+    still holds an open etcd client with a watch: the forked agents use etcd's JSON gateway."""
     role, failed, values = run_agent(
         backend, endpoint_for(backend, etcd), f"{run_id}-a", Node(ep.role_info, 1), 1, True
     )
     assert (role, failed, sorted(values)) == ("default", False, [0])
-    results = run_job(
-        backend, endpoint_for(backend, etcd), f"{run_id}-b", [Node(ep.dist_sum, 1)] * 2, start_method="fork"
-    )
+    with EtcdClient(etcd.endpoint, timeout=5) as held:
+        held.put(f"/{run_id}-held", "x")
+        cancel = held.watch_prefix(f"/{run_id}-held", 1, lambda events: None)
+        results = run_job(
+            backend,
+            endpoint_for(backend, etcd),
+            f"{run_id}-b",
+            [Node(ep.dist_sum, 1)] * 2,
+            start_method="fork",
+        )
+        cancel()
     assert [failed for _, failed, _ in results] == [False, False]
     assert all(v == 1 for _, _, values in results for v in values.values())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import threading
+import time
 
 import pytest
 from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousParameters
@@ -12,6 +13,7 @@ from elastic_rm.etcd.client import EtcdClient, TlsOptions
 from elastic_rm.etcd.errors import EtcdConnectionError
 from elastic_rm.etcd.server import EtcdCluster, ServerTls
 from elastic_rm.rendezvous.registration import create_handler
+from tests.etcd.test_fork import _run
 
 
 def openssl(*args: str, cwd) -> None:
@@ -132,3 +134,25 @@ def test_erm_commands_read_a_run_over_tls_with_client_certificates(
     monkeypatch.delenv("ELASTIC_RM_ETCD_PASSWORD", raising=False)
     nopw = erm("status", *conn, *certs, "--run-id", run_id, "--etcd-user", "alice")
     assert nopw.returncode == 2 and "ELASTIC_RM_ETCD_PASSWORD" in nopw.stderr, nopw.stderr
+
+
+def _tls_child_work(endpoint: str, tls: TlsOptions) -> tuple:
+    with EtcdClient(endpoint, timeout=3, tls=tls) as c:
+        c.put("/tls/forked", "v")
+        seen: list = []
+        cancel = c.watch_prefix("/tls/forked", 1, seen.extend, exact=True)
+        deadline = time.monotonic() + 10
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+        cancel()
+        return c.transport, c.get("/tls/forked").value, len(seen)
+
+
+def test_a_forked_child_uses_tls_over_the_gateway(pki, tls_etcd):
+    """Forked while this process holds a TLS client: the child's gateway transport uses the same CA and pair."""
+    tls = TlsOptions(ca_cert=str(pki / "ca.pem"), cert=str(pki / "client.pem"), key=str(pki / "client.key"))
+    with EtcdClient(tls_etcd.endpoint, timeout=3, tls=tls) as parent:
+        parent.put("/tls/parent", "p")
+        assert _run("fork", _tls_child_work, tls_etcd.endpoint, tls) == ("ok", ("gateway", b"v", 1))
+        got = _run("fork", _tls_child_work, tls_etcd.endpoint, TlsOptions(ca_cert=str(pki / "ca.pem")))
+        assert got[:2] == ("error", "EtcdConnectionError") and tls_etcd.endpoint in got[2], got
