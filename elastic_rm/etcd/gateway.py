@@ -100,6 +100,7 @@ class _Http:
         self._ssl = self._context(tls) if tls.enabled else None
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
+        self._closed = False
 
     @staticmethod
     def _context(tls: TlsOptions) -> ssl.SSLContext:
@@ -141,7 +142,10 @@ class _Http:
                     continue
                 raise _transport_error(exc) from exc
             with self._lock:
-                self._idle.append(conn)
+                if self._closed:
+                    conn.close()
+                else:
+                    self._idle.append(conn)
             try:
                 obj = json.loads(payload or b"{}")
             except ValueError as exc:
@@ -155,6 +159,7 @@ class _Http:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
