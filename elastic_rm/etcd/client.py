@@ -160,6 +160,7 @@ class EtcdClient:
 
     @property
     def transport(self) -> str:
+        """``grpc``, or ``gateway`` in a process forked while gRPC was up in its parent (fork.py)."""
         return "gateway" if isinstance(self._client, GatewayClient) else "grpc"
 
     def _new_client(self) -> aetcd.Client:

@@ -8,7 +8,8 @@ runs, and until gRPC's own threads have ended. So:
 - a process forked while gRPC was down (no client open; before such a fork this module collects that
   garbage and waits, bounded, for gRPC's threads to end) uses gRPC, as every other process does;
 - a process forked while gRPC was up (or from such a process) uses etcd's JSON gateway instead
-  (gateway.py): every facade call works there, a little slower (docs/guarantees.md);
+  (gateway.py): every facade call works there, slower per call (benchmarks/etcd_transport). gRPC core's
+  own fork handlers, which made such a child die of SIGSEGV, are turned off in __init__.py;
 - a client inherited from the parent belongs to the parent: using it in the child raises EtcdForkError at
   once (its connection, watches and keep-alives live in the parent), saying to open a new one.
 """

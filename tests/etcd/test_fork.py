@@ -118,6 +118,8 @@ def _every_operation(endpoint: str, prefix: str) -> dict:
         out["kept"] = (c.get(f"{prefix}/leased") is not None, kept.max_gap < 1.0, lost)
         kept.revoke()
         out["revoked_key_gone"] = c.get(f"{prefix}/leased") is None
+    with EtcdClient(f"127.0.0.1:1,{endpoint}", timeout=1) as failing_over:  # the first endpoint is dead
+        out["failover"] = (failing_over.put(f"{prefix}/failover", "f") > 0, failing_over.endpoint == endpoint)
     try:
         EtcdClient("127.0.0.1:1", timeout=1).ping()
     except EtcdConnectionError as exc:
@@ -151,7 +153,7 @@ def test_child_forked_while_a_client_is_open_does_every_operation_over_the_gatew
         assert out["compacted_error"]
         assert out["lease"] == (True, True) and out["refresh_revoked"] <= 0
         assert out["kept"] == (True, True, []) and out["revoked_key_gone"]
-        assert "127.0.0.1:1" in out["unreachable"]
+        assert "127.0.0.1:1" in out["unreachable"] and out["failover"] == (True, True)
         # the parent's client, watch and lease are unharmed by the child
         parent.put(f"{prefix}/after", "y")
         assert wait_for(lambda: any(e.kv.key == f"{prefix}/after" for e in seen))
