@@ -19,6 +19,7 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters
 from elastic_rm.etcd.client import Compare, EtcdClient, Op
 from elastic_rm.etcd.errors import EtcdCompactedError, EtcdConnectionError
 from elastic_rm.etcd.lease import KeptLease
+from elastic_rm.etcd.server import EtcdCluster
 from elastic_rm.rendezvous.registration import create_handler
 
 
@@ -168,6 +169,51 @@ def _close_then_fork(endpoint: str, prefix: str) -> tuple:
         parent.put(f"{prefix}/parent", "x")
         parent.watch_prefix(f"{prefix}/", 1, lambda events: None)()
     return _run("fork", _put_and_watch, endpoint, f"{prefix}/child")
+
+
+def _watch_across_a_restart(endpoint: str, ready, restarted) -> tuple:
+    with EtcdClient(endpoint, timeout=1) as c:
+        seen: list = []
+        start = c.put("/w/start", "0")
+        cancel = c.watch_prefix("/w/", start + 1, seen.extend)
+        kept = KeptLease(c, 2)
+        c.put("/w/a", "1", lease=kept.id)
+        assert wait_for(lambda: len(seen) == 1)
+        ready.set()
+        assert restarted.wait(60)
+        for _ in range(100):  # written right after the restart: the watch must replay it
+            try:
+                c.put("/w/b", "2")
+                break
+            except EtcdConnectionError:
+                time.sleep(0.1)
+        assert wait_for(lambda: len(seen) == 2, 15), seen
+        time.sleep(2.5)  # more than the lease's TTL: its keep-alive must have found the restarted etcd
+        alive = (not kept.lost, c.get("/w/a") is not None)
+        events = [(e.kind, e.kv.key) for e in seen]
+        kept.revoke()
+        cancel()
+        return events, alive
+
+
+def test_watch_and_keep_alive_in_a_forked_child_resume_after_etcd_restarts():
+    ctx = mp.get_context("fork")
+    ready, restarted, queue = ctx.Event(), ctx.Event(), ctx.Queue()
+    with EtcdCluster(size=1) as cluster, EtcdClient(cluster.endpoint, timeout=1) as parent:
+        parent.put("/held", "x")
+        proc = ctx.Process(
+            target=_report, args=(queue, _watch_across_a_restart, cluster.endpoint, ready, restarted)
+        )
+        proc.start()
+        try:
+            assert ready.wait(30), "the child did not start its watch"
+            cluster.restart(0)
+            restarted.set()
+            got = queue.get(timeout=60)
+        finally:
+            proc.join(30)
+        assert proc.exitcode == 0
+    assert got == ("ok", ([("put", "/w/a"), ("put", "/w/b")], (True, True))), got
 
 
 def test_child_forked_after_the_parent_closed_its_clients_keeps_grpc(etcd, run_id):
