@@ -260,6 +260,7 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             self._keys.store(r.round),
             timeout=self.settings.join_timeout,
             superseded=lambda: view.round is not None and view.round.round > r.round,
+            closed=lambda: view.closed.by if view.closed is not None else None,
         )
         session.joined = r
         session.master_port = 0  # a fresh port for the next round
