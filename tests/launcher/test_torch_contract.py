@@ -8,7 +8,6 @@ import inspect
 import torch
 from torch.distributed.elastic.agent.server.api import RunResult, SimpleElasticAgent, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-
 from torch.distributed.elastic.utils import store as store_util
 
 from elastic_rm.agent.agent import ElasticRMAgent
