@@ -7,8 +7,8 @@ grace for a new round, fails, and closes the run as its agent exits. So:
 
 - :func:`others_finished`: the failing node stops waiting for a new round once every other node of its
   round is in the exit barrier (their workers finished: the job ends, its membership does not change);
-- :func:`exit_barrier`: torch's barrier over the round's store, which ends when the run is closed
-  (``RunClosedError``) instead of 300 s later.
+- :func:`exit_barrier`: torch's barrier over the round's store, which ends when a member of the round
+  closes the run (``RunClosedError``) instead of 300 s later.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ def others_finished(agent: Any) -> bool:
 
 
 def exit_barrier(agent: Any) -> None:
-    """torch's ``SimpleElasticAgent._exit_barrier``, ended early (with a warning, not a traceback) when the
-    run is closed while this node waits."""
+    """torch's ``SimpleElasticAgent._exit_barrier``, ended early (with a warning, not a traceback) when a
+    member of the round closes the run while this node waits."""
     t0 = time.monotonic()
     agent._in_exit_barrier = True  # torch's health check: the agent is alive while it waits here
     try:
