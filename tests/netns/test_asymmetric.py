@@ -16,8 +16,8 @@ import pytest
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.etcd.server import EtcdCluster
 from elastic_rm.wire.keyspace import Keyspace
+from tests.launcher.exits import exit_codes
 from tests.launcher.helpers import steps_at_world, wait_until
-from tests.netns.exits import exit_codes
 from tests.netns.hosts import Network, why_unavailable
 from tests.netns.test_partitions import LEASE_TTL, current_round, start_host
 
