@@ -108,6 +108,7 @@ def test_a_host_that_reaches_etcd_but_not_its_peers_steps_out_and_rejoins_after_
     )
 
 
+@pytest.mark.slow  # about 2 minutes on the loaded 2-core machine; the rule itself: tests/rendezvous/test_peer_probe.py
 def test_two_hosts_cut_apart_the_later_rank_steps_out_the_other_trains_on_and_it_rejoins(
     run_id, tmp_path, procs
 ):
