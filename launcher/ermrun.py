@@ -259,6 +259,7 @@ def run(argv: list[str] | None = None) -> int:
 
     progress = Progress("quiet" if args.quiet else args.log_format)
     progress.setup_logging()
+    _dump_stacks_on_sigusr1()
     try:
         return _launch(args, options, progress)
     finally:
@@ -321,6 +322,16 @@ def _launch(args: argparse.Namespace, options: AgentOptions, progress) -> int:
             shutil.rmtree(log_dir, ignore_errors=True)
         if server is not None:
             server.stop()
+
+
+def _dump_stacks_on_sigusr1() -> None:
+    """`kill -USR1 <ermrun pid>` prints every thread's stack to stderr and the agent carries on: how to
+    see where a stuck agent waits (docs/operate.md)."""
+    import faulthandler
+    import signal
+
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -27,16 +27,17 @@ from typing import Any
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
 from ..background import Background
 from ..guard import Watchdog
-from ..rendezvous.etcd_store import RoundSupersededError
+from ..rendezvous.etcd_store import RoundSupersededError, RunClosedError
 from ..rendezvous.services import WITHOUT_SERVICES, NodeServices
 from ..train.paths import run_memory_dir
 from ..wire.channel import ENV_ROUND
 from ..wire.metrics import encode_record
 from ..wire.records import RoundRecord
-from . import ckpt_hooks, stop, threads
+from . import ckpt_hooks, finish, stop, threads
 from .channel import AgentChannel
 from .http import AgentHttpServer
 from .inplace import InPlaceRounds
@@ -251,6 +252,8 @@ class ElasticRMAgent(LocalElasticAgent):
         for attempt in range(1, MAX_SUPERSEDED_ROUNDS + 1):
             try:
                 return super()._rendezvous(worker_group)
+            except RunClosedError as exc:  # the others finished while we exchanged ranks: nothing to run
+                raise RendezvousGracefulExitError(str(exc)) from None
             except RoundSupersededError as exc:
                 if attempt == MAX_SUPERSEDED_ROUNDS:
                     raise
@@ -309,13 +312,8 @@ class ElasticRMAgent(LocalElasticAgent):
             pids = [w.id for w in worker_group.workers if w.id is not None]
             result = self.channel.wait_for_acks(timeout_s=self.options.drain_grace_s, pids=pids)
             elapsed = time.monotonic() - t0
-            log.info(
-                "drained %d worker(s) at step boundaries in %.2fs (%d without the API, %d missing)",
-                len(result.acked),
-                elapsed,
-                len(result.unregistered),
-                len(result.missing),
-            )
+            log.info("drained %d worker(s) at step boundaries in %.2fs (%d without the API, %d missing)",
+                     len(result.acked), elapsed, len(result.unregistered), len(result.missing))  # fmt: skip
             steps = sorted(set(result.acked.values()))
             if result.missing:
                 message = (
@@ -326,17 +324,10 @@ class ElasticRMAgent(LocalElasticAgent):
                 message = f"drained {len(result.acked)} worker(s) at step {'/'.join(map(str, steps))}"
             else:
                 message = "drain: no worker uses elastic_rm.train; stopping them"
-            self.events.emit(
-                "drain",
-                message + f" in {elapsed:.2f}s",
-                steps=steps,
-                acked=len(result.acked),
-                hook_failed=len(result.failed),
-                missing=len(result.missing),
-                unregistered=len(result.unregistered),
-                elapsed_s=round(elapsed, 3),
-                grace_exceeded=bool(result.missing),
-            )
+            self.events.emit("drain", message + f" in {elapsed:.2f}s", steps=steps, acked=len(result.acked),
+                             hook_failed=len(result.failed), missing=len(result.missing),
+                             unregistered=len(result.unregistered), elapsed_s=round(elapsed, 3),
+                             grace_exceeded=bool(result.missing))  # fmt: skip
             self.restores.mark_change()  # after the drain: the old workers' last step is known
             if self.in_place.run(self, worker_group, result):
                 return  # the workers moved into the new round in place (elastic_rm.agent.inplace)
@@ -360,9 +351,10 @@ class ElasticRMAgent(LocalElasticAgent):
             return result
         handler = worker_group.spec.rdzv_handler
         grace = self._membership_grace()
-        deadline = time.monotonic() + grace
+        deadline, why = time.monotonic() + grace, f"membership grace {grace:g}s"
         while time.monotonic() < deadline:
-            if handler.is_closed():
+            if handler.is_closed() or finish.others_finished(self):  # the job ends, not its membership
+                why = "the run is closed" if handler.is_closed() else "the other nodes finished"
                 break
             if handler.num_nodes_waiting() > 0:
                 log.info("workers failed while the membership changed: re-rendezvous without using a restart")
@@ -371,8 +363,11 @@ class ElasticRMAgent(LocalElasticAgent):
             time.sleep(0.05)
         left = self._remaining_restarts
         outcome = f"{left} restart(s) left" if left > 0 else "no restarts left"
-        self._emit_failure(result, f"{outcome} (membership grace {grace:g}s)")
+        self._emit_failure(result, f"{outcome} ({why})")
         return result
+
+    def _exit_barrier(self) -> None:
+        finish.exit_barrier(self)  # ends when the run is closed, not after exit_barrier_timeout
 
     def _emit_failure(self, result: RunResult, outcome: str) -> None:
         failures = sorted(result.failures.items())

@@ -31,6 +31,12 @@ class RoundSupersededError(DistStoreError):
     timeout, so the wait ends at once and the agent joins the newer round."""
 
 
+class RunClosedError(DistStoreError):
+    """The run was closed while this node waited for keys of its round's store: whoever closed it has
+    finished (or failed) and will never write them. Raised instead of waiting for the timeout (torch's
+    exit barrier waits 300 s for a node whose workers failed after the others had finished)."""
+
+
 class EtcdStore(Store):
     def __init__(
         self,
@@ -38,13 +44,16 @@ class EtcdStore(Store):
         prefix: str,
         timeout: float = 300.0,
         superseded: Callable[[], bool] | None = None,
+        closed: Callable[[], str | None] | None = None,
     ):
-        """``superseded``: asked while waiting for keys; True ends the wait with RoundSupersededError."""
+        """``superseded``: asked while waiting for keys; True ends the wait with RoundSupersededError.
+        ``closed``: likewise; who closed the run (None while open) ends it with RunClosedError."""
         super().__init__()
         self._client = client
         self._prefix = prefix if prefix.endswith("/") else prefix + "/"
         self._timeout = timeout
         self._superseded = superseded
+        self._closed = closed
 
     def _key(self, key: str) -> str:
         return self._prefix + key
@@ -80,6 +89,11 @@ class EtcdStore(Store):
             return new
         return result.kvs[0].value if result.kvs else want
 
+    def peek(self, key: str) -> bytes | None:
+        """The key's value now, None when it is not there (no wait)."""
+        kv = self._client.get(self._key(key))
+        return None if kv is None else kv.value
+
     def check(self, keys: list[str]) -> bool:
         return all(self._client.get(self._key(k)) is not None for k in keys)
 
@@ -95,6 +109,11 @@ class EtcdStore(Store):
                 raise RoundSupersededError(
                     f"a newer round superseded the one of etcd store {self._prefix} while waiting for keys "
                     f"{pending}: join the newer round"
+                )
+            by = self._closed() if self._closed is not None else None
+            if by is not None:
+                raise RunClosedError(
+                    f"the run was closed (by {by}) while waiting for keys {pending} in etcd store {self._prefix}"
                 )
             if time.monotonic() > deadline:
                 raise DistStoreError(

@@ -58,6 +58,14 @@ POLL_S = 0.5  # upper bound between re-checks while waiting (changes wake us at 
 ACK_RESEND_S = 2.0  # resend our ack of a round that is still unsealed after this long
 
 
+def closed_by_member(view: JobView, r: RoundRecord) -> str | None:
+    """Who closed the run, when a member of round ``r`` did (an agent whose workers failed closes it as it
+    exits: the others' waits in the round's store end then); None otherwise (`erm stop` closes a run
+    before its agents reach the exit barrier: they still wait there for each other)."""
+    closed = view.closed
+    return closed.by if closed is not None and closed.by in r.members else None
+
+
 class ElasticRMRendezvousHandler(RendezvousHandler):
     def __init__(
         self,
@@ -260,6 +268,7 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             self._keys.store(r.round),
             timeout=self.settings.join_timeout,
             superseded=lambda: view.round is not None and view.round.round > r.round,
+            closed=lambda: closed_by_member(view, r),
         )
         session.joined = r
         session.master_port = 0  # a fresh port for the next round

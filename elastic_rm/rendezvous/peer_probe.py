@@ -7,6 +7,14 @@ at least 2 peers stay unreachable for the window (``--rdzv-conf peer_probe``), t
 lease: the leader sees a lost member, the others train on without it, and its agent stops its workers and
 rejoins. A peer that is gone from etcd does not count (its lease ended: the leader replaces it anyway).
 
+A tie has no majority: two members that cannot reach each other (a round of two), or a node that cannot
+reach exactly half of its peers (in a round of three, the link between two of them cut). Both sides see
+the same, so a deterministic rule decides: the node steps out when one of the peers it cannot reach comes
+before it in the round's member list (a lower group rank); the earlier one stays. Of two hosts cut apart,
+group rank 1 leaves and group rank 0 trains on alone. A tie must hold for ``TIE_WINDOWS`` windows: when a
+node is cut off from all its peers, each of them sees a tie against it, and the cut-off node (a majority
+after one window) must have left first (its peers then no longer count it: it is gone from etcd).
+
 The trap is the rejoin: a node readmitted while still cut off stalls the next round too, over and over. So
 before a node that stepped out registers again, :meth:`PeerProbe.gate` waits (bounded by join_timeout)
 until that rule no longer holds against the run's other live nodes.
@@ -36,14 +44,33 @@ GATE_LOG_EVERY_S = 10.0
 # Peers probed per node: all of them up to this many, else a random sample of this size (drawn per round),
 # so that a large job costs each node a constant number of connects, and no peer gets N of them.
 MAX_PROBED_PEERS = 8
+TIE_WINDOWS = 2  # a tie steps a node out after this many windows (a majority after one)
 
 Target = tuple[str, int]  # (addr, checkpoint server port)
 
 
-def cut_off(peers: int, unreachable: int) -> bool:
-    """The rule: more than half of at least 2 peers unreachable. With one peer nobody can tell which side
-    is cut off, so nobody steps out."""
-    return peers >= 2 and 2 * unreachable > peers
+def cut_off(peers: int, unreachable: int, outranked: bool = False) -> bool:
+    """The rule: more than half of at least 2 peers unreachable; or a tie (exactly half, one peer of one
+    included) when ``outranked``: an unreachable peer has a lower group rank than this node."""
+    if unreachable <= 0:
+        return False
+    if peers >= 2 and 2 * unreachable > peers:
+        return True
+    return outranked and 2 * unreachable >= peers
+
+
+def holds_back(peers: int, unreachable: int) -> bool:
+    """Whether a node that stepped out must wait before rejoining: it does not reach more than half of the
+    run's other live nodes (a tie included: rejoining then would only lead to the same tie again)."""
+    return unreachable > 0 and 2 * unreachable >= peers
+
+
+def outranked(members: tuple[str, ...] | list[str], node: str, unreachable: set[str]) -> bool:
+    """Whether one of the ``unreachable`` peers comes before ``node`` in the round's ``members``."""
+    if node not in members:
+        return False
+    mine = members.index(node)
+    return any(members.index(n) < mine for n in unreachable if n in members)
 
 
 class CutOffClock:
@@ -53,14 +80,15 @@ class CutOffClock:
         self.window_s = window_s
         self._since: float | None = None
 
-    def observe(self, now: float, peers: int, unreachable: int) -> bool:
+    def observe(self, now: float, peers: int, unreachable: int, outranked: bool = False) -> bool:
         """True once the rule held at every observation for ``window_s``; one good observation resets."""
-        if not cut_off(peers, unreachable):
+        if not cut_off(peers, unreachable, outranked):
             self._since = None
             return False
         if self._since is None:
             self._since = now
-        return now - self._since >= self.window_s
+        windows = 1 if cut_off(peers, unreachable) else TIE_WINDOWS  # without a rank: a majority
+        return now - self._since >= windows * self.window_s
 
     def reset(self) -> None:
         self._since = None
@@ -158,7 +186,8 @@ class PeerProbe:
             targets = probe_sample({n: t for n, t in live.items() if n in joined.members})
             round_seen = joined.round
         lost = unreachable_of(targets)
-        if self.clock.observe(time.monotonic(), len(targets), len(lost)):
+        later = outranked(joined.members, session.node_id, lost)
+        if self.clock.observe(time.monotonic(), len(targets), len(lost), later):
             self.clock.reset()
             self._maybe_step_out(targets, lost)
         return round_seen, targets
@@ -170,15 +199,22 @@ class PeerProbe:
             return
         live = set(live_targets(self._client, self._nodes, self._session.node_id))
         peers, lost = set(targets) & live, lost & live
-        if not cut_off(len(peers), len(lost)):
-            return
         session, lease = self._session, self._session.lease
         if lease is None or session.joined is None:
             return
-        window = self.clock.window_s
+        later = outranked(session.joined.members, session.node_id, lost)
+        if not cut_off(len(peers), len(lost), later):
+            return
+        tie = not cut_off(len(peers), len(lost))  # it leaves by the tie-break, not by a majority
+        window = self.clock.window_s * (TIE_WINDOWS if tie else 1)
+        why = (
+            " (a tie: a peer it cannot reach ranks before it in the round, so this node leaves)"
+            if tie
+            else ""
+        )
         message = (
             f"cannot reach {len(lost)} of {len(peers)} peers ({', '.join(sorted(lost))}) for {window:g}s while "
-            "etcd answers: leaving the run (revoking this node's lease); it rejoins once it reaches them"
+            f"etcd answers{why}: leaving the run (revoking this node's lease); it rejoins once it reaches them"
         )
         log.warning("node %s %s", session.node_id, message)
         session.events.emit("node", message, unreachable=sorted(lost), peers=len(peers), window_s=window)
@@ -188,9 +224,9 @@ class PeerProbe:
     # -- before rejoining -----------------------------------------------------------------------------
 
     def gate(self) -> None:
-        """Called before a node whose lease is gone registers again: after a step-out, wait until the cut-off
-        rule no longer holds against the run's other live nodes (at most join_timeout; then rejoin anyway,
-        with a warning). Returns at once for a lease lost any other way."""
+        """Called before a node whose lease is gone registers again: after a step-out, wait until it reaches
+        more than half of the run's other live nodes (``holds_back``; at most join_timeout, then it rejoins
+        anyway, with a warning). Returns at once for a lease lost any other way."""
         if not self.stepped_out.is_set():
             return
         session = self._session
@@ -201,7 +237,7 @@ class PeerProbe:
             try:
                 targets = probe_sample(live_targets(self._client, self._nodes, session.node_id))
                 lost = unreachable_of(targets)
-                if not cut_off(len(targets), len(lost)):
+                if not holds_back(len(targets), len(lost)):
                     waited = time.monotonic() - t0
                     message = f"reaches {len(targets) - len(lost)} of {len(targets)} peers again after {waited:.1f}s: rejoining"
                     log.warning("node %s %s", session.node_id, message)  # the end of the step-out

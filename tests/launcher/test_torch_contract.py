@@ -8,6 +8,7 @@ import inspect
 import torch
 from torch.distributed.elastic.agent.server.api import RunResult, SimpleElasticAgent, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.utils import store as store_util
 
 from elastic_rm.agent.agent import ElasticRMAgent
 
@@ -23,6 +24,7 @@ def test_overridden_methods_still_exist_with_the_same_signature():
         "_monitor_workers": ["self", "worker_group"],
         "_start_workers": ["self", "worker_group"],
         "_restart_workers": ["self", "worker_group"],
+        "_exit_barrier": ["self"],
     }
     for name, params in expected.items():
         method = getattr(LocalElasticAgent, name)
@@ -36,3 +38,17 @@ def test_invoke_run_still_restarts_on_waiting_nodes_without_using_a_restart():
     assert "num_nodes_waiting()" in source and "_restart_workers" in source
     assert "WorkerState.HEALTHY" in source
     assert RunResult(state=WorkerState.HEALTHY).state == WorkerState.HEALTHY
+
+
+def test_the_exit_barrier_is_still_torchs_store_barrier_with_the_same_attributes():
+    # elastic_rm.agent.finish reimplements _exit_barrier over the same store keys and attributes
+    source = inspect.getsource(SimpleElasticAgent._exit_barrier)
+    for name in (
+        "store_util.barrier",
+        "_TERMINAL_STATE_SYNC_ID",
+        "_exit_barrier_timeout",
+        "_in_exit_barrier",
+    ):
+        assert name in source, name
+    barrier = inspect.getsource(store_util._barrier_nonblocking)
+    assert "store.add(num_members_key, 1)" in barrier and store_util._NUM_MEMBERS == "/num_members"

@@ -2,7 +2,8 @@
 `ermrun` hosts of the steps worker, lease 2 s. This kernel has no sch_netem, so loss is a classic-BPF
 filter drawing the kernel's random number into a queue that holds nothing (`hosts.drop_randomly`), and
 delay a userspace TCP proxy on the etcd path (`delay_proxy.py`). Neither may cost a lease: the round and
-its members stay, and every host trains at world 3 throughout."""
+its members stay, and every host trains at world 3 throughout; a stop while the fault is on ends every
+agent with status 0."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.etcd.server import EtcdCluster
 from elastic_rm.wire.keyspace import Keyspace
+from tests.launcher.exits import exit_codes
 from tests.launcher.helpers import steps_at_world, wait_until
 from tests.netns.delay_proxy import DelayProxy
 from tests.netns.hosts import Network, why_unavailable
@@ -30,9 +32,9 @@ def steps_between(tmp_path, node: str, t0: float, t1: float) -> int:
     return steps_at_world(tmp_path, node, 3, since=t0) - steps_at_world(tmp_path, node, 3, since=t1)
 
 
-# slow: stopping the job while the loss is still on sometimes leaves an agent that does not exit within
-# 120 s (3 of 7 runs on the merged code; docs/guarantees.md, "Not yet proven"); off CI until that is fixed
-@pytest.mark.slow
+# The job is stopped while the loss is still on. An agent used to stay up to 300 s then: the steps worker's
+# ranks each looked for the stop file on their own, and one started a step its peers had left (they now
+# agree on the stop step; elastic_rm.agent.finish bounds the agents' side).
 @pytest.mark.parametrize("fault", ["loss", "delay"])
 def test_training_goes_on_through_packet_loss_and_etcd_delay_without_a_lease_lost(
     fault, run_id, tmp_path, procs
@@ -60,11 +62,13 @@ def test_training_goes_on_through_packet_loss_and_etcd_delay_without_a_lease_los
         after = current_round(client, keys)
         steps = {n: steps_between(tmp_path, n, t0, t1) for n in nodes}
         (tmp_path / "stop").touch()
-        codes = {n: p.wait(120) for n, p in nodes.items()}
+        t_stop = time.monotonic()
+        codes = exit_codes(nodes, 120)
+        exit_s = time.monotonic() - t_stop
     assert before is not None and after is not None
     assert (after.round, sorted(after.members)) == (before.round, sorted(before.members)), (before, after)
     assert all(s > 10 for s in steps.values()), steps  # trained throughout, at world 3
-    assert codes == {"h0": 0, "h1": 0, "h2": 0}, {n: p.output()[-2000:] for n, p in nodes.items()}
+    assert codes == {"h0": 0, "h1": 0, "h2": 0}, {n: p.output()[-8000:] for n, p in nodes.items()}
     if fault == "loss":
         sent, lost = sum(p[0] for p in packets), sum(p[1] for p in packets)
         assert lost > 0.02 * sent, packets  # the loss was real
@@ -72,4 +76,7 @@ def test_training_goes_on_through_packet_loss_and_etcd_delay_without_a_lease_los
     else:
         assert proxy.connections >= 3  # every agent's etcd traffic went through the delay
         what = f"{proxy.connections} etcd connections delayed {DELAY_S * 1000:.0f} ms each way"
-    print(f"\n{fault}: {what} for {WINDOW_S}s; round {before.round} kept; steps at world 3 meanwhile {steps}")
+    print(
+        f"\n{fault}: {what} for {WINDOW_S}s; round {before.round} kept; steps at world 3 meanwhile {steps}; "
+        f"all agents exited {exit_s:.1f}s after the stop"
+    )

@@ -27,9 +27,9 @@ LEASE_TTL = 2
 COMPACTION = ["--auto-compaction-mode", "periodic", "--auto-compaction-retention", "2s"]
 
 
-def start_host(host: Host, endpoint: str, run_id: str, tmp_path) -> Proc:
+def start_host(host: Host, endpoint: str, run_id: str, tmp_path, nnodes: str = "2:3") -> Proc:
     argv = [
-        os.path.join(BIN, "ermrun"), "--monitor-interval", "0.1", "--nnodes", "2:3", "--nproc-per-node", "1",
+        os.path.join(BIN, "ermrun"), "--monitor-interval", "0.1", "--nnodes", nnodes, "--nproc-per-node", "1",
         "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--node-id", host.name, "--local-addr", host.addr,
         "--rdzv-conf", f"lease_ttl={LEASE_TTL},last_call_timeout=0.5,join_timeout=120",
         "--membership-grace", "60", STEPS,

@@ -281,3 +281,21 @@ def test_a_store_wait_ends_when_its_round_is_superseded(etcd, run_id):
         threading.Timer(0.3, newer.set).start()
         with pytest.raises(RoundSupersededError, match="join the newer round"):  # not the timeout's error
             store.get("dead-member")
+
+
+def test_a_store_wait_ends_when_the_run_is_closed(etcd, run_id):
+    """torch's exit barrier waits in the round's store for every member; a member whose workers failed
+    after the others finished never arrives, and closes the run as it exits: that ends the wait at once."""
+    from elastic_rm.rendezvous.etcd_store import EtcdStore, RunClosedError
+
+    closed_by: list[str] = []
+    with EtcdClient(etcd.endpoint, timeout=2) as c:
+        store = EtcdStore(
+            c, f"/{run_id}/store/1/", timeout=60, closed=lambda: closed_by[0] if closed_by else None
+        )
+        store.set("a", b"1")
+        closed_by.append("b")
+        assert store.get("a") == b"1"  # present keys never ask
+        assert store.peek("a") == b"1" and store.peek("absent") is None
+        with pytest.raises(RunClosedError, match=r"closed \(by b\)"):  # not the timeout's error
+            store.get("torchelastic/agent/terminal_state/last_member")

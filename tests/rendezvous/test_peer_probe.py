@@ -9,7 +9,15 @@ import threading
 
 import pytest
 
-from elastic_rm.rendezvous.peer_probe import CutOffClock, cut_off, live_targets, unreachable_of
+from elastic_rm.rendezvous.peer_probe import (
+    TIE_WINDOWS,
+    CutOffClock,
+    cut_off,
+    holds_back,
+    live_targets,
+    outranked,
+    unreachable_of,
+)
 from tests.rendezvous.test_handler import join_all, make, wait_for
 
 
@@ -21,6 +29,24 @@ def test_the_rule_is_more_than_half_of_at_least_two_peers(peers, unreachable, ou
     assert cut_off(peers, unreachable) is out
 
 
+@pytest.mark.parametrize(
+    ("peers", "unreachable", "out"),
+    [(1, 0, False), (1, 1, True), (2, 1, True), (4, 2, True), (3, 1, False), (4, 1, False), (2, 0, False)],
+)
+def test_a_tie_steps_out_only_the_node_outranked_by_a_peer_it_cannot_reach(peers, unreachable, out):
+    assert cut_off(peers, unreachable, outranked=True) is out
+    assert cut_off(peers, unreachable, outranked=False) is (peers >= 2 and 2 * unreachable > peers)
+
+
+def test_of_two_members_cut_apart_the_later_one_leaves_and_a_tie_holds_back_its_rejoin():
+    members = ("h0", "h1", "h2")
+    assert outranked(members[:2], "h1", {"h0"}) and not outranked(members[:2], "h0", {"h1"})
+    assert outranked(members, "h2", {"h1"}) and not outranked(members, "h1", {"h2"})  # the h1-h2 link cut
+    assert not outranked(members, "h9", {"h0"})  # not a member (any more): no rank to compare
+    assert holds_back(1, 1) and holds_back(2, 1) and holds_back(3, 2)
+    assert not holds_back(1, 0) and not holds_back(3, 1) and not holds_back(0, 0)
+
+
 def test_the_clock_needs_the_rule_to_hold_without_a_break_for_the_window():
     clock = CutOffClock(window_s=3.0)
     assert not clock.observe(10.0, 3, 2)
@@ -29,7 +55,16 @@ def test_the_clock_needs_the_rule_to_hold_without_a_break_for_the_window():
     assert not clock.observe(14.0, 3, 3)
     assert not clock.observe(16.5, 3, 3)
     assert clock.observe(17.0, 3, 3)
-    assert not clock.observe(100.0, 1, 1)  # a single peer never counts
+    assert not clock.observe(100.0, 1, 1)  # a single peer counts only for a node outranked by it
+
+
+def test_a_tie_must_hold_for_longer_than_a_majority():
+    """A node cut off from all its peers is a tie to each of them: it must leave (a majority, one window)
+    before any of them would leave by the tie-break."""
+    clock = CutOffClock(window_s=2.0)
+    assert not clock.observe(10.0, 1, 1, outranked=True)
+    assert not clock.observe(12.0, 1, 1, outranked=True)  # one window: not yet for a tie
+    assert clock.observe(10.0 + TIE_WINDOWS * 2.0, 1, 1, outranked=True)
 
 
 class Acceptor:

@@ -2,7 +2,8 @@
 
 Writes to $STEPS_DIR/<node>.jsonl (node = $STEPS_NODE); the first line of each start carries the
 names and values of the torchelastic environment variables. Stops after $STEPS_MAX steps (default:
-forever) or when $STEPS_DIR/stop exists.
+forever) or when $STEPS_DIR/stop exists (all ranks after the same step: the step's all_reduce carries
+whether a rank saw the file).
 """
 
 import gc
@@ -45,11 +46,15 @@ def main() -> None:
             + "\n"
         )
         fh.flush()
-        step = 0
-        while not (max_steps and step >= max_steps) and not os.path.exists(os.path.join(out_dir, "stop")):
-            t = torch.ones(1)
+        step, stop = 0, False
+        while not (max_steps and step >= max_steps) and not stop:
+            # [1, stop file seen]: the ranks agree on the step they stop after. Each looking for the file on
+            # its own let one rank (whose all_reduce returned a retransmit later) start a step the others
+            # had left: its collective failed and the agents' exits waited on it.
+            t = torch.tensor([1.0, float(os.path.exists(os.path.join(out_dir, "stop")))])
             dist.all_reduce(t)
-            assert int(t.item()) == world
+            assert int(t[0].item()) == world
+            stop = t[1].item() > 0
             step += 1
             fh.write(json.dumps({"t": time.time(), "rank": rank, "world": world, "step": step}) + "\n")
             fh.flush()

@@ -1,0 +1,41 @@
+"""Nodes that finish apart (elastic_rm.agent.finish): a node whose workers fail after the other node's
+succeeded does not wait the membership grace for a new round (the other node is in torch's exit barrier:
+the job ends, its membership does not change), and the node in the exit barrier leaves it when the failing
+node closes the run, not after torch's 300 s. Before, the first waited --membership-grace (here 600 s) and
+the second up to 300 s: this test's wait ran out."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from elastic_rm.etcd.client import EtcdClient
+from tests.conftest import BIN, REPO, Proc
+from tests.launcher.exits import exit_codes
+
+FINISH_APART = os.path.join(REPO, "tests", "workers", "finish_apart.py")
+
+
+def test_a_node_failing_after_its_peer_finished_ends_both_agents_at_once(etcd, run_id, tmp_path, procs):
+    nodes = {}
+    for name in ("a", "b"):
+        argv = [os.path.join(BIN, "ermrun"), "--nnodes", "2", "--nproc-per-node", "1", "--monitor-interval",
+                "0.1", "--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, "--rdzv-conf",
+                "lease_ttl=2,last_call_timeout=0.5,join_timeout=60", "--node-id", name, "--membership-grace",
+                "600", "--spares", "off", FINISH_APART]  # fmt: skip
+        nodes[name] = Proc(argv, str(tmp_path / f"{name}.log"))
+    procs.extend(nodes.values())
+    codes = exit_codes(nodes, 120)
+    with EtcdClient(etcd.endpoint) as client:
+        round_ = json.loads(client.get(f"/elastic-rm/{run_id}/round").value)
+        closed = json.loads(client.get(f"/elastic-rm/{run_id}/closed").value)
+    failing = round_["members"][1]  # group rank 1 fails
+    finished = round_["members"][0]
+    assert codes[finished] == 0 and codes[failing] not in (0, None), {
+        n: p.output()[-3000:] for n, p in nodes.items()
+    }
+    assert closed["by"] == failing, closed  # the failing node closed the run as it exited
+    assert (
+        "exit barrier left after" in nodes[finished].output()
+        and f"closed (by {failing})" in nodes[finished].output()
+    )
