@@ -46,12 +46,17 @@ def run_agent(backend: str, endpoint: str, run_id: str, node: Node, nnodes: int,
         role=node.role, local_world_size=node.local_world_size, entrypoint=node.entrypoint, args=(),
         rdzv_handler=handler, max_restarts=max_restarts, monitor_interval=0.05,
     )  # fmt: skip
+    # torch.multiprocessing leaves a failed worker's ``pytorch-errorfile-*.pickle`` in the temporary
+    # directory (it reads the file, never removes it): keep it in a directory that goes with the agent
+    saved_tempdir = tempfile.tempdir
     with tempfile.TemporaryDirectory(prefix="erm-conf-") as logs:
         agent = LocalElasticAgent(spec, start_method="spawn", exit_barrier_timeout=5,
                                   logs_specs=DefaultLogsSpecs(log_dir=logs))  # fmt: skip
+        tempfile.tempdir = logs
         try:
             result = agent.run()
         finally:
+            tempfile.tempdir = saved_tempdir
             handler.shutdown()
     return node.role, result.is_failed(), dict(result.return_values)
 
