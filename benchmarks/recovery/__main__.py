@@ -38,6 +38,7 @@ from pathlib import Path
 
 from benchmarks.common import fmt, stop_processes, summarize, write_result
 from benchmarks.recovery.breakdown import breakdown
+from benchmarks.recovery.breakdown import planned as planned_breakdown
 from elastic_rm.etcd.server import EtcdServer, free_port
 from elastic_rm.proc import signal_tree
 
@@ -154,6 +155,7 @@ def round_change(rows: list[dict], since: float) -> dict | None:
     return {
         **phases(rows, before[-1]["t"], start["world"]),
         "downtime_s": max(firsts.values()) - before[-1]["t"],
+        "last_step_t": before[-1]["t"],  # rank 0's last step before the round (unix time)
         "world": start["world"],
         "steps_redone": before[-1]["step"] - (start.get("restored_step") or 0),
         # per node of the new world: its first step, seconds after rank 0's last step before the round,
@@ -248,6 +250,11 @@ def planned_trial(kind: str, limit: float, agent_extra: tuple[str, ...] = ()) ->
                 "workdir": str(workdir),
             }
         load = {"load_avg_before": load_before, "load_avg_after": os.getloadavg()}
+        if etcd is not None:  # per node and phase: where the downtime went (the rows have every time)
+            time.sleep(1)  # the agents' events of the round are written after the first step
+            change["breakdown"] = planned_breakdown(
+                endpoint, run_id, progress(workdir), change["last_step_t"]
+            )
         return {"ok": True, **change, **load}
     finally:
         stop_processes(procs)

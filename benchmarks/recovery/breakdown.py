@@ -42,3 +42,66 @@ def breakdown(endpoint: str, run_id: str, rows: list[dict], t_fault: float) -> d
         "in_place": bool(kept) and not fallback,
         "fallback": fallback,
     }
+
+
+# The worker's phases in its "start" row (examples/dlrm/train.py), in the order they happen.
+WORKER_PHASES = (
+    "body_ended",
+    "collected",
+    "stopped",
+    "told_round",
+    "imported",
+    "built",
+    "planned",
+    "prepared",
+    "group",
+    "agreed",
+    "wrapped",
+    "restored",
+    "checksum",
+)
+
+
+def planned(endpoint: str, run_id: str, rows: list[dict], last: float) -> dict:
+    """Where a planned round's downtime goes, per node: seconds after rank 0's last step before the round
+    (``last``), from the leader's round record, the agents' events (the drain requested and acknowledged,
+    the round joined, the workers told or handed a spare) and the workers' progress rows (the drain hook's
+    checkpoint; the new round's process group, model, sharding plan, DMP, restore, state digest and first
+    step). ``critical``: the node whose first step came last (the downtime is its)."""
+    with EtcdClient(endpoint, timeout=5) as client:
+        events, _errors, _ = read_etcd(client, Keyspace(DEFAULT_PREFIX, run_id))
+    window = [e for e in events if last - 30 < e.time]
+    sealed = [r for r in rounds_from_etcd(endpoint, run_id) if r.get("t") and last - 30 < r["t"]]
+
+    def off(t: float | None) -> float | None:
+        return round(t - last, 3) if t is not None else None
+
+    nodes: dict[str, dict] = {}
+    for e in window:
+        at = nodes.setdefault(e.node, {})
+        if e.kind == "drain" and "elapsed_s" in e.data:
+            at["drain_requested_s"] = off(e.time - e.data["elapsed_s"])
+            at["drain_acked_s"] = off(e.time)
+        elif e.kind == "round" and e.message.startswith("joined round"):
+            at["joined_s"] = off(e.time)
+        elif e.kind == "round" and e.data.get("in_place") and "told_at" in e.data:
+            at.update(rendezvous_s=off(e.data["rendezvous_at"]), told_s=off(e.data["told_at"]))
+        elif e.kind == "round" and "from_spares" in e.data:
+            at["spare_handed_s"] = off(e.time)
+    for r in rows:
+        at = nodes.setdefault(r["node"], {})
+        if "drained_step" in r and last - 1 <= r["t"] and isinstance(r.get("phases"), dict):
+            at.update(drain_hook_s=off(r["phases"]["hook"]), drain_saved_s=off(r["phases"]["saved"]))
+            at["drained_s"] = off(r["t"])
+        elif r.get("start") and r["t"] > last and isinstance(r.get("phases"), dict):
+            at.update({f"{k}_s": off(r["phases"][k]) for k in WORKER_PHASES if k in r["phases"]})
+            at["in_place"] = bool(r.get("in_place"))
+        elif "step" in r and r["t"] > last and "first_step_s" not in at and "checksum_s" in at:
+            at["first_step_s"] = off(r["t"])
+    nodes = {n: v for n, v in nodes.items() if "first_step_s" in v}
+    critical = max(nodes, key=lambda n: nodes[n]["first_step_s"]) if nodes else None
+    return {
+        "round_sealed_s": off(max(r["t"] for r in sealed)) if sealed else None,
+        "nodes": nodes,
+        "critical": critical,
+    }

@@ -30,7 +30,9 @@ import psutil
 from benchmarks.common import fmt, summarize, write_result
 from benchmarks.recovery.__main__ import planned_trial
 
-PRELOAD = "torch,torchrec,torchrec.models.dlrm,elastic_rm.train"
+# torch.distributed.optim: TorchRec's apply_optimizer_in_backward imports it on first use, and its import
+# compiles TorchScript (about 1 s); preloaded, a joining worker does not pay it in the round
+PRELOAD = "torch,torchrec,torchrec.models.dlrm,torch.distributed.optim,elastic_rm.train"
 ON = ("--spares", "on", "--spare-preload", PRELOAD)
 OFF = ("--spares", "off")
 VARIANTS = {  # name -> (the kind of benchmarks.recovery part b, extra ermrun flags)

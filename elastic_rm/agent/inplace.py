@@ -237,6 +237,7 @@ class InPlaceRounds:
             self._failed.clear()
         self.channel.clear_drain()  # before any worker can train in the new round and see the old flag
         agent._rendezvous(group)
+        rendezvous_at = time.time()
         joined = services.joined_round
         round_id = joined.round if joined is not None else 0
         for worker in group.workers:
@@ -244,6 +245,7 @@ class InPlaceRounds:
         envs = self._environments(agent, group, round_id)
         for worker in group.workers:
             self._tell(worker.id, ROUND_JOIN, round_id, envs[worker.local_rank])
+        told_at = time.time()
         why = self._wait_resumed(pids, round_id, lambda: agent._handler.num_nodes_waiting() > 0)
         if why is not None:
             self.events.emit(
@@ -271,6 +273,8 @@ class InPlaceRounds:
             ranks=[w.global_rank for w in group.workers],
             world=group.workers[0].world_size,
             resume_s=round(elapsed, 3),
+            rendezvous_at=rendezvous_at,  # wall-clock times, for profiles (benchmarks/recovery/breakdown.py)
+            told_at=told_at,
         )
         return True
 

@@ -18,6 +18,7 @@ _EXPORTS = {
     "ElasticPlanError": "sharding",
     "ElasticRules": "sharding",
     "WorldTopology": "sharding",
+    "check_plan_agreement": "sharding",
     "plan_sharding": "sharding",
     "plan_summary": "sharding",
     "wrap_model": "sharding",

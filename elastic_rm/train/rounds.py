@@ -36,8 +36,9 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch.distributed as dist
 
@@ -80,11 +81,21 @@ class Round:
     world_size: int
     failure: list[str] = field(default_factory=list, repr=False, compare=False)
     can_wait: bool = field(default=False, repr=False, compare=False)
+    # wall-clock times (``time.time()``) of this round's re-initialisation in this process, for profiles:
+    # ``stopped`` (the body ended), ``told`` (the agent's round message read), ``group`` (the new process
+    # group initialised); empty in the first round
+    times: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
+    _prepared: list[Any] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def in_place(self) -> bool:
         """True when this process trained an earlier round (it must restore, not initialise)."""
         return self.index > 0
+
+    def take_prepared(self) -> Any:
+        """What :func:`rounds`' ``prepare`` returned for this round (None without one), once: the body
+        owns it, and this round's collection at its end must not find its model still held here."""
+        return self._prepared.pop() if self._prepared else None
 
     def __enter__(self) -> Round:
         return self
@@ -103,8 +114,15 @@ class Round:
         return True  # held: rounds() waits for the agent's next round
 
 
-def rounds(reporter: StepReporter, backend: str = "gloo") -> Iterator[Round]:
+def rounds(
+    reporter: StepReporter, backend: str = "gloo", prepare: Callable[[], Any] | None = None
+) -> Iterator[Round]:
     """Yield one :class:`Round` per round this process trains in, its default process group initialised.
+
+    ``prepare``: called once per round with the round's environment set (``WORLD_SIZE``, ``RANK``, ...)
+    but before its process group is initialised; its result is ``rnd.take_prepared()``. Build there what needs
+    no collective (the unsharded model, the sharding plan for this world): the group's initialisation
+    waits for the slowest rank (a joining node's worker), and that wait then does this work.
 
     After a body that the agent drained (``reporter.should_stop()``), the process groups are destroyed
     and the worker waits for its next round; a leaving rank exits 0 (``SystemExit(0)``). After a body
@@ -113,16 +131,29 @@ def rounds(reporter: StepReporter, backend: str = "gloo") -> Iterator[Round]:
     agent says none came. A body that ends any other way (``break`` or done) ends the iteration, and the
     script's own cleanup follows the loop.
     """
-    index, round_id = 0, _env_round()
+    _freeze_imports()  # first: nothing of a round (its prepared model included) may be frozen
+    index, round_id, times = 0, _env_round(), {}
+    prepared = _prepare(prepare, reporter, round_id, times)
     if not dist.is_initialized():
         dist.init_process_group(backend)
+        times["group"] = time.time()
     while True:
         if reporter.active:
             reporter.new_round(after_first_step=_resumed(reporter, round_id) if index else None)
             reporter.send(KIND_INPLACE)
-        rnd = Round(index, round_id, dist.get_rank(), dist.get_world_size(), can_wait=_can_wait(reporter))
+        rnd = Round(
+            index,
+            round_id,
+            dist.get_rank(),
+            dist.get_world_size(),
+            can_wait=_can_wait(reporter),
+            times=times,
+            _prepared=[prepared] if prepare is not None else [],
+        )
+        prepared = None  # the round's body owns it now
         yield rnd
         t0 = time.monotonic()
+        times = {"stopped": time.time()}
         if rnd.failure:  # the body's collectives failed (a lost peer?): wait for the agent's decision
             failure = rnd.failure.pop()
             reporter.send(KIND_LOST, RESUMED.pack(round_id) + failure.encode()[:MAX_TEXT])  # first: it waits
@@ -135,17 +166,20 @@ def rounds(reporter: StepReporter, backend: str = "gloo") -> Iterator[Round]:
         else:
             dist.destroy_process_group()  # the default group and every group made from it
             action, round_id, env = _wait_for_round(reporter.agent_dir)
+        times["told_round"] = time.time()
         if action == ROUND_LEAVE:
             log.info("elastic-rm: this rank leaves the world at round %d; exiting 0", round_id)
             raise SystemExit(0)
         index += 1
         os.environ.update(env)
         _forget_the_old_world()
+        prepared = _prepare(prepare, reporter, round_id, times)
         try:
             dist.init_process_group(backend)
         except Exception as exc:
             _report_failure(reporter, round_id, exc)
             raise
+        times["group"] = time.time()
         log.info(
             "elastic-rm: round %d in place: rank %d of %d (%.2fs from the drain to the new process group)",
             round_id,
@@ -153,6 +187,34 @@ def rounds(reporter: StepReporter, backend: str = "gloo") -> Iterator[Round]:
             dist.get_world_size(),
             time.monotonic() - t0,
         )
+
+
+def _prepare(
+    prepare: Callable[[], Any] | None, reporter: StepReporter, round_id: int, times: dict[str, float]
+) -> Any:
+    """Run the script's ``prepare`` for the round ahead (no process group exists); a failure is told to
+    the agent (which falls back to a restart) before it ends the process."""
+    if prepare is None:
+        return None
+    try:
+        out = prepare()
+    except Exception as exc:
+        _report_failure(reporter, round_id, exc)
+        raise
+    times["prepared"] = time.time()
+    return out
+
+
+def _freeze_imports() -> None:
+    """Move every object alive now (the imported modules: torch, torchrec and the script's, some 10^5
+    objects) out of the garbage collector's reach. Why: the end of a round collects the old round's model
+    and groups, and a full collection that scans the imports too takes 0.5-1 s on a loaded 2-core
+    machine (a few ms frozen), all of it downtime. Once per process, before any round's model exists, so
+    no round's objects are frozen (they stay collectable)."""
+    if not getattr(_freeze_imports, "done", False):
+        gc.collect()  # what is garbage already is not frozen
+        gc.freeze()
+        _freeze_imports.done = True  # type: ignore[attr-defined]
 
 
 def _forget_the_old_world() -> None:

@@ -34,6 +34,7 @@ import torch.distributed as dist
 import torchrec.optim as trec_optim
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+from torchrec.distributed.types import ShardingPlan
 from torchrec.models.dlrm import DLRM, DLRMTrain
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
@@ -44,6 +45,7 @@ from elastic_rm.train import (
     RangeLedger,
     SyntheticClickData,
     WorldTopology,
+    check_plan_agreement,
     dense_parameters,
     plan_sharding,
     wrap_model,
@@ -52,6 +54,8 @@ from elastic_rm.train.report import get_reporter
 from elastic_rm.train.rounds import Round, rounds
 from elastic_rm.train.snapshot import local_pieces
 from elastic_rm.train.state_digest import digest_hex, piece_digest
+
+IMPORTED_AT = time.time()  # the script's imports done (a profile of the first round: its "start" row)
 
 
 def parse_args() -> argparse.Namespace:
@@ -184,36 +188,69 @@ def state_checksum(dmp: torch.nn.Module, dense_opt: torch.optim.Optimizer) -> di
 def main() -> None:
     args = parse_args()
     if not args.in_place:
+        prepared = prepare(args)  # before the process group: nothing of it needs one
         dist.init_process_group("gloo")
-        train(args, in_place=None)
+        train(args, in_place=None, times={"group": time.time()}, prepared=prepared)
     else:  # rounds in place: a drained round ends the body, and the next round runs it again
-        for rnd in rounds(get_reporter(sync_every=5)):
+        ended: dict[str, float] = {}  # when the previous round's body and cleanup ended (profiles)
+        # prepare: each round's model and sharding plan are built before its process group, while the
+        # group's initialisation would wait for the slowest rank (a joining node's new worker)
+        for rnd in rounds(get_reporter(sync_every=5), prepare=lambda: prepare(args)):
             if rnd.in_place and rnd.rank == args.raise_in_place_on_rank:
                 raise RuntimeError(f"--raise-in-place-on-rank {rnd.rank}: failing the in-place round")
             finished = False
             with rnd:  # a collective that fails (a member was lost): wait for the next round in place
-                finished = train(args, in_place=rnd)
+                finished = train(
+                    args, in_place=rnd, times={**ended, **rnd.times}, prepared=rnd.take_prepared()
+                )
+            ended = {"body_ended": time.time()}
             gc.collect()  # the old round's DMP and groups are garbage before the groups are destroyed
+            ended["collected"] = time.time()
             if finished:
                 break
     gc.collect()  # before destroy: gloo aborts at exit about 1 run in 8 otherwise
     dist.destroy_process_group()
 
 
-def train(args: argparse.Namespace, in_place: Round | None) -> bool:
-    """One round: build, restore, train until done (True) or drained (False)."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if args.global_batch % world:
-        raise SystemExit(f"--global-batch {args.global_batch} must be divisible by the world size {world}")
-    local_batch = args.global_batch // world
+Prepared = tuple[DLRMTrain, list[EmbeddingBagConfig], ShardingPlan, dict[str, float]]
+
+
+def prepare(args: argparse.Namespace) -> Prepared:
+    """The unsharded model (embedding tables on the meta device) with its fused sparse optimizer and
+    its sharding plan for this world (``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``), and when each was done.
+    Needs no process group: the ranks check that their plans agree once it is up (in train)."""
     torch.manual_seed(args.seed)  # the dense layers' initial weights: the same in every run and world size
     model, tables = build_model(args)
     apply_optimizer_in_backward(
         trec_optim.RowWiseAdagrad, model.model.sparse_arch.parameters(), {"lr": args.lr}
     )
-    plan = plan_sharding(model, WorldTopology.from_env())
+    built = time.time()
+    plan = plan_sharding(model, WorldTopology.from_env(), check_same_on_all_ranks=False)
+    return model, tables, plan, {"built": built, "planned": time.time()}
+
+
+def train(
+    args: argparse.Namespace,
+    in_place: Round | None,
+    times: dict[str, float],
+    prepared: Prepared | None = None,
+) -> bool:
+    """One round: build (or take the ``prepared`` model and plan), restore, train until done (True) or
+    drained (False). ``times``: when this round's process group came up (and, in place, when the old round
+    stopped); the "start" row gets them with the phases below, as wall-clock times
+    (benchmarks/recovery/breakdown.py reads them)."""
+    phases = {"imported": IMPORTED_AT, **times} if in_place is None or not in_place.in_place else dict(times)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if args.global_batch % world:
+        raise SystemExit(f"--global-batch {args.global_batch} must be divisible by the world size {world}")
+    local_batch = args.global_batch // world
+    model, tables, plan, prepared_at = prepared or prepare(args)
+    phases.update(prepared_at)
+    check_plan_agreement(plan)  # every rank computed the same plan (a digest all-gather)
+    phases["agreed"] = time.time()
     dmp = wrap_model(model, plan)
     dense_opt = torch.optim.Adagrad([p for _, p in dense_parameters(dmp)], lr=args.lr)
+    phases["wrapped"] = time.time()
     node = os.environ.get("ERM_NODE_ID") or os.environ.get("GROUP_RANK", "0")
     # replicate: every node's shards are also kept in one peer node's memory, so that losing a node (SIGKILL,
     # a dead machine) loses nothing; the durable directory (if any) is the copy of last resort.
@@ -229,6 +266,7 @@ def train(args: argparse.Namespace, in_place: Round | None) -> bool:
     step = restored.step if restored else 0
     if restored is None:
         init_tables(dmp, tables, args.seed)
+    phases["restored"] = time.time()
     data = SyntheticClickData(num_samples=10_000_000, vocab_sizes=args.rows, seed=args.seed)
     range_size = args.range_steps * args.global_batch
     if restored is not None and "ledger" in restored.position:
@@ -254,8 +292,11 @@ def train(args: argparse.Namespace, in_place: Round | None) -> bool:
             progress.write(json.dumps(row) + "\n")
             progress.flush()
 
+    checksum = state_checksum(dmp, dense_opt)
+    phases["checksum"] = time.time()
     emit(
         start=True,
+        phases=phases,
         in_place=in_place is not None and in_place.in_place,
         restored_step=step if restored else None,
         nodes=ckpt.rank_nodes,  # this world's node per rank; saved_by: the checkpoint's
@@ -270,15 +311,17 @@ def train(args: argparse.Namespace, in_place: Round | None) -> bool:
         else None,  # fmt: skip
         ledger_samples_done=batches.ledger.samples_done(),
         epoch_samples=batches.ledger.num_samples,
-        **state_checksum(dmp, dense_opt),
+        **checksum,
     )
     reporter = get_reporter(sync_every=5)
 
     @reporter.on_stop
     def drained(done: int) -> None:  # every rank stops at this same step (sync_every): collectives are fine
         # done: the reporter's global step (it counts on from the restored checkpoint's step)
+        hook_at = time.time()
         ckpt.save(done, position(), block=True)
-        emit(drained_step=done, **state_checksum(dmp, dense_opt))
+        saved_at = time.time()
+        emit(drained_step=done, phases={"hook": hook_at, "saved": saved_at}, **state_checksum(dmp, dense_opt))
 
     def position() -> dict:
         return {"step": step, "ledger": batches.ledger.checkpoint_state()}
