@@ -180,6 +180,9 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
     def _next_rendezvous(self) -> RendezvousInfo:
         settings, view, session = self.settings, self._view, self._session
         session.check_lease()
+        sealed = self._sealed_for_us()
+        if sealed is not None:
+            return self._join(sealed)
         session.ensure_registered(NodeState.JOINING)
         deadline = time.monotonic() + settings.join_timeout
         after = session.joined.round if session.joined else 0
@@ -235,6 +238,20 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
                     )
             view.wait(seen, POLL_S)
 
+    def _sealed_for_us(self) -> RoundRecord | None:
+        """A newer round, already sealed, that names this node: the leader writes the survivors' round of a
+        loss sealed at once (leader.py, ``_sealed_at_once``). A survivor joins it without registering as
+        joining first: at 1,000 nodes that registration and the ack were the survivors' whole re-join."""
+        session, view = self._session, self._view
+        done = session.joined
+        if done is None or session.lease_lost:
+            return None
+        with view.cond:
+            r, blocked = view.round, view.error is not None or view.closed is not None
+        if blocked or r is None or not r.sealed or r.round <= done.round or session.node_id not in r.members:
+            return None
+        return r
+
     def _ack(self, r: RoundRecord, again: bool = False) -> None:
         """Send the ack without waiting (the join path). ``again``: the round is still unsealed a while
         later: send the same ack once more (idempotent), in case etcd lost the first one."""
@@ -262,7 +279,7 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             superseded=lambda: view.round is not None and view.round.round > r.round,
         )
         session.joined = r
-        session.master_port = 0  # a fresh port for the next round
+        session.next_master_port(avoid=r.master[1])  # advertised for the next round (ours is in use)
         session.ensure_registered(NodeState.ACTIVE, wait=False)
         log.info("node %s: round %d, group rank %d of %d", session.node_id, r.round, rank, r.world_size)
         session.events.emit(
