@@ -174,6 +174,22 @@ def main() -> None:
                     emit_sample(node.services.events, node.services.node_id, record, joined)
             time.sleep(max(0.0, args.publish_interval - (time.monotonic() - t0)))
 
+    lag = {"max_s": 0.0}
+
+    def probe_loop() -> None:
+        """How late the process's etcd I/O loop runs a 0.1 s timer: how long a keep-alive due then
+        waits for the loop (every lease of the process is refreshed from it)."""
+        from elastic_rm.etcd.client import _io_loop
+
+        loop = _io_loop()
+
+        def tick(due: float) -> None:
+            lag["max_s"] = max(lag["max_s"], time.monotonic() - due)
+            loop.call_later(0.1, tick, time.monotonic() + 0.1)
+
+        loop.call_soon_threadsafe(tick, time.monotonic())
+
+    probe_loop()
     threading.Thread(target=agent_loop, daemon=True).start()
     threading.Thread(target=publish_loop, daemon=True).start()
     for line in sys.stdin:
@@ -184,7 +200,7 @@ def main() -> None:
             ttl = nodes[0].services.lease_ttl if nodes else 0.0
             say({"ev": "report", "nodes": k, "published": stats["published"], "rejoins": stats["rejoins"],
                  "lease_lost": lost, "max_gap_s": max(gaps, default=0.0), "lease_ttl_s": ttl,
-                 "leading": sum(1 for n in nodes if n.services.leading)})  # fmt: skip
+                 "leading": sum(1 for n in nodes if n.services.leading), "max_loop_lag_s": lag["max_s"]})  # fmt: skip
         elif command == "exit":
             break
     os._exit(0)
