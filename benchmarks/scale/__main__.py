@@ -332,6 +332,8 @@ def _after_failure(children: list[Child], victim: Child) -> dict:
     return {"lease_lost": sum(r["lease_lost"] for r in reports),
             "max_keepalive_gap_s": max(r["max_gap_s"] for r in reports),
             "max_io_loop_lag_s": max(r.get("max_loop_lag_s", 0.0) for r in reports),
+            "keepalive_reopens": {k: sum(r.get("keepalive_reopens", {}).get(k, 0) for r in reports)
+                                  for k in ("no_answer", "failed")},
             "lease_ttl_s": reports[0]["lease_ttl_s"], "load_avg": os.getloadavg()}  # fmt: skip
 
 
