@@ -6,7 +6,9 @@ How a node takes part (docs/agent.md and README, "How it works"):
    vanishes within the lease TTL) and starts the leader loop (every node campaigns; one leads).
 2. ``next_rendezvous()`` marks the node ``joining`` and waits for a round that names it. It acks the
    round (rank 0 adds the address of the round's store), waits for the leader to seal it once every
-   member acked, and returns its group rank (= index in the member list) and the world size.
+   member acked, and returns its group rank (= index in the member list) and the world size. A round
+   that needs no acks comes sealed at once (seal.py); a survivor of a loss joins it straight away,
+   without registering as joining again.
 3. While its workers run, ``num_nodes_waiting()`` is positive as soon as a newer round exists; that is
    torch's signal for the agent to stop its workers and call ``next_rendezvous()`` again.
 4. A node that is not a member waits as standby; a closed job makes it exit gracefully.
