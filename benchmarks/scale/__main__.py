@@ -289,6 +289,7 @@ def _steady_result(m0, m1, etcd_cpu, c0, c1, span, children, leader, reports, ch
         "watchers": m1.get("watchers"),
         "published_per_s": sum(r["published"] for r in reports) / max(span, 1e-9),
         "max_keepalive_gap_s": max(r["max_gap_s"] for r in reports),
+        **_keepalive_stats(reports),
         "lease_ttl_s": reports[0]["lease_ttl_s"],
         "lease_lost": lease_lost,
         "rounds_churned": len(churn),
@@ -323,6 +324,13 @@ def _failure(victim: Child, children: list[Child], n: int, run: str) -> dict:
             "survivors_in_round": len(seen), "errors": errors[:3]}  # fmt: skip
 
 
+def _keepalive_stats(reports: list[dict]) -> dict:
+    """The node processes' I/O loop lag (how late a keep-alive due runs) and keep-alive streams reopened."""
+    reopens = [r.get("keepalive_reopens", {}) for r in reports]
+    return {"max_io_loop_lag_s": max(r.get("max_loop_lag_s", 0.0) for r in reports),
+            "keepalive_reopens": {k: sum(x.get(k, 0) for x in reopens) for k in ("no_answer", "failed")}}  # fmt: skip
+
+
 def _after_failure(children: list[Child], victim: Child) -> dict:
     """Leases lost by live nodes since the start (join and failure round) and the longest refresh gap."""
     survivors = [c for c in children if c is not victim]
@@ -331,9 +339,7 @@ def _after_failure(children: list[Child], victim: Child) -> dict:
     reports = [c.expect("report", 60) for c in survivors]
     return {"lease_lost": sum(r["lease_lost"] for r in reports),
             "max_keepalive_gap_s": max(r["max_gap_s"] for r in reports),
-            "max_io_loop_lag_s": max(r.get("max_loop_lag_s", 0.0) for r in reports),
-            "keepalive_reopens": {k: sum(r.get("keepalive_reopens", {}).get(k, 0) for r in reports)
-                                  for k in ("no_answer", "failed")},
+            **_keepalive_stats(reports),
             "lease_ttl_s": reports[0]["lease_ttl_s"], "load_avg": os.getloadavg()}  # fmt: skip
 
 
