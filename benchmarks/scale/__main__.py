@@ -197,8 +197,12 @@ def run_case(
         time.sleep(5)  # the first metrics records and samples settle
         if only_failure and victim is not None:
             result = {"n": n, "jobs": jobs, "procs": procs, "join": join}
+            settled = _settle(children)
+            lost_before = sum(r["lease_lost"] for r in _reports([c for c in children if c is not victim]))
             result["failure"] = _failure(victim, children, n, runs[0])
             result["failure"].update(_after_failure(children, victim))
+            result["failure"]["lease_lost_in_failure"] = result["failure"]["lease_lost"] - lost_before
+            result["failure"]["before_kill"] = settled | {"lease_lost": lost_before}
             print(f"  failure: {result['failure']}", flush=True)
             return result
         counter = WriteCounter(endpoint)
@@ -331,12 +335,35 @@ def _keepalive_stats(reports: list[dict]) -> dict:
             "keepalive_reopens": {k: sum(x.get(k, 0) for x in reopens) for k in ("no_answer", "failed")}}  # fmt: skip
 
 
+def _settle(children: list[Child], quiet_s: float = 5.0, limit_s: float = 120.0) -> dict:
+    """Wait until no node joined a new round for ``quiet_s`` (a join that lost leases churns a while), so
+    that the failure round starts from a stable world; how many rounds were joined meanwhile."""
+    t0 = last = time.monotonic()
+    churned = 0
+    while time.monotonic() - last < quiet_s and time.monotonic() - t0 < limit_s:
+        for c in children:
+            try:
+                while True:
+                    item = c.lines.get_nowait()
+                    c.other.append(item)
+                    if item.get("ev") == "round":
+                        churned, last = churned + 1, time.monotonic()
+            except queue.Empty:
+                pass
+        time.sleep(0.1)
+    return {"rounds_joined_after_the_join": churned, "settle_s": time.monotonic() - t0,
+            "settled": time.monotonic() - last >= quiet_s}  # fmt: skip
+
+
+def _reports(children: list[Child]) -> list[dict]:
+    for c in children:
+        c.send("report")
+    return [c.expect("report", 60) for c in children]
+
+
 def _after_failure(children: list[Child], victim: Child) -> dict:
     """Leases lost by live nodes since the start (join and failure round) and the longest refresh gap."""
-    survivors = [c for c in children if c is not victim]
-    for c in survivors:
-        c.send("report")
-    reports = [c.expect("report", 60) for c in survivors]
+    reports = _reports([c for c in children if c is not victim])
     return {"lease_lost": sum(r["lease_lost"] for r in reports),
             "max_keepalive_gap_s": max(r["max_gap_s"] for r in reports),
             **_keepalive_stats(reports),
