@@ -55,7 +55,7 @@ class Node:
     def __init__(self, run: str, handler) -> None:
         self.run, self.handler = run, handler
         self.services = handler.services
-        self.busy = False  # a next_rendezvous call is in flight
+        self.busy = True  # a next_rendezvous call is in flight (the first one from the start)
         self.max_gap = 0.0  # longest time without a successful lease refresh, while alive
         self.next_sample = 0.0
 
@@ -108,6 +108,7 @@ def main() -> None:
         except Exception as exc:  # noqa: BLE001 - reported in the result
             row["error"] = f"{type(exc).__name__}: {exc}"[:300]
         row["end"] = time.time()
+        node.busy = False  # its agent loop takes over (it may have started already)
 
     threads = [threading.Thread(target=join, args=(i,), daemon=True) for i in range(k)]
     for t in threads:
@@ -120,9 +121,6 @@ def main() -> None:
         start_at = float(open(args.start_at_file).read() or 0)
         time.sleep(max(0.0, start_at - time.time()))
     barrier.wait()
-    for t in threads:
-        t.join(args.join_timeout + 15)
-    say({"ev": "joined", "rows": rows})
 
     stats = {"published": 0, "rejoins": 0, "lease_lost": 0}
 
@@ -190,8 +188,13 @@ def main() -> None:
 
         loop.call_soon_threadsafe(tick, time.monotonic())
 
-    probe_loop()
+    # Each node's agent loop runs from its own first round on, as an agent's does: a node that joined
+    # early answers a newer round (one that churned while others still join) without waiting for them.
     threading.Thread(target=agent_loop, daemon=True).start()
+    for t in threads:
+        t.join(args.join_timeout + 15)
+    say({"ev": "joined", "rows": rows})
+    probe_loop()
     threading.Thread(target=publish_loop, daemon=True).start()
     for line in sys.stdin:
         command = line.strip()
