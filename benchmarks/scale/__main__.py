@@ -152,7 +152,9 @@ def status_latency(endpoint: str, run_id: str, repeats: int = 3) -> dict:
             "members_shown": len(status.get("members", []))}  # fmt: skip
 
 
-def run_case(n: int, jobs: int, procs: int, steady: float, fail: bool, log_dir: str) -> dict:
+def run_case(
+    n: int, jobs: int, procs: int, steady: float, fail: bool, log_dir: str, only_failure: bool = False
+) -> dict:
     etcd = EtcdServer(fast_election=False).start()
     endpoint = etcd.endpoint
     etcd_pid = etcd.members[0].proc.pid  # type: ignore[union-attr]
@@ -193,6 +195,16 @@ def run_case(n: int, jobs: int, procs: int, steady: float, fail: bool, log_dir: 
         print(f"N={n} x {jobs}: join {join['latency_s']} s ok={join['ok']}", flush=True)
 
         time.sleep(5)  # the first metrics records and samples settle
+        if only_failure and victim is not None:
+            result = {"n": n, "jobs": jobs, "procs": procs, "join": join}
+            settled = _settle(children)
+            lost_before = sum(r["lease_lost"] for r in _reports([c for c in children if c is not victim]))
+            result["failure"] = _failure(victim, children, n, runs[0])
+            result["failure"].update(_after_failure(children, victim))
+            result["failure"]["lease_lost_in_failure"] = result["failure"]["lease_lost"] - lost_before
+            result["failure"]["before_kill"] = settled | {"lease_lost": lost_before}
+            print(f"  failure: {result['failure']}", flush=True)
+            return result
         counter = WriteCounter(endpoint)
         m0, e0, c0, t0 = scrape(endpoint), cpu_seconds(etcd_pid), cpu_of(children), time.monotonic()
         time.sleep(steady)
@@ -281,6 +293,7 @@ def _steady_result(m0, m1, etcd_cpu, c0, c1, span, children, leader, reports, ch
         "watchers": m1.get("watchers"),
         "published_per_s": sum(r["published"] for r in reports) / max(span, 1e-9),
         "max_keepalive_gap_s": max(r["max_gap_s"] for r in reports),
+        **_keepalive_stats(reports),
         "lease_ttl_s": reports[0]["lease_ttl_s"],
         "lease_lost": lease_lost,
         "rounds_churned": len(churn),
@@ -315,6 +328,48 @@ def _failure(victim: Child, children: list[Child], n: int, run: str) -> dict:
             "survivors_in_round": len(seen), "errors": errors[:3]}  # fmt: skip
 
 
+def _keepalive_stats(reports: list[dict]) -> dict:
+    """The node processes' I/O loop lag (how late a keep-alive due runs) and keep-alive streams reopened."""
+    reopens = [r.get("keepalive_reopens", {}) for r in reports]
+    return {"max_io_loop_lag_s": max(r.get("max_loop_lag_s", 0.0) for r in reports),
+            "keepalive_reopens": {k: sum(x.get(k, 0) for x in reopens) for k in ("no_answer", "failed")}}  # fmt: skip
+
+
+def _settle(children: list[Child], quiet_s: float = 5.0, limit_s: float = 120.0) -> dict:
+    """Wait until no node joined a new round for ``quiet_s`` (a join that lost leases churns a while), so
+    that the failure round starts from a stable world; how many rounds were joined meanwhile."""
+    t0 = last = time.monotonic()
+    churned = 0
+    while time.monotonic() - last < quiet_s and time.monotonic() - t0 < limit_s:
+        for c in children:
+            try:
+                while True:
+                    item = c.lines.get_nowait()
+                    c.other.append(item)
+                    if item.get("ev") == "round":
+                        churned, last = churned + 1, time.monotonic()
+            except queue.Empty:
+                pass
+        time.sleep(0.1)
+    return {"rounds_joined_after_the_join": churned, "settle_s": time.monotonic() - t0,
+            "settled": time.monotonic() - last >= quiet_s}  # fmt: skip
+
+
+def _reports(children: list[Child]) -> list[dict]:
+    for c in children:
+        c.send("report")
+    return [c.expect("report", 60) for c in children]
+
+
+def _after_failure(children: list[Child], victim: Child) -> dict:
+    """Leases lost by live nodes since the start (join and failure round) and the longest refresh gap."""
+    reports = _reports([c for c in children if c is not victim])
+    return {"lease_lost": sum(r["lease_lost"] for r in reports),
+            "max_keepalive_gap_s": max(r["max_gap_s"] for r in reports),
+            **_keepalive_stats(reports),
+            "lease_ttl_s": reports[0]["lease_ttl_s"], "load_avg": os.getloadavg()}  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="128,512,1024")
@@ -323,13 +378,15 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=10, help="then J jobs x --job-nodes on one etcd (0: skip)")
     p.add_argument("--job-nodes", type=int, default=100)
     p.add_argument("--name", default="scale")
+    p.add_argument("--only", choices=["failure"], default=None,
+                   help="failure: per size the join, then the failure round (no steady state, status or jobs)")  # fmt: skip
     args = p.parse_args()
     load_start = os.getloadavg()
     log_dir = tempfile.mkdtemp(prefix="erm-scale-logs-")
     cases = {}
     for n in [int(s) for s in args.sizes.split(",") if s]:
-        cases[f"N={n}"] = run_case(n, 1, args.procs, args.steady, True, log_dir)
-    if args.jobs:
+        cases[f"N={n}"] = run_case(n, 1, args.procs, args.steady, True, log_dir, args.only == "failure")
+    if args.jobs and not args.only == "failure":
         key = f"{args.jobs}x{args.job_nodes}"
         cases[key] = run_case(args.job_nodes, args.jobs, args.procs, args.steady, False, log_dir)
     ratios = {}
@@ -342,6 +399,9 @@ def main() -> None:
                "load_avg_at_start": load_start, "logs": log_dir}  # fmt: skip
     path = write_result(args.name, payload)
     for name, c in cases.items():
+        if "steady" not in c:
+            print(f"{name}: join {c['join']['latency_s']} s; failure {c['failure']['latency_s']} s")
+            continue
         s = c["steady"]
         print(f"{name}: join {c['join']['latency_s']} s; leader {s['leader_cores']} cores; etcd "
               f"{s['etcd_writes_per_s']:.0f} writes/s; db {s['db_bytes_end']}; status "

@@ -55,7 +55,7 @@ class Node:
     def __init__(self, run: str, handler) -> None:
         self.run, self.handler = run, handler
         self.services = handler.services
-        self.busy = False  # a next_rendezvous call is in flight
+        self.busy = True  # a next_rendezvous call is in flight (the first one from the start)
         self.max_gap = 0.0  # longest time without a successful lease refresh, while alive
         self.next_sample = 0.0
 
@@ -77,6 +77,7 @@ def main() -> None:
     from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
     from elastic_rm.agent.node_events import emit_sample
+    from elastic_rm.etcd.keepalive import REOPENS
     from elastic_rm.rendezvous.registration import register
     from elastic_rm.wire.metrics import encode_record
 
@@ -107,6 +108,7 @@ def main() -> None:
         except Exception as exc:  # noqa: BLE001 - reported in the result
             row["error"] = f"{type(exc).__name__}: {exc}"[:300]
         row["end"] = time.time()
+        node.busy = False  # its agent loop takes over (it may have started already)
 
     threads = [threading.Thread(target=join, args=(i,), daemon=True) for i in range(k)]
     for t in threads:
@@ -119,9 +121,6 @@ def main() -> None:
         start_at = float(open(args.start_at_file).read() or 0)
         time.sleep(max(0.0, start_at - time.time()))
     barrier.wait()
-    for t in threads:
-        t.join(args.join_timeout + 15)
-    say({"ev": "joined", "rows": rows})
 
     stats = {"published": 0, "rejoins": 0, "lease_lost": 0}
 
@@ -174,7 +173,28 @@ def main() -> None:
                     emit_sample(node.services.events, node.services.node_id, record, joined)
             time.sleep(max(0.0, args.publish_interval - (time.monotonic() - t0)))
 
+    lag = {"max_s": 0.0}
+
+    def probe_loop() -> None:
+        """How late the process's etcd I/O loop runs a 0.1 s timer: how long a keep-alive due then
+        waits for the loop (every lease of the process is refreshed from it)."""
+        from elastic_rm.etcd.client import _io_loop
+
+        loop = _io_loop()
+
+        def tick(due: float) -> None:
+            lag["max_s"] = max(lag["max_s"], time.monotonic() - due)
+            loop.call_later(0.1, tick, time.monotonic() + 0.1)
+
+        loop.call_soon_threadsafe(tick, time.monotonic())
+
+    # Each node's agent loop runs from its own first round on, as an agent's does: a node that joined
+    # early answers a newer round (one that churned while others still join) without waiting for them.
     threading.Thread(target=agent_loop, daemon=True).start()
+    for t in threads:
+        t.join(args.join_timeout + 15)
+    say({"ev": "joined", "rows": rows})
+    probe_loop()
     threading.Thread(target=publish_loop, daemon=True).start()
     for line in sys.stdin:
         command = line.strip()
@@ -184,7 +204,7 @@ def main() -> None:
             ttl = nodes[0].services.lease_ttl if nodes else 0.0
             say({"ev": "report", "nodes": k, "published": stats["published"], "rejoins": stats["rejoins"],
                  "lease_lost": lost, "max_gap_s": max(gaps, default=0.0), "lease_ttl_s": ttl,
-                 "leading": sum(1 for n in nodes if n.services.leading)})  # fmt: skip
+                 "leading": sum(1 for n in nodes if n.services.leading), "max_loop_lag_s": lag["max_s"], "keepalive_reopens": dict(REOPENS)})  # fmt: skip
         elif command == "exit":
             break
     os._exit(0)

@@ -6,7 +6,9 @@ How a node takes part (docs/agent.md and README, "How it works"):
    vanishes within the lease TTL) and starts the leader loop (every node campaigns; one leads).
 2. ``next_rendezvous()`` marks the node ``joining`` and waits for a round that names it. It acks the
    round (rank 0 adds the address of the round's store), waits for the leader to seal it once every
-   member acked, and returns its group rank (= index in the member list) and the world size.
+   member acked, and returns its group rank (= index in the member list) and the world size. A round
+   that needs no acks comes sealed at once (seal.py); a survivor of a loss joins it straight away,
+   without registering as joining again.
 3. While its workers run, ``num_nodes_waiting()`` is positive as soon as a newer round exists; that is
    torch's signal for the agent to stop its workers and call ``next_rendezvous()`` again.
 4. A node that is not a member waits as standby; a closed job makes it exit gracefully.
@@ -188,6 +190,9 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
     def _next_rendezvous(self) -> RendezvousInfo:
         settings, view, session = self.settings, self._view, self._session
         session.check_lease()
+        sealed = self._sealed_for_us()
+        if sealed is not None:
+            return self._join(sealed)
         session.ensure_registered(NodeState.JOINING)
         deadline = time.monotonic() + settings.join_timeout
         after = session.joined.round if session.joined else 0
@@ -243,6 +248,20 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
                     )
             view.wait(seen, POLL_S)
 
+    def _sealed_for_us(self) -> RoundRecord | None:
+        """A newer round, already sealed, that names this node: the leader writes the survivors' round of a
+        loss sealed at once (leader.py, ``_sealed_at_once``). A survivor joins it without registering as
+        joining first: at 1,000 nodes that registration and the ack were the survivors' whole re-join."""
+        session, view = self._session, self._view
+        done = session.joined
+        if done is None or session.lease_lost:
+            return None
+        with view.cond:
+            r, blocked = view.round, view.error is not None or view.closed is not None
+        if blocked or r is None or not r.sealed or r.round <= done.round or session.node_id not in r.members:
+            return None
+        return r
+
     def _ack(self, r: RoundRecord, again: bool = False) -> None:
         """Send the ack without waiting (the join path). ``again``: the round is still unsealed a while
         later: send the same ack once more (idempotent), in case etcd lost the first one."""
@@ -271,7 +290,7 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             closed=lambda: closed_by_member(view, r),
         )
         session.joined = r
-        session.master_port = 0  # a fresh port for the next round
+        session.next_master_port(avoid=r.master[1])  # advertised for the next round (ours is in use)
         session.ensure_registered(NodeState.ACTIVE, wait=False)
         log.info("node %s: round %d, group rank %d of %d", session.node_id, r.round, rank, r.world_size)
         session.events.emit(

@@ -21,8 +21,9 @@ from ..etcd.client import Compare, EtcdClient, Op
 from ..etcd.errors import EtcdError
 from ..etcd.lease import Election
 from ..obs.events import EventLog, ids_for_event
-from ..planner.interface import ClusterSnapshot, Decision, NodeState, NodeView, RoundPolicy, RoundView
+from ..planner.interface import ClusterSnapshot, Decision, NodeView, RoundPolicy, RoundView
 from ..wire.records import DemandRecord, LedgerRecord, RoundRecord
+from .seal import sealed_at_once
 from .view import JobView
 
 log = logging.getLogger(__name__)
@@ -337,6 +338,8 @@ class RoundLeader:
                 confidence=record.confidence,
                 sealed=record.sealed,
             )
+            if record.sealed:
+                self._drop_old_store(record.round)
             self._outcome = {
                 "round": record.round,
                 "before": self._job_throughput(current.members) if current else None,
@@ -344,20 +347,10 @@ class RoundLeader:
             }
 
     def _sealed_at_once(self, record: RoundRecord) -> RoundRecord:
-        """When every member is already waiting in next_rendezvous (state joining or standby, under a
-        live lease), nobody needs to ack: the round is written sealed, with rank 0's pre-picked port.
-        Members still running an older round's workers must ack first (the slow path)."""
+        """The round written sealed when no member needs to ack it (seal.py says when)."""
         with self._view.cond:
             entries = [self._view.nodes.get(m) for m in record.members]
-        if not record.members or any(
-            e is None or e.record.state not in (NodeState.JOINING, NodeState.STANDBY) for e in entries
-        ):
-            return record
-        rank0 = entries[0]
-        assert rank0 is not None
-        if rank0.record.master_port <= 0:
-            return record
-        return replace(record, sealed=True, master=(rank0.record.addr, rank0.record.master_port))
+            return sealed_at_once(record, [e.record if e else None for e in entries], self._view.round)
 
     def _seal_if_acked(self) -> None:
         view = self._view
@@ -378,8 +371,12 @@ class RoundLeader:
                 **ids_for_event(members=r.members, standby=r.standby),
                 reason=r.reason,
             )
-            if r.round > 2:  # the agents' stores of rounds before the previous one are done with
-                self._client.delete(self._view.keys.store(r.round - 2), prefix=True)
+            self._drop_old_store(r.round)
+
+    def _drop_old_store(self, sealed: int) -> None:
+        """The agents' stores of rounds before the previous one are done with once ``sealed`` is."""
+        if sealed > 2:
+            self._client.delete(self._view.keys.store(sealed - 2), prefix=True)
 
 
 def _gpus_in(metrics) -> int:

@@ -54,7 +54,7 @@ class NodeSession:
         # advertised instead (NodeRecord.round), so the leader sees a restart and writes a new round.
         self.registered_rev = 0  # etcd revision of this incarnation's first registration
         self.stale_round = 0
-        self.master_port = 0  # picked when joining; MASTER_PORT if this node becomes rank 0
+        self.master_port = 0  # advertised in every record; MASTER_PORT if this node becomes rank 0
         self.ckpt_endpoint = (0, "")  # the agent's checkpoint server: port and token (none: 0, "")
         # The run's event log in etcd, in this node's name; the agent attaches its --event-log file.
         self.events = EventLog(self._keys.run_id, self.node_id, client=client, keys=self._keys)
@@ -74,9 +74,18 @@ class NodeSession:
     def start_lease(self) -> None:
         self.lease = KeptLease(self._client, self.settings.lease_ttl)
 
+    def next_master_port(self, avoid: int) -> None:
+        """Pick the port this node offers as the next round's MASTER_PORT, not ``avoid`` (the joined
+        round's, which its rank 0 binds now)."""
+        for _ in range(5):
+            self.master_port = pick_master_port()
+            if self.master_port != avoid:
+                return
+
     def record(self, state: NodeState) -> NodeRecord:
-        waiting = state in (NodeState.JOINING, NodeState.STANDBY)
-        if waiting and not self.master_port:
+        # A port in every record, the active one's too: the leader seals a round of survivors at once
+        # with its rank 0's port (leader.py, ``_sealed_at_once``), without an ack to carry one.
+        if not self.master_port:
             self.master_port = pick_master_port()
         return NodeRecord(
             node=self.node_id,
@@ -90,7 +99,7 @@ class NodeSession:
             mem_total_bytes=self._mem_total,
             gpu_count=self.gpus[0],
             gpu_model=self.gpus[1],
-            master_port=self.master_port if waiting else 0,
+            master_port=self.master_port,
             ckpt_port=self.ckpt_endpoint[0],
             ckpt_token=self.ckpt_endpoint[1],
         )

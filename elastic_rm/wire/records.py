@@ -153,7 +153,8 @@ class RoundRecord:
     """``round``: the current round, written only by the leader in a fenced transaction.
 
     Written twice: first unsealed (members ack it), then, once every member acked, ``sealed`` with the
-    workers' bootstrap address from rank 0's ack. A round without members suspends the run. Its
+    workers' bootstrap address from rank 0's ack; or once, sealed, with rank 0's advertised port when no
+    member needs to ack (elastic_rm/rendezvous/seal.py). A round without members suspends the run. Its
     :attr:`phase` names which of these it is.
     """
 
