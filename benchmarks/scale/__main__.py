@@ -43,9 +43,11 @@ PY = sys.executable
 class Child:
     """A nodes.py process and its JSON lines (read by a thread into a queue)."""
 
-    def __init__(self, endpoint: str, jobs: str, start_file: str, log_dir: str, tag: str):
+    def __init__(self, endpoint: str, jobs: str, start_file: str, log_dir: str, tag: str, profile: str = ""):
         argv = [PY, "-m", "benchmarks.scale.nodes", "--endpoint", endpoint, "--jobs", jobs,
                 "--start-at-file", start_file]  # fmt: skip
+        if profile:
+            argv += ["--profile", os.path.join(profile, f"{tag}.json")]
         self.log = open(os.path.join(log_dir, f"{tag}.log"), "w")
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
                                      text=True, start_new_session=True)  # fmt: skip
@@ -152,7 +154,17 @@ def status_latency(endpoint: str, run_id: str, repeats: int = 3) -> dict:
             "members_shown": len(status.get("members", []))}  # fmt: skip
 
 
-def run_case(n: int, jobs: int, procs: int, steady: float, fail: bool, log_dir: str) -> dict:
+def run_case(
+    n: int,
+    jobs: int,
+    procs: int,
+    steady: float,
+    fail: bool,
+    log_dir: str,
+    join_only: bool = False,
+    profile: str = "",
+) -> dict:
+    """One case; ``join_only``: the join alone (no steady state, status or failure)."""
     etcd = EtcdServer(fast_election=False).start()
     endpoint = etcd.endpoint
     etcd_pid = etcd.members[0].proc.pid  # type: ignore[union-attr]
@@ -165,7 +177,7 @@ def run_case(n: int, jobs: int, procs: int, steady: float, fail: bool, log_dir: 
         leader = victim = None
         rest = n
         if jobs == 1:
-            leader = Child(endpoint, f"{runs[0]}:{lo}:{n}:1", start_file, tmp, "leader")
+            leader = Child(endpoint, f"{runs[0]}:{lo}:{n}:1", start_file, tmp, "leader", profile)
             leader.expect("ready", 120)
             _wait_leader(endpoint, runs[0])
             children.append(leader)
@@ -178,7 +190,7 @@ def run_case(n: int, jobs: int, procs: int, steady: float, fail: bool, log_dir: 
         workers = []
         for i in range(procs):
             spec = ",".join(f"{run}:{lo}:{n}:{shares[j][i]}" for j, run in enumerate(runs) if shares[j][i])
-            workers.append(Child(endpoint, spec, start_file, tmp, f"nodes{i}"))
+            workers.append(Child(endpoint, spec, start_file, tmp, f"nodes{i}", profile))
         children += workers
         for c in children:
             if c is not leader:
@@ -190,7 +202,13 @@ def run_case(n: int, jobs: int, procs: int, steady: float, fail: bool, log_dir: 
         for c in children:
             rows += c.expect("joined", 300)["rows"]
         join = _join_result(rows, runs, n)
-        print(f"N={n} x {jobs}: join {join['latency_s']} s ok={join['ok']}", flush=True)
+        print(
+            f"N={n} x {jobs}: join {join['latency_s']} s ok={join['ok']} fan-out {join['fanout_s']}",
+            flush=True,
+        )
+        join["load_avg"] = os.getloadavg()
+        if join_only:
+            return {"n": n, "jobs": jobs, "procs": procs, "join": join}
 
         time.sleep(5)  # the first metrics records and samples settle
         counter = WriteCounter(endpoint)
@@ -248,8 +266,22 @@ def _join_result(rows: list[dict], runs: list[str], n: int) -> dict:
                         "fanout_s": summarize(fanout) if fanout else None}  # fmt: skip
     lat = [v["latency_s"] for v in per_run.values() if v["latency_s"] is not None]
     fanout = [r["end"] - r["round_time"] for r in rows if "round_time" in r]
+    # the leader's decision (the round record's time) after the last next_rendezvous() call: registrations
+    decided = [r["round_time"] - max(x["start"] for x in rows if x.get("run") == r["run"]) for r in rows
+               if "round_time" in r]  # fmt: skip
+    phases = {
+        "register_s": [r["register_done"] - r["register"] for r in rows if "register_done" in r],
+        "seen_after_write_s": [r["seen"] - r["round_time"] for r in rows if "seen" in r],
+        "join_call_s": [r["seen_done"] - r["seen"] for r in rows if "seen_done" in r],
+    }
     return {"ok": all(v["ok"] for v in per_run.values()), "latency_s": max(lat) if lat else None,
-            "fanout_s": summarize(fanout), "per_run": list(per_run.values())}  # fmt: skip
+            "phases": {k: dict(summarize(v), p90=_quantile(v, 0.9)) for k, v in phases.items()},
+            "fanout_s": summarize(fanout), "fanout_p90_s": _quantile(fanout, 0.9),
+            "decided_after_s": max(decided) if decided else None, "per_run": list(per_run.values())}  # fmt: skip
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    return sorted(values)[min(len(values) - 1, int(q * len(values)))] if values else None
 
 
 def _steady_result(m0, m1, etcd_cpu, c0, c1, span, children, leader, reports, churn) -> dict:
@@ -323,15 +355,18 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=10, help="then J jobs x --job-nodes on one etcd (0: skip)")
     p.add_argument("--job-nodes", type=int, default=100)
     p.add_argument("--name", default="scale")
+    p.add_argument("--only", choices=["join"], default=None, help="run only the join of each case")
+    p.add_argument("--profile", default="", help="a directory: each node process samples its join there")
     args = p.parse_args()
     load_start = os.getloadavg()
+    join_only = args.only == "join"
     log_dir = tempfile.mkdtemp(prefix="erm-scale-logs-")
     cases = {}
     for n in [int(s) for s in args.sizes.split(",") if s]:
-        cases[f"N={n}"] = run_case(n, 1, args.procs, args.steady, True, log_dir)
+        cases[f"N={n}"] = run_case(n, 1, args.procs, args.steady, True, log_dir, join_only, args.profile)
     if args.jobs:
         key = f"{args.jobs}x{args.job_nodes}"
-        cases[key] = run_case(args.job_nodes, args.jobs, args.procs, args.steady, False, log_dir)
+        cases[key] = run_case(args.job_nodes, args.jobs, args.procs, args.steady, False, log_dir, join_only)
     ratios = {}
     base = cases.get("N=128", {}).get("join", {}).get("latency_s")
     for name, c in cases.items():
@@ -342,6 +377,9 @@ def main() -> None:
                "load_avg_at_start": load_start, "logs": log_dir}  # fmt: skip
     path = write_result(args.name, payload)
     for name, c in cases.items():
+        if join_only:
+            print(f"{name}: join {c['join']['latency_s']} s; fan-out {c['join']['fanout_s']}")
+            continue
         s = c["steady"]
         print(f"{name}: join {c['join']['latency_s']} s; leader {s['leader_cores']} cores; etcd "
               f"{s['etcd_writes_per_s']:.0f} writes/s; db {s['db_bytes_end']}; status "

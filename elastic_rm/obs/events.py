@@ -209,7 +209,7 @@ class EventLog:
                 self._client.put_nowait(key, line)
                 self._last_key = key
                 if random.random() < 1.0 / TRIM_EVERY:  # see TRIM_EVERY
-                    trim(self._client, self._keys, self._keep)
+                    trim_soon(self._client, self._keys, self._keep)
             except EtcdError as exc:
                 self._warn("etcd", f"event log to etcd failed: {exc}")
         return event
@@ -220,8 +220,9 @@ class EventLog:
             log.warning("%s (further failures of this kind are not logged)", message)
 
     def flush(self, timeout_s: float = 2.0) -> bool:
-        """Wait (at most ``timeout_s``) until the newest event sent to etcd is there: before a process exits
-        or closes its client, so that its last event (``job finished``) is not lost. False on timeout."""
+        """Wait (at most ``timeout_s``) until the newest event sent to etcd is there and a trim of the run's
+        log running in the background is done: before a process exits or closes its client, so that its
+        last event (``job finished``) is not lost. False on timeout."""
         key, client = self._last_key, self._client
         if key is None or client is None:
             return True
@@ -229,7 +230,8 @@ class EventLog:
         while True:
             try:
                 if client.get(key) is not None:
-                    return True
+                    assert self._keys is not None
+                    return wait_trimmed(client, self._keys, deadline - time.monotonic())
             except EtcdError:
                 return False
             if time.monotonic() >= deadline:
@@ -267,6 +269,51 @@ def trim(client: EtcdClient, keys: Keyspace, keep: int) -> int:
         for i in range(0, len(doomed), TRIM_BATCH):
             client.txn([], [Op.delete(k) for k in doomed[i : i + TRIM_BATCH]])
     return len(doomed)
+
+
+# (client, the run's events prefix) -> [trim wanted, the thread trimming], one per run and client in a process
+_TRIMMERS: dict[tuple[EtcdClient, str], list] = {}
+_TRIMMERS_LOCK = threading.Lock()
+
+
+def trim_soon(client: EtcdClient, keys: Keyspace, keep: int) -> None:
+    """:func:`trim` on a thread of its own: a trim reads the run's whole event log (thousands of keys), and
+    the emitter may be on a critical path (a node's "round" event, right before its rank is returned).
+    Trims of one run asked for while one runs in the process make one more trim after it."""
+    slot = (client, keys.events)
+    with _TRIMMERS_LOCK:
+        entry = _TRIMMERS.get(slot)
+        if entry is not None:
+            entry[0] = True
+            return
+        entry = _TRIMMERS[slot] = [True, None]
+        entry[1] = threading.Thread(
+            target=_trim_loop, args=(slot, entry, keys, keep), name="erm-events-trim", daemon=True
+        )
+        entry[1].start()
+
+
+def _trim_loop(slot: tuple[EtcdClient, str], entry: list, keys: Keyspace, keep: int) -> None:
+    while True:
+        with _TRIMMERS_LOCK:
+            if not entry[0]:
+                del _TRIMMERS[slot]
+                return
+            entry[0] = False
+        try:
+            trim(slot[0], keys, keep)
+        except Exception as exc:  # noqa: BLE001 - a closed client at exit, etcd gone: the next trim retries
+            log.debug("event log trim in etcd failed: %s", exc)
+
+
+def wait_trimmed(client: EtcdClient, keys: Keyspace, timeout_s: float) -> bool:
+    """Wait until no trim of the run's log runs in this process (at most ``timeout_s``); whether none does."""
+    with _TRIMMERS_LOCK:
+        entry = _TRIMMERS.get((client, keys.events))
+    if entry is None:
+        return True
+    entry[1].join(max(0.0, timeout_s))
+    return not entry[1].is_alive()
 
 
 def read_etcd(client: EtcdClient, keys: Keyspace) -> tuple[list[Event], list[str], int]:
