@@ -32,7 +32,7 @@ from .errors import (
     EtcdForkError,
     EtcdTimeoutError,
 )
-from .ops import Compare, Op
+from .ops import Compare, Op, txn_puts
 from .options import TlsOptions, parse_endpoints
 from .types import KeyValue, TxnResult, WatchEvent, key_value
 from .watch import PrefixWatch
@@ -87,6 +87,8 @@ async def _range(c: _AetcdClient, request: Any) -> Any:
 
 
 _IO_LOOP: asyncio.AbstractEventLoop | None = None
+
+
 _IO_LOCK = threading.Lock()
 
 
@@ -268,16 +270,20 @@ class EtcdClient:
     def put_nowait(self, key: str, value: bytes | str, lease: int | None = None) -> None:
         """Send a put without waiting for the answer; a failure is logged, not raised."""
         data = value.encode() if isinstance(value, str) else value
-        self._check_pid()
-        future = asyncio.run_coroutine_threadsafe(
-            self._client.put(key.encode(), data, lease=lease or None), self._loop
-        )
+        self._nowait(lambda c: c.put(key.encode(), data, lease=lease or None), f"put of {key}")
 
+    def puts_nowait(self, puts: Sequence[tuple[str, bytes | str, int | None]]) -> None:
+        """``(key, value, lease)`` puts in one transaction (one request, one revision), not waited for."""
+        ops = [Op.put(k, v, lease) for k, v, lease in puts]
+        self._nowait(lambda c: txn_puts(c, ops), f"puts of {puts[0][0]}")
+
+    def _nowait(self, make_coro: Callable[[_AetcdClient], Any], what: str) -> None:
         def report(f: Any) -> None:
             if not f.cancelled() and f.exception() is not None:
-                log.warning("etcd put of %s failed: %s", key, f.exception())
+                log.warning("etcd %s failed: %s", what, f.exception())
 
-        future.add_done_callback(report)
+        self._check_pid()
+        asyncio.run_coroutine_threadsafe(make_coro(self._client), self._loop).add_done_callback(report)
 
     def delete(self, key: str, prefix: bool = False) -> bool:
         if prefix:

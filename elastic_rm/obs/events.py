@@ -24,7 +24,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -33,6 +33,7 @@ from ..etcd.client import EtcdClient
 from ..etcd.errors import EtcdError
 from ..etcd.ops import Op
 from ..wire.keyspace import Keyspace
+from .coalesced import run_soon, wait_idle
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +187,16 @@ class EventLog:
         self.node_id = node_id
 
     def emit(self, kind: str, message: str, **data: Any) -> Event:
+        return self.emit_with((), kind, message, **data)
+
+    def emit_with(
+        self, puts: Sequence[tuple[str, bytes | str, int | None]], kind: str, message: str, **data: Any
+    ) -> Event:
+        """:meth:`emit`, the event's etcd write sent in one transaction with ``puts`` (``(key, value,
+        lease)``, without waiting): a node's registration as active and its "round" event are one etcd
+        request, not two, when 1,000 nodes make them at once. Needs this log's etcd client for ``puts``."""
+        if puts and (self._client is None or self._keys is None):
+            raise ValueError("emit_with needs an event log with an etcd client")
         if kind not in KINDS:
             raise ValueError(f"unknown event kind {kind!r} (known: {', '.join(KINDS)})")
         event = Event(time.time(), self.run_id, self.node_id, kind, message, _jsonable(data))
@@ -206,10 +217,14 @@ class EventLog:
         if self._client is not None and self._keys is not None:
             key = f"{self._keys.events}{int(event.time * 1e9):020d}-{self.node_id or 'tool'}-{seq:06d}"
             try:
-                self._client.put_nowait(key, line)
+                if puts:
+                    self._client.puts_nowait([*puts, (key, line, None)])
+                else:
+                    self._client.put_nowait(key, line)
                 self._last_key = key
                 if random.random() < 1.0 / TRIM_EVERY:  # see TRIM_EVERY
-                    trim_soon(self._client, self._keys, self._keep)
+                    client, keys, keep = self._client, self._keys, self._keep
+                    run_soon((client, keys.events), lambda: trim(client, keys, keep), "erm-events-trim")
             except EtcdError as exc:
                 self._warn("etcd", f"event log to etcd failed: {exc}")
         return event
@@ -231,7 +246,7 @@ class EventLog:
             try:
                 if client.get(key) is not None:
                     assert self._keys is not None
-                    return wait_trimmed(client, self._keys, deadline - time.monotonic())
+                    return wait_idle((client, self._keys.events), deadline - time.monotonic())
             except EtcdError:
                 return False
             if time.monotonic() >= deadline:
@@ -269,51 +284,6 @@ def trim(client: EtcdClient, keys: Keyspace, keep: int) -> int:
         for i in range(0, len(doomed), TRIM_BATCH):
             client.txn([], [Op.delete(k) for k in doomed[i : i + TRIM_BATCH]])
     return len(doomed)
-
-
-# (client, the run's events prefix) -> [trim wanted, the thread trimming], one per run and client in a process
-_TRIMMERS: dict[tuple[EtcdClient, str], list] = {}
-_TRIMMERS_LOCK = threading.Lock()
-
-
-def trim_soon(client: EtcdClient, keys: Keyspace, keep: int) -> None:
-    """:func:`trim` on a thread of its own: a trim reads the run's whole event log (thousands of keys), and
-    the emitter may be on a critical path (a node's "round" event, right before its rank is returned).
-    Trims of one run asked for while one runs in the process make one more trim after it."""
-    slot = (client, keys.events)
-    with _TRIMMERS_LOCK:
-        entry = _TRIMMERS.get(slot)
-        if entry is not None:
-            entry[0] = True
-            return
-        entry = _TRIMMERS[slot] = [True, None]
-        entry[1] = threading.Thread(
-            target=_trim_loop, args=(slot, entry, keys, keep), name="erm-events-trim", daemon=True
-        )
-        entry[1].start()
-
-
-def _trim_loop(slot: tuple[EtcdClient, str], entry: list, keys: Keyspace, keep: int) -> None:
-    while True:
-        with _TRIMMERS_LOCK:
-            if not entry[0]:
-                del _TRIMMERS[slot]
-                return
-            entry[0] = False
-        try:
-            trim(slot[0], keys, keep)
-        except Exception as exc:  # noqa: BLE001 - a closed client at exit, etcd gone: the next trim retries
-            log.debug("event log trim in etcd failed: %s", exc)
-
-
-def wait_trimmed(client: EtcdClient, keys: Keyspace, timeout_s: float) -> bool:
-    """Wait until no trim of the run's log runs in this process (at most ``timeout_s``); whether none does."""
-    with _TRIMMERS_LOCK:
-        entry = _TRIMMERS.get((client, keys.events))
-    if entry is None:
-        return True
-    entry[1].join(max(0.0, timeout_s))
-    return not entry[1].is_alive()
 
 
 def read_etcd(client: EtcdClient, keys: Keyspace) -> tuple[list[Event], list[str], int]:

@@ -304,8 +304,11 @@ class RoundLeader:
 
     def _write_round(self, decision: Decision) -> None:
         current = self._view.round
-        with self._view.cond:  # the old members still alive: they can drain at a step boundary
-            alive = [m for m in (current.members if current else ()) if m in self._view.nodes]
+        kept = set(decision.members)
+        with self._view.cond:  # old members left out but alive: they can still drain at a step boundary
+            alive = [
+                m for m in (current.members if current else ()) if m in self._view.nodes and m not in kept
+            ]
         record = RoundRecord(
             round=(current.round if current else 0) + 1,
             members=tuple(decision.members),
