@@ -132,7 +132,8 @@ class RoundLeader:
             self._decided_at_version = view.membership_version
             return 0.0  # no policy may form a round below MIN: skip the O(N) snapshot per arrival
         now = time.monotonic()
-        if now < self._next_decide_at:
+        full = view.round is None and len(view.nodes) >= self._max  # the first round cannot grow: decide now
+        if now < self._next_decide_at and not full:
             return self._next_decide_at  # changes that come meanwhile are decided on together
         self._decided_at_version = view.membership_version
         self._metrics_seen = view.metrics_version

@@ -261,6 +261,22 @@ def test_a_joined_node_registers_as_active_and_logs_its_round_in_one_etcd_reques
             h.release()
 
 
+def test_the_first_round_is_decided_as_soon_as_max_nodes_are_there(etcd, run_id, monkeypatch):
+    """The leader paces its decisions to batch a burst of arrivals; once MAX nodes are there no arrival can
+    change the first round, so it is written at once, not after the pause (here made endless)."""
+    from elastic_rm.rendezvous import leader
+
+    monkeypatch.setattr(leader, "DECIDE_PACE", 1e6)
+    monkeypatch.setattr(leader, "DECIDE_PAUSE_MAX_S", 1e6)
+    hs = [make(etcd, run_id, 1, 3, node_id=f"n{i}", last_call_timeout="60") for i in range(3)]
+    try:
+        join_all(hs, timeout=20)
+        assert {h.joined_round.world_size for h in hs} == {3}
+    finally:
+        for h in hs:
+            h.release()
+
+
 def test_a_scale_up_round_keeps_everyone_without_listing_the_kept_members_again(etcd, run_id):
     """``extra.alive`` lists only old members that the new round leaves out: the kept ones are members
     already, and at 1,000 nodes a second copy of the member list doubles what every node receives."""
