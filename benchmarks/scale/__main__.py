@@ -48,6 +48,7 @@ class Child:
                 "--start-at-file", start_file]  # fmt: skip
         if profile:
             argv += ["--profile", os.path.join(profile, f"{tag}.json")]
+        self.tag = tag
         self.log = open(os.path.join(log_dir, f"{tag}.log"), "w")
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
                                      text=True, start_new_session=True)  # fmt: skip
@@ -200,7 +201,7 @@ def run_case(
         os.replace(start_file + ".tmp", start_file)
         rows = []
         for c in children:
-            rows += c.expect("joined", 300)["rows"]
+            rows += [dict(r, proc=c.tag) for r in c.expect("joined", 300)["rows"]]
         join = _join_result(rows, runs, n)
         print(
             f"N={n} x {jobs}: join {join['latency_s']} s ok={join['ok']} fan-out {join['fanout_s']}",
@@ -274,7 +275,13 @@ def _join_result(rows: list[dict], runs: list[str], n: int) -> dict:
         "seen_after_write_s": [r["seen"] - r["round_time"] for r in rows if "seen" in r],
         "join_call_s": [r["seen_done"] - r["seen"] for r in rows if "seen_done" in r],
     }
+    by_proc: dict[str, list[float]] = {}
+    for r in rows:
+        if "seen" in r:
+            by_proc.setdefault(r["proc"], []).append(r["seen"] - r["round_time"])
+    phases_by_proc = {p: {"median": _quantile(v, 0.5), "max": max(v)} for p, v in sorted(by_proc.items())}
     return {"ok": all(v["ok"] for v in per_run.values()), "latency_s": max(lat) if lat else None,
+            "seen_after_write_by_process_s": phases_by_proc,
             "phases": {k: dict(summarize(v), p90=_quantile(v, 0.9)) for k, v in phases.items()},
             "fanout_s": summarize(fanout), "fanout_p90_s": _quantile(fanout, 0.9),
             "decided_after_s": max(decided) if decided else None, "per_run": list(per_run.values())}  # fmt: skip
