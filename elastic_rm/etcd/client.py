@@ -87,8 +87,6 @@ async def _range(c: _AetcdClient, request: Any) -> Any:
 
 
 _IO_LOOP: asyncio.AbstractEventLoop | None = None
-
-
 _IO_LOCK = threading.Lock()
 
 
