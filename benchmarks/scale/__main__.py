@@ -43,9 +43,12 @@ PY = sys.executable
 class Child:
     """A nodes.py process and its JSON lines (read by a thread into a queue)."""
 
-    def __init__(self, endpoint: str, jobs: str, start_file: str, log_dir: str, tag: str):
+    def __init__(self, endpoint: str, jobs: str, start_file: str, log_dir: str, tag: str, profile: str = ""):
         argv = [PY, "-m", "benchmarks.scale.nodes", "--endpoint", endpoint, "--jobs", jobs,
                 "--start-at-file", start_file]  # fmt: skip
+        if profile:
+            argv += ["--profile", os.path.join(profile, f"{tag}.json")]
+        self.tag = tag
         self.log = open(os.path.join(log_dir, f"{tag}.log"), "w")
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
                                      text=True, start_new_session=True)  # fmt: skip
@@ -153,8 +156,18 @@ def status_latency(endpoint: str, run_id: str, repeats: int = 3) -> dict:
 
 
 def run_case(
-    n: int, jobs: int, procs: int, steady: float, fail: bool, log_dir: str, only_failure: bool = False
+    n: int,
+    jobs: int,
+    procs: int,
+    steady: float,
+    fail: bool,
+    log_dir: str,
+    join_only: bool = False,
+    profile: str = "",
+    only_failure: bool = False,
 ) -> dict:
+    """One case; ``join_only``: the join alone (no steady state, status or failure); ``only_failure``:
+    the join, then the failure round (no steady state or status)."""
     etcd = EtcdServer(fast_election=False).start()
     endpoint = etcd.endpoint
     etcd_pid = etcd.members[0].proc.pid  # type: ignore[union-attr]
@@ -167,7 +180,7 @@ def run_case(
         leader = victim = None
         rest = n
         if jobs == 1:
-            leader = Child(endpoint, f"{runs[0]}:{lo}:{n}:1", start_file, tmp, "leader")
+            leader = Child(endpoint, f"{runs[0]}:{lo}:{n}:1", start_file, tmp, "leader", profile)
             leader.expect("ready", 120)
             _wait_leader(endpoint, runs[0])
             children.append(leader)
@@ -180,7 +193,7 @@ def run_case(
         workers = []
         for i in range(procs):
             spec = ",".join(f"{run}:{lo}:{n}:{shares[j][i]}" for j, run in enumerate(runs) if shares[j][i])
-            workers.append(Child(endpoint, spec, start_file, tmp, f"nodes{i}"))
+            workers.append(Child(endpoint, spec, start_file, tmp, f"nodes{i}", profile))
         children += workers
         for c in children:
             if c is not leader:
@@ -190,9 +203,15 @@ def run_case(
         os.replace(start_file + ".tmp", start_file)
         rows = []
         for c in children:
-            rows += c.expect("joined", 300)["rows"]
+            rows += [dict(r, proc=c.tag) for r in c.expect("joined", 300)["rows"]]
         join = _join_result(rows, runs, n)
-        print(f"N={n} x {jobs}: join {join['latency_s']} s ok={join['ok']}", flush=True)
+        print(
+            f"N={n} x {jobs}: join {join['latency_s']} s ok={join['ok']} fan-out {join['fanout_s']}",
+            flush=True,
+        )
+        join["load_avg"] = os.getloadavg()
+        if join_only:
+            return {"n": n, "jobs": jobs, "procs": procs, "join": join}
 
         time.sleep(5)  # the first metrics records and samples settle
         if only_failure and victim is not None:
@@ -260,8 +279,28 @@ def _join_result(rows: list[dict], runs: list[str], n: int) -> dict:
                         "fanout_s": summarize(fanout) if fanout else None}  # fmt: skip
     lat = [v["latency_s"] for v in per_run.values() if v["latency_s"] is not None]
     fanout = [r["end"] - r["round_time"] for r in rows if "round_time" in r]
+    # the leader's decision (the round record's time) after the last next_rendezvous() call: registrations
+    decided = [r["round_time"] - max(x["start"] for x in rows if x.get("run") == r["run"]) for r in rows
+               if "round_time" in r]  # fmt: skip
+    phases = {
+        "register_s": [r["register_done"] - r["register"] for r in rows if "register_done" in r],
+        "seen_after_write_s": [r["seen"] - r["round_time"] for r in rows if "seen" in r],
+        "join_call_s": [r["seen_done"] - r["seen"] for r in rows if "seen_done" in r],
+    }
+    by_proc: dict[str, list[float]] = {}
+    for r in rows:
+        if "seen" in r:
+            by_proc.setdefault(r["proc"], []).append(r["seen"] - r["round_time"])
+    phases_by_proc = {p: {"median": _quantile(v, 0.5), "max": max(v)} for p, v in sorted(by_proc.items())}
     return {"ok": all(v["ok"] for v in per_run.values()), "latency_s": max(lat) if lat else None,
-            "fanout_s": summarize(fanout), "per_run": list(per_run.values())}  # fmt: skip
+            "seen_after_write_by_process_s": phases_by_proc,
+            "phases": {k: dict(summarize(v), p90=_quantile(v, 0.9)) for k, v in phases.items()},
+            "fanout_s": summarize(fanout), "fanout_p90_s": _quantile(fanout, 0.9),
+            "decided_after_s": max(decided) if decided else None, "per_run": list(per_run.values())}  # fmt: skip
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    return sorted(values)[min(len(values) - 1, int(q * len(values)))] if values else None
 
 
 def _steady_result(m0, m1, etcd_cpu, c0, c1, span, children, leader, reports, churn) -> dict:
@@ -378,17 +417,21 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=10, help="then J jobs x --job-nodes on one etcd (0: skip)")
     p.add_argument("--job-nodes", type=int, default=100)
     p.add_argument("--name", default="scale")
-    p.add_argument("--only", choices=["failure"], default=None,
-                   help="failure: per size the join, then the failure round (no steady state, status or jobs)")  # fmt: skip
+    p.add_argument("--only", choices=["join", "failure"], default=None,
+                   help="join: only the join of each case; failure: per size the join, then the failure round "
+                        "(no steady state, status or jobs)")  # fmt: skip
+    p.add_argument("--profile", default="", help="a directory: each node process samples its join there")
     args = p.parse_args()
     load_start = os.getloadavg()
+    join_only = args.only == "join"
     log_dir = tempfile.mkdtemp(prefix="erm-scale-logs-")
     cases = {}
     for n in [int(s) for s in args.sizes.split(",") if s]:
-        cases[f"N={n}"] = run_case(n, 1, args.procs, args.steady, True, log_dir, args.only == "failure")
+        cases[f"N={n}"] = run_case(n, 1, args.procs, args.steady, True, log_dir, join_only, args.profile,
+                                   args.only == "failure")  # fmt: skip
     if args.jobs and not args.only == "failure":
         key = f"{args.jobs}x{args.job_nodes}"
-        cases[key] = run_case(args.job_nodes, args.jobs, args.procs, args.steady, False, log_dir)
+        cases[key] = run_case(args.job_nodes, args.jobs, args.procs, args.steady, False, log_dir, join_only)
     ratios = {}
     base = cases.get("N=128", {}).get("join", {}).get("latency_s")
     for name, c in cases.items():
@@ -399,6 +442,9 @@ def main() -> None:
                "load_avg_at_start": load_start, "logs": log_dir}  # fmt: skip
     path = write_result(args.name, payload)
     for name, c in cases.items():
+        if join_only:
+            print(f"{name}: join {c['join']['latency_s']} s; fan-out {c['join']['fanout_s']}")
+            continue
         if "steady" not in c:
             print(f"{name}: join {c['join']['latency_s']} s; failure {c['failure']['latency_s']} s")
             continue

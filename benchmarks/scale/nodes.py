@@ -70,6 +70,9 @@ def main() -> None:
     p.add_argument("--start-at-file", default=None, help="wait for this file; it holds the start time")
     p.add_argument("--publish-interval", type=float, default=1.0)
     p.add_argument("--event-sample-interval", type=float, default=10.0)
+    p.add_argument(
+        "--profile", default=None, help="sample every thread's stack during the join into this file"
+    )
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
 
@@ -95,10 +98,24 @@ def main() -> None:
     rows: list[dict] = [{} for _ in range(k)]
     barrier = threading.Barrier(k + 1)
 
+    def timed(row: dict, name: str, fn):
+        """Record when ``fn`` first starts (``name``) and first returns (``name``_done): the join's phases."""
+
+        def call(*a, **kw):
+            row.setdefault(name, time.time())
+            out = fn(*a, **kw)
+            row.setdefault(f"{name}_done", time.time())
+            return out
+
+        return call
+
     def join(i: int) -> None:
         node = nodes[i]
-        barrier.wait()
         row = rows[i]
+        h = node.handler
+        h._session.ensure_registered = timed(row, "register", h._session.ensure_registered)
+        h._join = timed(row, "seen", h._join)  # the sealed round reached this node's join thread
+        barrier.wait()
         row.update(run=node.run, start=time.time())
         try:
             info = node.handler.next_rendezvous()
@@ -120,6 +137,11 @@ def main() -> None:
             time.sleep(0.01)
         start_at = float(open(args.start_at_file).read() or 0)
         time.sleep(max(0.0, start_at - time.time()))
+    sampler = None
+    if args.profile:
+        from benchmarks.scale.sampler import Sampler
+
+        sampler = Sampler().start()
     barrier.wait()
 
     stats = {"published": 0, "rejoins": 0, "lease_lost": 0}
@@ -178,9 +200,9 @@ def main() -> None:
     def probe_loop() -> None:
         """How late the process's etcd I/O loop runs a 0.1 s timer: how long a keep-alive due then
         waits for the loop (every lease of the process is refreshed from it)."""
-        from elastic_rm.etcd.client import _io_loop
+        from elastic_rm.etcd.io_loop import io_loop
 
-        loop = _io_loop()
+        loop = io_loop()
 
         def tick(due: float) -> None:
             lag["max_s"] = max(lag["max_s"], time.monotonic() - due)
@@ -193,6 +215,8 @@ def main() -> None:
     threading.Thread(target=agent_loop, daemon=True).start()
     for t in threads:
         t.join(args.join_timeout + 15)
+    if sampler is not None:
+        sampler.stop(args.profile)
     say({"ev": "joined", "rows": rows})
     probe_loop()
     threading.Thread(target=publish_loop, daemon=True).start()

@@ -1,9 +1,9 @@
 """A small synchronous etcd v3 client: aetcd on a private asyncio loop thread.
 
 torch's rendezvous API is synchronous and our callers are threads, so every call here blocks with a
-timeout. Why aetcd: it is a maintained v3 client that needs no workaround: a broken watch raises
-instead of dying silently, and the same client reconnects after an etcd restart. What we add: timeouts on every call, failover across several endpoints, TLS,
-revision-carrying results, lease keep-alive with loss detection, and watches that resume from the last
+timeout. Why aetcd: it is a maintained v3 client that needs no workaround: a broken watch raises instead of
+dying silently, and the same client reconnects after an etcd restart. What we add: timeouts on every call,
+failover across several endpoints, TLS, revision-carrying results, lease keep-alive with loss detection, and watches that resume from the last
 seen revision after an outage.
 """
 
@@ -33,7 +33,8 @@ from .errors import (
     EtcdTimeoutError,
 )
 from .gateway import GatewayClient
-from .ops import Compare, Op
+from .io_loop import io_loop
+from .ops import Compare, Op, txn_puts
 from .options import TlsOptions, parse_endpoints
 from .types import KeyValue, TxnResult, WatchEvent, key_value
 from .watch import PrefixWatch
@@ -87,34 +88,6 @@ async def _range(c: _AetcdClient, request: Any) -> Any:
         aexc._handle_exception(exc)
 
 
-_IO_LOOP: asyncio.AbstractEventLoop | None = None
-_IO_LOCK = threading.Lock()
-
-
-def _io_loop() -> asyncio.AbstractEventLoop:
-    """One I/O thread per process, shared by every client in it (each keeps its own connection).
-
-    A thread and an event loop per client made a process with many clients (128 simulated nodes in the
-    join benchmark) spend its time switching between idle loops: 1.2 s to join 128 nodes in one process
-    against 0.3 s spread over 8 processes. Callbacks on this loop must never block.
-    """
-    global _IO_LOOP
-    with _IO_LOCK:
-        if _IO_LOOP is None or _IO_LOOP.is_closed():
-            loop = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="etcd-io", daemon=True).start()
-            _IO_LOOP = loop
-        return _IO_LOOP
-
-
-def _forget_io_loop_in_child() -> None:
-    global _IO_LOOP
-    _IO_LOOP = None  # the parent's I/O thread does not exist in a forked child
-
-
-os.register_at_fork(after_in_child=_forget_io_loop_in_child)
-
-
 class EtcdClient:
     """Blocking etcd v3 client. Thread-safe; all clients of a process share one I/O thread.
 
@@ -147,7 +120,7 @@ class EtcdClient:
         self._closed = False
         self._pid = os.getpid()
         self._watches: list[PrefixWatch] = []
-        self._loop = _io_loop()
+        self._loop = io_loop()
         self._client = self._new_client()
         fork.opened(self)
 
@@ -274,16 +247,20 @@ class EtcdClient:
     def put_nowait(self, key: str, value: bytes | str, lease: int | None = None) -> None:
         """Send a put without waiting for the answer; a failure is logged, not raised."""
         data = value.encode() if isinstance(value, str) else value
-        self._check_pid()
-        future = asyncio.run_coroutine_threadsafe(
-            self._client.put(key.encode(), data, lease=lease or None), self._loop
-        )
+        self._nowait(lambda c: c.put(key.encode(), data, lease=lease or None), f"put of {key}")
 
+    def puts_nowait(self, puts: Sequence[tuple[str, bytes | str, int | None]]) -> None:
+        """``(key, value, lease)`` puts in one transaction (one request, one revision), not waited for."""
+        ops = [Op.put(k, v, lease) for k, v, lease in puts]
+        self._nowait(lambda c: txn_puts(c, ops), f"puts of {puts[0][0]}")
+
+    def _nowait(self, make_coro: Callable[[_AetcdClient], Any], what: str) -> None:
         def report(f: Any) -> None:
             if not f.cancelled() and f.exception() is not None:
-                log.warning("etcd put of %s failed: %s", key, f.exception())
+                log.warning("etcd %s failed: %s", what, f.exception())
 
-        future.add_done_callback(report)
+        self._check_pid()
+        asyncio.run_coroutine_threadsafe(make_coro(self._client), self._loop).add_done_callback(report)
 
     def delete(self, key: str, prefix: bool = False) -> bool:
         if prefix:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import aetcd
+from aetcd import rpc
 
 
 class Compare:
@@ -61,3 +62,10 @@ class Op:
     @staticmethod
     def get(key: str) -> Any:
         return aetcd.transactions.Get(key.encode())
+
+
+async def txn_puts(c: Any, ops: list[Any]) -> Any:
+    """Send ``ops`` (from :class:`Op`) as one unconditional transaction with aetcd's client ``c``."""
+    await c.connect()
+    request = rpc.TxnRequest(success=c._ops_to_requests(ops))
+    return await c.kvstub.Txn(request, timeout=c._timeout, metadata=c.metadata)

@@ -24,7 +24,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -33,6 +33,7 @@ from ..etcd.client import EtcdClient
 from ..etcd.errors import EtcdError
 from ..etcd.ops import Op
 from ..wire.keyspace import Keyspace
+from .coalesced import run_soon, wait_idle
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +187,16 @@ class EventLog:
         self.node_id = node_id
 
     def emit(self, kind: str, message: str, **data: Any) -> Event:
+        return self.emit_with((), kind, message, **data)
+
+    def emit_with(
+        self, puts: Sequence[tuple[str, bytes | str, int | None]], kind: str, message: str, **data: Any
+    ) -> Event:
+        """:meth:`emit`, the event's etcd write sent in one transaction with ``puts`` (``(key, value,
+        lease)``, without waiting): a node's registration as active and its "round" event are one etcd
+        request, not two, when 1,000 nodes make them at once. Needs this log's etcd client for ``puts``."""
+        if puts and (self._client is None or self._keys is None):
+            raise ValueError("emit_with needs an event log with an etcd client")
         if kind not in KINDS:
             raise ValueError(f"unknown event kind {kind!r} (known: {', '.join(KINDS)})")
         event = Event(time.time(), self.run_id, self.node_id, kind, message, _jsonable(data))
@@ -206,10 +217,14 @@ class EventLog:
         if self._client is not None and self._keys is not None:
             key = f"{self._keys.events}{int(event.time * 1e9):020d}-{self.node_id or 'tool'}-{seq:06d}"
             try:
-                self._client.put_nowait(key, line)
+                if puts:
+                    self._client.puts_nowait([*puts, (key, line, None)])
+                else:
+                    self._client.put_nowait(key, line)
                 self._last_key = key
                 if random.random() < 1.0 / TRIM_EVERY:  # see TRIM_EVERY
-                    trim(self._client, self._keys, self._keep)
+                    client, keys, keep = self._client, self._keys, self._keep
+                    run_soon((client, keys.events), lambda: trim(client, keys, keep), "erm-events-trim")
             except EtcdError as exc:
                 self._warn("etcd", f"event log to etcd failed: {exc}")
         return event
@@ -220,8 +235,9 @@ class EventLog:
             log.warning("%s (further failures of this kind are not logged)", message)
 
     def flush(self, timeout_s: float = 2.0) -> bool:
-        """Wait (at most ``timeout_s``) until the newest event sent to etcd is there: before a process exits
-        or closes its client, so that its last event (``job finished``) is not lost. False on timeout."""
+        """Wait (at most ``timeout_s``) until the newest event sent to etcd is there and a trim of the run's
+        log running in the background is done: before a process exits or closes its client, so that its
+        last event (``job finished``) is not lost. False on timeout."""
         key, client = self._last_key, self._client
         if key is None or client is None:
             return True
@@ -229,7 +245,8 @@ class EventLog:
         while True:
             try:
                 if client.get(key) is not None:
-                    return True
+                    assert self._keys is not None
+                    return wait_idle((client, self._keys.events), deadline - time.monotonic())
             except EtcdError:
                 return False
             if time.monotonic() >= deadline:

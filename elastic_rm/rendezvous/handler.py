@@ -291,9 +291,14 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
         )
         session.joined = r
         session.next_master_port(avoid=r.master[1])  # advertised for the next round (ours is in use)
-        session.ensure_registered(NodeState.ACTIVE, wait=False)
+        # Registered as active and the "round" event in one etcd request, not waited for (1,000 nodes
+        # make theirs at once, while etcd still sends the round to the rest).
+        active = session.registration(NodeState.ACTIVE)
+        if active is None:
+            session.ensure_registered(NodeState.ACTIVE, wait=False)
         log.info("node %s: round %d, group rank %d of %d", session.node_id, r.round, rank, r.world_size)
-        session.events.emit(
+        session.events.emit_with(
+            [active] if active else [],
             "round",
             f"joined round {r.round} as group rank {rank} of {r.world_size}",
             round=r.round,

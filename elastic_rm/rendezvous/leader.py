@@ -133,7 +133,8 @@ class RoundLeader:
             self._decided_at_version = view.membership_version
             return 0.0  # no policy may form a round below MIN: skip the O(N) snapshot per arrival
         now = time.monotonic()
-        if now < self._next_decide_at:
+        full = view.round is None and len(view.nodes) >= self._max  # the first round cannot grow: decide now
+        if now < self._next_decide_at and not full:
             return self._next_decide_at  # changes that come meanwhile are decided on together
         self._decided_at_version = view.membership_version
         self._metrics_seen = view.metrics_version
@@ -305,8 +306,11 @@ class RoundLeader:
 
     def _write_round(self, decision: Decision) -> None:
         current = self._view.round
-        with self._view.cond:  # the old members still alive: they can drain at a step boundary
-            alive = [m for m in (current.members if current else ()) if m in self._view.nodes]
+        kept = set(decision.members)
+        with self._view.cond:  # old members left out but alive: they can still drain at a step boundary
+            alive = [
+                m for m in (current.members if current else ()) if m in self._view.nodes and m not in kept
+            ]
         record = RoundRecord(
             round=(current.round if current else 0) + 1,
             members=tuple(decision.members),

@@ -204,7 +204,8 @@ class RendezvousNodeServices:
 
     def peers_all_kept(self) -> bool:
         """Every member of our round is kept in the pending round, or left out of it by a planned decision
-        while alive (the leader lists the old members it saw alive in the record's ``extra.alive``). Only
+        while alive (the leader lists the old members it left out alive in the record's ``extra.alive``:
+        the kept ones are the members already, and a round of 1,000 is not sent twice). Only
         then can our workers finish a step (a collective with a lost peer never returns), so only then is
         draining them worth waiting for."""
         return peers_kept(self._view.round, self._session.joined)

@@ -134,6 +134,15 @@ class NodeSession:
                 self.lease.mark_lost()
                 self.ensure_registered(state, wait, retry_lost_lease - 1)
 
+    def registration(self, state: NodeState) -> tuple[str, bytes, int] | None:
+        """This node's record in ``state`` as a ``(key, value, lease)`` put, for a caller that sends it with
+        other writes; None without a live lease (then :meth:`ensure_registered` rejoins)."""
+        with self.lock:
+            lease = self.lease
+            if lease is None or lease.lost:
+                return None
+            return self._keys.node(self.node_id), dumps(self.record(state)), lease.id
+
     def _rejoin_as_new_member(self) -> None:
         self._incarnation += 1
         old = self.node_id

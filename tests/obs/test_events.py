@@ -4,6 +4,7 @@ are errors naming their source."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -52,6 +53,32 @@ def test_trim_keeps_the_newest(etcd, run_id):
         assert ev.trim(c, keys, keep=5) == 7
         kept, _, _ = ev.read_etcd(c, keys)
     assert [e.data["step"] for e in kept] == [7, 8, 9, 10, 11]
+
+
+def test_a_drawn_trim_runs_off_the_emitting_thread_and_flush_waits_for_it(etcd, run_id, monkeypatch):
+    """A node's "round" event comes right before its rank is returned: the trim it may draw (a read of the
+    whole log) must not delay it. Trims drawn while one runs make one more trim, and flush waits for it."""
+    keys = Keyspace("/elastic-rm", run_id)
+    monkeypatch.setattr(ev, "TRIM_EVERY", 1)  # every event draws a trim
+    real_trim, trimmed_on = ev.trim, []
+
+    def recording_trim(client, k, keep):
+        trimmed_on.append(threading.current_thread().name)
+        return real_trim(client, k, keep)
+
+    monkeypatch.setattr(ev, "trim", recording_trim)
+    with EtcdClient(etcd.endpoint, timeout=2) as c:
+        log = ev.EventLog(run_id, "n0", client=c, keys=keys, keep=3)
+        for i in range(10):
+            log.emit("checkpoint", f"checkpoint {i}", step=i)
+        assert log.flush(10)  # the events are in etcd and no trim runs
+        log.emit("checkpoint", "checkpoint 10", step=10)  # its trim reads the ten above at least
+        assert log.flush(10)
+        kept, _, _ = ev.read_etcd(c, keys)
+    assert trimmed_on and set(trimmed_on) == {"erm-events-trim"}
+    assert len(trimmed_on) <= 11  # drawn while one ran: folded into the next
+    steps = [e.data["step"] for e in kept]
+    assert 3 <= len(steps) <= 4 and steps == list(range(11 - len(steps), 11))  # trimmed, the newest kept
 
 
 def test_a_bad_value_in_etcd_is_reported_by_key(etcd, run_id):

@@ -7,6 +7,7 @@ import time
 
 import pytest
 from torch.distributed.elastic.rendezvous import (
+    RendezvousClosedError,
     RendezvousConnectionError,
     RendezvousGracefulExitError,
     RendezvousParameters,
@@ -235,6 +236,68 @@ def test_a_lease_that_expired_unnoticed_rejoins_as_a_new_member(etcd, run_id):
         assert h.node_id == "n0-r1" and info.world_size == 1 and info.rank == 0
     finally:
         h.release()
+
+
+def test_a_joined_node_registers_as_active_and_logs_its_round_in_one_etcd_request(etcd, run_id):
+    """1,000 nodes make these two writes at once while etcd still sends the round to the rest: one
+    transaction each (one revision), not two puts."""
+    hs = [make(etcd, run_id, 2, 2, node_id=f"n{i}") for i in range(2)]
+    try:
+        join_all(hs)
+        keys = hs[0].settings.keys
+        with EtcdClient(etcd.endpoint, timeout=2) as c:
+            for _ in range(100):
+                records = [c.get(keys.node(f"n{i}")) for i in range(2)]
+                events = [kv for kv in c.get_prefix(keys.events)[0] if b'"message":"joined round' in kv.value]
+                if all(b'"state":"active"' in r.value for r in records) and len(events) >= 2:
+                    break
+                time.sleep(0.05)
+        for i, record in enumerate(records):
+            assert b'"state":"active"' in record.value
+            mine = [kv for kv in events if f"-n{i}-".encode() in kv.key.encode()]
+            assert [kv.mod_revision for kv in mine] == [record.mod_revision]
+    finally:
+        for h in hs:
+            h.release()
+
+
+def test_the_first_round_is_decided_as_soon_as_max_nodes_are_there(etcd, run_id, monkeypatch):
+    """The leader paces its decisions to batch a burst of arrivals; once MAX nodes are there no arrival can
+    change the first round, so it is written at once, not after the pause (here made endless)."""
+    from elastic_rm.rendezvous import leader
+
+    monkeypatch.setattr(leader, "DECIDE_PACE", 1e6)
+    monkeypatch.setattr(leader, "DECIDE_PAUSE_MAX_S", 1e6)
+    hs = [make(etcd, run_id, 1, 3, node_id=f"n{i}", last_call_timeout="60") for i in range(3)]
+    try:
+        join_all(hs, timeout=20)
+        assert {h.joined_round.world_size for h in hs} == {3}
+    finally:
+        for h in hs:
+            h.release()
+
+
+def test_a_scale_up_round_keeps_everyone_without_listing_the_kept_members_again(etcd, run_id):
+    """``extra.alive`` lists only old members that the new round leaves out: the kept ones are members
+    already, and at 1,000 nodes a second copy of the member list doubles what every node receives."""
+    hs = [make(etcd, run_id, 2, 3, node_id=f"n{i}") for i in range(2)]
+    try:
+        join_all(hs)
+        hs.append(make(etcd, run_id, 2, 3, node_id="n2"))
+        joiner = threading.Thread(
+            target=lambda: pytest.raises(RendezvousClosedError, hs[2].next_rendezvous), daemon=True
+        )
+        joiner.start()  # it waits for n0 and n1 to ack; released below
+        for _ in range(200):
+            r = hs[0].view.round
+            if r is not None and r.round == 2:
+                break
+            time.sleep(0.05)
+        assert set(r.members) == {"n0", "n1", "n2"} and r.extra["alive"] == []
+        assert hs[0].services.peers_all_kept() and hs[1].services.peers_all_kept()
+    finally:
+        for h in hs:
+            h.release()
 
 
 def test_drain_is_possible_when_the_old_members_are_alive_even_if_left_out(etcd, run_id):

@@ -1,0 +1,34 @@
+"""The process's one etcd I/O thread: an asyncio loop that every EtcdClient of the process shares."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+
+_IO_LOOP: asyncio.AbstractEventLoop | None = None
+_IO_LOCK = threading.Lock()
+
+
+def io_loop() -> asyncio.AbstractEventLoop:
+    """One I/O thread per process, shared by every client in it (each keeps its own connection).
+
+    A thread and an event loop per client made a process with many clients (128 simulated nodes in the
+    join benchmark) spend its time switching between idle loops: 1.2 s to join 128 nodes in one process
+    against 0.3 s spread over 8 processes. Callbacks on this loop must never block.
+    """
+    global _IO_LOOP
+    with _IO_LOCK:
+        if _IO_LOOP is None or _IO_LOOP.is_closed():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="etcd-io", daemon=True).start()
+            _IO_LOOP = loop
+        return _IO_LOOP
+
+
+def _forget_io_loop_in_child() -> None:
+    global _IO_LOOP
+    _IO_LOOP = None  # the parent's I/O thread does not exist in a forked child
+
+
+os.register_at_fork(after_in_child=_forget_io_loop_in_child)
