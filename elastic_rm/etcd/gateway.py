@@ -188,17 +188,19 @@ class _LeaseStub(_Stub):
 
 
 class _KeepAliveCall:
-    """The LeaseKeepAlive stream as keepalive.py and aetcd use it: write then read, or iterate over the
-    requests given; each refresh is one POST (the gateway's stream of one)."""
+    """The LeaseKeepAlive stream as keepalive.py and aetcd use it: writes, and a reader that takes the
+    answers in order (keepalive.py reads in a task of its own), or iterate over the requests given; each
+    refresh is one POST (the gateway's stream of one), sent when its answer is read."""
 
     def __init__(self, client: GatewayClient, requests: Any):
-        self._client, self._requests, self._pending = client, list(requests or []), None
+        self._client, self._requests = client, list(requests or [])
+        self._pending: asyncio.Queue = asyncio.Queue()
 
     async def write(self, request: Any) -> None:
-        self._pending = request
+        self._pending.put_nowait(request)
 
     async def read(self) -> Any:
-        request, self._pending = self._pending, None
+        request = await self._pending.get()
         return await self._client.unary("/v3/lease/keepalive", request, rpc.LeaseKeepAliveResponse)
 
     def cancel(self) -> None:
