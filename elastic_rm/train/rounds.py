@@ -55,6 +55,7 @@ from ..wire.channel import (
     decode_round,
 )
 from .report import StepReporter
+from .round_memory import release_round_memory
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,7 @@ def rounds(reporter: StepReporter, backend: str = "gloo") -> Iterator[Round]:
             failure = rnd.failure.pop()
             reporter.send(KIND_LOST, RESUMED.pack(round_id) + failure.encode()[:MAX_TEXT])  # first: it waits
             _drop_groups(reporter)
+            release_round_memory()
             action, round_id, env = _wait_for_round(reporter.agent_dir)
             if action == ROUND_FAIL:
                 raise RoundFailedError(f"round {rnd.round_id} failed and no new round came: {failure}")
@@ -134,6 +136,7 @@ def rounds(reporter: StepReporter, backend: str = "gloo") -> Iterator[Round]:
             return
         else:
             dist.destroy_process_group()  # the default group and every group made from it
+            _release_round(reporter)
             action, round_id, env = _wait_for_round(reporter.agent_dir)
         if action == ROUND_LEAVE:
             log.info("elastic-rm: this rank leaves the world at round %d; exiting 0", round_id)
@@ -176,6 +179,14 @@ def _can_wait(reporter: StepReporter) -> bool:
     except ValueError:
         nodes = 1
     return reporter.active and nodes > 1
+
+
+def _release_round(reporter: StepReporter) -> None:
+    """After a drained round: drop its final-checkpoint hook, which holds the old round's model and
+    checkpointer, so that the next round's build does not hold two models at once, and give back what
+    the round held (:mod:`.round_memory`)."""
+    reporter.on_stop(lambda _step: None)
+    release_round_memory()
 
 
 def _drop_groups(reporter: StepReporter) -> None:
