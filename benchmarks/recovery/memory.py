@@ -45,6 +45,22 @@ def rss(pid: int) -> int | None:
         return None
 
 
+def detail(pid: int) -> dict | None:
+    """Where a worker's resident memory is: anonymous vs file/shared pages (``/proc/<pid>/status``), and
+    how many files of node memory (/dev/shm) it maps."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            status = {
+                k: v.split()[0] for k, _, v in (line.partition(":") for line in fh) if k.startswith("Rss")
+            }
+        with open(f"/proc/{pid}/maps") as fh:
+            shm = sum(1 for line in fh if "/dev/shm/" in line)
+    except OSError:
+        return None
+    return {"rss_anon_kib": int(status.get("RssAnon", 0)), "rss_file_kib": int(status.get("RssFile", 0)),
+            "rss_shmem_kib": int(status.get("RssShmem", 0)), "shm_maps": shm}  # fmt: skip
+
+
 def spare_rss(agent_pid: int, workers: set[int]) -> list[int]:
     """RSS of each waiting spare under an agent (a spare.py process that is no round's worker)."""
     out = []
@@ -123,6 +139,7 @@ def run(args: argparse.Namespace) -> dict:
                 "kept_same_pids": kept_ok,
                 "in_place": {n: bool(s.get("in_place")) for n, s in by_node.items()},
                 "worker_rss": {n: rss(p) for n, p in pids.items()},
+                "worker_detail": {n: detail(p) for n, p in pids.items()},
                 "new_worker_rss": rss(new[0]) if new else None,
                 "agent_rss": {f"n{i}": rss(p.pid) for i, p in enumerate(kept)},
                 "spare_rss": {f"n{i}": spare_rss(p.pid, workers) for i, p in enumerate(kept)},
@@ -179,11 +196,11 @@ def summary(rounds: list[dict]) -> dict:
     first, last = rounds[0], rounds[-1]
     per_node = {}
     for n in first["worker_rss"]:
-        series = [r["worker_rss"][n] for r in rounds]
+        series = [r["worker_rss"][n] for r in rounds if r["worker_rss"][n]]
         per_node[n] = {
             "first_mib": first["worker_rss"][n] / 2**20 if first["worker_rss"][n] else None,
             "last_mib": last["worker_rss"][n] / 2**20 if last["worker_rss"][n] else None,
-            "max_mib": max(v for v in series if v) / 2**20,
+            "max_mib": max(series) / 2**20 if series else None,
             "growth_pct": growth(first["worker_rss"][n], last["worker_rss"][n]),
             # the same rounds' kind only (after a node was lost, world 2), so the world size cancels out
             "growth_same_world_pct": growth(rounds[2]["worker_rss"][n], last["worker_rss"][n])
@@ -241,17 +258,17 @@ def main() -> None:
     }
     if result["ok"]:
         payload["summary"] = summary(result["rounds"])
+    path = write_result(args.name, payload)
+    if result["ok"]:
         s = payload["summary"]
         for n, v in s["kept_workers"].items():
-            print(
-                f"kept worker {n}: {v['first_mib']:.0f} -> {v['last_mib']:.0f} MiB ({v['growth_pct']:+.1f}%)"
-            )
+            print(f"kept worker {n}: {v['first_mib']} -> {v['last_mib']} MiB ({v['growth_pct']}%)")
         print(f"new-process worker (baseline): median {s['new_process_worker_mib']['median']:.0f} MiB; "
               f"rounds in place {s['rounds_in_place']}/{len(result['rounds']) - 1}; "
               f"target <= {TARGET_GROWTH:.0f}%: {'met' if s['target_growth_le_5pct'] else 'NOT met'}")  # fmt: skip
     else:
         print("failed:", result.get("error"))
-    print("wrote", write_result(args.name, payload))
+    print("wrote", path)
 
 
 if __name__ == "__main__":
