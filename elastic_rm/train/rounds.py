@@ -11,7 +11,7 @@ leaves the world exits 0.
 
 A lost peer: a body run inside ``with rnd:`` whose collectives fail (a member died: gloo's sockets to it
 error at once) does not end the process. The failure is held, the process groups are destroyed (which
-makes the other survivors' collectives fail too), the agent hears about it, and the worker waits in
+makes the other survivors' collectives fail too; the agent hears about it first), and the worker waits in
 place: when the rendezvous forms the round without the lost member, the agent hands it that round and
 the body runs again, restoring from the newest committed checkpoint (the lost node's shards from the peer
 that holds their replica). When no new round comes within the membership grace, the agent tells the
@@ -36,7 +36,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch.distributed as dist
@@ -81,6 +81,10 @@ class Round:
     world_size: int
     failure: list[str] = field(default_factory=list, repr=False, compare=False)
     can_wait: bool = field(default=False, repr=False, compare=False)
+    # tells the agent that this round's failure is held (rounds() sets it): called before the log's
+    # traceback and whatever the script runs after the body (its gc.collect), which take seconds under
+    # load while the agent, seeing the round after the loss, waits for the hold (agent/inplace.py)
+    on_hold: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
 
     @property
     def in_place(self) -> bool:
@@ -93,14 +97,17 @@ class Round:
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc is None or not isinstance(exc, Exception) or not self.can_wait:
             return False
+        # the text only: the traceback would keep the old round's model and groups alive while we wait
+        text = f"{type(exc).__name__}: {exc}"
+        self.failure.append(text)
+        if self.on_hold is not None:
+            self.on_hold(text)
         log.warning(
             "elastic-rm: round %d failed on rank %d; waiting in place for the next round",
             self.round_id,
             self.rank,
             exc_info=exc,
         )
-        # the text only: the traceback would keep the old round's model and groups alive while we wait
-        self.failure.append(f"{type(exc).__name__}: {exc}")
         return True  # held: rounds() waits for the agent's next round
 
 
@@ -121,12 +128,18 @@ def rounds(reporter: StepReporter, backend: str = "gloo") -> Iterator[Round]:
         if reporter.active:
             reporter.new_round(after_first_step=_resumed(reporter, round_id) if index else None)
             reporter.send(KIND_INPLACE)
-        rnd = Round(index, round_id, dist.get_rank(), dist.get_world_size(), can_wait=_can_wait(reporter))
+        rnd = Round(
+            index,
+            round_id,
+            dist.get_rank(),
+            dist.get_world_size(),
+            can_wait=_can_wait(reporter),
+            on_hold=_held(reporter, round_id),
+        )
         yield rnd
         t0 = time.monotonic()
         if rnd.failure:  # the body's collectives failed (a lost peer?): wait for the agent's decision
-            failure = rnd.failure.pop()
-            reporter.send(KIND_LOST, RESUMED.pack(round_id) + failure.encode()[:MAX_TEXT])  # first: it waits
+            failure = rnd.failure.pop()  # the agent heard it from on_hold
             _drop_groups(reporter)
             release_round_memory()
             action, round_id, env = _wait_for_round(reporter.agent_dir)
@@ -241,6 +254,13 @@ def _shut_tcp_connections() -> int:
             except OSError:
                 pass
     return done
+
+
+def _held(reporter: StepReporter, round_id: int) -> Callable[[str], None]:
+    def send(failure: str) -> None:
+        reporter.send(KIND_LOST, RESUMED.pack(round_id) + failure.encode()[:MAX_TEXT])
+
+    return send
 
 
 def _resumed(reporter: StepReporter, round_id: int):
