@@ -125,7 +125,8 @@ def trial(launcher: str, sig: int, limit: float) -> dict:
     procs = start_nodes(launcher, workdir, endpoint, run_id)
     try:
         if not wait_committed(workdir, 3, 10, 240):
-            return {"ok": False, "error": "never trained at world 3", "workdir": str(workdir)}
+            error = "never trained at world 3 with a committed checkpoint"
+            return {"ok": False, "error": error, "workdir": str(workdir)}
         victim = procs[2]
         t_fault = time.time()
         signal_tree(victim.pid, sig)  # the node: its agent and its workers
