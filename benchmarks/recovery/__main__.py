@@ -2,7 +2,8 @@
 
 Part a: time from a node's SIGKILL / SIGSTOP to the survivors training again. Three nodes on this machine
 train the example TorchRec DLRM (examples/dlrm/train.py, flash checkpoints); one node is killed (SIGKILL)
-or frozen (SIGSTOP) and we measure until the two survivors take a step at world size 2. elastic-rm:
+or frozen (SIGSTOP) once a checkpoint of world 3 is committed (replicated to a peer), and we measure until
+the two survivors take a step at world size 2. elastic-rm:
 `ermrun` with its defaults (lease TTL 2 s since benchmarks/lease; 5 s before). Baseline in the same run:
 stock `torchrun` with the c10d backend and `--max-restarts 3` (its defaults otherwise; the frozen or killed
 node is never the one hosting the c10d store). In-place variant (``ermrun-inplace/SIGKILL``): the example
@@ -98,6 +99,20 @@ def start_nodes(launcher: str, workdir: Path, endpoint: str, run_id: str) -> lis
     return [start_node(launcher, workdir, endpoint, run_id, i) for i in range(3)]
 
 
+def wait_committed(workdir: Path, world: int, steps: int, limit: float) -> bool:
+    """Wait until ``world`` trained ``steps`` steps and a checkpoint of that world is committed (every
+    rank's files in node memory and replicated to a peer): a node lost before its first checkpoint was
+    replicated leaves nothing to restore its shards from (no durable copy of that step either)."""
+    deadline = time.time() + limit
+    while time.time() < deadline:
+        rows = progress(workdir)
+        trained = len({r["step"] for r in steps_at(rows, world, 0)}) >= steps
+        if trained and any("committed_step" in r and r["world"] == world for r in rows):
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def trial(launcher: str, sig: int, limit: float) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix=f"erm-recovery-{launcher}-"))
     run_id = f"rec-{uuid.uuid4().hex[:8]}"
@@ -110,11 +125,9 @@ def trial(launcher: str, sig: int, limit: float) -> dict:
     load_before = os.getloadavg()
     procs = start_nodes(launcher, workdir, endpoint, run_id)
     try:
-        deadline = time.time() + 240
-        while time.time() < deadline and len({r["step"] for r in steps_at(progress(workdir), 3, 0)}) < 10:
-            time.sleep(0.2)
-        if len({r["step"] for r in steps_at(progress(workdir), 3, 0)}) < 10:
-            return {"ok": False, "error": "never trained at world 3", "workdir": str(workdir)}
+        if not wait_committed(workdir, 3, 10, 240):
+            error = "never trained at world 3 with a committed checkpoint"
+            return {"ok": False, "error": error, "workdir": str(workdir)}
         victim = procs[2]
         t_fault = time.time()
         signal_tree(victim.pid, sig)  # the node: its agent and its workers

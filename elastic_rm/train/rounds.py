@@ -11,7 +11,7 @@ leaves the world exits 0.
 
 A lost peer: a body run inside ``with rnd:`` whose collectives fail (a member died: gloo's sockets to it
 error at once) does not end the process. The failure is held, the process groups are destroyed (which
-makes the other survivors' collectives fail too), the agent hears about it, and the worker waits in
+makes the other survivors' collectives fail too; the agent hears about it first), and the worker waits in
 place: when the rendezvous forms the round without the lost member, the agent hands it that round and
 the body runs again, restoring from the newest committed checkpoint (the lost node's shards from the peer
 that holds their replica). When no new round comes within the membership grace, the agent tells the
@@ -56,6 +56,7 @@ from ..wire.channel import (
     decode_round,
 )
 from .report import StepReporter
+from .round_memory import release_round_memory
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,10 @@ class Round:
     # group initialised); empty in the first round
     times: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
     _prepared: list[Any] = field(default_factory=list, repr=False, compare=False)
+    # tells the agent that this round's failure is held (rounds() sets it): called before the log's
+    # traceback and whatever the script runs after the body (its gc.collect), which take seconds under
+    # load while the agent, seeing the round after the loss, waits for the hold (agent/inplace.py)
+    on_hold: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
 
     @property
     def in_place(self) -> bool:
@@ -103,14 +108,17 @@ class Round:
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc is None or not isinstance(exc, Exception) or not self.can_wait:
             return False
+        # the text only: the traceback would keep the old round's model and groups alive while we wait
+        text = f"{type(exc).__name__}: {exc}"
+        self.failure.append(text)
+        if self.on_hold is not None:
+            self.on_hold(text)
         log.warning(
             "elastic-rm: round %d failed on rank %d; waiting in place for the next round",
             self.round_id,
             self.rank,
             exc_info=exc,
         )
-        # the text only: the traceback would keep the old round's model and groups alive while we wait
-        self.failure.append(f"{type(exc).__name__}: {exc}")
         return True  # held: rounds() waits for the agent's next round
 
 
@@ -149,15 +157,16 @@ def rounds(
             can_wait=_can_wait(reporter),
             times=times,
             _prepared=[prepared] if prepare is not None else [],
+            on_hold=_held(reporter, round_id),
         )
         prepared = None  # the round's body owns it now
         yield rnd
         t0 = time.monotonic()
         times = {"stopped": time.time()}
         if rnd.failure:  # the body's collectives failed (a lost peer?): wait for the agent's decision
-            failure = rnd.failure.pop()
-            reporter.send(KIND_LOST, RESUMED.pack(round_id) + failure.encode()[:MAX_TEXT])  # first: it waits
+            failure = rnd.failure.pop()  # the agent heard it from on_hold
             _drop_groups(reporter)
+            release_round_memory()
             action, round_id, env = _wait_for_round(reporter.agent_dir)
             if action == ROUND_FAIL:
                 raise RoundFailedError(f"round {rnd.round_id} failed and no new round came: {failure}")
@@ -165,6 +174,7 @@ def rounds(
             return
         else:
             dist.destroy_process_group()  # the default group and every group made from it
+            _release_round(reporter)
             action, round_id, env = _wait_for_round(reporter.agent_dir)
         times["told_round"] = time.time()
         if action == ROUND_LEAVE:
@@ -240,6 +250,14 @@ def _can_wait(reporter: StepReporter) -> bool:
     return reporter.active and nodes > 1
 
 
+def _release_round(reporter: StepReporter) -> None:
+    """After a drained round: drop its final-checkpoint hook, which holds the old round's model and
+    checkpointer, so that the next round's build does not hold two models at once, and give back what
+    the round held (:mod:`.round_memory`)."""
+    reporter.on_stop(lambda _step: None)
+    release_round_memory()
+
+
 def _drop_groups(reporter: StepReporter) -> None:
     """End the failed round's process groups so that the survivors still waiting on this rank in a
     collective fail at once (then hold their failure too) instead of at the group's timeout.
@@ -292,6 +310,13 @@ def _shut_tcp_connections() -> int:
             except OSError:
                 pass
     return done
+
+
+def _held(reporter: StepReporter, round_id: int) -> Callable[[str], None]:
+    def send(failure: str) -> None:
+        reporter.send(KIND_LOST, RESUMED.pack(round_id) + failure.encode()[:MAX_TEXT])
+
+    return send
 
 
 def _resumed(reporter: StepReporter, round_id: int):
