@@ -133,6 +133,7 @@ def observe(
     window: int,
     straggler_k: float = 1.5,
     warmup_s: float = 0.0,
+    clean_apart: bool = True,
 ) -> PlannerState:
     """Record one sample per node and one job-level step time, at most once per interval.
 
@@ -179,19 +180,22 @@ def observe(
                 ref = reference_busy(busy, straggler_k)
                 clean = not any(s.throttled for s in latest) and max(busy) <= straggler_k * ref
                 cs = ConfigSample(now, cur.number, len(cur.members), cap, batch / tp, clean)
-                new = replace(new, configs=keep_configs(new.configs + (cs,)))
+                new = replace(new, configs=keep_configs(new.configs + (cs,), clean_apart=clean_apart))
     return new
 
 
-def keep_configs(configs: tuple[ConfigSample, ...], per_world: int = 8) -> tuple[ConfigSample, ...]:
+def keep_configs(
+    configs: tuple[ConfigSample, ...], per_world: int = 8, clean_apart: bool = True
+) -> tuple[ConfigSample, ...]:
     """The latest ``per_world`` clean samples of every world size measured, and as many unclean ones: a
     size measured once is remembered for the whole run (a window over the latest samples forgot it, and the
     model then predicted the same refuted gain again: the scale-up, measure, take back, scale-up
-    oscillation), and a straggler episode's unclean samples never push out a size's clean measurement."""
+    oscillation), and a straggler episode's unclean samples never push out a size's clean measurement
+    (``clean_apart``; the Optimus-style baseline, which has no notion of stragglers, keeps one window)."""
     seen: dict[tuple[int, bool], int] = {}
     kept = []
     for c in reversed(configs):
-        key = (c.world, c.clean)
+        key = (c.world, c.clean or not clean_apart)
         seen[key] = seen.get(key, 0) + 1
         if seen[key] <= per_world:
             kept.append(c)
