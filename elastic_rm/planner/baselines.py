@@ -50,7 +50,7 @@ class OptimusPolicy:
 
     def step(self, snapshot: ClusterSnapshot, state: PlannerState) -> tuple[Decision | Wait, PlannerState]:
         cfg = self.config
-        state = observe(snapshot, state, cfg.sample_interval_s, cfg.window, float("inf"))
+        state = observe(snapshot, state, cfg.sample_interval_s, cfg.window, float("inf"), clean_apart=False)
         cur = snapshot.current
         base = MembershipPolicy().decide(snapshot)
         nodes = eligible_nodes(snapshot)

@@ -23,6 +23,9 @@ class PlannerConfig:
     profile_window_s: float = 180.0  # a configuration is judged only after this long (DLRover: 90-300 s)
     min_profile_samples: int = 2  # and after this many job-level samples of it
     min_marginal_gain: float = 0.2  # an added node must bring >= 20% of an average node's throughput
+    lent_node_gain: float = 0.2  # ours: beyond the user's requested node count (capacity a shared cluster
+    # lends; later arrivals queue behind it) an added node must bring this much of an average node. The
+    # default is min_marginal_gain's bar; 0.75 suits clusters that queue (docs/planner.md, "Trace families")
     max_step: int = 8  # at most this many nodes added or removed in one round (DLRover: 4-8)
     gain_horizon_s: float = 1800.0  # a change must repay its round cost within this horizon
     round_cost_s: float = 60.0  # expected pause of one round (flash checkpoint, restart, reshard)

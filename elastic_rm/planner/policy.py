@@ -274,12 +274,16 @@ class PlannerPolicy:
         lo_up = max(lo, memory_floor(job, cfg, w, per_node, growth, node_mem, lo, hi))
         points = [(c.world, c.step_s) for c in state.configs if c.clean]
         measured = observed_cap(points, cfg.min_marginal_gain)
+        if measured is not None and not 0 < state.measured_cap <= measured:
+            state = replace(state, measured_cap=measured)
+        measured = state.measured_cap or None
         floor, floor_why = self._user_floor(state, job, f, cap, lo, hi, points)
-        t = choose_world(f, job, cap, w, lo_up, hi, cfg, measured, floor, floor_why)
+        request = job.request.nodes if job.request else 0
+        t = choose_world(f, job, cap, w, lo_up, hi, cfg, measured, floor, floor_why, request)
         if t.world < w:  # scaling down needs memory headroom too (hysteresis against OOM-driven scale-ups)
             strict = replace(cfg, oom_threshold=cfg.oom_threshold * 0.85)
             lo_down = max(lo_up, memory_floor(job, strict, w, per_node, growth, node_mem, lo, hi))
-            t = choose_world(f, job, cap, w, min(lo_down, w), hi, cfg, measured, floor, floor_why)
+            t = choose_world(f, job, cap, w, min(lo_down, w), hi, cfg, measured, floor, floor_why, request)
         est_w = estimate_node_memory(job, w, cfg.cold_overhead_bytes)
         est_t = estimate_node_memory(job, t.world, cfg.cold_overhead_bytes)
         per_target = max(per_node, rescale_observed(per_node, est_w, est_t))  # budget for both sizes

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from .config import PlannerConfig
 from .memory_model import Trend, fit_trend, time_to_limit
-from .state import NodeSample, PlannerState, warmed_up
+from .state import NodeSample, PlannerState, reference_busy, warmed_up
 
 
 def _is_slow(s: NodeSample, med_busy: float, med_gpu: float, k: float, cfg: PlannerConfig) -> bool:
@@ -20,19 +20,6 @@ def _is_slow(s: NodeSample, med_busy: float, med_gpu: float, k: float, cfg: Plan
     if med_busy > 0 and s.busy_s > k * med_busy:
         return True
     return med_gpu > 0 and 0 <= s.gpu_util < cfg.low_gpu_util * med_gpu
-
-
-def reference_busy(busy: list[float], k: float) -> float:
-    """The busy time a node is compared with: the members' median, unless more than a quarter of them (two
-    or more) are slower than k x it. Such a class is the job's hardware mix (PAI's job 4: two classes
-    ~4x apart, replaced by nothing better), not a straggler: the reference is then the slower half's
-    median, so that a node far slower than its own class is still found."""
-    ordered = sorted(busy)
-    med = statistics.median(ordered)
-    slow = sum(b > k * med for b in ordered)
-    if slow >= 2 and slow > len(ordered) / 4:
-        return statistics.median(ordered[len(ordered) // 2 :])
-    return med
 
 
 def update_stragglers(

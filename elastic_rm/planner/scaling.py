@@ -70,18 +70,24 @@ def choose_world(
     cap: int | None = None,
     floor: int = 0,
     floor_why: str = "",
+    request: int = 0,
 ) -> Target:
     """Hysteresis around the marginal-gain rule, capped by what was measured (``cap``, see observed_cap),
     never below ``floor`` (the user's rule, see user_floor); never outside [lo, hi] nor more than
-    max_step away."""
+    max_step away. Beyond the user's ``request`` a node must bring ``lent_node_gain`` of an average node:
+    those nodes are lent by a shared cluster, and jobs that arrive later queue behind them."""
     shape = shape_of(job)
     g = cfg.min_marginal_gain
     up, _ = best_world(f, shape, capacity, lo, hi, g)
+    if 0 < request < up and up > current and cfg.lent_node_gain > g:  # beyond the request: lent capacity
+        base = max(request, current, lo)
+        up = best_world(f, shape, capacity, base, hi, cfg.lent_node_gain)[0]
     keep, _ = best_world(f, shape, capacity, lo, hi, 0.75 * g)
     if current < lo:
         target, why = lo, f"memory floor: with fewer than {lo} nodes memory would cross the OOM threshold"
     elif current < up:
-        target, why = up, f"the next node up to {up} brings >= {g:.0%} of an average node"
+        bar = max(cfg.lent_node_gain, g) if 0 < request < up else g
+        target, why = up, f"the next node up to {up} brings >= {bar:.0%} of an average node"
     elif current > max(keep, lo):
         target, why = max(keep, lo), f"nodes beyond {max(keep, lo)} bring < {0.75 * g:.0%} of an average node"
     else:

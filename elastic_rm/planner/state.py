@@ -8,6 +8,7 @@ new leader resumes; the simulator per job). :func:`observe` folds one snapshot i
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field, replace
 
 from .history import StartPlan
@@ -74,6 +75,10 @@ class PlannerState:
     pending: tuple = ()  # (members, standby) of our last Decision
     mem_asked: float = 0.0  # the per-node memory our last resize asked for (0: none pending)
     growth_total: float | None = None  # job-wide memory growth (bytes/s over all members), once measured
+    # the smallest size past which added nodes were measured not to pay (scaling.observed_cap), 0: none;
+    # kept for the run, so a later measurement of the smaller size alone (a busier machine) cannot
+    # bring back a refuted scale-up
+    measured_cap: int = 0
 
 
 def node_capacity(node: NodeView) -> float:
@@ -100,6 +105,22 @@ def _sample(node: NodeView, now: float) -> NodeSample | None:
     )
 
 
+def reference_busy(busy: list[float], k: float) -> float:
+    """The busy time a node is compared with: the members' median, unless more than a quarter of them (two
+    or more) are slower than k x it. Such a class is the job's hardware mix (PAI's job 4: two classes
+    ~4x apart, replaced by nothing better), not a straggler: the reference is then the slower half's
+    median, so that a node far slower than its own class is still found. Of two nodes, the faster one's:
+    their median is their mean, against which a node is slow only past 3x the other (k = 1.5)."""
+    ordered = sorted(busy)
+    if len(ordered) == 2:
+        return ordered[0]
+    med = statistics.median(ordered)
+    slow = sum(b > k * med for b in ordered)
+    if slow >= 2 and slow > len(ordered) / 4:
+        return statistics.median(ordered[len(ordered) // 2 :])
+    return med
+
+
 def warmed_up(state: PlannerState, now: float, warmup_s: float) -> bool:
     """Whether the current round's workers have run ``warmup_s`` since they all reported steps."""
     return now >= state.round_active_at + warmup_s
@@ -112,6 +133,7 @@ def observe(
     window: int,
     straggler_k: float = 1.5,
     warmup_s: float = 0.0,
+    clean_apart: bool = True,
 ) -> PlannerState:
     """Record one sample per node and one job-level step time, at most once per interval.
 
@@ -154,22 +176,27 @@ def observe(
             batch = float(snapshot.job.get("global_batch", 0) or 0)
             if tp > 0 and batch > 0:
                 cap = sum(node_capacity(alive[m]) for m in cur.members) / len(cur.members)
-                busy = sorted(s.busy_s for s in latest)
-                med = busy[len(busy) // 2]
-                clean = not any(s.throttled for s in latest) and busy[-1] <= straggler_k * med
+                busy = [s.busy_s for s in latest]  # as the straggler detector judges them
+                ref = reference_busy(busy, straggler_k)
+                clean = not any(s.throttled for s in latest) and max(busy) <= straggler_k * ref
                 cs = ConfigSample(now, cur.number, len(cur.members), cap, batch / tp, clean)
-                new = replace(new, configs=keep_configs(new.configs + (cs,)))
+                new = replace(new, configs=keep_configs(new.configs + (cs,), clean_apart=clean_apart))
     return new
 
 
-def keep_configs(configs: tuple[ConfigSample, ...], per_world: int = 8) -> tuple[ConfigSample, ...]:
-    """The latest ``per_world`` samples of every world size measured: a size measured once is remembered
-    for the whole run (a window over the latest samples forgot it, and the model then predicted the same
-    refuted gain again: the scale-up, measure, take back, scale-up oscillation)."""
-    seen: dict[int, int] = {}
+def keep_configs(
+    configs: tuple[ConfigSample, ...], per_world: int = 8, clean_apart: bool = True
+) -> tuple[ConfigSample, ...]:
+    """The latest ``per_world`` clean samples of every world size measured, and as many unclean ones: a
+    size measured once is remembered for the whole run (a window over the latest samples forgot it, and the
+    model then predicted the same refuted gain again: the scale-up, measure, take back, scale-up
+    oscillation), and a straggler episode's unclean samples never push out a size's clean measurement
+    (``clean_apart``; the Optimus-style baseline, which has no notion of stragglers, keeps one window)."""
+    seen: dict[tuple[int, bool], int] = {}
     kept = []
     for c in reversed(configs):
-        seen[c.world] = seen.get(c.world, 0) + 1
-        if seen[c.world] <= per_world:
+        key = (c.world, c.clean or not clean_apart)
+        seen[key] = seen.get(key, 0) + 1
+        if seen[key] <= per_world:
             kept.append(c)
     return tuple(reversed(kept))

@@ -3,13 +3,15 @@ remembered measurements that stop the scale-up / take-back oscillation."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from elastic_rm.planner.config import PlannerConfig
 from elastic_rm.planner.interface import ClusterSnapshot, Decision, RoundView
 from elastic_rm.planner.job import parse_job
-from elastic_rm.planner.perf_model import Fit
+from elastic_rm.planner.perf_model import Fit, marginal_gains
 from elastic_rm.planner.policy import PlannerPolicy
 from elastic_rm.planner.scaling import choose_world, shape_of, user_floor
 from elastic_rm.planner.state import ConfigSample, PlannerState, keep_configs
@@ -168,3 +170,38 @@ def test_waiting_nodes_do_not_undo_a_measured_scale_down():
             sizes.append(len(members))
     assert sizes and sizes[0] < 6, sizes  # it did scale down (fewer nodes are faster here)
     assert sizes == sorted(sizes, reverse=True), f"went back up: {sizes}"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 6), st.floats(0.0, 0.6), st.floats(0.2, 1.0))
+def test_past_the_request_each_node_brings_the_lent_bar(request, comm, lent):
+    """Growth beyond the request (capacity a shared cluster lends) asks more of each added node: a higher
+    ``lent_node_gain`` never gives a larger world, the first nodes past the request clear it, and up to
+    the request the 20% bar is unchanged."""
+    job = parse_job(JOB)
+    shape = shape_of(job)
+    f = Fit((2e-6, comm, comm, 0.01), float("nan"), 0.0, 1, (request,))
+    cfg = replace(PlannerConfig(), lent_node_gain=lent)
+    plain = choose_world(f, job, 1.0, request, 1, 16, PlannerConfig(), request=request)
+    t = choose_world(f, job, 1.0, request, 1, 16, cfg, request=request)
+    assert request <= t.world <= max(plain.world, request)
+    if t.world > request:
+        tp = marginal_gains(f, shape, 1.0, 1, 16)
+        k = next(
+            k
+            for k in range(request + 1, t.world + 1)
+            if tp[k] - tp[request] >= lent * (k - request) * tp[request] / request * (1 - 1e-9)
+        )
+        assert k <= t.world, (t.world, t.why)
+    below = choose_world(f, job, 1.0, 1, 1, 16, cfg, request=request)  # from 1 node up to the request
+    assert min(below.world, request) == min(
+        choose_world(f, job, 1.0, 1, 1, 16, PlannerConfig()).world, request
+    )
+
+
+def test_a_raised_lent_bar_keeps_a_right_sized_job_at_its_request():
+    job = parse_job(JOB)
+    f = Fit((2e-6, 0.3, 0.3, 0.01), float("nan"), 0.0, 1, (2,))  # nodes 3..5 bring 30%..21% each
+    assert choose_world(f, job, 1.0, 2, 1, 8, PlannerConfig(), request=2).world == 5
+    t = choose_world(f, job, 1.0, 2, 1, 8, replace(PlannerConfig(), lent_node_gain=0.75), request=2)
+    assert t.world == 2, t.why
