@@ -178,12 +178,19 @@ def plan_sharding(
     rules: ElasticRules | None = None,
     sharders: list[ModuleSharder[nn.Module]] | None = None,
     check_same_on_all_ranks: bool = True,
+    proposer: Any = None,
 ) -> ShardingPlan:
     """TorchRec's planner under the elastic rules; every rank computes the plan (it is deterministic)
-    and, when a process group is up, the ranks check they agree (a digest all-gather)."""
+    and, when a process group is up, the ranks check they agree (a digest all-gather).
+
+    ``proposer``: TorchRec proposer(s) for the planner (None: its defaults, which try several and take
+    0.3-0.5 s for a small model). A script that re-plans at every round in place can pass one, e.g.
+    ``GreedyProposer()``, when it gives the same plan (docs/train.md)."""
     rules = rules or ElasticRules()
     tables = embedding_tables(model)
-    planner = EmbeddingShardingPlanner(topology=topology.to_torchrec(), constraints=rules.constraints(tables))
+    planner = EmbeddingShardingPlanner(
+        topology=topology.to_torchrec(), constraints=rules.constraints(tables), proposer=proposer
+    )
     try:
         plan = planner.plan(model, sharders or elastic_sharders())
     except Exception as e:  # the planner's own errors do not say which knob to turn

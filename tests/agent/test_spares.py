@@ -17,8 +17,8 @@ from elastic_rm.agent.spares import SparePool, parse_preload, why_unsupported
 from elastic_rm.guard import Watchdog
 
 SCRIPT = """
-import json, os, sys
-print(json.dumps({"name": __name__, "argv": sys.argv, "path0": sys.path[0], "pid": os.getpid(),
+import gc, json, os, sys
+print(json.dumps({"frozen": gc.get_freeze_count(), "name": __name__, "argv": sys.argv, "path0": sys.path[0], "pid": os.getpid(),
                   "env": dict(os.environ), "cwd": os.getcwd(), "json_loaded": "json" in sys.modules}))
 print("err line", file=sys.stderr)
 sys.exit(int(os.environ.get("EXIT", "0")))
@@ -71,6 +71,7 @@ def test_a_spare_runs_a_script_as_python_would(pool, tmp_path):
     assert seen["pid"] == started[0] and seen["name"] == "__main__"
     assert seen["argv"] == [str(script), "a", "b"] and seen["path0"] == str(tmp_path)
     assert seen["cwd"] == str(tmp_path) and seen["json_loaded"]
+    assert seen["frozen"] > 0  # the preloaded imports are out of the collector's reach before the script
     assert {k: v for k, v in seen["env"].items() if k != "LC_CTYPE"} == env  # exactly what it was handed
     assert pool.pids() == [] and pool.used_pids == started
 
