@@ -23,65 +23,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import queue
-import signal
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 import uuid
 
 from benchmarks.common import stop_processes, summarize, write_result
+from benchmarks.scale.child import Child
 from benchmarks.scale.etcd_stats import cpu_seconds, rss_bytes, scrape
+from benchmarks.scale.failure import after_failure, failure_round, keepalive_stats, reports_of, settle
 from elastic_rm.etcd.server import EtcdServer
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-PY = sys.executable
-
-
-class Child:
-    """A nodes.py process and its JSON lines (read by a thread into a queue)."""
-
-    def __init__(self, endpoint: str, jobs: str, start_file: str, log_dir: str, tag: str, profile: str = ""):
-        argv = [PY, "-m", "benchmarks.scale.nodes", "--endpoint", endpoint, "--jobs", jobs,
-                "--start-at-file", start_file]  # fmt: skip
-        if profile:
-            argv += ["--profile", os.path.join(profile, f"{tag}.json")]
-        self.tag = tag
-        self.log = open(os.path.join(log_dir, f"{tag}.log"), "w")
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
-                                     text=True, start_new_session=True)  # fmt: skip
-        self.lines: queue.Queue = queue.Queue()
-        self.other: list[dict] = []  # lines that came while waiting for another kind
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            try:
-                self.lines.put(json.loads(line))
-            except ValueError:
-                pass
-
-    def expect(self, ev: str, timeout: float) -> dict:
-        deadline = time.time() + timeout
-        while True:
-            left = deadline - time.time()
-            if left <= 0:
-                raise TimeoutError(f"no {ev!r} line from pid {self.proc.pid} within {timeout:.0f}s")
-            item = self.lines.get(timeout=left)
-            if item.get("ev") == ev:
-                return item
-            self.other.append(item)
-
-    def send(self, command: str) -> None:
-        assert self.proc.stdin is not None
-        try:
-            self.proc.stdin.write(command + "\n")
-            self.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            pass
 
 
 class WriteCounter:
@@ -216,10 +166,10 @@ def run_case(
         time.sleep(5)  # the first metrics records and samples settle
         if only_failure and victim is not None:
             result = {"n": n, "jobs": jobs, "procs": procs, "join": join}
-            settled = _settle(children)
-            lost_before = sum(r["lease_lost"] for r in _reports([c for c in children if c is not victim]))
-            result["failure"] = _failure(victim, children, n, runs[0])
-            result["failure"].update(_after_failure(children, victim))
+            settled = settle(children)
+            lost_before = sum(r["lease_lost"] for r in reports_of([c for c in children if c is not victim]))
+            result["failure"] = failure_round(victim, children, n, runs[0])
+            result["failure"].update(after_failure(children, victim))
             result["failure"]["lease_lost_in_failure"] = result["failure"]["lease_lost"] - lost_before
             result["failure"]["before_kill"] = settled | {"lease_lost": lost_before}
             print(f"  failure: {result['failure']}", flush=True)
@@ -242,7 +192,7 @@ def run_case(
         print(f"  status: {status}", flush=True)
         result = {"n": n, "jobs": jobs, "procs": procs, "join": join, "steady": steady_r, "status": status}
         if fail and victim is not None:
-            result["failure"] = _failure(victim, children, n, runs[0])
+            result["failure"] = failure_round(victim, children, n, runs[0])
             print(f"  failure: {result['failure']}", flush=True)
         result["etcd_end"] = scrape(endpoint)
         return result
@@ -332,81 +282,12 @@ def _steady_result(m0, m1, etcd_cpu, c0, c1, span, children, leader, reports, ch
         "watchers": m1.get("watchers"),
         "published_per_s": sum(r["published"] for r in reports) / max(span, 1e-9),
         "max_keepalive_gap_s": max(r["max_gap_s"] for r in reports),
-        **_keepalive_stats(reports),
+        **keepalive_stats(reports),
         "lease_ttl_s": reports[0]["lease_ttl_s"],
         "lease_lost": lease_lost,
         "rounds_churned": len(churn),
         "load_avg": os.getloadavg(),
     }
-
-
-def _failure(victim: Child, children: list[Child], n: int, run: str) -> dict:
-    survivors = [c for c in children if c is not victim]
-    t_kill = time.time()
-    victim.proc.send_signal(signal.SIGKILL)
-    victim.proc.wait(10)
-    seen: dict[str, float] = {}
-    errors = []
-    deadline = time.time() + 60
-    while len(seen) < n - 1 and time.time() < deadline:
-        for c in survivors:
-            try:
-                while True:
-                    item = c.lines.get_nowait()
-                    if item.get("ev") != "round":
-                        continue
-                    if "error" in item:
-                        errors.append(item["error"])
-                    elif item["world"] == n - 1:
-                        seen[item["node"]] = item["t"]
-            except queue.Empty:
-                pass
-        time.sleep(0.05)
-    ok = len(seen) == n - 1 and not errors
-    return {"ok": ok, "latency_s": (max(seen.values()) - t_kill) if ok else None,
-            "survivors_in_round": len(seen), "errors": errors[:3]}  # fmt: skip
-
-
-def _keepalive_stats(reports: list[dict]) -> dict:
-    """The node processes' I/O loop lag (how late a keep-alive due runs) and keep-alive streams reopened."""
-    reopens = [r.get("keepalive_reopens", {}) for r in reports]
-    return {"max_io_loop_lag_s": max(r.get("max_loop_lag_s", 0.0) for r in reports),
-            "keepalive_reopens": {k: sum(x.get(k, 0) for x in reopens) for k in ("no_answer", "failed")}}  # fmt: skip
-
-
-def _settle(children: list[Child], quiet_s: float = 5.0, limit_s: float = 120.0) -> dict:
-    """Wait until no node joined a new round for ``quiet_s`` (a join that lost leases churns a while), so
-    that the failure round starts from a stable world; how many rounds were joined meanwhile."""
-    t0 = last = time.monotonic()
-    churned = 0
-    while time.monotonic() - last < quiet_s and time.monotonic() - t0 < limit_s:
-        for c in children:
-            try:
-                while True:
-                    item = c.lines.get_nowait()
-                    c.other.append(item)
-                    if item.get("ev") == "round":
-                        churned, last = churned + 1, time.monotonic()
-            except queue.Empty:
-                pass
-        time.sleep(0.1)
-    return {"rounds_joined_after_the_join": churned, "settle_s": time.monotonic() - t0,
-            "settled": time.monotonic() - last >= quiet_s}  # fmt: skip
-
-
-def _reports(children: list[Child]) -> list[dict]:
-    for c in children:
-        c.send("report")
-    return [c.expect("report", 60) for c in children]
-
-
-def _after_failure(children: list[Child], victim: Child) -> dict:
-    """Leases lost by live nodes since the start (join and failure round) and the longest refresh gap."""
-    reports = _reports([c for c in children if c is not victim])
-    return {"lease_lost": sum(r["lease_lost"] for r in reports),
-            "max_keepalive_gap_s": max(r["max_gap_s"] for r in reports),
-            **_keepalive_stats(reports),
-            "lease_ttl_s": reports[0]["lease_ttl_s"], "load_avg": os.getloadavg()}  # fmt: skip
 
 
 def main() -> None:

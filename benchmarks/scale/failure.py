@@ -1,0 +1,80 @@
+"""The scale benchmark's failure round: one node SIGKILLed, until every survivor holds the next round;
+and what the survivors' processes report about their leases meanwhile."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import time
+
+from benchmarks.scale.child import Child
+
+
+def failure_round(victim: Child, children: list[Child], n: int, run: str) -> dict:
+    survivors = [c for c in children if c is not victim]
+    t_kill = time.time()
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.proc.wait(10)
+    seen: dict[str, float] = {}
+    errors = []
+    deadline = time.time() + 60
+    while len(seen) < n - 1 and time.time() < deadline:
+        for c in survivors:
+            try:
+                while True:
+                    item = c.lines.get_nowait()
+                    if item.get("ev") != "round":
+                        continue
+                    if "error" in item:
+                        errors.append(item["error"])
+                    elif item["world"] == n - 1:
+                        seen[item["node"]] = item["t"]
+            except queue.Empty:
+                pass
+        time.sleep(0.05)
+    ok = len(seen) == n - 1 and not errors
+    return {"ok": ok, "latency_s": (max(seen.values()) - t_kill) if ok else None,
+            "survivors_in_round": len(seen), "errors": errors[:3]}  # fmt: skip
+
+
+def keepalive_stats(reports: list[dict]) -> dict:
+    """The node processes' I/O loop lag (how late a keep-alive due runs) and keep-alive streams reopened."""
+    reopens = [r.get("keepalive_reopens", {}) for r in reports]
+    return {"max_io_loop_lag_s": max(r.get("max_loop_lag_s", 0.0) for r in reports),
+            "keepalive_reopens": {k: sum(x.get(k, 0) for x in reopens) for k in ("no_answer", "failed")}}  # fmt: skip
+
+
+def settle(children: list[Child], quiet_s: float = 5.0, limit_s: float = 120.0) -> dict:
+    """Wait until no node joined a new round for ``quiet_s`` (a join that lost leases churns a while), so
+    that the failure round starts from a stable world; how many rounds were joined meanwhile."""
+    t0 = last = time.monotonic()
+    churned = 0
+    while time.monotonic() - last < quiet_s and time.monotonic() - t0 < limit_s:
+        for c in children:
+            try:
+                while True:
+                    item = c.lines.get_nowait()
+                    c.other.append(item)
+                    if item.get("ev") == "round":
+                        churned, last = churned + 1, time.monotonic()
+            except queue.Empty:
+                pass
+        time.sleep(0.1)
+    return {"rounds_joined_after_the_join": churned, "settle_s": time.monotonic() - t0,
+            "settled": time.monotonic() - last >= quiet_s}  # fmt: skip
+
+
+def reports_of(children: list[Child]) -> list[dict]:
+    for c in children:
+        c.send("report")
+    return [c.expect("report", 60) for c in children]
+
+
+def after_failure(children: list[Child], victim: Child) -> dict:
+    """Leases lost by live nodes since the start (join and failure round) and the longest refresh gap."""
+    reports = reports_of([c for c in children if c is not victim])
+    return {"lease_lost": sum(r["lease_lost"] for r in reports),
+            "max_keepalive_gap_s": max(r["max_gap_s"] for r in reports),
+            **keepalive_stats(reports),
+            "lease_ttl_s": reports[0]["lease_ttl_s"], "load_avg": os.getloadavg()}  # fmt: skip
