@@ -55,6 +55,7 @@ from ..wire.channel import (
     ROUND_LEAVE,
     decode_round,
 )
+from .master_store import wait_for_master_store
 from .report import StepReporter
 from .round_memory import release_round_memory
 
@@ -143,6 +144,7 @@ def rounds(
     index, round_id, times = 0, _env_round(), {}
     prepared = _prepare(prepare, reporter, round_id, times)
     if not dist.is_initialized():
+        wait_for_master_store()  # a refused first connect costs torch's back-off (master_store.py)
         dist.init_process_group(backend)
         times["group"] = time.time()
     while True:
@@ -185,6 +187,7 @@ def rounds(
         _forget_the_old_world()
         prepared = _prepare(prepare, reporter, round_id, times)
         try:
+            wait_for_master_store()
             dist.init_process_group(backend)
         except Exception as exc:
             _report_failure(reporter, round_id, exc)
