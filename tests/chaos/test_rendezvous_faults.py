@@ -55,24 +55,29 @@ def test_a_process_restarted_under_the_same_node_id_does_not_join_the_stale_roun
 def test_an_ack_lost_by_etcd_is_sent_again_and_the_round_is_sealed(etcd, run_id):
     """An ack is sent without waiting for etcd's answer (the join path); during an etcd failover such a put
     can be lost (seen with a 3-member cluster whose leader was killed). Simulated here by deleting the ack:
-    the member sends it again while the round stays unsealed, and the round is sealed."""
-    a, b = (
-        make(etcd, run_id, 2, 2, node_id="a", lease_ttl="5"),
-        make(etcd, run_id, 2, 2, node_id="b", lease_ttl="5"),
-    )
+    the member sends it again while the round stays unsealed, and the round is sealed. The round is a
+    scale-up (a newcomer next to active members), one of the rounds whose members ack before the seal (a
+    round of survivors is sealed at once: rendezvous/seal.py)."""
+    a, b, c = (make(etcd, run_id, 2, 3, node_id=n, lease_ttl="5") for n in "abc")
     try:
         join_all([a, b])
         number = a.view.round.round
         box: dict = {}
-        t = threading.Thread(target=lambda: box.setdefault("info", a.next_rendezvous()), daemon=True)
-        t.start()  # a's workers failed: it asks for a new round with the same members and acks it
+        newcomer = threading.Thread(target=lambda: box.setdefault("c", c.next_rendezvous()), daemon=True)
+        newcomer.start()
+        assert wait_for(lambda: a.num_nodes_waiting() > 0, timeout=20), "the scale-up round never came"
+        t = threading.Thread(target=lambda: box.setdefault("a", a.next_rendezvous()), daemon=True)
+        t.start()  # a stops its workers for the new round and acks it
         ack_key = f"/elastic-rm/{run_id}/rounds/{number + 1:08d}/acks/a"
         assert wait_for(lambda: a._client.get(ack_key) is not None, timeout=20), "a never acked"
+        assert a.view.round is not None and not a.view.round.sealed  # b has not acked yet
         assert a._client.delete(ack_key)  # the ack is lost
         done = join_all([b], timeout=30)
         t.join(30)
-        assert 0 in done and "info" in box, "the round was never sealed after a lost ack"
-        assert a.joined_round.round == b.joined_round.round == number + 1
+        newcomer.join(30)
+        assert 0 in done and "a" in box and "c" in box, "the round was never sealed after a lost ack"
+        assert a.joined_round.round == b.joined_round.round == c.joined_round.round == number + 1
+        assert sorted(a.joined_round.members) == ["a", "b", "c"]
     finally:
-        a.release()
-        b.release()
+        for h in (a, b, c):
+            h.release()

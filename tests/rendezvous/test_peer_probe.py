@@ -156,15 +156,18 @@ def test_peers_gone_from_etcd_do_not_count_and_live_ones_do(etcd, run_id):
         for name, h in handlers.items():
             h.services.set_checkpoint_endpoint(servers[name].port, "token")
         join_all(list(handlers.values()))
-        c = handlers["c"]
-        targets = {n: ("127.0.0.1", servers[n].port) for n in "ab"}
-        c._probe._maybe_step_out(targets, {"a"})  # one of two: no majority
-        assert not c._session.lease_lost
-        handlers["b"].release()  # b's record goes with its lease: only a counts, and one peer never does
-        assert wait_for(lambda: "b" not in live_targets(c._client, c.settings.keys.nodes, "c"))
-        c._probe._newer_round = lambda: False  # as if the leader had not written the round without b yet
-        c._probe._maybe_step_out(targets, {"a", "b"})
-        assert not c._session.lease_lost
+        # the node ranked first probes: a tie (half of its peers unreachable) never takes it out, only a
+        # majority of live peers would (a tie takes out the node outranked by a peer it cannot reach)
+        me, x, y = handlers["a"].joined_round.members
+        p = handlers[me]
+        targets = {n: ("127.0.0.1", servers[n].port) for n in (x, y)}
+        p._probe._maybe_step_out(targets, {x})  # one of two: no majority
+        assert not p._session.lease_lost
+        handlers[y].release()  # y's record goes with its lease: only x counts, one of one is a tie
+        assert wait_for(lambda: y not in live_targets(p._client, p.settings.keys.nodes, me))
+        p._probe._newer_round = lambda: False  # as if the leader had not written the round without y yet
+        p._probe._maybe_step_out(targets, {x, y})  # two of two, but y is gone from etcd: it does not count
+        assert not p._session.lease_lost
     finally:
         for h in handlers.values():
             h.shutdown()
