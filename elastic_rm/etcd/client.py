@@ -3,8 +3,8 @@
 torch's rendezvous API is synchronous and our callers are threads, so every call here blocks with a
 timeout. Why aetcd: it is a maintained v3 client that needs no workaround: a broken watch raises instead of
 dying silently, and the same client reconnects after an etcd restart. What we add: timeouts on every call,
-failover across several endpoints, TLS, revision-carrying results, lease keep-alive with loss detection, and watches that resume from the last
-seen revision after an outage.
+failover across several endpoints, TLS, revision-carrying results, lease keep-alive with loss detection,
+and watches that resume from the last seen revision after an outage.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from .errors import (
 )
 from .gateway import GatewayClient
 from .io_loop import io_loop
-from .ops import Compare, Op, txn_puts
+from .ops import Compare, Op, send_txn
 from .options import TlsOptions, parse_endpoints
 from .types import KeyValue, TxnResult, WatchEvent, key_value
 from .watch import PrefixWatch
@@ -183,10 +183,8 @@ class EtcdClient:
                 future.cancel()
                 last = EtcdTimeoutError(f"etcd at {self.endpoint} did not answer within {self.timeout:.1f}s")
                 last.__cause__ = exc
-            except (
-                FutureCancelled,
-                asyncio.CancelledError,
-            ) as exc:  # another call's failover closed the channel
+            # another call's failover closed the channel this call ran on
+            except (FutureCancelled, asyncio.CancelledError) as exc:
                 last = EtcdConnectionError(f"etcd at {self.endpoint}: the call was cut off by a reconnect")
                 last.__cause__ = exc
                 continue  # on the client the failover switched to (not one more failover)
@@ -252,7 +250,7 @@ class EtcdClient:
     def puts_nowait(self, puts: Sequence[tuple[str, bytes | str, int | None]]) -> None:
         """``(key, value, lease)`` puts in one transaction (one request, one revision), not waited for."""
         ops = [Op.put(k, v, lease) for k, v, lease in puts]
-        self._nowait(lambda c: txn_puts(c, ops), f"puts of {puts[0][0]}")
+        self._nowait(lambda c: send_txn(c, success=ops), f"puts of {puts[0][0]}")
 
     def _nowait(self, make_coro: Callable[[_AetcdClient], Any], what: str) -> None:
         def report(f: Any) -> None:
@@ -273,16 +271,7 @@ class EtcdClient:
         """One atomic transaction. Not retried on another endpoint: a lost reply has an unknown outcome."""
 
         async def call(c: _AetcdClient) -> TxnResult:
-            await c.connect()
-            request = rpc.TxnRequest(
-                compare=[cmp.build().build_message() for cmp in compare],
-                success=c._ops_to_requests(list(success)),
-                failure=c._ops_to_requests(list(failure)),
-            )
-            try:
-                resp = await c.kvstub.Txn(request, timeout=c._timeout, metadata=c.metadata)
-            except rpc.AioRpcError as exc:
-                aexc._handle_exception(exc)
+            resp = await send_txn(c, compare, success, failure)
             kvs = []
             for r in resp.responses:
                 if r.WhichOneof("response") == "response_range":

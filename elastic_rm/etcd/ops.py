@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import aetcd
+import aetcd.exceptions as aexc
 from aetcd import rpc
 
 
@@ -64,8 +66,18 @@ class Op:
         return aetcd.transactions.Get(key.encode())
 
 
-async def txn_puts(c: Any, ops: list[Any]) -> Any:
-    """Send ``ops`` (from :class:`Op`) as one unconditional transaction with aetcd's client ``c``."""
+async def send_txn(
+    c: Any, compare: Sequence[Compare] = (), success: Sequence[Any] = (), failure: Sequence[Any] = ()
+) -> Any:
+    """One transaction (``compare``, then ``success`` or ``failure`` ops from :class:`Op`) with aetcd's
+    client ``c``: etcd's TxnResponse, or gRPC's error raised as aetcd's."""
     await c.connect()
-    request = rpc.TxnRequest(success=c._ops_to_requests(ops))
-    return await c.kvstub.Txn(request, timeout=c._timeout, metadata=c.metadata)
+    request = rpc.TxnRequest(
+        compare=[cmp.build().build_message() for cmp in compare],
+        success=c._ops_to_requests(list(success)),
+        failure=c._ops_to_requests(list(failure)),
+    )
+    try:
+        return await c.kvstub.Txn(request, timeout=c._timeout, metadata=c.metadata)
+    except rpc.AioRpcError as exc:
+        aexc._handle_exception(exc)
