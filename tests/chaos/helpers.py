@@ -52,7 +52,8 @@ def round_records(client: EtcdClient, run_id: str) -> dict[int, dict]:
 
 def round_history(client: EtcdClient, run_id: str, settle_s: float = 1.5) -> list[tuple[int, bool, int]]:
     """Every write of the round key since the run began: (round, complete, revision), in revision order
-    (a watch from revision 1; the test etcds compact only after 10000 revisions)."""
+    (a watch from the key's creation: the session's etcd is shared, and a test that compacted it earlier
+    would otherwise make a watch from revision 1 resync to the current value alone)."""
     got: list[WatchEvent] = []
     lock = threading.Lock()
 
@@ -60,7 +61,9 @@ def round_history(client: EtcdClient, run_id: str, settle_s: float = 1.5) -> lis
         with lock:
             got.extend(events)
 
-    cancel = client.watch_prefix(f"/elastic-rm/{run_id}/round", 1, on_events, exact=True)
+    key = f"/elastic-rm/{run_id}/round"
+    first = client.get(key)
+    cancel = client.watch_prefix(key, first.create_revision if first else 1, on_events, exact=True)
     try:
         last, stable_since = -1, time.monotonic()
         deadline = time.monotonic() + 30
