@@ -16,7 +16,7 @@ import sys
 import time
 
 from benchmarks.common import write_result
-from benchmarks.planner.evidence import slower_jobs
+from benchmarks.planner.evidence import lent_nodes, slower_jobs
 from elastic_rm.planner.sim.cluster import ClusterSpec
 from elastic_rm.planner.sim.engine import Instability
 from elastic_rm.planner.sim.families import FAMILIES
@@ -90,6 +90,10 @@ def run_family(name: str, n: int, seed: int, spec: ClusterSpec, inst: Instabilit
     )
     for cause, v in sorted(ev["by_cause"].items(), key=lambda kv: -kv[1]["hours"]):
         print(f"    {cause:<40} {v['jobs']:>4} {v['hours']:>8.1f}")
+    lent = lent_nodes(result["runs"])
+    print(
+        f"  queued behind nodes lent past the request (job x node h): {lent['queued_job_x_lent_node_hours']}"
+    )
     return {
         "about": FAMILIES[name].about,
         "jobs": n,
@@ -97,6 +101,7 @@ def run_family(name: str, n: int, seed: int, spec: ClusterSpec, inst: Instabilit
         "policies": {p: {k: v[k] for k in KEEP if k in v} for p, v in s.items()},
         "targets": {label: {"met": ok, "value": value} for label, ok, value in checks},
         "slower_than_static": ev,
+        "lent_nodes": lent,
         "wall_seconds": result["seconds"],
     }
 

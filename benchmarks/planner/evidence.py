@@ -43,3 +43,29 @@ def slower_jobs(runs: dict[str, list], policy: str = "ours", base: str = "static
             out[name]["jobs"] += 1
             out[name]["hours"] += extra / 3600
     return {"jobs_compared": total, "jobs_slower": slower, "by_cause": dict(out)}
+
+
+def lent_nodes(runs: dict[str, list], policy: str = "ours", base: str = "optimus") -> dict:
+    """Queueing behind lent nodes: jobs that started later under ``policy`` than under ``base`` and, while
+    they queued, other jobs held nodes past their request (node-hours); and how many jobs grew past
+    their request at some point under each policy."""
+    by_id = {j.trace.job_id: j for j in runs[base]}
+    later = behind = 0
+    node_h = 0.0
+    for j in runs[policy]:
+        b = by_id[j.trace.job_id]
+        if j.start_s != j.start_s or b.start_s != b.start_s or j.start_s <= b.start_s:  # NaN: never started
+            continue
+        later += 1
+        if j.queued_behind_lent_s > 0:
+            behind += 1
+            node_h += j.queued_behind_lent_s / 3600
+    grew = {p: sum(1 for j in runs[p] if j.peak_lent > 0) for p in (policy, base)}
+    queued_h = {p: sum(j.queued_behind_lent_s for j in runs[p]) / 3600 for p in (policy, base)}
+    return {
+        "queued_job_x_lent_node_hours": queued_h,
+        "started_later_than_" + base: later,
+        "of_them_queued_behind_lent_nodes": behind,
+        "lent_node_hours_they_queued_behind": node_h,
+        "jobs_grown_past_request": grew,
+    }

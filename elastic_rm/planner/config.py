@@ -26,6 +26,10 @@ class PlannerConfig:
     lent_node_gain: float = 0.2  # ours: beyond the user's requested node count (capacity a shared cluster
     # lends; later arrivals queue behind it) an added node must bring this much of an average node. The
     # default is min_marginal_gain's bar; 0.75 suits clusters that queue (docs/planner.md, "Trace families")
+    queued_node_gain: float = 0.75  # ours: while other jobs wait for nodes (snapshot.waiting_nodes > 0), a
+    # node past the request must bring this much of an average node, or it is given back to the queue
+    queue_memory_s: float = 3600.0  # ours: a cluster whose queue was seen this recently queues: nodes past
+    # the request keep the queued_node_gain bar after the queue emptied (later arrivals would wait for them)
     max_step: int = 8  # at most this many nodes added or removed in one round (DLRover: 4-8)
     gain_horizon_s: float = 1800.0  # a change must repay its round cost within this horizon
     round_cost_s: float = 60.0  # expected pause of one round (flash checkpoint, restart, reshard)

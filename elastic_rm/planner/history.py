@@ -131,9 +131,16 @@ class StartPlan:
 
 
 def warm_start(
-    job: JobSpec, records: list[HistoryRecord], min_nodes: int, max_nodes: int, cfg: PlannerConfig
+    job: JobSpec,
+    records: list[HistoryRecord],
+    min_nodes: int,
+    max_nodes: int,
+    cfg: PlannerConfig,
+    waiting: int = 0,
 ) -> StartPlan:
-    """Stage 1. With history: robust world/CPU/coefficients, worst-case memory + margin; else cold start."""
+    """Stage 1. With history: robust world/CPU/coefficients, worst-case memory + margin; else cold start.
+    While ``waiting`` nodes are wanted by queued jobs, a size past the request keeps only the nodes that
+    bring ``queued_node_gain`` of an average node on the history's model (none without one)."""
     sig = job.signature()
     mine = sorted((r for r in records if r.signature == sig), key=lambda r: r.finished_at)[-cfg.history_max :]
     lo, hi = max(min_nodes, 1), max(max_nodes, min_nodes, 1)
@@ -152,6 +159,17 @@ def warm_start(
         cap = major_cluster_mean([r.capacity for r in good])
         model = Fit(coef, float("nan"), 0.0, 0, ())
         world = max(world, user_floor(model, job, cap, req, lo, cfg.user_loss_max, [])[0])
+    why = ""
+    if waiting > 0 and lo <= req < world:  # past runs grew past the request: capacity others now wait for
+        from .perf_model import Fit, best_world
+        from .scaling import shape_of
+
+        bar = max(cfg.queued_node_gain, cfg.lent_node_gain)
+        model = Fit(coef, float("nan"), 0.0, 0, ())
+        cap = major_cluster_mean([r.capacity for r in good])
+        world = best_world(model, shape_of(job), cap, req, world, bar)[0] if coef else req
+        why = f"; {waiting} node(s) wanted by queued jobs: at most the request"
+        why += f" + nodes bringing >= {bar:.0%} of an average node" if coef else ""
     est_to = estimate_node_memory(job, world, cfg.cold_overhead_bytes)
     mem = 0.0
     for r in mine:  # failed and OOM runs count too: their peak is a floor of the need
@@ -172,7 +190,7 @@ def warm_start(
         cpu_per_node=cpu_budget,
         mem_per_node_bytes=mem_budget,
         coef=coef,
-        reason=f"warm start from {len(good)} finished run(s) of {sig}",
+        reason=f"warm start from {len(good)} finished run(s) of {sig}{why}",
         confidence=conf,
         from_history=len(mine),
         warm=True,

@@ -90,6 +90,9 @@ class ClusterSnapshot:
     current: RoundView | None = None
     job: dict = field(default_factory=dict)  # job signature and settings (planner-specific, JSON-like)
     history: tuple[dict, ...] = ()  # finished runs of the same job signature (warm start)
+    # Nodes that other jobs of the cluster wait for (asked for, not placed): the cluster's queue. None:
+    # unknown (the executor does not say; the planner keeps its rule for nodes past the request as is)
+    waiting_nodes: int | None = None
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,8 @@ class PlannerPolicy:
             snapshot, state, cfg.sample_interval_s, cfg.window, cfg.straggler_k, cfg.round_warmup_s
         )
         fresh = state.last_sample_at == snapshot.now and prev_sample != snapshot.now
+        if (snapshot.waiting_nodes or 0) > 0:  # the cluster queues (None: unknown, as not)
+            state = replace(state, queued_at=snapshot.now)
         if state.start is None:
             start = self._start(snapshot, job)
             state = replace(
@@ -129,7 +131,8 @@ class PlannerPolicy:
                 records.append(parse_record(d, f"history[{i}]"))
             except HistoryError:
                 continue  # the leader validates and reports; the planner ignores what it cannot read
-        return warm_start(job, records, snapshot.min_nodes, snapshot.max_nodes, self.config)
+        waiting = snapshot.waiting_nodes or 0
+        return warm_start(job, records, snapshot.min_nodes, snapshot.max_nodes, self.config, waiting)
 
     def _standby(self, candidates: list[str], flagged: frozenset[str]) -> tuple[str, ...]:
         return standby(candidates, flagged, self.config.standby_max)
@@ -279,11 +282,14 @@ class PlannerPolicy:
         measured = state.measured_cap or None
         floor, floor_why = self._user_floor(state, job, f, cap, lo, hi, points)
         request = job.request.nodes if job.request else 0
-        t = choose_world(f, job, cap, w, lo_up, hi, cfg, measured, floor, floor_why, request)
+        waiting = snapshot.waiting_nodes or 0  # the cluster's queue (None: unknown, as none)
+        queues = snapshot.now - state.queued_at < cfg.queue_memory_s
+        args = (cfg, measured, floor, floor_why, request, waiting, queues)
+        t = choose_world(f, job, cap, w, lo_up, hi, *args)
         if t.world < w:  # scaling down needs memory headroom too (hysteresis against OOM-driven scale-ups)
             strict = replace(cfg, oom_threshold=cfg.oom_threshold * 0.85)
             lo_down = max(lo_up, memory_floor(job, strict, w, per_node, growth, node_mem, lo, hi))
-            t = choose_world(f, job, cap, w, min(lo_down, w), hi, cfg, measured, floor, floor_why, request)
+            t = choose_world(f, job, cap, w, min(lo_down, w), hi, *args)
         est_w = estimate_node_memory(job, w, cfg.cold_overhead_bytes)
         est_t = estimate_node_memory(job, t.world, cfg.cold_overhead_bytes)
         per_target = max(per_node, rescale_observed(per_node, est_w, est_t))  # budget for both sizes

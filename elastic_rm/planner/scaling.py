@@ -71,27 +71,41 @@ def choose_world(
     floor: int = 0,
     floor_why: str = "",
     request: int = 0,
+    waiting: int = 0,
+    queues: bool = False,
 ) -> Target:
     """Hysteresis around the marginal-gain rule, capped by what was measured (``cap``, see observed_cap),
     never below ``floor`` (the user's rule, see user_floor); never outside [lo, hi] nor more than
     max_step away. Beyond the user's ``request`` a node must bring ``lent_node_gain`` of an average node:
-    those nodes are lent by a shared cluster, and jobs that arrive later queue behind them."""
+    those nodes are lent by a shared cluster. While ``waiting`` nodes are wanted by queued jobs the bar is
+    ``queued_node_gain``, and lent nodes below it are given back (at most ``waiting`` of them); the bar
+    stays while the cluster ``queues`` (its queue was seen recently), since later arrivals wait too."""
     shape = shape_of(job)
     g = cfg.min_marginal_gain
+    high = waiting > 0 or queues
+    lent = max(cfg.lent_node_gain, cfg.queued_node_gain) if high else cfg.lent_node_gain
     up, _ = best_world(f, shape, capacity, lo, hi, g)
-    if 0 < request < up and up > current and cfg.lent_node_gain > g:  # beyond the request: lent capacity
+    if 0 < request < up and up > current and lent > g:  # beyond the request: lent capacity
         base = max(request, current, lo)
-        up = best_world(f, shape, capacity, base, hi, cfg.lent_node_gain)[0]
+        up = best_world(f, shape, capacity, base, hi, lent)[0]
     keep, _ = best_world(f, shape, capacity, lo, hi, 0.75 * g)
     if current < lo:
         target, why = lo, f"memory floor: with fewer than {lo} nodes memory would cross the OOM threshold"
     elif current < up:
-        bar = max(cfg.lent_node_gain, g) if 0 < request < up else g
+        bar = max(lent, g) if 0 < request < up else g
         target, why = up, f"the next node up to {up} brings >= {bar:.0%} of an average node"
     elif current > max(keep, lo):
         target, why = max(keep, lo), f"nodes beyond {max(keep, lo)} bring < {0.75 * g:.0%} of an average node"
     else:
         target, why = current, "at the marginal-gain optimum"
+    if waiting > 0 and max(request, lo) < current and lent > g:  # give lent nodes back, at most `waiting`
+        back = max(best_world(f, shape, capacity, max(request, lo), hi, lent)[0], current - waiting)
+        if back < target:
+            target = back
+            why = (
+                f"{waiting} node(s) wanted by queued jobs: nodes past the request of {request} bring "
+                f"< {lent:.0%} of an average node"
+            )
     if cap is not None and cap >= lo and target > cap:
         target, why = cap, f"measured: nodes beyond {cap} brought < {g:.0%} of an average node"
     if target < min(floor, hi):

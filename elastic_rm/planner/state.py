@@ -79,6 +79,7 @@ class PlannerState:
     # kept for the run, so a later measurement of the smaller size alone (a busier machine) cannot
     # bring back a refuted scale-up
     measured_cap: int = 0
+    queued_at: float = float("-inf")  # when a snapshot last said other jobs wait (waiting_nodes > 0)
 
 
 def node_capacity(node: NodeView) -> float:

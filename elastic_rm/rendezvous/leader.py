@@ -23,6 +23,7 @@ from ..etcd.lease import Election
 from ..obs.events import EventLog, ids_for_event
 from ..planner.interface import ClusterSnapshot, Decision, NodeView, RoundPolicy, RoundView
 from ..wire.records import DemandRecord, LedgerRecord, RoundRecord
+from .queue_signal import QueueSignal
 from .seal import sealed_at_once
 from .view import JobView
 
@@ -69,6 +70,7 @@ class RoundLeader:
         self._history: tuple[dict, ...] = ()
         self._wake_at = 0.0
         self._next_decide_at = 0.0  # the policy runs again no sooner than this (monotonic)
+        self._queue = QueueSignal(client, view.keys)  # the cluster's queue, when an executor writes it
         self._loop = Background(self._run, "erm-leader", wake=self._wake)
         self.last_reason = ""
 
@@ -286,6 +288,7 @@ class RoundLeader:
             current=current,
             job=self._job,
             history=self._history,
+            waiting_nodes=self._queue.waiting_nodes() if self._job.get("tables") else None,
         )
 
     def _fenced_write(self, record: RoundRecord) -> bool:

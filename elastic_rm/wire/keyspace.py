@@ -93,6 +93,11 @@ class Keyspace:
         return f"{self.run}demand"
 
     @property
+    def queue(self) -> str:
+        """Nodes other jobs wait for on this run's pool (QueueRecord), from its executor, when it knows."""
+        return f"{self.run}queue"
+
+    @property
     def ledger(self) -> str:
         """The sample ledger as of the newest committed checkpoint, mirrored by the leader."""
         return f"{self.run}ledger"

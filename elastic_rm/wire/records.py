@@ -287,6 +287,30 @@ class DemandRecord:
 
 
 @dataclass(frozen=True)
+class QueueRecord:
+    """``queue``: how many nodes other jobs wait for on the pool this run's nodes come from (the cluster's
+    queue), written by the executor that places the run's nodes, when it knows. The leader puts it in the
+    planner's snapshot (``waiting_nodes``); without the key the planner is told nothing (None)."""
+
+    waiting_nodes: int
+    source: str = ""  # who wrote it and what it counts, for people reading etcd
+    time: float = 0.0
+
+    @classmethod
+    def parse(cls, key: str, raw: bytes) -> QueueRecord:
+        d = _load(key, raw)
+        waiting = _field(key, d, "waiting_nodes", int)
+        if waiting < 0:
+            raise RecordError(f"malformed value in etcd key {key}: waiting_nodes must be >= 0, got {waiting}")
+        return cls(
+            waiting, _field(key, d, "source", str, ""), float(_field(key, d, "time", (int, float), 0.0))
+        )
+
+    def to_json(self) -> bytes:
+        return dumps(self)
+
+
+@dataclass(frozen=True)
 class LedgerRecord:
     """``ledger``: the sample ledger as of the newest committed flash checkpoint (the ``ledger`` of its
     manifest's position), mirrored by the leader: one write per checkpoint, never per batch. The

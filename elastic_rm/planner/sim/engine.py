@@ -59,6 +59,7 @@ class Simulator:
         self.jobs = [SimJob(j, np.random.default_rng([seed, zlib.crc32(j.job_id.encode())])) for j in jobs]
         self.history: dict[str, list[dict]] = {}
         self.arrivals = 0
+        self.waiting = 0  # nodes the queued jobs asked for (ClusterSnapshot.waiting_nodes)
         self.timeline: list[tuple[float, float, float, float, int, int]] = []
 
     # ----- node slices -----
@@ -142,6 +143,12 @@ class Simulator:
                     want = min(want, j.trace.req_nodes + self._spares(j) - len(j.nodes))
                 while want > 0 and self._add_node(j, now):
                     want -= 1
+            lent = sum(max(len(j.nodes) - j.trace.req_nodes - self._spares(j), 0) for j in running)
+            for j in queue:  # evidence (benchmarks/planner/evidence.py): queueing behind lent nodes
+                j.queued_behind_lent_s += lent * self.tick
+            for j in running:
+                j.peak_lent = max(j.peak_lent, len(j.nodes) - j.trace.req_nodes)
+            self.waiting = sum(j.trace.req_nodes for j in queue)  # the queue the next snapshots carry
             self._account(running, now, len(queue))
             now += self.tick
             k += 1
@@ -271,7 +278,7 @@ class Simulator:
         history = (
             tuple(r for r in self.history.get(t.name, []) if r["finished_at"] <= now) if self.planner else ()
         )
-        return ClusterSnapshot(now, lo, hi, 30.0, tuple(views), current, jd, history)
+        return ClusterSnapshot(now, lo, hi, 30.0, tuple(views), current, jd, history, self.waiting)
 
     def _policy_tick(self, job: SimJob, now: float) -> None:
         if job.status != "running":

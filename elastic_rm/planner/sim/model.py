@@ -84,3 +84,5 @@ class SimJob:
     round_lost: bool = False  # a member died; the round is broken until the policy writes a new one
     last_members: list[str] = field(default_factory=list)  # the round as written (incl. the dead)
     step: Step | None = None  # the latest simulated step (what the agents would report)
+    queued_behind_lent_s: float = 0.0  # node-seconds other jobs held past their request while this one queued
+    peak_lent: int = 0  # the most nodes this job held past its request
