@@ -154,3 +154,31 @@ def test_binary_or_empty_trace_is_an_error_not_a_crash(tmp_path):
     p.write_text(",".join(FIELDS) + "\n")
     with pytest.raises(TraceError, match="no jobs"):
         load_trace(str(p))
+
+
+def test_snapshots_carry_the_queue_the_cluster_had():
+    """``waiting_nodes`` in every snapshot is what the jobs queued at the previous tick's end asked for."""
+    jobs = generate(30, 2, SMALL)
+    sim = Simulator(jobs, SMALL, "ours", 2)
+    seen, tick = [], sim._policy_tick
+    ticks = []
+
+    def record(job, now):
+        seen.append((now, sim._snapshot(job, now).waiting_nodes))
+        return tick(job, now)
+
+    sim._policy_tick = record
+    account = sim._account
+
+    def after_tick(running, now, queued):
+        ticks.append((now, sim.waiting, queued))
+        return account(running, now, queued)
+
+    sim._account = after_tick
+    sim.run()
+    by_tick = {now: w for now, w, _ in ticks}
+    assert any(q for _, _, q in ticks), "the small cluster queued jobs"
+    assert all((w > 0) == (q > 0) for _, w, q in ticks)
+    for now, w in seen:
+        assert w == by_tick.get(now - sim.tick, 0), now  # the previous tick's queue
+    assert any(w for _, w in seen)

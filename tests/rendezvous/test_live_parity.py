@@ -1,6 +1,7 @@
 """Live parity: the planner reads the same fields from a live job's etcd keys as from the simulator, all
-filled (GPU count from the node record, when the round was decided, per-node metrics), and a finished
-run's history record carries the capacity and the model coefficients that the warm start uses."""
+filled (GPU count from the node record, when the round was decided, per-node metrics, the cluster's queue
+from the run's ``queue`` key), and a finished run's history record carries the capacity and the model
+coefficients that the warm start uses."""
 
 from __future__ import annotations
 
@@ -9,13 +10,16 @@ import time
 
 import numpy as np
 
+from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.planner.history import parse_record
 from elastic_rm.planner.interface import ClusterSnapshot
 from elastic_rm.planner.policy import PlannerPolicy
 from elastic_rm.planner.sim.cluster import ClusterSpec
 from elastic_rm.planner.sim.engine import Simulator
 from elastic_rm.planner.sim.tracegen import generate
+from elastic_rm.rendezvous.queue_signal import QueueSignal
 from elastic_rm.wire.keyspace import Keyspace
+from elastic_rm.wire.records import QueueRecord
 
 from .test_planner_in_leader import JOB, RECORD, handlers, join_all
 
@@ -25,6 +29,8 @@ def unfilled(snap: ClusterSnapshot) -> list[str]:
     out = []
     if snap.current is None or snap.current.decided_at <= 0:
         out.append("current.decided_at")
+    if snap.waiting_nodes is None:
+        out.append("waiting_nodes")
     for n in snap.nodes:
         m = n.metrics
         checks = {
@@ -65,7 +71,9 @@ def test_live_and_simulated_snapshots_fill_what_the_planner_reads(etcd, tmp_path
     job_file.write_text(json.dumps(job))
     run_id = f"parity-{time.monotonic_ns()}"
     hs = handlers(etcd, run_id, 2, 2, 2, job_file)
-    try:
+    try:  # the cluster's queue, as an executor that places nodes on a shared pool writes it
+        queue = QueueRecord(3, "test: a scheduler with 3 nodes queued", time.time())
+        hs[0].services._client.put(Keyspace("/elastic-rm", run_id).queue, queue.to_json())
         for h in hs:  # what the agent's monitor reports on a node with 2 GPUs (none exist here)
             h.services.set_hardware(2, "Test GPU")
         infos = join_all(hs, 2)
@@ -79,6 +87,7 @@ def test_live_and_simulated_snapshots_fill_what_the_planner_reads(etcd, tmp_path
             time.sleep(0.1)
         assert unfilled(live) == []
         assert {n.gpu_count for n in live.nodes} == {2}
+        assert live.waiting_nodes == 3
         assert live.now - 30 < live.current.decided_at <= live.now  # on the policy's clock
         sim = sim_snapshot()
         assert unfilled(sim) == []
@@ -101,3 +110,18 @@ def test_live_and_simulated_snapshots_fill_what_the_planner_reads(etcd, tmp_path
     finally:
         for h in hs:
             h.release()
+
+
+def test_the_queue_is_unknown_without_a_record_and_a_malformed_one_tells_nothing(etcd):
+    keys = Keyspace("/elastic-rm", f"queue-{time.monotonic_ns()}")
+    with EtcdClient(etcd.endpoint, timeout=5) as client:
+        assert QueueSignal(client, keys).waiting_nodes() is None  # no executor said: unknown
+        client.put(keys.queue, QueueRecord(0, "test").to_json())
+        assert QueueSignal(client, keys).waiting_nodes() == 0  # known: nobody waits
+        client.put(keys.queue, json.dumps({"v": 1, "waiting_nodes": -2}))
+        assert QueueSignal(client, keys).waiting_nodes() is None
+        client.put(keys.queue, QueueRecord(5, "test").to_json())
+        signal = QueueSignal(client, keys, every_s=3600)
+        assert signal.waiting_nodes() == 5
+        client.delete(keys.queue)
+        assert signal.waiting_nodes() == 5  # read at most every every_s: the leader's pace is not etcd's
