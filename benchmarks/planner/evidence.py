@@ -47,8 +47,8 @@ def slower_jobs(runs: dict[str, list], policy: str = "ours", base: str = "static
 
 def lent_nodes(runs: dict[str, list], policy: str = "ours", base: str = "optimus") -> dict:
     """Queueing behind lent nodes: jobs that started later under ``policy`` than under ``base`` and, while
-    they queued, other jobs held nodes past their request (node-hours); and how many jobs grew past
-    their request at some point under each policy."""
+    they queued, other jobs held nodes past their request (node-hours); and for every policy, the queued
+    job x lent node hours, the jobs that grew past their request and those that started past it."""
     by_id = {j.trace.job_id: j for j in runs[base]}
     later = behind = 0
     node_h = 0.0
@@ -60,12 +60,16 @@ def lent_nodes(runs: dict[str, list], policy: str = "ours", base: str = "optimus
         if j.queued_behind_lent_s > 0:
             behind += 1
             node_h += j.queued_behind_lent_s / 3600
-    grew = {p: sum(1 for j in runs[p] if j.peak_lent > 0) for p in (policy, base)}
-    queued_h = {p: sum(j.queued_behind_lent_s for j in runs[p]) / 3600 for p in (policy, base)}
     return {
-        "queued_job_x_lent_node_hours": queued_h,
-        "started_later_than_" + base: later,
+        "queued_job_x_lent_node_hours": {
+            p: sum(j.queued_behind_lent_s for j in js) / 3600 for p, js in runs.items()
+        },
+        f"started_later_than_{base}": later,
         "of_them_queued_behind_lent_nodes": behind,
         "lent_node_hours_they_queued_behind": node_h,
-        "jobs_grown_past_request": grew,
+        "jobs_grown_past_request": {p: sum(1 for j in js if j.peak_lent > 0) for p, js in runs.items()},
+        "jobs_started_past_request": {
+            p: sum(1 for j in js if _first(" | ".join(j.decisions[:1])) > j.trace.req_nodes)
+            for p, js in runs.items()
+        },
     }

@@ -31,7 +31,8 @@ from .trace import TraceJob
 from .truth import mem_used, step
 
 POLICIES = ("static", "optimus", "ours")
-ABLATIONS = ("ours-fixed-size",)  # our planner, but nodes keep the user's per-node CPU and memory
+ABLATIONS = ("ours-fixed-size", "ours-no-queue")  # our planner with the user's per-node CPU and memory;
+# our planner told nothing of the cluster's queue (waiting_nodes None)
 
 
 class Simulator:
@@ -49,8 +50,8 @@ class Simulator:
     ) -> None:
         if policy not in POLICIES + ABLATIONS:
             raise ValueError(f"unknown policy {policy!r}; one of {POLICIES + ABLATIONS}")
-        self.planner = policy in ("ours", "ours-fixed-size")
-        self.sizes = policy == "ours"  # the simulated cluster applies the planner's per-node budgets
+        self.planner = policy.startswith("ours")
+        self.sizes = policy in ("ours", "ours-no-queue")  # the cluster applies the planner's per-node budgets
         self.spec, self.policy, self.seed = spec, policy, seed
         self.inst = inst or Instability()
         self.tick, self.every, self.horizon = tick_s, policy_every, horizon_s
@@ -278,7 +279,8 @@ class Simulator:
         history = (
             tuple(r for r in self.history.get(t.name, []) if r["finished_at"] <= now) if self.planner else ()
         )
-        return ClusterSnapshot(now, lo, hi, 30.0, tuple(views), current, jd, history, self.waiting)
+        waiting = None if self.policy == "ours-no-queue" else self.waiting
+        return ClusterSnapshot(now, lo, hi, 30.0, tuple(views), current, jd, history, waiting)
 
     def _policy_tick(self, job: SimJob, now: float) -> None:
         if job.status != "running":
