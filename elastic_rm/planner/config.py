@@ -25,7 +25,7 @@ class PlannerConfig:
     min_marginal_gain: float = 0.2  # an added node must bring >= 20% of an average node's throughput
     lent_node_gain: float = 0.2  # ours: beyond the user's requested node count (capacity a shared cluster
     # lends; later arrivals queue behind it) an added node must bring this much of an average node. The
-    # default is min_marginal_gain's bar; 0.75 suits clusters that queue (docs/planner.md, "Trace families")
+    # default is min_marginal_gain's bar; while jobs queue, queued_node_gain applies (docs/planner.md)
     queued_node_gain: float = 0.75  # ours: while other jobs wait for nodes (snapshot.waiting_nodes > 0), a
     # node past the request must bring this much of an average node, or it is given back to the queue
     queue_memory_s: float = 3600.0  # ours: a cluster whose queue was seen this recently queues: nodes past
