@@ -31,7 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "oom-heavy, bursty, low-load, high-load, hetero-gpu; default: generator)",
     )
     parser.add_argument(
-        "--policies", default="static,optimus,ours", help="comma-separated; also ours-fixed-size (ablation)"
+        "--policies",
+        default="static,optimus,ours",
+        help="comma-separated; also ours-fixed-size, ours-no-queue (ablations)",
     )
     parser.add_argument("--machines", type=int, default=48)
     parser.add_argument("--cores", type=float, default=96.0, help="cores per machine")
