@@ -160,9 +160,8 @@ def warm_start(
         model = Fit(coef, float("nan"), 0.0, 0, ())
         world = max(world, user_floor(model, job, cap, req, lo, cfg.user_loss_max, [])[0])
     why = ""
-    if (
-        waiting > 0 and cfg.queued_node_gain > cfg.lent_node_gain and lo <= req < world
-    ):  # past runs grew past the request: capacity others now wait for
+    queued = waiting > 0 and cfg.queued_node_gain > cfg.lent_node_gain
+    if queued and lo <= req < world:  # past runs grew past the request: capacity others now wait for
         from .perf_model import Fit, best_world
         from .scaling import shape_of
 
