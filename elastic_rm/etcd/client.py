@@ -22,7 +22,7 @@ import aetcd
 import aetcd.exceptions as aexc
 from aetcd import rpc
 
-from . import fork
+from . import fork, keepalive
 from .errors import (
     EtcdAuthError,
     EtcdCompactedError,
@@ -329,6 +329,8 @@ class EtcdClient:
     def close(self) -> None:
         if self._closed:
             return
+        if os.getpid() == self._pid:
+            keepalive.drop_owner(self)  # its leases' refreshes end with it, as before they shared a stream
         self._closed = True
         fork.closed(self)
         if os.getpid() != self._pid:
