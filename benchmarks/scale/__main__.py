@@ -91,6 +91,7 @@ def status_latency(endpoint: str, run_id: str, repeats: int = 3) -> dict:
             status = job_status(client, keys)
             console.print(render(status))
             status_s.append(time.perf_counter() - t0)
+        round_kv = client.get(keys.round)
         watched = WatchedRun(client, keys)
         try:
             for _ in range(repeats):
@@ -102,7 +103,8 @@ def status_latency(endpoint: str, run_id: str, repeats: int = 3) -> dict:
         finally:
             watched.close()
     return {"status_s": summarize(status_s), "top_frame_s": summarize(top_s), "keys": keys_read,
-            "members_shown": len(status.get("members", []))}  # fmt: skip
+            "members_shown": len(status.get("members", [])),
+            "round_value_bytes": len(round_kv.value) if round_kv else None}  # fmt: skip
 
 
 def run_case(

@@ -80,7 +80,7 @@ def main() -> None:
     from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
     from elastic_rm.agent.node_events import emit_sample
-    from elastic_rm.etcd.keepalive import REOPENS
+    from elastic_rm.etcd.keepalive import REOPENS, STREAMS
     from elastic_rm.rendezvous.registration import register
     from elastic_rm.wire.metrics import encode_record
 
@@ -228,7 +228,7 @@ def main() -> None:
             ttl = nodes[0].services.lease_ttl if nodes else 0.0
             say({"ev": "report", "nodes": k, "published": stats["published"], "rejoins": stats["rejoins"],
                  "lease_lost": lost, "max_gap_s": max(gaps, default=0.0), "lease_ttl_s": ttl,
-                 "leading": sum(1 for n in nodes if n.services.leading), "max_loop_lag_s": lag["max_s"], "keepalive_reopens": dict(REOPENS)})  # fmt: skip
+                 "leading": sum(1 for n in nodes if n.services.leading), "max_loop_lag_s": lag["max_s"], "keepalive_reopens": dict(REOPENS), "keepalive_streams": STREAMS["opened"]})  # fmt: skip
         elif command == "exit":
             break
     os._exit(0)

@@ -226,6 +226,17 @@ class EtcdClient:
 
         Read in pages of ``page`` keys, every page at the first page's revision (one consistent view):
         a run of 1,000 nodes holds more than gRPC's 4 MiB in one answer (nodes, metrics, events)."""
+        for attempt in range(3):
+            try:
+                return self._get_pages(prefix, page)
+            except (
+                EtcdError
+            ) as exc:  # compacted between two pages (a busy run): read again, at a new revision
+                if "compacted" not in str(exc) or attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _get_pages(self, prefix: str, page: int) -> tuple[list[KeyValue], int]:
         start, end = prefix.encode(), aetcd.utils.prefix_range_end(prefix.encode())
         out: list[KeyValue] = []
         revision = 0

@@ -4,9 +4,10 @@ Why one stream: etcd's LeaseKeepAlive stream takes requests for any lease ID and
 ID. A stream (and a task) per lease made a process of many nodes (the scale benchmark's 128 simulated
 nodes per process) keep 128 streams on 128 channels: each stalled on its own, was reopened on its own
 (4,143 reopens in ten minutes at 1,024 nodes), and leases of live nodes expired. Here every lease of the
-process is refreshed over one stream of one dedicated client (:class:`_Hub`), on a fixed schedule from its
+process is refreshed over one stream (:class:`_Hub`), on a fixed schedule from its
 previous send (a late answer does not push the next refresh back: etcd renews a lease when the request
-arrives). An answer with TTL <= 0 reports that one lease lost; the others go on.
+arrives). An answer with TTL <= 0 reports that one lease lost; the others go on. The stream runs on the
+channel of one of the clients whose leases it carries: no extra connection.
 """
 
 from __future__ import annotations
@@ -111,17 +112,15 @@ def drop_owner(client: EtcdClient) -> None:
 
 
 class _Hub:
-    """One dedicated client and its LeaseKeepAlive stream, carrying every lease of its key's clients."""
+    """One LeaseKeepAlive stream carrying every lease of its key's clients. The stream runs on the
+    channel of one of those clients (the carrier, already connected: it granted a lease); when the
+    carrier closes, the stream reopens on another's."""
 
     def __init__(self, key: tuple, like: EtcdClient):
-        from .client import EtcdClient
-
         self.key = key
         self._keepers: dict[int, KeepAlive] = {}
         self._lock = threading.Lock()
-        endpoints = [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in like.endpoints]
-        self._client = EtcdClient(endpoints, like.timeout, like._tls, like._user, like._password)
-        self._loop = self._client._loop
+        self._loop = like._loop
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._closed = False
@@ -153,46 +152,49 @@ class _Hub:
             self._wake.set()
 
     def close(self) -> None:
-        """Stop the stream and close the dedicated client (waited for, bounded, unless on the I/O loop)."""
-        if self._closed:
-            return
+        """End the stream (its last lease stopped)."""
         self._closed = True
 
         def cancel() -> None:
             if self._task is not None:
                 self._task.cancel()
 
-        if self._loop.is_closed():
-            return
-        self._loop.call_soon_threadsafe(cancel)
-        try:
-            on_loop = asyncio.get_running_loop() is self._loop
-        except RuntimeError:
-            on_loop = False
-        if on_loop:  # the last lease was lost or dropped on the I/O loop: it must not block
-            threading.Thread(target=self._client.close, name="etcd-keepalive-close", daemon=True).start()
-        else:
-            self._client.close()
+        if not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(cancel)
+
+    def _carrier(self) -> EtcdClient | None:
+        """The open client whose channel carries the stream: the owner of the oldest lease."""
+        for keeper in self._snapshot():
+            if not keeper.owner._closed:
+                return keeper.owner
+        return None
 
     def _snapshot(self) -> list[KeepAlive]:
         with self._lock:
             return list(self._keepers.values())
 
-    def _timeouts(self) -> tuple[float, float]:
+    def _timeouts(self, carrier: EtcdClient) -> tuple[float, float]:
         """(seconds to wait for a connect or a write, seconds of silence before the stream is reopened)."""
         # an answer later than one refresh interval: the endpoint is cut off or stalled (a silent partition
         # sends no reset), so try the next endpoint rather than wait out the client's timeout past the TTL
         interval = min((k.interval for k in self._snapshot()), default=1.0)
-        answer_s = min(self._client.timeout, max(interval, 0.5))
+        answer_s = min(carrier.timeout, max(interval, 0.5))
         # With one endpoint there is nothing to fail over to, and a late answer is more often this process's
         # own stall than etcd's: the stream is reopened only after a longer silence.
-        silence_s = answer_s if len(self._client.endpoints) > 1 else SINGLE_ENDPOINT_SILENCE * answer_s
+        silence_s = answer_s if len(carrier.endpoints) > 1 else SINGLE_ENDPOINT_SILENCE * answer_s
         return answer_s, silence_s
 
     async def _run(self) -> None:
         while not self._closed:
-            answer_s, silence_s = self._timeouts()
-            client = self._client._client
+            carrier = self._carrier()
+            if carrier is None:  # no lease yet (its add is on the way), or every lease's client closed
+                assert self._wake is not None
+                self._wake.clear()
+                if self._carrier() is None:
+                    await self._wake.wait()
+                continue
+            answer_s, silence_s = self._timeouts(carrier)
+            client = carrier._client
             call = reader = None
             try:
                 await asyncio.wait_for(client.connect(), answer_s)
@@ -214,17 +216,17 @@ class _Hub:
                 task = asyncio.current_task()
                 if self._closed or (task is not None and task.cancelling()):
                     return  # closed, or the loop shutting down
-                # the call was cancelled under us: a failover closed the channel it ran on; reopen
+                # the call was cancelled under us: a failover or its client's close ended its channel; reopen
                 log.debug("keep-alive stream closed with its channel; reopening")
             except grpc.aio.AioRpcError as exc:
                 REOPENS["failed"] += 1
                 log.debug("keep-alive stream failed (%s); reopening", exc.code())
                 if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                    self._client._failover(client)
+                    carrier._failover(client)
             except TimeoutError:
                 REOPENS["no_answer"] += 1
                 log.debug("keep-alive: no answer within %.1fs; trying the next endpoint", silence_s)
-                self._client._failover(client)
+                carrier._failover(client)
             except (ConnectionError, OSError, grpc.aio.UsageError) as exc:
                 log.debug("keep-alive stream failed (%s); reopening", exc)
             except Exception as exc:  # noqa: BLE001 - aetcd's connect errors; keep trying, as during an outage

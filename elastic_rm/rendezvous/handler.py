@@ -102,6 +102,7 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             raise RendezvousConnectionError(f"elastic-rm rendezvous: {exc}") from exc
         self._session = NodeSession(self._client, settings)
         self._last_ack: tuple[int, bytes] | None = None  # (round, ack record) last sent
+        self._waiting: tuple = (None, None, 0)  # (round, joined round, num_nodes_waiting) last counted
         self._view = JobView(self._client, self._keys, metrics_parser)
         try:
             self._view.start()
@@ -352,7 +353,10 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
         r, done = view.round, self._session.joined
         if r is None or done is None or r.round <= done.round:
             return 0
-        return max(1, len(set(r.members) - set(done.members)))
+        cached = self._waiting
+        if cached[0] is not r or cached[1] is not done:  # torch asks ten times a second: count once
+            self._waiting = cached = (r, done, max(1, len(set(r.members) - set(done.members))))
+        return cached[2]
 
     def shutdown(self) -> bool:
         """Close the run (torch semantics), drop this node's keys, stop threads."""
