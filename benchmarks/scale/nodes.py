@@ -68,6 +68,7 @@ def main() -> None:
     )
     p.add_argument("--join-timeout", type=float, default=120)
     p.add_argument("--start-at-file", default=None, help="wait for this file; it holds the start time")
+    p.add_argument("--lease-ttl", default=None, help="the handlers' lease_ttl (default: the handler's)")
     p.add_argument("--publish-interval", type=float, default=1.0)
     p.add_argument("--event-sample-interval", type=float, default=10.0)
     p.add_argument(
@@ -92,6 +93,7 @@ def main() -> None:
             params = RendezvousParameters(
                 "elastic-rm", args.endpoint, run, int(lo), int(hi),
                 join_timeout=args.join_timeout, local_addr="127.0.0.1",
+                **({"lease_ttl": args.lease_ttl} if args.lease_ttl else {}),
             )  # fmt: skip
             nodes.append(Node(run, get_rendezvous_handler(params)))
     k = len(nodes)
