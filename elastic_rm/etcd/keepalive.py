@@ -1,13 +1,13 @@
-"""Lease keep-alive: one LeaseKeepAlive stream per process (per etcd cluster and identity) for all its leases.
+"""Lease keep-alive: a process's leases share LeaseKeepAlive streams (per etcd cluster and identity).
 
-Why one stream: etcd's LeaseKeepAlive stream takes requests for any lease ID and answers each with the
+Why shared streams: etcd's LeaseKeepAlive stream takes requests for any lease ID and answers each with the
 ID. A stream (and a task) per lease made a process of many nodes (the scale benchmark's 128 simulated
 nodes per process) keep 128 streams on 128 channels: each stalled on its own, was reopened on its own
-(4,143 reopens in ten minutes at 1,024 nodes), and leases of live nodes expired. Here every lease of the
-process is refreshed over one stream (:class:`_Hub`), on a fixed schedule from its
-previous send (a late answer does not push the next refresh back: etcd renews a lease when the request
-arrives). An answer with TTL <= 0 reports that one lease lost; the others go on. The stream runs on the
-channel of one of the clients whose leases it carries: no extra connection.
+(4,143 reopens in ten minutes at 1,024 nodes), and leases of live nodes expired. Here the leases of a
+process share a few streams (:class:`_Hub`, at most LEASES_PER_STREAM leases each), each lease refreshed
+on a fixed schedule from its previous send (a late answer does not push the next refresh back: etcd
+renews a lease when the request arrives). An answer with TTL <= 0 reports that one lease lost; the others
+go on. A stream runs on the channel of one of the clients whose leases it carries: no extra connection.
 """
 
 from __future__ import annotations
@@ -34,6 +34,11 @@ SINGLE_ENDPOINT_SILENCE = 3  # answer timeouts of silence before a lone endpoint
 # Streams reopened in this process, by why (read by the scale benchmark: a reopen costs a refresh's delay).
 REOPENS = {"no_answer": 0, "failed": 0}
 STREAMS = {"opened": 0}  # keep-alive streams opened in this process (tests: one for many leases)
+# etcd answers a stream's requests one after another, and on its leader each renewal first waits until
+# the writes committed so far are applied: under a burst of writes (1,024 nodes joining) a stream of 128
+# leases answered its last one seconds late, and 85 leases of one process expired at once. So a stream
+# carries at most this many; a process of 128 nodes keeps 16 streams instead of 128.
+LEASES_PER_STREAM = 8
 
 
 class KeepAlive:
@@ -73,7 +78,7 @@ class KeepAlive:
 
 # -- the process's shared streams ------------------------------------------------------------------------
 
-_HUBS: dict[tuple, _Hub] = {}
+_HUBS: dict[tuple, list[_Hub]] = {}  # per identity, streams of at most LEASES_PER_STREAM leases
 _HUBS_LOCK = threading.Lock()
 
 
@@ -85,9 +90,11 @@ def _identity(client: EtcdClient) -> tuple:
 def _hub_add(keeper: KeepAlive) -> _Hub:
     key = _identity(keeper.owner)
     with _HUBS_LOCK:
-        hub = _HUBS.get(key)
-        if hub is None:
-            hub = _HUBS[key] = _Hub(key, keeper.owner)
+        hubs = _HUBS.setdefault(key, [])
+        hub = min(hubs, key=_Hub.size, default=None)
+        if hub is None or hub.size() >= LEASES_PER_STREAM:
+            hub = _Hub(key, keeper.owner)
+            hubs.append(hub)
         hub.add(keeper)
     return hub
 
@@ -96,19 +103,21 @@ def _hub_remove(hub: _Hub, keeper: KeepAlive) -> None:
     with _HUBS_LOCK:
         if not hub.remove(keeper):
             return
-        if _HUBS.get(hub.key) is hub:
-            del _HUBS[hub.key]
+        hubs = _HUBS.get(hub.key, [])
+        if hub in hubs:
+            hubs.remove(hub)
+        if not hubs:
+            _HUBS.pop(hub.key, None)
     hub.close()
 
 
 def drop_owner(client: EtcdClient) -> None:
     """``client`` closes: stop refreshing the leases it started (as when each keeper ran on its channel)."""
     with _HUBS_LOCK:
-        hub = _HUBS.get(_identity(client))
-    if hub is None:
-        return
-    for keeper in hub.keepers_of(client):
-        keeper.stop()
+        hubs = list(_HUBS.get(_identity(client), []))
+    for hub in hubs:
+        for keeper in hub.keepers_of(client):
+            keeper.stop()
 
 
 class _Hub:
@@ -142,6 +151,9 @@ class _Hub:
             if self._keepers.get(keeper.id) is keeper:
                 del self._keepers[keeper.id]
             return not self._keepers
+
+    def size(self) -> int:
+        return len(self._keepers)
 
     def keepers_of(self, client: EtcdClient) -> list[KeepAlive]:
         with self._lock:
