@@ -317,14 +317,23 @@ def main() -> None:
     load_start = os.getloadavg()
     join_only = args.only == "join"
     log_dir = tempfile.mkdtemp(prefix="erm-scale-logs-")
-    cases = {}
+    cases: dict = {}
+
+    def case(name: str, run) -> None:
+        """One case; a case that fails (etcd gone) is recorded as such, and the others still run."""
+        try:
+            cases[name] = run()
+        except Exception as exc:  # noqa: BLE001 - recorded in the result
+            cases[name] = {"error": f"{type(exc).__name__}: {exc}"[:500], "join": {"latency_s": None}}
+            print(f"{name}: failed: {cases[name]['error']}", flush=True)
+
     for n in [int(s) for s in args.sizes.split(",") if s]:
-        cases[f"N={n}"] = run_case(n, 1, args.procs, args.steady, True, log_dir, join_only, args.profile,
-                                   args.only == "failure")  # fmt: skip
+        case(f"N={n}", lambda n=n: run_case(n, 1, args.procs, args.steady, True, log_dir, join_only,
+                                            args.profile, args.only == "failure"))  # fmt: skip
     if args.jobs:
-        key = f"{args.jobs}x{args.job_nodes}"
-        cases[key] = run_case(args.job_nodes, args.jobs, args.procs, args.steady, True, log_dir, join_only,
-                              only_failure=args.only == "failure")  # fmt: skip
+        case(f"{args.jobs}x{args.job_nodes}", lambda: run_case(
+            args.job_nodes, args.jobs, args.procs, args.steady, True, log_dir, join_only,
+            only_failure=args.only == "failure"))  # fmt: skip
     ratios = {}
     base = cases.get("N=128", {}).get("join", {}).get("latency_s")
     for name, c in cases.items():
@@ -335,6 +344,9 @@ def main() -> None:
                "load_avg_at_start": load_start, "logs": log_dir}  # fmt: skip
     path = write_result(args.name, payload)
     for name, c in cases.items():
+        if "error" in c:
+            print(f"{name}: {c['error']}")
+            continue
         if join_only:
             print(f"{name}: join {c['join']['latency_s']} s; fan-out {c['join']['fanout_s']}")
             continue
