@@ -13,7 +13,8 @@ the control plane). Measured, per N:
 - ``erm status`` (one read of the run) and one ``erm top`` frame, at N;
 - failure: the lone node is SIGKILLed; time until every survivor holds the next round.
 
-``--jobs J``: J jobs of N nodes each on the same etcd (no failure case; leaders wherever they win).
+``--jobs J``: J jobs of N nodes each on the same etcd (leaders wherever they win; the node killed is the
+first job's).
 Baseline in the same run: the N=128 case (``--sizes`` starts with it); c10d's join is in
 benchmarks/rendezvous. Writes benchmarks/results/scale.json (or ``--name``).
 """
@@ -91,6 +92,7 @@ def status_latency(endpoint: str, run_id: str, repeats: int = 3) -> dict:
             status = job_status(client, keys)
             console.print(render(status))
             status_s.append(time.perf_counter() - t0)
+        round_kv = client.get(keys.round)
         watched = WatchedRun(client, keys)
         try:
             for _ in range(repeats):
@@ -102,7 +104,8 @@ def status_latency(endpoint: str, run_id: str, repeats: int = 3) -> dict:
         finally:
             watched.close()
     return {"status_s": summarize(status_s), "top_frame_s": summarize(top_s), "keys": keys_read,
-            "members_shown": len(status.get("members", []))}  # fmt: skip
+            "members_shown": len(status.get("members", [])),
+            "round_value_bytes": len(round_kv.value) if round_kv else None}  # fmt: skip
 
 
 def run_case(
@@ -139,7 +142,10 @@ def run_case(
                 victim = Child(endpoint, f"{runs[0]}:{lo}:{n}:1", start_file, tmp, "victim")
                 children.append(victim)
                 rest -= 1
-        shares = [spread(rest if jobs == 1 else n, procs) for _ in runs]
+        elif fail:  # many jobs: the first job's node to kill (its leader is wherever it wins)
+            victim = Child(endpoint, f"{runs[0]}:{lo}:{n}:1", start_file, tmp, "victim")
+            children.append(victim)
+        shares = [spread(rest if jobs == 1 else n - (j == 0 and fail), procs) for j in range(jobs)]
         workers = []
         for i in range(procs):
             spec = ",".join(f"{run}:{lo}:{n}:{shares[j][i]}" for j, run in enumerate(runs) if shares[j][i])
@@ -299,20 +305,35 @@ def main() -> None:
     p.add_argument("--job-nodes", type=int, default=100)
     p.add_argument("--name", default="scale")
     p.add_argument("--only", choices=["join", "failure"], default=None,
-                   help="join: only the join of each case; failure: per size the join, then the failure round "
-                        "(no steady state, status or jobs)")  # fmt: skip
+                   help="join: only the join of each case; failure: per case the join, then the failure round "
+                        "(no steady state or status)")  # fmt: skip
     p.add_argument("--profile", default="", help="a directory: each node process samples its join there")
+    p.add_argument(
+        "--lease-ttl", default="", help="every node's lease_ttl in seconds (default: the handler's)"
+    )
     args = p.parse_args()
+    if args.lease_ttl:
+        os.environ["ERM_SCALE_LEASE_TTL"] = args.lease_ttl  # read by child.py for every node process
     load_start = os.getloadavg()
     join_only = args.only == "join"
     log_dir = tempfile.mkdtemp(prefix="erm-scale-logs-")
-    cases = {}
+    cases: dict = {}
+
+    def case(name: str, run) -> None:
+        """One case; a case that fails (etcd gone) is recorded as such, and the others still run."""
+        try:
+            cases[name] = run()
+        except Exception as exc:  # noqa: BLE001 - recorded in the result
+            cases[name] = {"error": f"{type(exc).__name__}: {exc}"[:500], "join": {"latency_s": None}}
+            print(f"{name}: failed: {cases[name]['error']}", flush=True)
+
     for n in [int(s) for s in args.sizes.split(",") if s]:
-        cases[f"N={n}"] = run_case(n, 1, args.procs, args.steady, True, log_dir, join_only, args.profile,
-                                   args.only == "failure")  # fmt: skip
-    if args.jobs and not args.only == "failure":
-        key = f"{args.jobs}x{args.job_nodes}"
-        cases[key] = run_case(args.job_nodes, args.jobs, args.procs, args.steady, False, log_dir, join_only)
+        case(f"N={n}", lambda n=n: run_case(n, 1, args.procs, args.steady, True, log_dir, join_only,
+                                            args.profile, args.only == "failure"))  # fmt: skip
+    if args.jobs:
+        case(f"{args.jobs}x{args.job_nodes}", lambda: run_case(
+            args.job_nodes, args.jobs, args.procs, args.steady, True, log_dir, join_only,
+            only_failure=args.only == "failure"))  # fmt: skip
     ratios = {}
     base = cases.get("N=128", {}).get("join", {}).get("latency_s")
     for name, c in cases.items():
@@ -323,6 +344,9 @@ def main() -> None:
                "load_avg_at_start": load_start, "logs": log_dir}  # fmt: skip
     path = write_result(args.name, payload)
     for name, c in cases.items():
+        if "error" in c:
+            print(f"{name}: {c['error']}")
+            continue
         if join_only:
             print(f"{name}: join {c['join']['latency_s']} s; fan-out {c['join']['fanout_s']}")
             continue

@@ -21,6 +21,8 @@ class Child:
                 "--start-at-file", start_file]  # fmt: skip
         if profile:
             argv += ["--profile", os.path.join(profile, f"{tag}.json")]
+        if os.environ.get("ERM_SCALE_LEASE_TTL"):  # set by benchmarks.scale --lease-ttl
+            argv += ["--lease-ttl", os.environ["ERM_SCALE_LEASE_TTL"]]
         self.tag = tag
         self.log = open(os.path.join(log_dir, f"{tag}.log"), "w")
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,

@@ -42,7 +42,8 @@ def keepalive_stats(reports: list[dict]) -> dict:
     """The node processes' I/O loop lag (how late a keep-alive due runs) and keep-alive streams reopened."""
     reopens = [r.get("keepalive_reopens", {}) for r in reports]
     return {"max_io_loop_lag_s": max(r.get("max_loop_lag_s", 0.0) for r in reports),
-            "keepalive_reopens": {k: sum(x.get(k, 0) for x in reopens) for k in ("no_answer", "failed")}}  # fmt: skip
+            "keepalive_reopens": {k: sum(x.get(k, 0) for x in reopens) for k in ("no_answer", "failed")},
+            "keepalive_streams_opened": sum(r.get("keepalive_streams", 0) for r in reports)}  # fmt: skip
 
 
 def settle(children: list[Child], quiet_s: float = 5.0, limit_s: float = 120.0) -> dict:

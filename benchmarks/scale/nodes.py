@@ -68,6 +68,7 @@ def main() -> None:
     )
     p.add_argument("--join-timeout", type=float, default=120)
     p.add_argument("--start-at-file", default=None, help="wait for this file; it holds the start time")
+    p.add_argument("--lease-ttl", default=None, help="the handlers' lease_ttl (default: the handler's)")
     p.add_argument("--publish-interval", type=float, default=1.0)
     p.add_argument("--event-sample-interval", type=float, default=10.0)
     p.add_argument(
@@ -80,7 +81,7 @@ def main() -> None:
     from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
     from elastic_rm.agent.node_events import emit_sample
-    from elastic_rm.etcd.keepalive import REOPENS
+    from elastic_rm.etcd.keepalive import REOPENS, STREAMS
     from elastic_rm.rendezvous.registration import register
     from elastic_rm.wire.metrics import encode_record
 
@@ -92,6 +93,7 @@ def main() -> None:
             params = RendezvousParameters(
                 "elastic-rm", args.endpoint, run, int(lo), int(hi),
                 join_timeout=args.join_timeout, local_addr="127.0.0.1",
+                **({"lease_ttl": args.lease_ttl} if args.lease_ttl else {}),
             )  # fmt: skip
             nodes.append(Node(run, get_rendezvous_handler(params)))
     k = len(nodes)
@@ -228,7 +230,7 @@ def main() -> None:
             ttl = nodes[0].services.lease_ttl if nodes else 0.0
             say({"ev": "report", "nodes": k, "published": stats["published"], "rejoins": stats["rejoins"],
                  "lease_lost": lost, "max_gap_s": max(gaps, default=0.0), "lease_ttl_s": ttl,
-                 "leading": sum(1 for n in nodes if n.services.leading), "max_loop_lag_s": lag["max_s"], "keepalive_reopens": dict(REOPENS)})  # fmt: skip
+                 "leading": sum(1 for n in nodes if n.services.leading), "max_loop_lag_s": lag["max_s"], "keepalive_reopens": dict(REOPENS), "keepalive_streams": STREAMS["opened"]})  # fmt: skip
         elif command == "exit":
             break
     os._exit(0)

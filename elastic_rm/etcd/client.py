@@ -22,7 +22,7 @@ import aetcd
 import aetcd.exceptions as aexc
 from aetcd import rpc
 
-from . import fork
+from . import fork, keepalive
 from .errors import (
     EtcdAuthError,
     EtcdCompactedError,
@@ -226,6 +226,17 @@ class EtcdClient:
 
         Read in pages of ``page`` keys, every page at the first page's revision (one consistent view):
         a run of 1,000 nodes holds more than gRPC's 4 MiB in one answer (nodes, metrics, events)."""
+        for attempt in range(3):
+            try:
+                return self._get_pages(prefix, page)
+            except (
+                EtcdError
+            ) as exc:  # compacted between two pages (a busy run): read again, at a new revision
+                if "compacted" not in str(exc) or attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _get_pages(self, prefix: str, page: int) -> tuple[list[KeyValue], int]:
         start, end = prefix.encode(), aetcd.utils.prefix_range_end(prefix.encode())
         out: list[KeyValue] = []
         revision = 0
@@ -329,6 +340,8 @@ class EtcdClient:
     def close(self) -> None:
         if self._closed:
             return
+        if os.getpid() == self._pid:
+            keepalive.drop_owner(self)  # its leases' refreshes end with it, as before they shared a stream
         self._closed = True
         fork.closed(self)
         if os.getpid() != self._pid:

@@ -1,16 +1,21 @@
-"""One lease's keep-alive: a LeaseKeepAlive stream kept open on the client's I/O loop.
+"""Lease keep-alive: a process's leases share LeaseKeepAlive streams (per etcd cluster and identity).
 
-Why not a thread that calls refresh: aetcd's ``refresh_lease`` opens a new gRPC stream for every refresh,
-and a thread per lease has to be scheduled in time for each one. A process of many nodes (the scale
-benchmark's 128 simulated nodes per process) or an agent starved of CPU then refreshed too late and lost
-leases while alive. Here a refresh is one message on an open stream, sent from the I/O loop, on a fixed
-schedule from the previous send (a late answer does not push the next refresh back).
+Why shared streams: etcd's LeaseKeepAlive stream takes requests for any lease ID and answers each with the
+ID. A stream (and a task) per lease made a process of many nodes (the scale benchmark's 128 simulated
+nodes per process) keep 128 streams on 128 channels: each stalled on its own, was reopened on its own
+(4,143 reopens in ten minutes at 1,024 nodes), and leases of live nodes expired. Here the leases of a
+process share a few streams (:class:`_Hub`, at most LEASES_PER_STREAM leases each), each lease refreshed
+on a fixed schedule from its previous send (a late answer does not push the next refresh back: etcd
+renews a lease when the request arrives). An answer with TTL <= 0 reports that one lease lost; the others
+go on. A stream runs on the channel of one of the clients whose leases it carries: no extra connection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -28,6 +33,12 @@ RETRY_DELAY_S = 0.2  # after a broken stream, before opening a new one
 SINGLE_ENDPOINT_SILENCE = 3  # answer timeouts of silence before a lone endpoint's stream is reopened
 # Streams reopened in this process, by why (read by the scale benchmark: a reopen costs a refresh's delay).
 REOPENS = {"no_answer": 0, "failed": 0}
+STREAMS = {"opened": 0}  # keep-alive streams opened in this process (tests: one for many leases)
+# etcd answers a stream's requests one after another, and on its leader each renewal first waits until
+# the writes committed so far are applied: under a burst of writes (1,024 nodes joining) a stream of 128
+# leases answered its last one seconds late, and 85 leases of one process expired at once. So a stream
+# carries at most this many; a process of 128 nodes keeps 16 streams instead of 128.
+LEASES_PER_STREAM = 8
 
 
 class KeepAlive:
@@ -35,7 +46,8 @@ class KeepAlive:
 
     ``on_refreshed(monotonic_time)`` after each confirmation, ``on_lost()`` once when a refresh answers
     TTL <= 0; both run on the I/O loop and must not block. A broken stream (etcd restarting, a failover)
-    is reopened after RETRY_DELAY_S, without counting the lease lost."""
+    is reopened after RETRY_DELAY_S, without counting the lease lost. The refreshes go over the process's
+    shared stream for ``client``'s cluster and identity; they end when ``client`` closes."""
 
     def __init__(
         self,
@@ -45,108 +57,246 @@ class KeepAlive:
         on_refreshed: Callable[[float], None],
         on_lost: Callable[[], None],
     ):
-        self._client = client
-        self._id = lease_id
-        self._interval = interval
-        self._on_refreshed = on_refreshed
-        self._on_lost = on_lost
-        self._task: asyncio.Task | None = None
-        self._stopped = False
+        self.owner = client
+        self.id = lease_id
+        self.interval = interval
+        self.on_refreshed = on_refreshed
+        self.on_lost = on_lost
+        self.next_at = time.monotonic() + interval
+        self.stopped = False
+        self._hub: _Hub | None = None
 
     def start(self) -> None:
-        def create() -> None:
-            if not self._stopped:
-                self._task = asyncio.get_running_loop().create_task(self._run())
-
-        self._client._loop.call_soon_threadsafe(create)
+        if not self.stopped:
+            self._hub = _hub_add(self)
 
     def stop(self) -> None:
-        self._stopped = True
-        loop = self._client._loop
+        self.stopped = True
+        if self._hub is not None:
+            _hub_remove(self._hub, self)
+
+
+# -- the process's shared streams ------------------------------------------------------------------------
+
+_HUBS: dict[tuple, list[_Hub]] = {}  # per identity, streams of at most LEASES_PER_STREAM leases
+_HUBS_LOCK = threading.Lock()
+
+
+def _identity(client: EtcdClient) -> tuple:
+    """Which clients may share a stream: same process, endpoints, credentials and timeout."""
+    return (os.getpid(), tuple(client.endpoints), client._tls, client._user, client._password, client.timeout)
+
+
+def _hub_add(keeper: KeepAlive) -> _Hub:
+    key = _identity(keeper.owner)
+    with _HUBS_LOCK:
+        hubs = _HUBS.setdefault(key, [])
+        hub = min(hubs, key=_Hub.size, default=None)
+        if hub is None or hub.size() >= LEASES_PER_STREAM:
+            hub = _Hub(key, keeper.owner)
+            hubs.append(hub)
+        hub.add(keeper)
+    return hub
+
+
+def _hub_remove(hub: _Hub, keeper: KeepAlive) -> None:
+    with _HUBS_LOCK:
+        if not hub.remove(keeper):
+            return
+        hubs = _HUBS.get(hub.key, [])
+        if hub in hubs:
+            hubs.remove(hub)
+        if not hubs:
+            _HUBS.pop(hub.key, None)
+    hub.close()
+
+
+def drop_owner(client: EtcdClient) -> None:
+    """``client`` closes: stop refreshing the leases it started (as when each keeper ran on its channel)."""
+    with _HUBS_LOCK:
+        hubs = list(_HUBS.get(_identity(client), []))
+    for hub in hubs:
+        for keeper in hub.keepers_of(client):
+            keeper.stop()
+
+
+class _Hub:
+    """One LeaseKeepAlive stream carrying every lease of its key's clients. The stream runs on the
+    channel of one of those clients (the carrier, already connected: it granted a lease); when the
+    carrier closes, the stream reopens on another's."""
+
+    def __init__(self, key: tuple, like: EtcdClient):
+        self.key = key
+        self._keepers: dict[int, KeepAlive] = {}
+        self._lock = threading.Lock()
+        self._loop = like._loop
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._closed = False
+        self._loop.call_soon_threadsafe(self._create)
+
+    def _create(self) -> None:
+        if not self._closed:
+            self._wake = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def add(self, keeper: KeepAlive) -> None:
+        with self._lock:
+            self._keepers[keeper.id] = keeper
+        self._loop.call_soon_threadsafe(self._poke)
+
+    def remove(self, keeper: KeepAlive) -> bool:
+        """Whether that was the last lease (then the caller closes the hub)."""
+        with self._lock:
+            if self._keepers.get(keeper.id) is keeper:
+                del self._keepers[keeper.id]
+            return not self._keepers
+
+    def size(self) -> int:
+        return len(self._keepers)
+
+    def keepers_of(self, client: EtcdClient) -> list[KeepAlive]:
+        with self._lock:
+            return [k for k in self._keepers.values() if k.owner is client]
+
+    def _poke(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    def close(self) -> None:
+        """End the stream (its last lease stopped)."""
+        self._closed = True
 
         def cancel() -> None:
             if self._task is not None:
                 self._task.cancel()
 
-        if not loop.is_closed():
-            loop.call_soon_threadsafe(cancel)
+        if not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(cancel)
 
-    async def _run(self) -> None:
-        next_at = time.monotonic() + self._interval
+    def _carrier(self) -> EtcdClient | None:
+        """The open client whose channel carries the stream: the owner of the oldest lease."""
+        for keeper in self._snapshot():
+            if not keeper.owner._closed:
+                return keeper.owner
+        return None
+
+    def _snapshot(self) -> list[KeepAlive]:
+        with self._lock:
+            return list(self._keepers.values())
+
+    def _timeouts(self, carrier: EtcdClient) -> tuple[float, float]:
+        """(seconds to wait for a connect or a write, seconds of silence before the stream is reopened)."""
         # an answer later than one refresh interval: the endpoint is cut off or stalled (a silent partition
         # sends no reset), so try the next endpoint rather than wait out the client's timeout past the TTL
-        answer_s = min(self._client.timeout, max(self._interval, 0.5))
+        interval = min((k.interval for k in self._snapshot()), default=1.0)
+        answer_s = min(carrier.timeout, max(interval, 0.5))
         # With one endpoint there is nothing to fail over to, and a late answer is more often this process's
         # own stall than etcd's: the stream is reopened only after a longer silence.
-        silence_s = answer_s if len(self._client.endpoints) > 1 else SINGLE_ENDPOINT_SILENCE * answer_s
-        while not self._stopped and not self._client._closed:
-            client = self._client._client
+        silence_s = answer_s if len(carrier.endpoints) > 1 else SINGLE_ENDPOINT_SILENCE * answer_s
+        return answer_s, silence_s
+
+    async def _run(self) -> None:
+        while not self._closed:
+            carrier = self._carrier()
+            if carrier is None:  # no lease yet (its add is on the way), or every lease's client closed
+                assert self._wake is not None
+                self._wake.clear()
+                if self._carrier() is None:
+                    await self._wake.wait()
+                continue
+            answer_s, silence_s = self._timeouts(carrier)
+            client = carrier._client
             call = reader = None
             try:
                 await asyncio.wait_for(client.connect(), answer_s)
                 call = client.leasestub.LeaseKeepAlive(metadata=client.metadata)
-                sent: deque[float] = deque()  # when each unanswered request was sent
+                STREAMS["opened"] += 1
+                sent: deque[float] = deque()  # when each unanswered request was sent, in order
                 reader = asyncio.ensure_future(self._read(call, sent))
-                while not self._stopped:
-                    # requests go out on schedule whether or not the last answer was read: etcd renews the
-                    # lease when a request arrives, so a reply read late (a starved process) delays nothing
-                    await asyncio.wait({reader}, timeout=max(0.0, next_at - time.monotonic()))
+                while not self._closed:
+                    await self._send_due(call, sent, answer_s)
                     if reader.done():
-                        reader.result()  # the stream's error, or the lease is gone (then stopped)
-                        break
-                    next_at = time.monotonic() + self._interval
+                        reader.result()  # the stream's error
+                        raise ConnectionError("etcd ended the keep-alive stream")
                     if sent and time.monotonic() - sent[0] > silence_s:
                         await asyncio.sleep(0.01)  # answers that arrived while this process was stalled
                         if sent and time.monotonic() - sent[0] > silence_s:
                             raise TimeoutError
-                    await asyncio.wait_for(call.write(rpc.LeaseKeepAliveRequest(ID=self._id)), answer_s)
-                    sent.append(time.monotonic())
+                    await self._sleep_until_due(reader)
             except asyncio.CancelledError:
                 task = asyncio.current_task()
-                if self._stopped or (task is not None and task.cancelling()):
-                    return  # stop(), or the loop shutting down
-                # the call was cancelled under us: a failover closed the channel it ran on; reopen
-                log.debug("lease %x keep-alive stream closed with its channel; reopening", self._id)
+                if self._closed or (task is not None and task.cancelling()):
+                    return  # closed, or the loop shutting down
+                # the call was cancelled under us: a failover or its client's close ended its channel; reopen
+                log.debug("keep-alive stream closed with its channel; reopening")
             except grpc.aio.AioRpcError as exc:
                 REOPENS["failed"] += 1
-                log.debug("lease %x keep-alive stream failed (%s); reopening", self._id, exc.code())
+                log.debug("keep-alive stream failed (%s); reopening", exc.code())
                 if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                    self._client._failover(client)
+                    carrier._failover(client)
             except TimeoutError:
                 REOPENS["no_answer"] += 1
-                log.debug(
-                    "lease %x keep-alive: no answer within %.1fs; trying the next endpoint",
-                    self._id,
-                    silence_s,
-                )
-                self._client._failover(client)
+                log.debug("keep-alive: no answer within %.1fs; trying the next endpoint", silence_s)
+                carrier._failover(client)
             except (ConnectionError, OSError, grpc.aio.UsageError) as exc:
-                log.debug("lease %x keep-alive stream failed (%s); reopening", self._id, exc)
+                log.debug("keep-alive stream failed (%s); reopening", exc)
             except Exception as exc:  # noqa: BLE001 - aetcd's connect errors; keep trying, as during an outage
-                log.debug("lease %x keep-alive failed (%r); retrying", self._id, exc)
+                log.debug("keep-alive failed (%r); retrying", exc)
             finally:
                 if reader is not None:
                     reader.cancel()
                 if call is not None:
                     call.cancel()
-            if self._stopped:
+            if self._closed:
                 return
             try:
                 await asyncio.sleep(RETRY_DELAY_S)
             except asyncio.CancelledError:
                 return
-            next_at = time.monotonic()  # a broken stream: refresh as soon as the new one is open
+            now = time.monotonic()
+            for keeper in self._snapshot():  # a broken stream: refresh each as soon as the new one is open
+                keeper.next_at = min(keeper.next_at, now)
+
+    async def _send_due(self, call: grpc.aio.StreamStreamCall, sent: deque[float], answer_s: float) -> None:
+        """One request for every lease whose refresh is due; requests go out on schedule whether or not
+        earlier answers were read."""
+        now = time.monotonic()
+        for keeper in self._snapshot():
+            if keeper.stopped or keeper.owner._closed:
+                keeper.stop()  # its client closed: the lease is that client's to keep
+                continue
+            if keeper.next_at > now:
+                continue
+            keeper.next_at = now + keeper.interval
+            await asyncio.wait_for(call.write(rpc.LeaseKeepAliveRequest(ID=keeper.id)), answer_s)
+            sent.append(time.monotonic())
+
+    async def _sleep_until_due(self, reader: asyncio.Future) -> None:
+        keepers = self._snapshot()
+        due = min((k.next_at for k in keepers), default=time.monotonic() + 1.0)
+        assert self._wake is not None
+        self._wake.clear()
+        waker = asyncio.ensure_future(self._wake.wait())
+        try:
+            await asyncio.wait({reader, waker}, timeout=max(0.0, due - time.monotonic()))
+        finally:
+            waker.cancel()
 
     async def _read(self, call: grpc.aio.StreamStreamCall, sent: deque[float]) -> None:
-        """Every answer on the stream: a refresh confirmed, or the lease gone (then stop)."""
+        """Every answer on the stream: a refresh confirmed, or that one lease gone (then it stops)."""
         while True:
             reply = await call.read()
             if reply is grpc.aio.EOF:
                 raise ConnectionError("etcd closed the keep-alive stream")
             if sent:
                 sent.popleft()
+            with self._lock:
+                keeper = self._keepers.get(int(reply.ID))
+            if keeper is None or keeper.stopped:
+                continue
             if reply.TTL <= 0:
-                self._stopped = True
-                self._on_lost()
-                return
-            self._on_refreshed(time.monotonic())
+                keeper.stop()  # this lease alone; the stream goes on for the others
+                keeper.on_lost()
+                continue
+            keeper.on_refreshed(time.monotonic())

@@ -40,7 +40,7 @@ from torch.distributed.elastic.rendezvous import (
 )
 
 from ..etcd.client import EtcdClient
-from ..etcd.errors import EtcdAuthError, EtcdError
+from ..etcd.errors import EtcdAuthError, EtcdConnectionError, EtcdError
 from ..planner.interface import NodeMetrics, NodeState, RoundPolicy
 from ..planner.membership import MembershipPolicy
 from ..wire.records import AckRecord, ClosedRecord, RoundRecord, dumps
@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.5  # upper bound between re-checks while waiting (changes wake us at once)
 ACK_RESEND_S = 2.0  # resend our ack of a round that is still unsealed after this long
+RETRY_S = 0.5  # after an etcd call that timed out on the join path, before the join starts over
 
 
 def closed_by_member(view: JobView, r: RoundRecord) -> str | None:
@@ -101,6 +102,7 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             raise RendezvousConnectionError(f"elastic-rm rendezvous: {exc}") from exc
         self._session = NodeSession(self._client, settings)
         self._last_ack: tuple[int, bytes] | None = None  # (round, ack record) last sent
+        self._waiting: tuple = (None, None, 0)  # (round, joined round, num_nodes_waiting) last counted
         self._view = JobView(self._client, self._keys, metrics_parser)
         try:
             self._view.start()
@@ -180,21 +182,29 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
     def next_rendezvous(self) -> RendezvousInfo:
         if self._shut:
             raise RendezvousClosedError("this rendezvous handler was shut down")
-        try:
-            return self._next_rendezvous()
-        except EtcdError as exc:
-            if self._shut:  # released while waiting (a standby node told to leave)
-                raise RendezvousClosedError("this rendezvous handler was shut down while waiting") from None
-            raise RendezvousConnectionError(f"elastic-rm rendezvous lost etcd: {exc}") from exc
+        deadline = time.monotonic() + self.settings.join_timeout
+        while True:
+            try:
+                return self._next_rendezvous(deadline)
+            except EtcdError as exc:
+                if self._shut:  # released while waiting (a standby node told to leave)
+                    raise RendezvousClosedError("shut down while waiting") from None
+                # a call that timed out or lost its connection (etcd stalled under load, a failover): the
+                # join starts over from what the view holds, within join_timeout (every write is idempotent)
+                if not isinstance(exc, EtcdConnectionError) or time.monotonic() + RETRY_S > deadline:
+                    raise RendezvousConnectionError(f"elastic-rm rendezvous lost etcd: {exc}") from exc
+                log.warning("node %s: %s; retrying the join", self._session.node_id, exc)
+                time.sleep(RETRY_S)
 
-    def _next_rendezvous(self) -> RendezvousInfo:
+    def _next_rendezvous(self, deadline: float) -> RendezvousInfo:
         settings, view, session = self.settings, self._view, self._session
         session.check_lease()
         sealed = self._sealed_for_us()
         if sealed is not None:
-            return self._join(sealed)
+            info = self._join(sealed)
+            if info is not None:
+                return info
         session.ensure_registered(NodeState.JOINING)
-        deadline = time.monotonic() + settings.join_timeout
         after = session.joined.round if session.joined else 0
         acked, acked_at = 0, 0.0
         seen = -1
@@ -227,8 +237,8 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
                         )  # fmt: skip
                         session.stale_round = r.round
                         session.ensure_registered(NodeState.JOINING)
-                elif r.sealed:
-                    return self._join(r)
+                elif r.sealed and (info := self._join(r)) is not None:
+                    return info
                 elif acked != r.round:
                     self._ack(r)
                     acked, acked_at = r.round, time.monotonic()
@@ -274,7 +284,9 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             self._keys.ack(r.round, node_id), self._last_ack[1], lease=lease.id if lease else None
         )
 
-    def _join(self, r: RoundRecord) -> RendezvousInfo:
+    def _join(self, r: RoundRecord) -> RendezvousInfo | None:
+        """Join sealed round ``r``; None when this node's lease is gone (etcd dropped its key: the round
+        will be replaced, and the caller rejoins as a new member)."""
         if r.master is None:
             raise RendezvousStateError(
                 f"round {r.round} in {self._keys.round} is sealed without a master address"
@@ -282,6 +294,18 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
         session = self._session
         rank = r.members.index(session.node_id)
         view = self._view
+        with session.lock:
+            if session.lease_lost:
+                log.warning("node %s: lease lost before round %d; rejoining", session.node_id, r.round)
+                return None
+            joined_before = session.joined
+            session.joined = r
+            # Registered as active and the "round" event in one etcd request, not waited for (1,000 nodes
+            # make theirs at once, while etcd still sends the round to the rest).
+            active = session.registration(NodeState.ACTIVE)
+            if active is None and session.lease is not None:  # lost since the check above
+                session.joined = joined_before
+                return None
         store = EtcdStore(
             self._client,
             self._keys.store(r.round),
@@ -289,11 +313,7 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             superseded=lambda: view.round is not None and view.round.round > r.round,
             closed=lambda: closed_by_member(view, r),
         )
-        session.joined = r
         session.next_master_port(avoid=r.master[1])  # advertised for the next round (ours is in use)
-        # Registered as active and the "round" event in one etcd request, not waited for (1,000 nodes
-        # make theirs at once, while etcd still sends the round to the rest).
-        active = session.registration(NodeState.ACTIVE)
         if active is None:
             session.ensure_registered(NodeState.ACTIVE, wait=False)
         log.info("node %s: round %d, group rank %d of %d", session.node_id, r.round, rank, r.world_size)
@@ -333,7 +353,10 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
         r, done = view.round, self._session.joined
         if r is None or done is None or r.round <= done.round:
             return 0
-        return max(1, len(set(r.members) - set(done.members)))
+        cached = self._waiting
+        if cached[0] is not r or cached[1] is not done:  # torch asks ten times a second: count once
+            self._waiting = cached = (r, done, max(1, len(set(r.members) - set(done.members))))
+        return cached[2]
 
     def shutdown(self) -> bool:
         """Close the run (torch semantics), drop this node's keys, stop threads."""

@@ -65,6 +65,7 @@ class RoundLeader:
         self._demand: tuple[int, str] | None = None  # last written (target_nodes, reason)
         self._outcome: dict | None = None  # the last written round, until its outcome is measured
         self._election: Election | None = None
+        self._announced = True  # False from a won election until its set-up (tracking, history) is done
         self._decided_at_version = -1  # membership_version of the view when the policy last ran
         self._metrics_seen = -1  # metrics_version of the view when the policy last ran
         self._history: tuple[dict, ...] = ()
@@ -111,14 +112,20 @@ class RoundLeader:
             return 0.0
         if not self.leading:
             lease = self._lease_id()
-            if view.leader is not None or lease is None:
+            if lease is None:
                 return 0.0
             election = Election(self._client, view.keys.leader, self._node_id(), lease)
-            if not election.try_acquire():
+            if view.leader == self._node_id() and view.leader_rev:
+                election.revision = view.leader_rev  # our campaign won though its answer was lost
+            elif view.leader is not None or not election.try_acquire():
                 return 0.0
-            self._election = election
+            self._election, self._announced = election, False
+        if not self._announced:  # retried here when etcd failed part way (a partition, a timeout)
+            election = self._election
+            assert election is not None
             view.track_members()
             self._history = self._read_history()
+            self._announced = True
             view.note_leadership(self._node_id(), election.revision or 0)  # ahead of the watch
             log.info("node %s leads run %s", self._node_id(), view.keys.run_id)
             self._emit("leader", f"{self._node_id()} leads run {view.keys.run_id}")

@@ -91,6 +91,7 @@ class JobView:
         self.metrics: dict[str, NodeMetrics] = {}  # latest record per node (leader only)
         self._metrics_parser = metrics_parser
         self.tracking = False
+        self._tracked: set[str] = set()  # prefixes followed so far (track_members)
         self._cancels: list[Callable[[], None]] = []
 
     # -- set-up ---------------------------------------------------------------------------------------
@@ -116,14 +117,16 @@ class JobView:
             )
 
     def track_members(self) -> None:
-        """Also follow nodes and acks (the leader needs them). Idempotent."""
+        """Also follow nodes and acks (the leader needs them). Idempotent; a call that failed part way
+        (etcd unreachable) is completed by the next one."""
         if self.tracking:
             return
-        self.tracking = True
         prefixes = [self.keys.nodes, self.keys.rounds]
         if self._metrics_parser is not None:
             prefixes.append(self.keys.metrics)
         for prefix in prefixes:
+            if prefix in self._tracked:
+                continue
             kvs, rev = self._client.get_prefix(prefix)
             with self.cond:
                 for kv in kvs:
@@ -134,6 +137,8 @@ class JobView:
                     prefix, rev + 1, self._on_events, self._on_error, on_resync=self._resync_of(prefix)
                 )
             )
+            self._tracked.add(prefix)
+        self.tracking = True
 
     def stop(self) -> None:
         for cancel in self._cancels:

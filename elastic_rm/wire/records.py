@@ -14,8 +14,10 @@ from typing import Any
 from torch.distributed.elastic.rendezvous import RendezvousStateError
 
 from ..planner.interface import NodeState
+from .node_lists import COMPACT_AT, NodeListError, decode_ids, encode_ids
 
 VERSION = 1
+COMPACT_VERSION = 2  # a round record whose long node lists are compressed (node_lists.py)
 
 
 class RoundPhase(StrEnum):
@@ -30,7 +32,7 @@ class RecordError(RendezvousStateError):
     """A malformed value in etcd."""
 
 
-def _load(key: str, raw: bytes) -> dict[str, Any]:
+def _load(key: str, raw: bytes, versions: tuple[int, ...] = (VERSION,)) -> dict[str, Any]:
     try:
         data = json.loads(raw)
     except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, a huge number, absurd nesting
@@ -41,8 +43,12 @@ def _load(key: str, raw: bytes) -> dict[str, Any]:
         raise RecordError(
             f"malformed value in etcd key {key}: expected a JSON object, got {type(data).__name__}"
         )
-    if data.get("v") != VERSION:
-        raise RecordError(f"malformed value in etcd key {key}: unsupported record version {data.get('v')!r}")
+    if data.get("v") not in versions:
+        raise RecordError(
+            f"malformed value in etcd key {key}: unsupported record version {data.get('v')!r} (this "
+            f"elastic-rm reads {', '.join(map(str, versions))}): every node of a run must run the same "
+            "elastic-rm release"
+        )
     return data
 
 
@@ -64,7 +70,15 @@ def _field(
 
 
 def _str_list(key: str, data: dict[str, Any], name: str) -> tuple[str, ...]:
-    items = _field(key, data, name, list, [])
+    if f"{name}_z" in data:  # a long list, compressed (node_lists.py)
+        if name in data:
+            raise RecordError(f"malformed value in etcd key {key}: both {name!r} and {name + '_z'!r}")
+        try:
+            items = list(decode_ids(_field(key, data, f"{name}_z", str)))
+        except NodeListError as exc:
+            raise RecordError(f"malformed value in etcd key {key}: field {name + '_z'!r}: {exc}") from None
+    else:
+        items = _field(key, data, name, list, [])
     if not all(isinstance(i, str) and i for i in items):
         raise RecordError(f"malformed value in etcd key {key}: field {name!r} must be a list of node ids")
     if len(set(items)) != len(items):
@@ -187,7 +201,7 @@ class RoundRecord:
 
     @classmethod
     def parse(cls, key: str, raw: bytes) -> RoundRecord:
-        d = _load(key, raw)
+        d = _load(key, raw, (VERSION, COMPACT_VERSION))
         number = _field(key, d, "round", int)
         if number < 1:
             raise RecordError(f"malformed value in etcd key {key}: round number must be >= 1, got {number}")
@@ -212,7 +226,18 @@ class RoundRecord:
         )
 
     def to_json(self) -> bytes:
-        return dumps(self, world_size=self.world_size)
+        """Versioned JSON; a long member or standby list compressed (version 2: a reader of version 1
+        names the version it cannot read, instead of taking a missing list for an empty one)."""
+        if max(len(self.members), len(self.standby)) < COMPACT_AT:
+            return dumps(self, world_size=self.world_size)
+        body = json.loads(dumps(self, world_size=self.world_size))
+        body["v"] = COMPACT_VERSION
+        for name in ("members", "standby"):
+            ids = body[name]
+            if len(ids) >= COMPACT_AT:
+                body[f"{name}_z"] = encode_ids(ids)
+                del body[name]
+        return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
 
 
 def effective_rounds(kvs, errors: list[str]) -> list[RoundRecord]:

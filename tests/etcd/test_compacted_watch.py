@@ -107,3 +107,27 @@ def test_a_watch_cut_off_past_a_compaction_resyncs_or_catches_up(caplog) -> None
         assert len(errors) == 1 and isinstance(errors[0], EtcdCompactedError)
         assert "not shown" in str(errors[0])
         assert "is compacted" in caplog.text and f"resuming from {revision + 1}" in caplog.text
+
+
+def test_a_paged_prefix_read_compacted_between_pages_reads_again_at_a_newer_revision(run_id) -> None:
+    """`erm status` at 1,024 nodes failed with "required revision has been compacted": its pages are read
+    at the first page's revision, and a busy run's writes let etcd compact it meanwhile."""
+    with EtcdCluster(size=1) as own, EtcdClient(own.endpoint, timeout=5) as c:  # compacts: not the shared one
+        for i in range(6):
+            c.put(f"/{run_id}/k{i}", str(i))
+        pages = {"n": 0}
+        run = c.run
+
+        def compacting_run(make, retry=True):
+            out = run(make, retry)
+            pages["n"] += 1
+            if pages["n"] == 1:  # after the first page: a write, then a compaction past the read revision
+                c.put(f"/{run_id}/k9", "9")
+                compact(c)
+            return out
+
+        c.run = compacting_run  # type: ignore[method-assign]
+        kvs, revision = c.get_prefix(f"/{run_id}/", page=2)
+        c.run = run  # type: ignore[method-assign]
+        assert [kv.key for kv in kvs] == [f"/{run_id}/k{i}" for i in (0, 1, 2, 3, 4, 5, 9)]
+        assert revision >= kvs[-1].mod_revision

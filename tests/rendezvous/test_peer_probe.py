@@ -213,3 +213,32 @@ def test_a_large_round_is_probed_through_a_bounded_sample() -> None:
     many = {f"n{i}": ("127.0.0.1", 1000 + i) for i in range(1000)}
     picked = probe_sample(many)
     assert len(picked) == MAX_PROBED_PEERS and all(many[n] == t for n, t in picked.items())
+
+
+def test_a_large_round_reads_only_the_sampled_peers_records(etcd, run_id) -> None:
+    """At 1,024 nodes each node read every node's record on every round; now only a sample of its round's
+    peers: alive (a record under a lease), serving checkpoints, not itself."""
+    from elastic_rm.etcd.client import EtcdClient
+    from elastic_rm.planner.interface import NodeState
+    from elastic_rm.rendezvous.peer_probe import MAX_PROBED_PEERS, sampled_targets
+    from elastic_rm.wire.keyspace import Keyspace
+    from elastic_rm.wire.records import NodeRecord, dumps
+
+    keys = Keyspace("/elastic-rm", run_id)
+    members = tuple(f"m{i}" for i in range(40))
+    with EtcdClient(etcd.endpoint, timeout=5) as c:
+        for i, node in enumerate(members + ("outsider",)):
+            port = 0 if i % 4 == 3 else 2000 + i  # every fourth member serves no checkpoints
+            record = NodeRecord(node, "h", "127.0.0.1", 1, 1, NodeState.ACTIVE, ckpt_port=port)
+            if node != "m5":  # m5 is gone: no record
+                c.put(keys.node(node), dumps(record))
+        seen: set[str] = set()
+        for _ in range(30):
+            got = sampled_targets(c, keys.nodes, members, exclude="m0")
+            assert 0 < len(got) <= MAX_PROBED_PEERS
+            assert all(n in members and n not in ("m0", "m5") and int(n[1:]) % 4 != 3 for n in got)
+            assert all(got[n] == ("127.0.0.1", 2000 + int(n[1:])) for n in got)
+            seen |= set(got)
+        assert len(seen) > MAX_PROBED_PEERS  # a random sample each time, not the same first few
+        small = sampled_targets(c, keys.nodes, ("m0", "m1", "m2"), exclude="m0")
+        assert small == {"m1": ("127.0.0.1", 2001), "m2": ("127.0.0.1", 2002)}

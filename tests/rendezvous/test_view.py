@@ -90,3 +90,39 @@ def test_no_module_outside_the_view_assigns_its_fields():
                     if name in ("view", "_view"):
                         offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not offenders, f"JobView fields assigned outside view.py: {offenders}"
+
+
+def test_following_members_that_failed_part_way_is_completed_by_the_next_call(etcd, run_id):
+    """A new leader whose etcd call failed while it set up its watches (a timeout under load, a partition)
+    used to stay marked as tracking with no watch of the acks: no round could ever be sealed."""
+    from elastic_rm.etcd.errors import EtcdTimeoutError
+
+    client, view = _view(etcd, run_id)
+    read = client.get_prefix
+
+    def flaky(prefix, *args, **kwargs):
+        if prefix == view.keys.rounds:
+            raise EtcdTimeoutError("etcd did not answer (injected)")
+        return read(prefix, *args, **kwargs)
+
+    try:
+        client.get_prefix = flaky  # type: ignore[method-assign]
+        try:
+            view.track_members()
+            raise AssertionError("the injected timeout did not reach the caller")
+        except EtcdTimeoutError:
+            pass
+        assert not view.tracking
+        client.get_prefix = read  # type: ignore[method-assign]
+        watches = len(view._cancels)
+        view.track_members()
+        assert view.tracking and len(view._cancels) == watches + 1  # the acks' watch, not a second nodes'
+        client.put(view.keys.ack(1, "n0"), b'{"v":1,"node":"n0"}')
+        client.put(
+            view.keys.node("n0"),
+            b'{"v":1,"node":"n0","host":"h","addr":"a","pid":1,"nproc":1,"state":"joining"}',
+        )
+        assert wait_for(lambda: "n0" in view.acks.get(1, {}) and "n0" in view.nodes)
+    finally:
+        view.stop()
+        client.close()
