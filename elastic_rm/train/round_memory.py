@@ -7,7 +7,14 @@ round. Two things outlive the old round unless told otherwise (benchmarks/recove
   holds its parameter, so the weak key never dies, and every round's unsharded (meta) embedding
   parameters stay, with their optimizers and hooks;
 - glibc keeps the heap that the old round's model, restore buffers and process groups freed, so the RSS
-  keeps the high-water mark of every round change. ``malloc_trim`` returns it to the system.
+  keeps the high-water mark of every round change. ``malloc_trim`` returns it to the system, at the
+  round's end and again after the new round's first step (its build and restore freed their buffers).
+- glibc's mmap threshold is dynamic: the first freed block of, say, 4 MiB raises it to 4 MiB, and from
+  then on every block below that (tensors, the restore's file buffers) comes from the heap, where the
+  freed ones stay between the long-lived ones of the next round. :func:`fix_mmap_threshold` sets it
+  once, at glibc's own starting value, so that large blocks are mapped and unmapped on their own.
+- A held failure's log line formats its traceback, which caches the source of every file in it
+  (``linecache``, about 1 MiB per lost member); :func:`forget_new_source_lines` drops what it added.
 """
 
 from __future__ import annotations
@@ -15,7 +22,14 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import linecache
+import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+MMAP_THRESHOLD = 128 << 10  # glibc's default starting value; blocks this large or larger are mapped
 
 
 def release_round_memory() -> None:
@@ -40,13 +54,47 @@ def _drop_meta_in_backward_optimizers() -> None:
                 handle.remove()
 
 
-def _malloc_trim() -> None:
+def trim_heap() -> None:
+    """Return the heap's free pages to the system (glibc's ``malloc_trim``; elsewhere nothing)."""
+    _malloc_trim()
+
+
+def fix_mmap_threshold() -> bool:
+    """Fix glibc's mmap threshold at :data:`MMAP_THRESHOLD` for this process (once it is set, glibc no
+    longer raises it); False where there is no glibc, or where ``MALLOC_MMAP_THRESHOLD_`` (glibc's own
+    variable) already chose it."""
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    libc = _glibc()
+    if libc is None or not hasattr(libc, "mallopt"):
+        return False
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+
+
+@contextmanager
+def forget_new_source_lines() -> Iterator[None]:
+    """Drop the ``linecache`` entries that the block adds (a logged traceback's source files)."""
+    cached = set(linecache.cache)
+    try:
+        yield
+    finally:
+        for name in set(linecache.cache) - cached:
+            linecache.cache.pop(name, None)
+
+
+def _glibc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
     if name is None or not sys.platform.startswith("linux"):
-        return
+        return None
     try:
         libc = ctypes.CDLL(name)
-        trim = libc.malloc_trim  # glibc only (musl has none)
+        libc.malloc_trim  # noqa: B018 - glibc only (musl has none)
     except (OSError, AttributeError):
-        return
-    trim(0)
+        return None
+    return libc
+
+
+def _malloc_trim() -> None:
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
