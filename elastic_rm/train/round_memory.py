@@ -1,7 +1,7 @@
 """Give back what a finished round held, so that a worker kept across rounds does not grow round by round.
 
 Why: a worker in :func:`elastic_rm.train.rounds.rounds` builds a new model, sharding and optimizer every
-round. Two things outlive the old round unless told otherwise (benchmarks/recovery/memory measured both):
+round. Three things outlive the old round unless told otherwise (benchmarks/recovery/memory measured them):
 - torch's ``_apply_optimizer_in_backward`` (which TorchRec's ``apply_optimizer_in_backward`` calls) keeps
   each parameter's gradient accumulator in a module-level ``WeakTensorKeyDictionary``; the accumulator
   holds its parameter, so the weak key never dies, and every round's unsharded (meta) embedding
@@ -9,10 +9,9 @@ round. Two things outlive the old round unless told otherwise (benchmarks/recove
 - glibc keeps the heap that the old round's model, restore buffers and process groups freed, so the RSS
   keeps the high-water mark of every round change. ``malloc_trim`` returns it to the system, at the
   round's end and again after the new round's first step (its build and restore freed their buffers).
-- glibc's mmap threshold is dynamic: the first freed block of, say, 4 MiB raises it to 4 MiB, and from
-  then on every block below that (tensors, the restore's file buffers) comes from the heap, where the
-  freed ones stay between the long-lived ones of the next round. :func:`fix_mmap_threshold` sets it
-  once, at glibc's own starting value, so that large blocks are mapped and unmapped on their own.
+  Not a fixed mmap threshold (``mallopt``) instead: with large blocks mapped and unmapped on their own,
+  every tensor op's temporaries of 128 KiB or more cost an order of magnitude more (page faults and
+  unmapping per block), and the rounds' restore and checksum phases slowed with them.
 - A held failure's log line formats its traceback, which caches the source of every file in it
   (``linecache``, about 1 MiB per lost member); :func:`forget_new_source_lines` drops what it added.
 """
@@ -23,13 +22,9 @@ import ctypes
 import ctypes.util
 import gc
 import linecache
-import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
-MMAP_THRESHOLD = 128 << 10  # glibc's default starting value; blocks this large or larger are mapped
 
 
 def release_round_memory() -> None:
@@ -57,18 +52,6 @@ def _drop_meta_in_backward_optimizers() -> None:
 def trim_heap() -> None:
     """Return the heap's free pages to the system (glibc's ``malloc_trim``; elsewhere nothing)."""
     _malloc_trim()
-
-
-def fix_mmap_threshold() -> bool:
-    """Fix glibc's mmap threshold at :data:`MMAP_THRESHOLD` for this process (once it is set, glibc no
-    longer raises it); False where there is no glibc, or where ``MALLOC_MMAP_THRESHOLD_`` (glibc's own
-    variable) already chose it."""
-    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
-        return False
-    libc = _glibc()
-    if libc is None or not hasattr(libc, "mallopt"):
-        return False
-    return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))
 
 
 @contextmanager

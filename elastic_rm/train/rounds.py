@@ -57,7 +57,7 @@ from ..wire.channel import (
 )
 from .master_store import wait_for_master_store
 from .report import StepReporter
-from .round_memory import fix_mmap_threshold, forget_new_source_lines, release_round_memory, trim_heap
+from .round_memory import forget_new_source_lines, release_round_memory, trim_heap
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,6 @@ def rounds(
     script's own cleanup follows the loop.
     """
     _freeze_imports()  # first: nothing of a round (its prepared model included) may be frozen
-    fix_mmap_threshold()  # large blocks mapped, not kept on the heap round after round (round_memory)
     index, round_id, times = 0, _env_round(), {}
     prepared = _prepare(prepare, reporter, round_id, times)
     if not dist.is_initialized():

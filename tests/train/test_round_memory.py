@@ -5,12 +5,8 @@ from __future__ import annotations
 import gc
 import linecache
 import logging
-import os
-import subprocess
-import sys
 import weakref
 
-import pytest
 import torch
 from torch.distributed.optim import _apply_optimizer_in_backward
 from torch.distributed.optim import apply_optimizer_in_backward as aob
@@ -45,43 +41,6 @@ def test_meta_parameters_of_old_rounds_are_freed_and_live_ones_keep_their_optimi
 def test_release_without_torch_optim_loaded_or_twice_is_harmless():
     release_round_memory()
     release_round_memory()
-
-
-MALLOC_PROBE = """
-import ctypes, sys
-from elastic_rm.train.round_memory import fix_mmap_threshold
-
-class MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
-                                               "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-libc = ctypes.CDLL("libc.so.6")
-libc.mallinfo2.restype = MallInfo2
-libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-libc.free.argtypes = [ctypes.c_void_p]
-if sys.argv[1] == "fixed":
-    assert fix_mmap_threshold()
-libc.free(libc.malloc(8 << 20))  # a freed mapped block of 8 MiB: glibc's dynamic threshold follows it
-before = libc.mallinfo2().hblkhd
-block = libc.malloc(1 << 20)
-print("mapped" if libc.mallinfo2().hblkhd - before >= 1 << 20 else "heap")
-"""
-
-
-def _where_a_1_mib_block_goes(mode: str) -> str:
-    env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
-    out = subprocess.run(
-        [sys.executable, "-c", MALLOC_PROBE, mode], env=env, capture_output=True, text=True, timeout=60
-    )
-    assert out.returncode == 0, out.stderr
-    return out.stdout.strip()
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
-def test_a_fixed_mmap_threshold_keeps_large_blocks_off_the_heap_after_a_larger_one_was_freed():
-    # the premise: glibc's own dynamic threshold puts the 1 MiB block on the heap, where it stays
-    assert _where_a_1_mib_block_goes("dynamic") == "heap"
-    assert _where_a_1_mib_block_goes("fixed") == "mapped"
 
 
 def test_a_held_failure_leaves_no_source_lines_cached(caplog):
