@@ -111,6 +111,10 @@ def run(args: argparse.Namespace) -> dict:
     run_id = f"mem-{uuid.uuid4().hex[:8]}"
     etcd = EtcdServer().start()
     extra = ["--spares", "on", "--spare-preload", PRELOAD]
+    if args.probe:  # memory_probe/sitecustomize.py in every process; its dumps stall them: a longer lease
+        os.makedirs(args.probe, exist_ok=True)
+        os.environ.update(ERM_MEMDIAG_DIR=args.probe, PYTHONPATH=str(Path(__file__).parent / "memory_probe"))
+        extra += ["--rdzv-conf", "lease_ttl=10"]
 
     def node(i: int):
         return start_node(
@@ -146,7 +150,13 @@ def run(args: argparse.Namespace) -> dict:
                 "loadavg": os.getloadavg(),
             }
 
+        def probe(index: int) -> None:
+            if args.probe:  # every process writes where its memory is (memory_breakdown.py reads it)
+                (Path(args.probe) / "trigger").write_text(str(index))
+                time.sleep(12)
+
         rounds.append(sample(0, "first", starts))
+        probe(0)
         for k in range(args.rounds // 2):
             t0 = time.time()
             joiner = node(2 + k)
@@ -162,6 +172,7 @@ def run(args: argparse.Namespace) -> dict:
                     "workdir": str(workdir),
                 }
             rounds.append(sample(len(rounds), "scale-up", starts))
+            probe(len(rounds) - 1)
             t1 = time.time()
             signal_tree(joiner.pid, signal.SIGKILL)  # the node is lost: its agent, spare and worker
             starts = wait_round(workdir, 2, t1, args.steps, args.limit)
@@ -173,6 +184,7 @@ def run(args: argparse.Namespace) -> dict:
                     "workdir": str(workdir),
                 }
             rounds.append(sample(len(rounds), "node-lost", starts))
+            probe(len(rounds) - 1)
             print(
                 f"round {len(rounds) - 1:2d}: kept workers "
                 + ", ".join(f"{n} {v / 2**20:.0f} MiB" for n, v in rounds[-1]["worker_rss"].items() if v)
@@ -244,6 +256,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20, help="steps each round trains before it is sampled")
     p.add_argument("--limit", type=float, default=120.0, help="seconds to wait for each round (default 120)")
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs, progress rows)")
+    p.add_argument(
+        "--probe",
+        default=None,
+        help="diagnostics: every process dumps where its memory is into this directory after each round "
+        "(memory_probe/; then python -m benchmarks.recovery.memory_breakdown DIR); slows the run",
+    )
     p.add_argument("--name", default="recovery-memory", help="results file name")
     args = p.parse_args()
     if args.rounds < 2 or args.rounds % 2:

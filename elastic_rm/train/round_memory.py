@@ -1,13 +1,19 @@
 """Give back what a finished round held, so that a worker kept across rounds does not grow round by round.
 
 Why: a worker in :func:`elastic_rm.train.rounds.rounds` builds a new model, sharding and optimizer every
-round. Two things outlive the old round unless told otherwise (benchmarks/recovery/memory measured both):
+round. Three things outlive the old round unless told otherwise (benchmarks/recovery/memory measured them):
 - torch's ``_apply_optimizer_in_backward`` (which TorchRec's ``apply_optimizer_in_backward`` calls) keeps
   each parameter's gradient accumulator in a module-level ``WeakTensorKeyDictionary``; the accumulator
   holds its parameter, so the weak key never dies, and every round's unsharded (meta) embedding
   parameters stay, with their optimizers and hooks;
 - glibc keeps the heap that the old round's model, restore buffers and process groups freed, so the RSS
-  keeps the high-water mark of every round change. ``malloc_trim`` returns it to the system.
+  keeps the high-water mark of every round change. ``malloc_trim`` returns it to the system, at the
+  round's end and again after the new round's first step (its build and restore freed their buffers).
+  Not a fixed mmap threshold (``mallopt``) instead: with large blocks mapped and unmapped on their own,
+  every tensor op's temporaries of 128 KiB or more cost an order of magnitude more (page faults and
+  unmapping per block), and the rounds' restore and checksum phases slowed with them.
+- A held failure's log line formats its traceback, which caches the source of every file in it
+  (``linecache``, about 1 MiB per lost member); :func:`forget_new_source_lines` drops what it added.
 """
 
 from __future__ import annotations
@@ -15,7 +21,10 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import linecache
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 def release_round_memory() -> None:
@@ -40,13 +49,35 @@ def _drop_meta_in_backward_optimizers() -> None:
                 handle.remove()
 
 
-def _malloc_trim() -> None:
+def trim_heap() -> None:
+    """Return the heap's free pages to the system (glibc's ``malloc_trim``; elsewhere nothing)."""
+    _malloc_trim()
+
+
+@contextmanager
+def forget_new_source_lines() -> Iterator[None]:
+    """Drop the ``linecache`` entries that the block adds (a logged traceback's source files)."""
+    cached = set(linecache.cache)
+    try:
+        yield
+    finally:
+        for name in set(linecache.cache) - cached:
+            linecache.cache.pop(name, None)
+
+
+def _glibc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
     if name is None or not sys.platform.startswith("linux"):
-        return
+        return None
     try:
         libc = ctypes.CDLL(name)
-        trim = libc.malloc_trim  # glibc only (musl has none)
+        libc.malloc_trim  # noqa: B018 - glibc only (musl has none)
     except (OSError, AttributeError):
-        return
-    trim(0)
+        return None
+    return libc
+
+
+def _malloc_trim() -> None:
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)

@@ -57,7 +57,7 @@ from ..wire.channel import (
 )
 from .master_store import wait_for_master_store
 from .report import StepReporter
-from .round_memory import release_round_memory
+from .round_memory import forget_new_source_lines, release_round_memory, trim_heap
 
 log = logging.getLogger(__name__)
 
@@ -114,12 +114,13 @@ class Round:
         self.failure.append(text)
         if self.on_hold is not None:
             self.on_hold(text)
-        log.warning(
-            "elastic-rm: round %d failed on rank %d; waiting in place for the next round",
-            self.round_id,
-            self.rank,
-            exc_info=exc,
-        )
+        with forget_new_source_lines():  # the traceback's source files, cached anew at every loss
+            log.warning(
+                "elastic-rm: round %d failed on rank %d; waiting in place for the next round",
+                self.round_id,
+                self.rank,
+                exc_info=exc,
+            )
         return True  # held: rounds() waits for the agent's next round
 
 
@@ -325,6 +326,7 @@ def _held(reporter: StepReporter, round_id: int) -> Callable[[str], None]:
 def _resumed(reporter: StepReporter, round_id: int):
     def send() -> None:
         reporter.send(KIND_RESUMED, RESUMED.pack(round_id))
+        trim_heap()  # after the agent heard it: what the round's build and restore freed goes back
 
     return send
 

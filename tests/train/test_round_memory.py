@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import linecache
+import logging
 import weakref
 
 import torch
@@ -39,3 +41,16 @@ def test_meta_parameters_of_old_rounds_are_freed_and_live_ones_keep_their_optimi
 def test_release_without_torch_optim_loaded_or_twice_is_harmless():
     release_round_memory()
     release_round_memory()
+
+
+def test_a_held_failure_leaves_no_source_lines_cached(caplog):
+    from elastic_rm.train.rounds import Round
+
+    linecache.clearcache()
+    rnd = Round(1, 7, 0, 2, can_wait=True)
+    with caplog.at_level(logging.WARNING, logger="elastic_rm.train.rounds"):
+        with rnd:
+            raise RuntimeError("a peer is gone")
+    assert rnd.failure == ["RuntimeError: a peer is gone"]
+    assert "Traceback" in caplog.text and "a peer is gone" in caplog.text  # the log still has it
+    assert linecache.cache == {}, f"source lines cached by the log line: {sorted(linecache.cache)}"

@@ -1,0 +1,46 @@
+"""A replica upload must not leave its blocks on the agent's heap (elastic_rm.agent.ckpt_store).
+
+Each upload runs on a request thread of its own; a block allocated from the Python heap per read lands
+in that thread's glibc arena and stays there after the upload (benchmarks/recovery/memory measured an
+agent growing at every round a node joined). The store reads into a mapping of its own instead."""
+
+from __future__ import annotations
+
+import io
+import os
+import tracemalloc
+
+from elastic_rm.agent.ckpt_store import CHUNK, CheckpointStore
+from elastic_rm.train.manifest import FILE_HASH, new_hasher, step_dirname
+
+
+def test_an_upload_of_many_blocks_allocates_no_block_on_the_python_heap(tmp_path):
+    store = CheckpointStore(tmp_path / "n0")
+    data = os.urandom(3 * CHUNK + 12345)  # three whole blocks and a partial one
+    store.begin("n1", 10)
+    rfile = io.BufferedReader(io.BytesIO(data))
+    tracemalloc.start()
+    try:
+        store.receive("n1", 10, "shard.bin", len(data), rfile)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < CHUNK // 4, f"an upload's reads peaked at {peak} bytes on the Python heap"
+    written = (tmp_path / "n0" / "replicas" / "n1" / (step_dirname(10) + ".tmp") / "shard.bin").read_bytes()
+    assert written == data
+    h = new_hasher(FILE_HASH)
+    h.update(data)
+    assert store._pending[("n1", 10)]["shard.bin"] == (len(data), h.hexdigest())
+
+
+def test_a_cut_upload_is_refused_and_leaves_no_part_file(tmp_path):
+    store = CheckpointStore(tmp_path / "n0")
+    store.begin("n1", 10)
+    data = os.urandom(CHUNK + 7)
+    try:
+        store.receive("n1", 10, "shard.bin", len(data) + 100, io.BufferedReader(io.BytesIO(data)))
+    except Exception as exc:  # noqa: BLE001 - the Refused below
+        assert getattr(exc, "code", None) == 400 and "connection cut" in str(exc)
+    else:
+        raise AssertionError("a short upload must be refused")
+    assert list((tmp_path / "n0" / "replicas" / "n1" / (step_dirname(10) + ".tmp")).iterdir()) == []
