@@ -27,12 +27,13 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from ..background import Background
 from ..etcd.client import EtcdClient, Op
 from ..etcd.errors import EtcdError
+from ..etcd.types import KeyValue
 from ..wire.records import NodeRecord, RecordError
 from .session import NodeSession
 
@@ -131,21 +132,17 @@ def sampled_targets(
     picked = random.sample(peers, k) if len(peers) > k else peers
     if not picked:
         return {}
-    got = client.txn([], [Op.get(nodes_prefix + n) for n in picked])
-    out = {}
-    for kv in got.kvs:
-        try:
-            rec = NodeRecord.parse(kv.key, kv.value)
-        except RecordError:
-            continue
-        if rec.node != exclude and rec.ckpt_port:
-            out[rec.node] = (rec.addr, rec.ckpt_port)
-    return out
+    return _serving(client.txn([], [Op.get(nodes_prefix + n) for n in picked]).kvs, exclude)
 
 
 def live_targets(client: EtcdClient, nodes_prefix: str, exclude: str) -> dict[str, Target]:
     """Every live node of the run but ``exclude`` that serves checkpoints: node -> (addr, port)."""
     kvs, _ = client.get_prefix(nodes_prefix)
+    return _serving(kvs, exclude)
+
+
+def _serving(kvs: Iterable[KeyValue], exclude: str) -> dict[str, Target]:
+    """The nodes among these records, but ``exclude``, that serve checkpoints (malformed records skipped)."""
     out = {}
     for kv in kvs:
         try:
