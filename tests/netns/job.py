@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -22,6 +23,7 @@ from elastic_rm.demo.checks import checks, lineage
 from elastic_rm.demo.harness import DEFAULT_SCRIPT, jsonl_rows
 from elastic_rm.demo.summary import world_reached
 from elastic_rm.etcd.client import EtcdClient
+from elastic_rm.etcd.server import EtcdCluster
 from elastic_rm.train.paths import run_memory_dir
 from elastic_rm.wire.keyspace import Keyspace
 from elastic_rm.wire.records import RoundRecord
@@ -30,7 +32,7 @@ from tests.chaos.test_soak import replay
 from tests.conftest import BIN, Proc
 from tests.launcher.exits import exit_codes
 from tests.launcher.helpers import STEPS, wait_until
-from tests.netns.hosts import Host
+from tests.netns.hosts import Host, Network
 
 
 @dataclass(frozen=True)
@@ -188,6 +190,20 @@ class Job:
         for p in self.nodes.values():
             p.stop()
         shutil.rmtree(run_memory_dir(self.run_id), ignore_errors=True)
+
+
+@contextmanager
+def on_hosts(
+    n: int, worker: str, tmp_path, run_id: str, etcd_args: tuple[str, ...] = (), **job_args
+) -> Iterator[tuple[Network, str, EtcdClient, Job]]:
+    """`n` hosts, one etcd on their bridge (its endpoint), a client of it, and the job (not started yet)."""
+    with (
+        Network(n) as net,
+        EtcdCluster(size=1, host=net.gateway, extra_args=list(etcd_args)) as cluster,
+        EtcdClient(cluster.endpoint, timeout=5) as client,
+        Job(worker, tmp_path, run_id, **job_args) as job,
+    ):
+        yield net, cluster.endpoint, client, job
 
 
 def current_round(client: EtcdClient, keys: Keyspace) -> RoundRecord | None:

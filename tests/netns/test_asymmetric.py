@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import pytest
 
-from elastic_rm.etcd.client import EtcdClient
-from elastic_rm.etcd.server import EtcdCluster
-from tests.netns.hosts import Host, Network, why_unavailable
-from tests.netns.job import SLOW, WORKERS, Job
+from tests.netns.hosts import Host, why_unavailable
+from tests.netns.job import SLOW, WORKERS, on_hosts
 
 UNAVAILABLE = why_unavailable()
 pytestmark = pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE))
@@ -34,13 +32,8 @@ def routes(pairs: list[tuple[Host, Host]], on: bool) -> None:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("worker", WORKERS)
 def test_a_host_that_reaches_its_peers_but_not_etcd_is_a_lease_expiry_and_rejoins(worker, run_id, tmp_path):
-    with (
-        Network(3) as net,
-        EtcdCluster(size=1, host=net.gateway) as cluster,
-        EtcdClient(cluster.endpoint, timeout=5) as client,
-        Job(worker, tmp_path, run_id) as job,
-    ):
-        before = job.start_all(client, net.hosts, [cluster.endpoint] * 3)
+    with on_hosts(3, worker, tmp_path, run_id) as (net, endpoint, client, job):
+        before = job.start_all(client, net.hosts, [endpoint] * 3)
         leader = job.leader(client)
         cut = next(h for h in net.hosts if h.name != leader)
         rest = sorted(h.name for h in net.hosts if h is not cut)
@@ -66,13 +59,8 @@ def test_a_host_that_reaches_its_peers_but_not_etcd_is_a_lease_expiry_and_rejoin
 def test_a_host_that_reaches_etcd_but_not_its_peers_steps_out_and_rejoins_after_the_heal(
     worker, run_id, tmp_path
 ):
-    with (
-        Network(3) as net,
-        EtcdCluster(size=1, host=net.gateway) as cluster,
-        EtcdClient(cluster.endpoint, timeout=5) as client,
-        Job(worker, tmp_path, run_id) as job,
-    ):
-        before = job.start_all(client, net.hosts, [cluster.endpoint] * 3)
+    with on_hosts(3, worker, tmp_path, run_id) as (net, endpoint, client, job):
+        before = job.start_all(client, net.hosts, [endpoint] * 3)
         leader = job.leader(client)
         cut = next(h for h in net.hosts if h.name != leader)
         pairs = [(cut, h) for h in net.hosts if h is not cut]
@@ -108,13 +96,9 @@ def test_a_tie_the_node_outranked_by_a_peer_it_cannot_reach_steps_out_and_rejoin
     the link between group ranks 0 and 1 cut, both and rank 2 still reaching etcd and each other: rank 1
     (outranked by rank 0, which it cannot reach) leaves, rank 2 (it reaches both) stays, and ranks 0 and
     2 train at world 2."""
-    with (
-        Network(hosts) as net,
-        EtcdCluster(size=1, host=net.gateway) as cluster,
-        EtcdClient(cluster.endpoint, timeout=5) as client,
-        Job(worker, tmp_path, run_id, nnodes=f"{hosts - 1}:{hosts}") as job,
-    ):
-        before = job.start_all(client, net.hosts, [cluster.endpoint] * hosts)
+    nnodes = f"{hosts - 1}:{hosts}"
+    with on_hosts(hosts, worker, tmp_path, run_id, nnodes=nnodes) as (net, endpoint, client, job):
+        before = job.start_all(client, net.hosts, [endpoint] * hosts)
         by_name = {h.name: h for h in net.hosts}
         stays, leaves = by_name[before.members[0]], by_name[before.members[1]]  # group ranks 0 and 1
         pairs = [(stays, leaves), (leaves, stays)]

@@ -11,11 +11,9 @@ import time
 
 import pytest
 
-from elastic_rm.etcd.client import EtcdClient
-from elastic_rm.etcd.server import EtcdCluster
 from tests.netns.delay_proxy import DelayProxy
-from tests.netns.hosts import Network, why_unavailable
-from tests.netns.job import WORKERS, Job, current_round
+from tests.netns.hosts import why_unavailable
+from tests.netns.job import WORKERS, current_round, on_hosts
 
 UNAVAILABLE = why_unavailable()
 pytestmark = pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE))
@@ -35,14 +33,10 @@ def test_training_goes_on_through_packet_loss_and_etcd_delay_without_a_lease_los
     fault, worker, run_id, tmp_path
 ):
     with (
-        Network(3) as net,
-        EtcdCluster(size=1, host=net.gateway) as cluster,
-        DelayProxy(net.gateway, cluster.endpoint, DELAY_S) as proxy,
-        EtcdClient(cluster.endpoint, timeout=5) as client,
-        Job(worker, tmp_path, run_id) as job,
+        on_hosts(3, worker, tmp_path, run_id) as (net, endpoint, client, job),
+        DelayProxy(net.gateway, endpoint, DELAY_S) as proxy,
     ):
-        endpoint = proxy.endpoint if fault == "delay" else cluster.endpoint
-        before = job.start_all(client, net.hosts, [endpoint] * 3)
+        before = job.start_all(client, net.hosts, [proxy.endpoint if fault == "delay" else endpoint] * 3)
         if fault == "loss":
             for h in net.hosts:
                 h.lossy(LOSS)

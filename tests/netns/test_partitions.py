@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import pytest
 
-from elastic_rm.etcd.client import EtcdClient
-from elastic_rm.etcd.server import EtcdCluster
-from tests.netns.hosts import Network, why_unavailable
-from tests.netns.job import SLOW, Job
+from tests.netns.hosts import why_unavailable
+from tests.netns.job import SLOW, on_hosts
 
 UNAVAILABLE = why_unavailable()
 pytestmark = pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE))
 
-COMPACTION = ["--auto-compaction-mode", "periodic", "--auto-compaction-retention", "2s"]
+COMPACTION = ("--auto-compaction-mode", "periodic", "--auto-compaction-retention", "2s")
 
 
 @pytest.mark.timeout(900)
@@ -33,13 +31,8 @@ COMPACTION = ["--auto-compaction-mode", "periodic", "--auto-compaction-retention
 def test_a_host_cut_off_past_its_lease_while_etcd_compacts_rejoins(role, worker, run_id, tmp_path):
     """role: the host cut off is the run's leader node (its election key goes with its lease; another
     host leads) or another member."""
-    with (
-        Network(3) as net,
-        EtcdCluster(size=1, host=net.gateway, extra_args=COMPACTION) as cluster,
-        EtcdClient(cluster.endpoint, timeout=5) as client,
-        Job(worker, tmp_path, run_id) as job,
-    ):
-        before = job.start_all(client, net.hosts, [cluster.endpoint] * 3)
+    with on_hosts(3, worker, tmp_path, run_id, COMPACTION) as (net, endpoint, client, job):
+        before = job.start_all(client, net.hosts, [endpoint] * 3)
         leader = job.leader(client)
         cut = next(h for h in net.hosts if (h.name == leader) == (role == "leader"))
         rest = sorted(h.name for h in net.hosts if h is not cut)
