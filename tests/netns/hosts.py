@@ -141,6 +141,8 @@ class Network:
         _ip("-n", netns, "link", "set", "lo", "up")
         _ip("link", "set", link, "master", self.bridge)
         _ip("link", "set", link, "up")
+        for ns in (["-n", netns], []):  # one wire packet per skb (no GSO), so a drop is one packet lost
+            _ip(*ns, "link", "set", "eth0" if ns else link, "gso_max_segs", "1")
         return Host(f"h{i}", netns, addr, link)
 
     def close(self) -> None:

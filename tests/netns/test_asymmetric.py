@@ -1,156 +1,129 @@
-"""One side of an asymmetric partition: a host that reaches its peers but not etcd (a blackhole route to
-etcd's address in its namespace; its peers still reach it and it them). To the run this is a lease
-expiry: the others train at world 2 within the lease TTL plus a few seconds, and the host rejoins under
-a new id once its route is back. The other side, a host that reaches etcd but not its peers (blackhole
-routes to their addresses): its peer probe (elastic_rm/rendezvous/peer_probe.py) takes it out of the run,
-the others train at world 2, and it rejoins only once it reaches them again. With two hosts cut apart
-(each reaches etcd, neither the other) there is no majority: the tie-break takes group rank 1 out, group
-rank 0 trains on alone, and rank 1 rejoins after the heal."""
+"""Asymmetric partitions and ties between hosts (network namespaces, see hosts.py), the job on each host
+the steps worker or the example DLRM with its exactly-once checks (job.py).
+- A host that reaches its peers but not etcd (a blackhole route to etcd's address in its namespace): to
+  the run a lease expiry; the others train at world 2, the host rejoins under a new id once its route is
+  back.
+- A host that reaches etcd but not its peers (blackhole routes to their addresses): its peer probe
+  (elastic_rm/rendezvous/peer_probe.py) takes it out of the run, the others train at world 2, and it
+  rejoins only once it reaches them again.
+- A tie, where no majority decides: two hosts cut apart (each reaches etcd, neither the other), or three
+  hosts with only the link between two of them cut. The node outranked by a peer it cannot reach (a later
+  group rank) steps out after two probe windows, the others train on, and it rejoins after the heal."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
-from elastic_rm.etcd.client import EtcdClient
-from elastic_rm.etcd.server import EtcdCluster
-from elastic_rm.wire.keyspace import Keyspace
-from tests.launcher.exits import exit_codes
-from tests.launcher.helpers import steps_at_world, wait_until
-from tests.netns.hosts import Network, why_unavailable
-from tests.netns.test_partitions import LEASE_TTL, current_round, start_host
+from tests.netns.hosts import Host, why_unavailable
+from tests.netns.job import SLOW, WORKERS, on_hosts
 
 UNAVAILABLE = why_unavailable()
 pytestmark = pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE))
 
+TIE = "(a tie: a peer it cannot reach ranks before it"
 
-def test_a_host_that_reaches_its_peers_but_not_etcd_is_a_lease_expiry_and_rejoins(run_id, tmp_path, procs):
-    keys = Keyspace("/elastic-rm", run_id)
-    with (
-        Network(3) as net,
-        EtcdCluster(size=1, host=net.gateway) as cluster,
-        EtcdClient(cluster.endpoint, timeout=5) as client,
-    ):
-        nodes = {h.name: start_host(h, cluster.endpoint, run_id, tmp_path) for h in net.hosts}
-        procs.extend(nodes.values())
-        wait_until(lambda: all(steps_at_world(tmp_path, n, 3) > 5 for n in nodes), 180, "3 hosts training",
-                   nodes.values())  # fmt: skip
-        before = current_round(client, keys)
-        leader = client.get(keys.leader).value.decode()
+
+def routes(pairs: list[tuple[Host, Host]], on: bool) -> None:
+    """Each (a, b): a stops reaching b (on) or reaches it again."""
+    for a, b in pairs:
+        (a.blackhole if on else a.unblackhole)(b.addr)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("worker", WORKERS)
+def test_a_host_that_reaches_its_peers_but_not_etcd_is_a_lease_expiry_and_rejoins(worker, run_id, tmp_path):
+    with on_hosts(3, worker, tmp_path, run_id) as (net, endpoint, client, job):
+        before = job.start_all(client, net.hosts, [endpoint] * 3)
+        leader = job.leader(client)
         cut = next(h for h in net.hosts if h.name != leader)
         rest = sorted(h.name for h in net.hosts if h is not cut)
-        cut.blackhole(net.gateway)
-        t_cut = time.time()
-        took = wait_until(lambda: all(steps_at_world(tmp_path, n, 2, since=t_cut) > 3 for n in rest), 60,
-                          f"{rest} training at world 2", nodes.values())  # fmt: skip
-        time.sleep(max(0.0, 3 * LEASE_TTL - (time.time() - t_cut)))
-        cut.unblackhole(net.gateway)
-        t_heal = time.time()
-        back = wait_until(lambda: all(steps_at_world(tmp_path, n, 3, since=t_heal) > 3 for n in nodes), 90,
-                          "all three hosts at world 3 again", nodes.values())  # fmt: skip
-        after = current_round(client, keys)
-        (tmp_path / "stop").touch()
-        codes = {n: p.wait(120) for n, p in nodes.items()}
-    assert before is not None and after is not None and after.round > before.round + 1
-    assert sorted(after.members) == sorted([*rest, f"{cut.name}-r1"]), after.members
-    assert codes == {"h0": 0, "h1": 0, "h2": 0}, {n: p.output()[-2000:] for n, p in nodes.items()}
+        o = job.outage(
+            client,
+            lambda: cut.blackhole(net.gateway),
+            lambda: cut.unblackhole(net.gateway),
+            2,
+            3 * job.lease_ttl,
+        )
+        final = job.finish(client)
+        assert final["round"] > before.round + 1
+        assert sorted(final["members"]) == sorted([*rest, f"{cut.name}-r1"]), final
+    checked = job.exactly_once({2, 3}, restarted=True)
     print(
-        f"\n{cut.name} without etcd: {rest} at world 2 {took:.1f}s after the cut; all at world 3 {back:.1f}s "
-        f"after the heal; rounds {before.round} -> {after.round}"
+        f"\n{cut.name} without etcd: {rest} at world 2 {o.took:.1f}s after the cut; all at world 3 {o.back:.1f}s "
+        f"after the heal; rounds {before.round} -> {final['round']}; {checked}"
     )
 
 
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("worker", WORKERS)
 def test_a_host_that_reaches_etcd_but_not_its_peers_steps_out_and_rejoins_after_the_heal(
-    run_id, tmp_path, procs
+    worker, run_id, tmp_path
 ):
-    keys = Keyspace("/elastic-rm", run_id)
-    with (
-        Network(3) as net,
-        EtcdCluster(size=1, host=net.gateway) as cluster,
-        EtcdClient(cluster.endpoint, timeout=5) as client,
-    ):
-        nodes = {h.name: start_host(h, cluster.endpoint, run_id, tmp_path) for h in net.hosts}
-        procs.extend(nodes.values())
-        wait_until(lambda: all(steps_at_world(tmp_path, n, 3) > 5 for n in nodes), 180, "3 hosts training",
-                   nodes.values())  # fmt: skip
-        before = current_round(client, keys)
-        leader = client.get(keys.leader).value.decode()
+    with on_hosts(3, worker, tmp_path, run_id) as (net, endpoint, client, job):
+        before = job.start_all(client, net.hosts, [endpoint] * 3)
+        leader = job.leader(client)
         cut = next(h for h in net.hosts if h.name != leader)
-        others = [h for h in net.hosts if h is not cut]
-        rest = sorted(h.name for h in others)
-        for h in others:
-            cut.blackhole(h.addr)
-        t_cut = time.time()
-        took = wait_until(lambda: all(steps_at_world(tmp_path, n, 2, since=t_cut) > 3 for n in rest), 60,
-                          f"{rest} training at world 2", nodes.values())  # fmt: skip
-        time.sleep(max(0.0, 3 * LEASE_TTL - (time.time() - t_cut)))
-        during = current_round(client, keys)  # not readmitted while cut off (its gate held it back)
-        assert during is not None and sorted(during.members) == rest, during
-        assert client.get(keys.node(f"{cut.name}-r1")) is None
-        for h in others:
-            cut.unblackhole(h.addr)
-        t_heal = time.time()
-        back = wait_until(lambda: all(steps_at_world(tmp_path, n, 3, since=t_heal) > 3 for n in nodes), 90,
-                          "all three hosts at world 3 again", nodes.values())  # fmt: skip
-        after = current_round(client, keys)
-        (tmp_path / "stop").touch()
-        codes = {n: p.wait(120) for n, p in nodes.items()}
-    assert before is not None and after is not None and after.round > before.round + 1
-    assert sorted(after.members) == sorted([*rest, f"{cut.name}-r1"]), after.members
-    assert codes == {"h0": 0, "h1": 0, "h2": 0}, {n: p.output()[-2000:] for n, p in nodes.items()}
-    out = nodes[cut.name].output()
+        pairs = [(cut, h) for h in net.hosts if h is not cut]
+        rest = sorted(b.name for _, b in pairs)
+        o = job.outage(
+            client, lambda: routes(pairs, True), lambda: routes(pairs, False), 2, 3 * job.lease_ttl
+        )
+        final = job.finish(client)
+        assert o.during is not None and sorted(o.during.members) == rest, o  # its gate held it back
+        assert f"{cut.name}-r1" not in o.registered, o
+        assert final["round"] > before.round + 1
+        assert sorted(final["members"]) == sorted([*rest, f"{cut.name}-r1"]), final
+        out = job.output(cut.name)
     left, rejoined = out.find("leaving the run"), out.find("again after")
     assert 0 <= left < rejoined, out[-3000:]  # it stepped out, then waited to reach its peers, then rejoined
+    checked = job.exactly_once({2, 3}, restarted=True)
     print(
-        f"\n{cut.name} without its peers: {rest} at world 2 {took:.1f}s after the cut; all at world 3 "
-        f"{back:.1f}s after the heal; rounds {before.round} -> {after.round}"
+        f"\n{cut.name} without its peers: {rest} at world 2 {o.took:.1f}s after the cut; all at world 3 "
+        f"{o.back:.1f}s after the heal; rounds {before.round} -> {final['round']}; {checked}"
     )
 
 
-@pytest.mark.slow  # about 2 minutes on the loaded 2-core machine; the rule itself: tests/rendezvous/test_peer_probe.py
-def test_two_hosts_cut_apart_the_later_rank_steps_out_the_other_trains_on_and_it_rejoins(
-    run_id, tmp_path, procs
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(
+    ("hosts", "worker"),
+    [(3, "steps"), pytest.param(2, "steps", marks=SLOW), pytest.param(3, "dlrm", marks=SLOW),
+     pytest.param(2, "dlrm", marks=SLOW)],
+)  # fmt: skip
+def test_a_tie_the_node_outranked_by_a_peer_it_cannot_reach_steps_out_and_rejoins(
+    hosts, worker, run_id, tmp_path
 ):
-    keys = Keyspace("/elastic-rm", run_id)
-    with (
-        Network(2) as net,
-        EtcdCluster(size=1, host=net.gateway) as cluster,
-        EtcdClient(cluster.endpoint, timeout=5) as client,
-    ):
-        nodes = {h.name: start_host(h, cluster.endpoint, run_id, tmp_path, nnodes="1:2") for h in net.hosts}
-        procs.extend(nodes.values())
-        wait_until(lambda: all(steps_at_world(tmp_path, n, 2) > 5 for n in nodes), 180, "2 hosts training",
-                   nodes.values())  # fmt: skip
-        before = current_round(client, keys)
-        assert before is not None and len(before.members) == 2
-        stays, leaves = before.members  # group rank 0 stays, group rank 1 leaves
+    """hosts=2: two hosts cut apart (--nnodes 1:2; group rank 1 leaves, rank 0 trains on alone). hosts=3:
+    the link between group ranks 0 and 1 cut, both and rank 2 still reaching etcd and each other: rank 1
+    (outranked by rank 0, which it cannot reach) leaves, rank 2 (it reaches both) stays, and ranks 0 and
+    2 train at world 2."""
+    nnodes = f"{hosts - 1}:{hosts}"
+    with on_hosts(hosts, worker, tmp_path, run_id, nnodes=nnodes) as (net, endpoint, client, job):
+        before = job.start_all(client, net.hosts, [endpoint] * hosts)
         by_name = {h.name: h for h in net.hosts}
-        by_name[stays].blackhole(by_name[leaves].addr)
-        by_name[leaves].blackhole(by_name[stays].addr)
-        t_cut = time.time()
-        took = wait_until(lambda: steps_at_world(tmp_path, stays, 1, since=t_cut) > 3, 60,
-                          f"{stays} training alone", nodes.values())  # fmt: skip
-        time.sleep(max(0.0, 4 * LEASE_TTL - (time.time() - t_cut)))
-        during = current_round(client, keys)  # the one left out is not readmitted while cut off
-        assert during is not None and list(during.members) == [stays], during
-        assert client.get(keys.node(f"{leaves}-r1")) is None
-        by_name[stays].unblackhole(by_name[leaves].addr)
-        by_name[leaves].unblackhole(by_name[stays].addr)
-        t_heal = time.time()
-        back = wait_until(lambda: all(steps_at_world(tmp_path, n, 2, since=t_heal) > 3 for n in nodes), 90,
-                          "both hosts at world 2 again", nodes.values())  # fmt: skip
-        after = current_round(client, keys)
-        (tmp_path / "stop").touch()
-        codes = exit_codes(nodes, 120)
-    assert after is not None and after.round > before.round + 1
-    assert sorted(after.members) == sorted([stays, f"{leaves}-r1"]), after.members
-    assert codes == {"h0": 0, "h1": 0}, {n: p.output()[-3000:] for n, p in nodes.items()}
-    out = nodes[leaves].output()
-    left, rejoined = out.find("(a tie: a peer it cannot reach ranks before it"), out.find("again after")
-    assert 0 <= left < rejoined, out[-3000:]  # it stepped out by the tie-break, waited, then rejoined
-    assert "leaving the run" not in nodes[stays].output()
+        stays, leaves = by_name[before.members[0]], by_name[before.members[1]]  # group ranks 0 and 1
+        pairs = [(stays, leaves), (leaves, stays)]
+        rest = sorted(n for n in before.members if n != leaves.name)
+        o = job.outage(
+            client,
+            lambda: routes(pairs, True),
+            lambda: routes(pairs, False),
+            hosts - 1,
+            4 * job.lease_ttl,
+            hosts,
+        )
+        final = job.finish(client)
+        assert o.during is not None and sorted(o.during.members) == rest, o  # not readmitted while cut off
+        assert f"{leaves.name}-r1" not in o.registered, o
+        assert sorted(final["members"]) == sorted([*rest, f"{leaves.name}-r1"]), final
+        outs = {n: job.output(n) for n in before.members}
+    # left by the tie-break after two probe windows (peer_probe: the lease TTL), waited, then rejoined
+    windows = f"cannot reach 1 of {hosts - 1} peers ({stays.name}) for {2 * job.lease_ttl}s while etcd answers {TIE}"
+    left, rejoined = outs[leaves.name].find(windows), outs[leaves.name].find("again after")
+    assert 0 <= left < rejoined, outs[leaves.name][-3000:]
+    assert all("leaving the run" not in outs[n] for n in rest), {n: outs[n][-3000:] for n in rest}
+    checked = job.exactly_once({hosts - 1, hosts}, restarted=True)
     print(
-        f"\ntwo hosts cut apart: {leaves} (group rank 1) left, {stays} trained alone {took:.1f}s after the "
-        f"cut; both at world 2 {back:.1f}s after the heal; rounds {before.round} -> {after.round}"
+        f"\na tie in a round of {hosts}: {leaves.name} (group rank 1) left, {rest} trained at world {hosts - 1} "
+        f"{o.took:.1f}s after the cut; all at world {hosts} {o.back:.1f}s after the heal; rounds {before.round} -> "
+        f"{final['round']}; {checked}"
     )
