@@ -17,7 +17,8 @@ import mmap
 import os
 import shutil
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -44,15 +45,34 @@ FREE_RESERVE_BYTES = 256 << 20  # an upload must leave this much free in the mem
 CHUNK = 4 << 20
 
 
-def _block_buffer() -> memoryview:
-    """One upload's block buffer: an anonymous mapping of its own, unmapped once the upload is done
-    with it (the last view of it gone).
+POOLED_BUFFERS = 8  # block buffers kept mapped between uploads (more concurrent uploads map their own)
+_POOL: list[mmap.mmap] = []
+_POOL_LOCK = threading.Lock()
+
+
+@contextmanager
+def _block_buffer() -> Iterator[memoryview]:
+    """One upload's block buffer: an anonymous mapping, reused from a small pool of them.
 
     Why not ``rfile.read(CHUNK)``: each request runs on a thread of its own, each thread allocates from
     one of glibc's arenas (up to 8 per core), and once a freed 4 MiB block has raised glibc's mmap
     threshold, later blocks come from those arenas and stay with them. An agent then grew by about 5 MiB
-    per arena, one step at each round a node joined (benchmarks/recovery/memory)."""
-    return memoryview(mmap.mmap(-1, CHUNK))
+    per arena, one step at each round a node joined (benchmarks/recovery/memory). Why a pool, not a new
+    mapping per upload: a fresh mapping for every replica upload of the final checkpoint made the
+    straggler swap's drain slower (docs/benchmarks.md, ab-swap-bytes-upload.json)."""
+    with _POOL_LOCK:
+        buf = _POOL.pop() if _POOL else mmap.mmap(-1, CHUNK)
+    view = memoryview(buf)
+    try:
+        yield view
+    finally:
+        view.release()
+        with _POOL_LOCK:
+            keep = len(_POOL) < POOLED_BUFFERS
+            if keep:
+                _POOL.append(buf)
+        if not keep:
+            buf.close()
 
 
 class Refused(Exception):
@@ -148,14 +168,15 @@ class CheckpointStore:
         part = tmp / (name + ".part")
         got = 0
         try:
-            buf = _block_buffer()
-            with open(part, "wb") as f:
+            with _block_buffer() as buf, open(part, "wb") as f:
                 while got < length:
-                    n = rfile.readinto(buf[: min(CHUNK, length - got)])
+                    with buf[: min(CHUNK, length - got)] as block:
+                        n = rfile.readinto(block)
                     if not n:
                         break
-                    h.update(buf[:n])
-                    f.write(buf[:n])
+                    with buf[:n] as data:
+                        h.update(data)
+                        f.write(data)
                     got += n
             if got != length:
                 raise Refused(400, f"{name}: got {got} of {length} bytes (connection cut)")

@@ -44,3 +44,22 @@ def test_a_cut_upload_is_refused_and_leaves_no_part_file(tmp_path):
     else:
         raise AssertionError("a short upload must be refused")
     assert list((tmp_path / "n0" / "replicas" / "n1" / (step_dirname(10) + ".tmp")).iterdir()) == []
+
+
+def test_uploads_one_after_another_reuse_one_mapped_buffer(tmp_path):
+    """A mapping per upload made the final checkpoint's replica uploads slow (the swap's drain): uploads
+    that do not overlap take the same pooled buffer again."""
+    from elastic_rm.agent import ckpt_store
+
+    store = CheckpointStore(tmp_path / "n0")
+    store.begin("n1", 10)
+    for name in ("a.bin", "b.bin", "c.bin"):
+        data = os.urandom(CHUNK // 2)
+        store.receive("n1", 10, name, len(data), io.BufferedReader(io.BytesIO(data)))
+        pooled = list(ckpt_store._POOL)
+        assert len(pooled) >= 1
+        if name == "a.bin":
+            first = pooled[-1]
+        else:
+            assert pooled[-1] is first, "a new mapping was made for an upload that did not overlap another"
+    assert len(ckpt_store._POOL) <= ckpt_store.POOLED_BUFFERS
