@@ -32,7 +32,7 @@ def release_round_memory() -> None:
     optimizer to the sharder: they never train), collect, and return freed heap to the system."""
     _drop_meta_in_backward_optimizers()
     gc.collect()
-    _malloc_trim()
+    trim_heap()
 
 
 def _drop_meta_in_backward_optimizers() -> None:
@@ -47,11 +47,6 @@ def _drop_meta_in_backward_optimizers() -> None:
             handles = table.pop(param, None)
             for handle in handles if isinstance(handles, list) else ():
                 handle.remove()
-
-
-def trim_heap() -> None:
-    """Return the heap's free pages to the system (glibc's ``malloc_trim``; elsewhere nothing)."""
-    _malloc_trim()
 
 
 @contextmanager
@@ -77,7 +72,8 @@ def _glibc() -> ctypes.CDLL | None:
     return libc
 
 
-def _malloc_trim() -> None:
+def trim_heap() -> None:
+    """Return the heap's free pages to the system (glibc's ``malloc_trim``; elsewhere nothing)."""
     libc = _glibc()
     if libc is not None:
         libc.malloc_trim(0)

@@ -69,6 +69,14 @@ def _field(
     return value
 
 
+def _count(key: str, data: dict[str, Any], name: str) -> int:
+    """A required int field that counts nodes: 0 or more."""
+    value = _field(key, data, name, int)
+    if value < 0:
+        raise RecordError(f"malformed value in etcd key {key}: {name} must be >= 0, got {value}")
+    return value
+
+
 def _str_list(key: str, data: dict[str, Any], name: str) -> tuple[str, ...]:
     if f"{name}_z" in data:  # a long list, compressed (node_lists.py)
         if name in data:
@@ -296,11 +304,8 @@ class DemandRecord:
     @classmethod
     def parse(cls, key: str, raw: bytes) -> DemandRecord:
         d = _load(key, raw)
-        target = _field(key, d, "target_nodes", int)
-        if target < 0:
-            raise RecordError(f"malformed value in etcd key {key}: target_nodes must be >= 0, got {target}")
         return cls(
-            target_nodes=target,
+            target_nodes=_count(key, d, "target_nodes"),
             reason=_field(key, d, "reason", str, ""),
             leader=_field(key, d, "leader", str, ""),
             round=_field(key, d, "round", int, 0),
@@ -324,11 +329,10 @@ class QueueRecord:
     @classmethod
     def parse(cls, key: str, raw: bytes) -> QueueRecord:
         d = _load(key, raw)
-        waiting = _field(key, d, "waiting_nodes", int)
-        if waiting < 0:
-            raise RecordError(f"malformed value in etcd key {key}: waiting_nodes must be >= 0, got {waiting}")
         return cls(
-            waiting, _field(key, d, "source", str, ""), float(_field(key, d, "time", (int, float), 0.0))
+            waiting_nodes=_count(key, d, "waiting_nodes"),
+            source=_field(key, d, "source", str, ""),
+            time=float(_field(key, d, "time", (int, float), 0.0)),
         )
 
     def to_json(self) -> bytes:
