@@ -11,7 +11,13 @@ runs, and until gRPC's own threads have ended. So:
   (gateway.py): every facade call works there, slower per call (benchmarks/etcd_transport). gRPC core's
   own fork handlers, which made such a child die of SIGSEGV, are turned off in __init__.py;
 - a client inherited from the parent belongs to the parent: using it in the child raises EtcdForkError at
-  once (its connection, watches and keep-alives live in the parent), saying to open a new one.
+  once (its connection, watches and keep-alives live in the parent), saying to open a new one;
+- such a child never frees what it inherited: its garbage collector would finalize the parent's gRPC
+  objects (channels, calls left in reference cycles), and their finalizers call into gRPC core, whose
+  locks may name parent threads that do not exist in the child. A forked test child died of SIGABRT in
+  gRPC's mutex code ("Mutex::Fer with pending CondVar queueing") about once in a few suite runs, in a
+  child that used only the gateway. So the after-fork hook freezes the inherited objects (gc.freeze: the
+  child's collections never look at them; they stay shared with the parent's pages, too).
 """
 
 from __future__ import annotations
@@ -116,6 +122,8 @@ def _after_fork_in_child() -> None:
     global _forked_from
     if (_up_at_fork or len(_open)) and _forked_from is None:
         _forked_from = os.getppid()
+    if _forked_from is not None:
+        gc.freeze()  # never finalize the parent's gRPC objects here (module docstring)
     _open.clear()  # the inherited clients are unusable here (check_owner); never touch their channels
 
 

@@ -8,6 +8,7 @@ import threading
 
 _IO_LOOP: asyncio.AbstractEventLoop | None = None
 _IO_LOCK = threading.Lock()
+_INHERITED: list[asyncio.AbstractEventLoop] = []  # a forked child's parent loops: kept, never finalized
 
 
 def io_loop() -> asyncio.AbstractEventLoop:
@@ -28,6 +29,8 @@ def io_loop() -> asyncio.AbstractEventLoop:
 
 def _forget_io_loop_in_child() -> None:
     global _IO_LOOP
+    if _IO_LOOP is not None:  # its finalizer would close what the parent's gRPC channels registered on it
+        _INHERITED.append(_IO_LOOP)
     _IO_LOOP = None  # the parent's I/O thread does not exist in a forked child
 
 
