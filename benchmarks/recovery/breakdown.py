@@ -67,7 +67,8 @@ def planned(endpoint: str, run_id: str, rows: list[dict], last: float) -> dict:
     (``last``), from the leader's round record, the agents' events (the drain requested and acknowledged,
     the round joined, the workers told or handed a spare) and the workers' progress rows (the drain hook's
     checkpoint; the new round's process group, model, sharding plan, DMP, restore, state digest and first
-    step). ``critical``: the node whose first step came last (the downtime is its)."""
+    step). ``critical``: the node whose first step came last (the downtime is its); ``left``: the drain
+    phases of nodes not in the new round (a swapped straggler)."""
     with EtcdClient(endpoint, timeout=5) as client:
         events, _errors, _ = read_etcd(client, Keyspace(DEFAULT_PREFIX, run_id))
     window = [e for e in events if last - 30 < e.time]
@@ -91,17 +92,19 @@ def planned(endpoint: str, run_id: str, rows: list[dict], last: float) -> dict:
     for r in rows:
         at = nodes.setdefault(r["node"], {})
         if "drained_step" in r and last - 1 <= r["t"] and isinstance(r.get("phases"), dict):
-            at.update(drain_hook_s=off(r["phases"]["hook"]), drain_saved_s=off(r["phases"]["saved"]))
+            at.update({f"drain_{k}_s": off(t) for k, t in r["phases"].items()})  # hook, save_*, saved
             at["drained_s"] = off(r["t"])
         elif r.get("start") and r["t"] > last and isinstance(r.get("phases"), dict):
             at.update({f"{k}_s": off(r["phases"][k]) for k in WORKER_PHASES if k in r["phases"]})
             at["in_place"] = bool(r.get("in_place"))
         elif "step" in r and r["t"] > last and "first_step_s" not in at and "checksum_s" in at:
             at["first_step_s"] = off(r["t"])
+    left = {n: v for n, v in nodes.items() if "first_step_s" not in v and "drain_saved_s" in v}
     nodes = {n: v for n, v in nodes.items() if "first_step_s" in v}
     critical = max(nodes, key=lambda n: nodes[n]["first_step_s"]) if nodes else None
     return {
         "round_sealed_s": off(max(r["t"] for r in sealed)) if sealed else None,
         "nodes": nodes,
+        "left": left,  # nodes that drained and are not in the new round (a swapped straggler)
         "critical": critical,
     }

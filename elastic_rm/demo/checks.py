@@ -6,6 +6,8 @@ skipped or repeated batch."""
 
 from __future__ import annotations
 
+from ..train.state_digest import combined_digest_hex
+
 
 def checks(rows: list[dict]) -> list[dict]:
     """What the model state went through, checked from rank 0's progress lines at every restart:
@@ -30,11 +32,12 @@ def checks(rows: list[dict]) -> list[dict]:
         label = f"restart at world {start['world']}"
         if drained:  # a planned round: nothing but the drained state will do
             d = drained[-1]
+            got = drained_checksum(rows, d["world"], d["drained_step"])
             out.append({
                 "what": f"{label}: state as drained",
-                "ok": d["drained_step"] == restored and d["checksum"] == start["checksum"],
+                "ok": d["drained_step"] == restored and got is not None and got == start["checksum"],
                 "detail": f"step {restored}, checksum {start['checksum']} (drained: step {d['drained_step']}, "
-                          f"checksum {d['checksum']})",
+                          f"checksum {got or 'missing: not every rank reported its part'})",
             })  # fmt: skip
         else:
             newest = max((r["committed_step"] for r in before if "committed_step" in r), default=None)
@@ -67,6 +70,21 @@ def checks(rows: list[dict]) -> list[dict]:
             "detail": f"{end['ledger_samples_done']} samples done = {end['final_step']} steps x {batch}",
         })  # fmt: skip
     return out
+
+
+def drained_checksum(rows: list[dict], world: int, step: int) -> str | None:
+    """The checksum of the state drained at ``step`` by the world of size ``world``: every rank's drain
+    line carries its part (``checksum_part``, the int64 digests of the pieces it holds), added here as
+    the collective checksum adds them. None unless each of the world's ranks reported one (the last
+    drain line of a rank at that step counts)."""
+    parts = {
+        r["rank"]: r["checksum_part"]
+        for r in sorted(rows, key=lambda r: r["t"])
+        if r.get("drained_step") == step and r.get("world") == world and "checksum_part" in r
+    }
+    if sorted(parts) != list(range(world)):
+        return None
+    return combined_digest_hex([parts[rank] for rank in range(world)])
 
 
 def _next_sample(row: dict) -> tuple[int, int]:

@@ -70,3 +70,15 @@ def piece_digest(name: str, offsets: list[int], piece: torch.Tensor) -> torch.Te
 def digest_hex(sums: torch.Tensor) -> str:
     """A short hex string of int64 digests (12 characters: for logs and exact comparisons)."""
     return hashlib.sha256(" ".join(str(int(v)) for v in sums.tolist()).encode()).hexdigest()[:12]
+
+
+def wrap_int64(value: int) -> int:
+    """``value`` as the signed 64-bit integer that wrapping int64 addition (torch's all_reduce) gives."""
+    return (value + (1 << 63)) % (1 << 64) - (1 << 63)
+
+
+def combined_digest_hex(parts: list[list[int]]) -> str:
+    """:func:`digest_hex` of the ranks' digests added together: what an all_reduce of each rank's int64
+    digests and then :func:`digest_hex` give, from each rank's own part (no collective)."""
+    totals = [wrap_int64(sum(column)) for column in zip(*parts, strict=True)]
+    return digest_hex(torch.tensor(totals, dtype=torch.int64))

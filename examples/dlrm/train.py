@@ -150,14 +150,11 @@ def init_tables(dmp: torch.nn.Module, tables: list[EmbeddingBagConfig], seed: in
                 loc.copy_(full[off[0] : off[0] + loc.shape[0], off[1] : off[1] + loc.shape[1]])
 
 
-def state_checksum(dmp: torch.nn.Module, dense_opt: torch.optim.Optimizer) -> dict[str, object]:
-    """Digests of the whole training state, the same at any world size, for (embedding rows, the fused
-    optimizer's state, dense weights and their optimizer's state). `checksum`: exact, from every value
-    keyed by its table and global row and column (elastic_rm.train.state_digest): rows swapped within
-    or between tables change it, and a restore must give back what was saved bit for bit. The numbers
-    (`checksum_value` of the embeddings, `optim_value`, `dense_value`: sums of value + value squared) are
-    for comparisons with a run at another world size, equal up to float reassociation. Collective: every
-    rank at the same step; replicated tensors are counted once (rank 0's)."""
+def checksum_part(
+    dmp: torch.nn.Module, dense_opt: torch.optim.Optimizer
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's share of :func:`state_checksum`: (float64 sums, int64 digests) of the pieces it holds
+    (replicated tensors: rank 0 only). Adding every rank's part gives the whole state's; no collective."""
     sums = torch.zeros(3, dtype=torch.float64)
     digests = torch.zeros(3, dtype=torch.int64)
 
@@ -179,6 +176,18 @@ def state_checksum(dmp: torch.nn.Module, dense_opt: torch.optim.Optimizer) -> di
         for n, p in enumerate(group["params"]):
             for name, value in dense_opt.state.get(p, {}).items():
                 add(2, f"dense_opt/{g}/{n}/{name}", value)
+    return sums, digests
+
+
+def state_checksum(dmp: torch.nn.Module, dense_opt: torch.optim.Optimizer) -> dict[str, object]:
+    """Digests of the whole training state, the same at any world size, for (embedding rows, the fused
+    optimizer's state, dense weights and their optimizer's state). `checksum`: exact, from every value
+    keyed by its table and global row and column (elastic_rm.train.state_digest): rows swapped within
+    or between tables change it, and a restore must give back what was saved bit for bit. The numbers
+    (`checksum_value` of the embeddings, `optim_value`, `dense_value`: sums of value + value squared) are
+    for comparisons with a run at another world size, equal up to float reassociation. Collective: every
+    rank at the same step; replicated tensors are counted once (rank 0's)."""
+    sums, digests = checksum_part(dmp, dense_opt)
     dist.all_reduce(sums)
     dist.all_reduce(digests)  # int64 sums wrap: exact in any order
     values = [float(v) for v in sums]
@@ -326,7 +335,13 @@ def train(
         hook_at = time.time()
         ckpt.save(done, position(), block=True)
         saved_at = time.time()
-        emit(drained_step=done, phases={"hook": hook_at, "saved": saved_at}, **state_checksum(dmp, dense_opt))
+        save_phases = {f"save_{k}": t for k, t in ckpt.last_phases.items()}  # where the save's time went
+        # this rank's part of the drained state's checksum, not the collective total: with a total, the
+        # kept ranks would wait here for a throttled straggler's share before their drain is done (the
+        # checks add every rank's part: elastic_rm.demo.checks.drained_checksum)
+        _, digests = checksum_part(dmp, dense_opt)
+        emit(drained_step=done, phases={"hook": hook_at, **save_phases, "saved": saved_at},
+             checksum_part=[int(v) for v in digests])  # fmt: skip
 
     def position() -> dict:
         return {"step": step, "ledger": batches.ledger.checkpoint_state()}

@@ -4,7 +4,8 @@ skipped or repeated batch, and `lineage` must leave out steps lost with a fault.
 
 from __future__ import annotations
 
-from elastic_rm.demo.checks import checks, lineage
+from elastic_rm.demo.checks import checks, drained_checksum, lineage
+from elastic_rm.train.state_digest import combined_digest_hex, wrap_int64
 
 B, EPOCH = 10, 50
 
@@ -57,18 +58,45 @@ def test_a_skipped_or_repeated_batch_and_a_wrong_count_are_caught():
     assert [c["what"] for c in bad] == ["the ledger counts every trained sample once"]
 
 
+PARTS = [[2**62, 5, -7], [2**62, 1, 3]]  # two ranks' digests; the first column wraps past 2**63 - 1
+WHOLE = combined_digest_hex(PARTS)
+
+
+def drains(t: float, step: int, parts: list[list[int]]) -> list[dict]:
+    """Each rank's drain line at world len(parts): its part of the drained state's checksum."""
+    return [{"t": t, "rank": r, "world": len(parts), "drained_step": step, "checksum_part": p}
+            for r, p in enumerate(parts)]  # fmt: skip
+
+
+def test_the_drained_checksum_adds_every_ranks_part_as_int64_all_reduce_does():
+    assert wrap_int64(2**63) == -(2**63) and wrap_int64(-(2**63) - 1) == 2**63 - 1
+    assert combined_digest_hex(PARTS) == combined_digest_hex([[-(2**63), 6, -4]])  # the wrapped sums
+    rows = drains(9, 8, PARTS)
+    assert drained_checksum(rows, 2, 8) == WHOLE
+    assert drained_checksum(rows[:1], 2, 8) is None  # a rank's part missing: no checksum
+    assert drained_checksum(rows, 2, 7) is None and drained_checksum(rows, 3, 8) is None
+    assert drained_checksum(drains(9, 8, [[1, 2, 3], PARTS[1]]), 2, 8) != WHOLE
+
+
 def test_a_planned_round_must_restore_the_drained_step_not_an_older_checkpoint():
     rows = run()
-    drained = {"t": 9, "rank": 0, "world": 2, "drained_step": 8, "checksum": "x"}
-    rows.insert(9, drained)  # a drain at step 8 before the restart: a planned round
+    rows[9:9] = drains(9, 8, PARTS)  # a drain at step 8 before the restart: a planned round
     bad = [c for c in checks(rows) if not c["ok"]]  # restored step 6: an older state, not the drained one
     assert [c["what"] for c in bad] == ["restart at world 1: state as drained"], bad
+    restart = {**start(10, 1, 8), "checksum": WHOLE}
     fixed = [
-        start(0, 2, None), *steps(0, 2, 1, 8), drained, start(10, 1, 8), *steps(10, 1, 9, 12), end(20, 1, 12, 12 * B),
+        start(0, 2, None), *steps(0, 2, 1, 8), *drains(9, 8, PARTS), restart, *steps(10, 1, 9, 12),
+        end(20, 1, 12, 12 * B),
     ]  # fmt: skip
     assert all(c["ok"] for c in checks(fixed)), checks(fixed)
-    drained["checksum"] = "y"  # the right step with another state
-    assert [c["what"] for c in checks(fixed) if not c["ok"]] == ["restart at world 1: state as drained"]
+    other = [[2**62, 5, -7], [2**62, 1, 4]]  # the right step with another state on rank 1
+    wrong = [r for r in fixed if "drained_step" not in r]
+    wrong[9:9] = drains(9, 8, other)
+    assert [c["what"] for c in checks(wrong) if not c["ok"]] == ["restart at world 1: state as drained"]
+    missing = [r for r in fixed if r.get("rank", 0) == 0 or "drained_step" not in r]  # rank 1 never drained
+    bad = [c for c in checks(missing) if not c["ok"]]
+    assert [c["what"] for c in bad] == ["restart at world 1: state as drained"]
+    assert "not every rank reported its part" in bad[0]["detail"]
 
 
 def test_a_batch_that_starts_the_next_epoch_in_mid_epoch_is_caught():

@@ -14,7 +14,7 @@ import time
 
 import psutil
 
-from elastic_rm.demo.checks import checks
+from elastic_rm.demo.checks import checks, drained_checksum
 from tests.launcher.test_closed_loop import (
     cg,
     cleanup,  # noqa: F401 - a fixture
@@ -39,11 +39,12 @@ def assert_state_carried(rows, world_before: int, world_after: int) -> tuple[int
     drained = [r for r in rows if "drained_step" in r and r["world"] == world_before]
     assert drained, "no drain at the old world"
     step = max(r["drained_step"] for r in drained)
-    at_step = [r for r in drained if r["drained_step"] == step]
-    assert len({r["checksum"] for r in at_step}) == 1, at_step  # every rank, the same state
+    assert len({r["drained_step"] for r in drained if r["drained_step"] == step}) == 1
+    whole = drained_checksum(rows, world_before, step)  # every rank's part of the drained state
+    assert whole is not None, [r for r in drained if r["drained_step"] == step]
     start = next(r for r in rows if r.get("start") and r["world"] == world_after and r["rank"] == 0)
     assert start["restored_step"] == step
-    assert start["checksum"] == at_step[0]["checksum"]  # every value of every table and optimizer
+    assert start["checksum"] == whole  # every value of every table and optimizer
     after = [r["step"] for r in steps_of(rows, world=world_after)]
     assert after[0] == step + 1 and after == list(range(after[0], after[-1] + 1))
     before = [r["step"] for r in steps_of(rows, world=world_before)]
@@ -190,10 +191,10 @@ def test_straggler_swap_in_place_the_straggler_leaves_with_exit_0(etcd, tmp_path
     assert {r["node"]: r["in_place"] for r in after} == {kept: True, "node-c": False}, after
     drained = [r for r in rows if "drained_step" in r and r["t"] < after[0]["t"]]
     step = max(r["drained_step"] for r in drained)
-    at_step = [r for r in drained if r["drained_step"] == step]
-    assert len({r["checksum"] for r in at_step}) == 1
+    whole = drained_checksum(rows, 2, step)  # the straggler's part included: it drained too
+    assert whole is not None, drained
     for r in after:
-        assert r["restored_step"] == step and r["checksum"] == at_step[0]["checksum"], r
+        assert r["restored_step"] == step and r["checksum"] == whole, r
     steps = [r["step"] for r in steps_of(rows)]
     assert steps == list(range(steps[0], steps[-1] + 1))  # rank 0: every step once, across the swap
     assert_ledger_ok(rows)

@@ -83,6 +83,7 @@ def chain_spec(
 def check_chain(worlds: list[int], optim: str, tmp: Path, **spec: Any) -> list[list[Any]]:
     results = run_world(max(worlds), chain_spec(worlds, optim, tmp, **spec), tmp, timeout=400)
     for k in range(1, len(worlds)):
+        assert all(s["bytes"] > 0 for s in results[0][k - 1]["saves"])  # training went on: a snapshot
         restored = results[0][k]["restores"][0]
         assert restored["step"] == 10 * k and restored["saved_world"] == worlds[k - 1]
         assert restored["position"] == {"step": 10 * k, "phase": k - 1}
