@@ -23,6 +23,7 @@ import aetcd.exceptions as aexc
 from aetcd import rpc
 
 from . import fork, keepalive
+from .endpoint_probe import PROBE_TIMEOUT_S, best_endpoint
 from .errors import (
     EtcdAuthError,
     EtcdCompactedError,
@@ -94,7 +95,8 @@ class EtcdClient:
     Fork: a client belongs to the process that created it (an inherited one raises EtcdForkError). A
     forked process opens its own; forked while gRPC was up, it talks to etcd's JSON gateway (fork.py).
 
-    ``endpoints``: one or several ``host:port``; on a connection failure the next one is tried.
+    ``endpoints``: one or several ``host:port``; on a connection failure the client moves to another
+    endpoint whose member answers with a leader, else answers at all (endpoint_probe.py), else the next.
     ``timeout``: seconds for every call (a stalled etcd otherwise blocks forever).
     """
 
@@ -136,8 +138,8 @@ class EtcdClient:
         """``grpc``, or ``gateway`` in a process forked while gRPC was up in its parent (fork.py)."""
         return "gateway" if isinstance(self._client, GatewayClient) else "grpc"
 
-    def _new_client(self) -> aetcd.Client:
-        host, port = self.endpoints[self._current]
+    def _new_client(self, index: int | None = None) -> aetcd.Client:
+        host, port = self.endpoints[self._current if index is None else index]
         options = {
             "grpc.initial_reconnect_backoff_ms": 100,
             "grpc.max_reconnect_backoff_ms": 1000,
@@ -155,14 +157,32 @@ class EtcdClient:
         )
 
     def _failover(self, failed: _AetcdClient) -> None:
-        """Switch to the next endpoint (once per failed client object)."""
+        """Switch endpoints (once per failed client object): to the first of the others that answers
+        with a leader, else that answers at all (all asked at once, endpoint_probe.py), else to the next
+        one in the list."""
         with self._lock:
             if self._client is not failed or len(self.endpoints) == 1:
                 return
-            self._current = (self._current + 1) % len(self.endpoints)
+            chosen = self._probe_others()
+            self._current = chosen if chosen is not None else (self._current + 1) % len(self.endpoints)
             self._client = self._new_client()
         asyncio.run_coroutine_threadsafe(failed.close(), self._loop)
         log.warning("etcd: switching to endpoint %s", self.endpoint)
+
+    def _probe_others(self) -> int | None:
+        """The index of the other endpoint to move to (endpoint_probe.best_endpoint); None when none
+        answered in PROBE_TIMEOUT_S, or over the JSON gateway (its calls block a thread each: the list
+        order then)."""
+        if fork.gateway_needed():
+            return None
+        others = {i: self._new_client(i) for i in range(len(self.endpoints)) if i != self._current}
+        timeout = min(PROBE_TIMEOUT_S, self.timeout)
+        future = asyncio.run_coroutine_threadsafe(best_endpoint(others, timeout), self._loop)
+        try:
+            return future.result(timeout + 2.0)
+        except Exception:  # noqa: BLE001 - a probe that fails leaves the list order
+            future.cancel()
+            return None
 
     def _check_pid(self) -> None:
         fork.check_owner(self._pid)

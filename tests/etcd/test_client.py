@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
 import pytest
 
 from elastic_rm.etcd.client import Compare, EtcdClient, Op, TlsOptions, WatchEvent, parse_endpoints
-from elastic_rm.etcd.errors import EtcdConfigError, EtcdConnectionError
+from elastic_rm.etcd.endpoint_probe import has_leader
+from elastic_rm.etcd.errors import EtcdConfigError, EtcdConnectionError, EtcdError
 from elastic_rm.etcd.lease import Election, KeptLease
 from elastic_rm.etcd.server import EtcdCluster, EtcdServerError, find_etcd_binary
 
@@ -93,6 +95,46 @@ def test_failover_when_a_cluster_member_dies():
         assert c.get("/f/k").value == b"v"
         c.put("/f/k", "w")
         assert c.get("/f/k").value == b"w"
+
+
+def test_failover_goes_straight_to_an_endpoint_with_a_leader_past_a_dead_one(caplog):
+    """All other endpoints are asked at once (endpoint_probe.py): from a dead first endpoint the client
+    moves to the live member, not to the dead member listed before it (the list order did that)."""
+    with EtcdCluster(size=3) as cluster:
+        cluster.kill(1)
+        live = cluster.endpoints[2]
+        with caplog.at_level(logging.WARNING, logger="elastic_rm.etcd.client"):
+            with EtcdClient(["127.0.0.1:1", cluster.endpoints[1], live], timeout=1) as c:
+                assert c.put("/f/probe", "v") > 0
+                assert c.endpoint == live and c.get("/f/probe").value == b"v"
+        switches = [r.getMessage() for r in caplog.records if "switching to endpoint" in r.getMessage()]
+        assert switches == [f"etcd: switching to endpoint {live}"], switches
+
+
+def test_failover_prefers_a_member_that_answers_without_a_leader_to_one_that_does_not_answer(caplog):
+    """In an election no member has a leader; a member cut off by a partition does not answer at all.
+    Here the last member of three is left alone (no quorum: it answers Status with no leader) and the
+    endpoint listed before it is dead: the failover goes to the member that answered."""
+    with EtcdCluster(size=3) as cluster:
+        alone = cluster.endpoints[2]
+        cluster.kill(0)
+        cluster.kill(1)
+        with EtcdClient(alone, timeout=1) as probe:
+            deadline = time.monotonic() + 20
+            while probe.run(lambda a: has_leader(a, 1.0)) and time.monotonic() < deadline:
+                time.sleep(0.1)  # until it has noticed that its leader (or its followers) are gone
+            assert not probe.run(lambda a: has_leader(a, 1.0))
+        with caplog.at_level(logging.WARNING, logger="elastic_rm.etcd.client"):
+            with pytest.raises(EtcdError), EtcdClient(["127.0.0.1:1", "127.0.0.1:9", alone], timeout=1) as c:
+                c.put("/f/alone", "v")  # no quorum anywhere: it fails, after trying each endpoint once
+        switches = [r.getMessage() for r in caplog.records if "switching to endpoint" in r.getMessage()]
+        assert switches[0] == f"etcd: switching to endpoint {alone}", switches  # not 127.0.0.1:9 first
+
+
+def test_failover_without_any_endpoint_that_has_a_leader_keeps_the_list_order_and_names_them_all():
+    with pytest.raises(EtcdConnectionError, match="tried 127.0.0.1:1, 127.0.0.1:9") as failed:
+        EtcdClient(["127.0.0.1:1", "127.0.0.1:9"], timeout=1).ping()
+    assert "Check that etcd runs there" in str(failed.value)
 
 
 def test_election_fences_a_deposed_leader(etcd, run_id):
