@@ -59,6 +59,17 @@ class PlannerPolicy:
         f = self._fit(self.state, job) if job is not None else None
         return tuple(f.coef) if f is not None else ()
 
+    @property
+    def flagged(self) -> frozenset[str]:
+        """The nodes flagged as stragglers (a replaced one keeps its flag while it waits as a standby)."""
+        return self.state.flagged
+
+    def adopt_flagged(self, nodes: frozenset[str]) -> None:
+        """A new leader takes over the flags its predecessor recorded in the round (leader.py): without
+        them, its first round after a member's loss took back the straggler it had just replaced (the
+        demo: 55 s to restore on the throttled node instead of about 5 s)."""
+        self.state = replace(self.state, flagged=self.state.flagged | nodes)
+
     def wanted_nodes(self) -> tuple[int, str] | None:
         """The node count the planner advises (for executors that can add or release nodes), or None."""
         a = self.state.advice

@@ -125,6 +125,7 @@ class RoundLeader:
             assert election is not None
             view.track_members()
             self._history = self._read_history()
+            self._adopt_flags(view.round)
             self._announced = True
             view.note_leadership(self._node_id(), election.revision or 0)  # ahead of the watch
             log.info("node %s leads run %s", self._node_id(), view.keys.run_id)
@@ -330,7 +331,8 @@ class RoundLeader:
             predicted_gain=decision.predicted_gain,
             confidence=decision.confidence,
             time=time.time(),
-            extra={"alive": alive},
+            # the planner's straggler flags, for a leader that takes over (_adopt_flags)
+            extra={"alive": alive, "flagged": sorted(getattr(self._policy, "flagged", ()))},
         )
         record = self._sealed_at_once(record)
         if self._fenced_write(record):
@@ -359,6 +361,23 @@ class RoundLeader:
                 "before": self._job_throughput(current.members) if current else None,
                 "since": None,
             }
+
+    def _adopt_flags(self, current: RoundRecord | None) -> None:
+        """Seed the policy with the straggler flags the previous leader wrote in the current round."""
+        adopt = getattr(self._policy, "adopt_flagged", None)
+        if current is None or adopt is None or "flagged" not in current.extra:
+            return
+        flagged = current.extra["flagged"]
+        if not isinstance(flagged, list) or not all(isinstance(n, str) for n in flagged):
+            log.warning(
+                "round %d: extra.flagged is %r, not a list of node ids; ignored", current.round, flagged
+            )
+            return
+        if flagged:
+            log.info(
+                "node %s: straggler flags of round %d taken over: %s", self._node_id(), current.round, flagged
+            )
+        adopt(frozenset(flagged))
 
     def _sealed_at_once(self, record: RoundRecord) -> RoundRecord:
         """The round written sealed when no member needs to ack it (seal.py says when)."""

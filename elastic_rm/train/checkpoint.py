@@ -144,16 +144,15 @@ class FlashCheckpointer:
         """Snapshot now (the step pause), write in the background. `position` (JSON) is the training
         position to resume from, e.g. {"step": ..., "ledger": ledger.checkpoint_state()}; rank 0's is kept.
 
-        ``block``: return once committed. Nothing trains meanwhile, so the write reads the live state
-        and no snapshot is copied: at a drain (a straggler at 10% of a core) the copy was 0.1-0.2 s of
-        the round's downtime (docs/benchmarks.md)."""
+        ``block``: return once committed. It snapshots too: writing the live state instead copies as
+        much (DCP clones a tensor that views a larger storage, as TorchRec's fused tables do) into new
+        memory at every save, and a kept worker grew more over 20 rounds in place (docs/benchmarks.md)."""
         t0 = time.perf_counter()
         self.wait()
         waited = time.perf_counter() - t0
         pos_json = json.dumps(position if position is not None else {"step": step})
         self._snap.bytes_copied = 0
-        state = app_state(self.dmp, self.dense_optimizer)
-        snap = state if block else self._snap.snapshot(state)
+        snap = self._snap.snapshot(app_state(self.dmp, self.dense_optimizer))
         stats = SaveStats(step, time.perf_counter() - t0, waited, self._snap.bytes_copied)
         self._saves += 1
         persist = self.cfg.durable_dir is not None and self._saves % max(1, self.cfg.persist_every) == 0

@@ -9,6 +9,7 @@ world of two the throttled member was not told from its partner. These tests hol
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from elastic_rm.planner.config import config_from_job
@@ -93,3 +94,35 @@ def test_a_throttled_member_of_two_is_replaced_not_answered_with_a_scale_up():
     assert "straggler" in new[0].reason and len(new[0].members) == 2, new[0].reason
     assert "node-b" not in new[0].members
     assert all(len(d.members) == 2 for d in new), [d.reason for d in new]
+
+
+def test_a_new_leader_that_adopts_the_recorded_flags_does_not_take_the_replaced_straggler_back():
+    """The demo once lost its leader (SIGKILL) right after the straggler swap: the new leader's planner
+    started afresh, and for the round of the survivors it took node-b, the straggler it had just replaced
+    and still throttled, over the other standby (55 s to restore there). The leader records the flags in
+    every round (leader.py: extra.flagged); a new one adopts them."""
+    r = Replay()
+    pool = ["node-a", "node-b", "node-c", "node-d"]
+    r.run(120, pool[:3], MEASURED.__getitem__)
+    slow = MEASURED[2] * 2.5
+
+    def busy_of(members):
+        return {"node-b": slow, **{m: MEASURED[len(members)] for m in members if m != "node-b"}}
+
+    r.run(120, pool, lambda w: slow if "node-b" in r.members else MEASURED[w], busy_of)
+    assert "node-b" not in r.members and "node-b" in r.policy.flagged | r.state.flagged
+    recorded = r.state.flagged  # what the leader writes into the round record
+    lost = next(m for m in r.members if m != "node-c") if "node-c" in r.members else r.members[0]
+    survivors = [m for m in r.members if m != lost]
+    waiting = [n for n in pool if n not in r.members]
+    assert sorted(waiting) == ["node-b", "node-d"], waiting
+    snap = _snapshot(r.now + 1, survivors, waiting, r.number, r.decided_at, MEASURED[2])
+    snap = replace(snap, current=RoundView(r.number, tuple(r.members), (), r.decided_at))  # lost in it
+    fresh = PlannerPolicy(config_from_job(JOB))  # the new leader's planner
+    forgot = fresh.decide(snap)
+    assert isinstance(forgot, Decision) and "node-b" in forgot.members  # the demo's failure, without flags
+    adopted = PlannerPolicy(config_from_job(JOB))
+    adopted.adopt_flagged(recorded)
+    answer = adopted.decide(snap)
+    assert isinstance(answer, Decision) and "lost" in answer.reason, answer
+    assert sorted(answer.members) == sorted([*survivors, "node-d"]), answer.members

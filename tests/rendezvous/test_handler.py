@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 from torch.distributed.elastic.rendezvous import (
@@ -16,6 +18,7 @@ from torch.distributed.elastic.rendezvous import (
 from torch.distributed.elastic.rendezvous import registry as torch_registry
 
 from elastic_rm.etcd.client import EtcdClient
+from elastic_rm.planner.policy import PlannerPolicy
 from elastic_rm.rendezvous.handler import ElasticRMRendezvousHandler
 from elastic_rm.rendezvous.registration import create_handler
 
@@ -145,6 +148,27 @@ def test_leader_death_hands_over_and_rounds_go_on(etcd, run_id):
         infos = join_all(handlers)
         assert {i.world_size for i in infos.values()} == {2}
         assert handlers[0].view.round.leader in {h.node_id for h in handlers}
+    finally:
+        for h in handlers:
+            h.release()
+
+
+def test_a_round_records_the_planners_straggler_flags_and_a_new_leader_adopts_them(etcd, run_id, caplog):
+    """A leader that takes over seeds its planner with the flags of the current round (leader.py,
+    _adopt_flags): a straggler replaced before the handover is not taken back by the next leader."""
+    handlers = [make(etcd, run_id, 1, 3) for _ in range(2)]
+    try:
+        join_all(handlers)
+        record = handlers[0].view.round
+        assert record.extra["flagged"] == []  # written by every leader (none flagged here)
+        leader = next(h for h in handlers if h.view.leader == h.node_id)._leader
+        leader._policy = PlannerPolicy()
+        leader._adopt_flags(replace(record, extra={**record.extra, "flagged": ["node-b"]}))
+        assert leader._policy.flagged == frozenset({"node-b"})
+        with caplog.at_level(logging.WARNING, logger="elastic_rm.rendezvous.leader"):
+            leader._adopt_flags(replace(record, extra={**record.extra, "flagged": "node-c"}))
+        assert leader._policy.flagged == frozenset({"node-b"})  # a malformed value changes nothing
+        assert any("not a list of node ids; ignored" in r.getMessage() for r in caplog.records)
     finally:
         for h in handlers:
             h.release()

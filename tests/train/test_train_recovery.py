@@ -143,8 +143,6 @@ def test_node_lost_restores_from_peer_replica_else_durable(tmp_path: Path) -> No
     assert (m1 / "n0" / "replicas" / "n2" / step_dirname(10) / "manifest.json").is_file()
     assert (m1 / "n1" / "replicas" / "n0" / step_dirname(10) / "manifest.json").is_file()
     assert not (m1 / "n2").exists() and not (m2 / "n0" / "replicas").exists()
-    # a blocking save writes the live state (nothing trains meanwhile): no snapshot copy
-    assert [s["bytes"] for r in range(3) for s in results[r][0]["saves"]] == [0, 0, 0]
     r1 = [results[r][1]["restores"][0] for r in range(2)]
     assert all(r["step"] == 10 and r["saved_world"] == 3 for r in r1)
     n2_file = [r["file_sources"].get("__2_0.distcp") for r in r1]
