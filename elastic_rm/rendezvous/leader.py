@@ -23,6 +23,7 @@ from ..etcd.lease import Election
 from ..obs.events import EventLog, ids_for_event
 from ..planner.interface import ClusterSnapshot, Decision, NodeView, RoundPolicy, RoundView
 from ..wire.records import DemandRecord, LedgerRecord, RoundRecord
+from . import straggler_flags
 from .queue_signal import QueueSignal
 from .seal import sealed_at_once
 from .view import JobView
@@ -125,7 +126,7 @@ class RoundLeader:
             assert election is not None
             view.track_members()
             self._history = self._read_history()
-            self._adopt_flags(view.round)
+            straggler_flags.adopt(self._policy, view.round, self._node_id())
             self._announced = True
             view.note_leadership(self._node_id(), election.revision or 0)  # ahead of the watch
             log.info("node %s leads run %s", self._node_id(), view.keys.run_id)
@@ -331,8 +332,7 @@ class RoundLeader:
             predicted_gain=decision.predicted_gain,
             confidence=decision.confidence,
             time=time.time(),
-            # the planner's straggler flags, for a leader that takes over (_adopt_flags)
-            extra={"alive": alive, "flagged": sorted(getattr(self._policy, "flagged", ()))},
+            extra={"alive": alive, "flagged": straggler_flags.recorded(self._policy)},
         )
         record = self._sealed_at_once(record)
         if self._fenced_write(record):
@@ -361,23 +361,6 @@ class RoundLeader:
                 "before": self._job_throughput(current.members) if current else None,
                 "since": None,
             }
-
-    def _adopt_flags(self, current: RoundRecord | None) -> None:
-        """Seed the policy with the straggler flags the previous leader wrote in the current round."""
-        adopt = getattr(self._policy, "adopt_flagged", None)
-        if current is None or adopt is None or "flagged" not in current.extra:
-            return
-        flagged = current.extra["flagged"]
-        if not isinstance(flagged, list) or not all(isinstance(n, str) for n in flagged):
-            log.warning(
-                "round %d: extra.flagged is %r, not a list of node ids; ignored", current.round, flagged
-            )
-            return
-        if flagged:
-            log.info(
-                "node %s: straggler flags of round %d taken over: %s", self._node_id(), current.round, flagged
-            )
-        adopt(frozenset(flagged))
 
     def _sealed_at_once(self, record: RoundRecord) -> RoundRecord:
         """The round written sealed when no member needs to ack it (seal.py says when)."""
