@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import gc
 import linecache
 import sys
@@ -60,7 +61,10 @@ def forget_new_source_lines() -> Iterator[None]:
             linecache.cache.pop(name, None)
 
 
+@functools.cache
 def _glibc() -> ctypes.CDLL | None:
+    """The C library when it is glibc (it has ``malloc_trim``); looked up once: ``find_library`` runs
+    ``ldconfig`` in a subprocess, and the heap is trimmed twice a round."""
     name = ctypes.util.find_library("c")
     if name is None or not sys.platform.startswith("linux"):
         return None
