@@ -297,6 +297,16 @@ class EtcdCluster:
                 pass
         return "\n".join(tails)
 
+    def post_mortem(self) -> str:
+        """Each member's state (running, or how it exited: a negative code is the signal that ended it)
+        and its log's tail: what a caller prints when its etcd stopped answering."""
+        states = [
+            f"[{m.name}] pid {m.proc.pid if m.proc else '-'}: "
+            + ("running" if m.alive() else f"exited with {m.proc.returncode if m.proc else None}")
+            for m in self.members
+        ]
+        return "\n".join(states) + "\n" + self._tail_logs()
+
     def kill(self, index: int, sig: int = signal.SIGKILL) -> None:
         """Kill one member (failover tests)."""
         m = self.members[index]

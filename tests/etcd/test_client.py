@@ -119,6 +119,10 @@ def test_failover_goes_straight_to_an_endpoint_with_a_leader_past_a_dead_one(cap
         followers = [i for i, e in enumerate(cluster.endpoints) if not _is_leader(e)]
         dead, live = followers[0], next(i for i in range(3) if i != followers[0])
         cluster.kill(dead)
+        states = cluster.post_mortem().splitlines()[:3]  # what a test prints when its etcd went away
+        assert [("exited with -9" in line, "running" in line) for line in states] == [
+            (i == dead, i != dead) for i in range(3)
+        ], states
         with caplog.at_level(logging.WARNING, logger="elastic_rm.etcd.client"):
             endpoints = ["127.0.0.1:1", cluster.endpoints[dead], cluster.endpoints[live]]
             live = cluster.endpoints[live]

@@ -5,11 +5,15 @@ network faults: a host's link down and up, its TCP connections reset. Needs root
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
 from dataclasses import dataclass
+
+OWNER = "elastic-rm test network of pid "  # the bridge's alias: whose network it is
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -107,8 +111,49 @@ def dropped(dev: str, netns: str | None = None) -> tuple[int, int]:
     return sent, drops
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def remove_leaked_networks() -> list[str]:
+    """Remove the networks (bridge, hosts, veths) of test processes that are gone without their cleanup (a
+    run killed by a timeout): a leaked bridge keeps its subnet's route, and a new network on that subnet
+    then reaches nothing. Only bridges whose alias names a dead owner are touched. Returns their names."""
+    bridges = json.loads(_ip("-j", "link", "show", "type", "bridge").stdout or "[]")
+    namespaces = _ip("netns", "list").stdout.split()
+    removed = []
+    for b in bridges:
+        alias, name = b.get("ifalias") or "", b["ifname"]
+        if not (name.startswith("ermbr") and alias.startswith(OWNER)) or _alive(int(alias[len(OWNER) :])):
+            continue
+        tag = name[len("ermbr") :]
+        for ns in namespaces:
+            if re.fullmatch(f"erm{tag}h\\d+", ns):
+                _ip("netns", "del", ns, check=False)
+        _ip("link", "del", name, check=False)
+        removed.append(name)
+    return removed
+
+
+def _free_subnet(start: int) -> int:
+    """The first k from `start` (of 10..249) that no address here uses as 10.213.<k>.x."""
+    used = {int(k) for k in re.findall(r"inet 10\.213\.(\d+)\.", _ip("-o", "-4", "addr", "show").stdout)}
+    for i in range(240):
+        k = 10 + (start - 10 + i) % 240
+        if k not in used:
+            return k
+    raise RuntimeError("every 10.213.<k>.0/24 test subnet is in use here: remove the stale ermbr* bridges")
+
+
 class Network:
-    """A bridge and `n` hosts on 10.213.<k>.0/24 (the bridge .1, host i .(10+i)). Removed on exit."""
+    """A bridge and `n` hosts on 10.213.<k>.0/24 (the bridge .1, host i .(10+i)), on a subnet no other
+    address here uses. Removed on exit, and by the next network if this process dies first."""
 
     def __init__(self, n: int) -> None:
         self.tag = secrets.token_hex(2)
@@ -119,8 +164,12 @@ class Network:
         self._n = n
 
     def __enter__(self) -> Network:
+        remove_leaked_networks()
+        self.subnet = _free_subnet(self.subnet)
+        self.gateway = f"10.213.{self.subnet}.1"
         try:
             _ip("link", "add", self.bridge, "type", "bridge")
+            _ip("link", "set", self.bridge, "alias", f"{OWNER}{os.getpid()}")
             _ip("addr", "add", f"{self.gateway}/24", "dev", self.bridge)
             _ip("link", "set", self.bridge, "up")
             for i in range(self._n):

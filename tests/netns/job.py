@@ -203,7 +203,11 @@ def on_hosts(
         EtcdClient(cluster.endpoint, timeout=5) as client,
         Job(worker, tmp_path, run_id, **job_args) as job,
     ):
-        yield net, cluster.endpoint, client, job
+        try:
+            yield net, cluster.endpoint, client, job
+        except BaseException:
+            print(f"etcd at the failure:\n{cluster.post_mortem()}")  # a refused connection: did etcd die?
+            raise
 
 
 def current_round(client: EtcdClient, keys: Keyspace) -> RoundRecord | None:
