@@ -18,6 +18,8 @@ from torch.distributed.elastic.rendezvous import (
 from torch.distributed.elastic.rendezvous import registry as torch_registry
 
 from elastic_rm.etcd.client import EtcdClient
+from elastic_rm.etcd.errors import EtcdTimeoutError
+from elastic_rm.etcd.lease import Election
 from elastic_rm.planner.policy import PlannerPolicy
 from elastic_rm.rendezvous import straggler_flags
 from elastic_rm.rendezvous.handler import ElasticRMRendezvousHandler
@@ -177,6 +179,35 @@ def test_a_round_records_the_planners_straggler_flags_and_a_new_leader_adopts_th
     finally:
         for h in handlers:
             h.release()
+
+
+def test_a_campaign_that_won_though_its_answer_was_lost_leads_on_its_own_key(etcd, run_id, monkeypatch):
+    """The campaign's transaction succeeded in etcd but its answer never came back (a timeout): the node
+    sees its own key in the view and leads on it, fenced by that key's revision, without a second
+    campaign (which would fail: the key exists) and without waiting for its own lease to expire."""
+    real, calls = Election.try_acquire, []
+
+    def answer_lost(self: Election) -> bool:
+        calls.append(self.key)
+        won = real(self)
+        if len(calls) == 1:
+            assert won
+            self.revision = None
+            raise EtcdTimeoutError("campaign: etcd did not answer within 5.0s")
+        return won
+
+    monkeypatch.setattr(Election, "try_acquire", answer_lost)
+    h = make(etcd, run_id, 1, 1)
+    try:
+        info = join_all([h])[0]
+        assert info.world_size == 1 and h.view.leader == h.node_id
+        assert calls == [h.view.keys.leader]  # one campaign: the lost one
+        with EtcdClient(etcd.endpoint, timeout=5) as c:
+            key = c.get(h.view.keys.leader)
+        assert key is not None and h._leader._election.revision == key.create_revision
+        assert h.view.round.leader == h.node_id  # its fenced round write went through
+    finally:
+        h.release()
 
 
 def test_restarted_workers_get_a_new_round_with_the_same_members(etcd, run_id):
