@@ -35,6 +35,11 @@ class PlannerConfig:
     round_cost_s: float = 60.0  # expected pause of one round (flash checkpoint, restart, reshard)
     user_loss_max: float = 0.03  # ours: below the user's requested node count, keep >= 97% of the
     # throughput predicted (and then measured) at the request ("never worse than the user", docs/planner.md)
+    probe_one_node: bool = True  # ours: measure one node once when the model cannot rule out that it is
+    # faster (communication that vanishes on one node; see probe.py, docs/planner.md)
+    probe_comm_factor: float = 2.0  # ours: the probe's optimistic case: collectives this many times
+    # slower than wire speed (the prior assumes wire speed, which no collective beats)
+    probe_min_gain: float = 0.25  # ours: probe only when one node would then be this much faster
     # --- stage 3: runtime ---
     cooldown_s: float = 300.0  # between planner rounds (DLRover plan interval: 300 s); losses bypass it
     straggler_k: float = 1.5  # a node is slow when its busy time > k x the members' median

@@ -31,6 +31,8 @@ from .membership import MembershipPolicy, eligible_nodes
 from .memory_model import estimate_node_memory, rescale_observed
 from .memory_rules import oom_check
 from .perf_model import Sample
+from .probe import one_node_probe
+from .resize_rules import resize_check
 from .runtime import memory_growth, update_stragglers
 from .scaling import budgets, choose_world, fit_configs, memory_floor, observed_cap, user_floor
 from .state import Advice, PlannerState, node_capacity, observe
@@ -297,10 +299,13 @@ class PlannerPolicy:
         queues = snapshot.now - state.queued_at < cfg.queue_memory_s
         args = (cfg, measured, floor, floor_why, request, waiting, queues)
         t = choose_world(f, job, cap, w, lo_up, hi, *args)
+        strict = replace(cfg, oom_threshold=cfg.oom_threshold * 0.85)
         if t.world < w:  # scaling down needs memory headroom too (hysteresis against OOM-driven scale-ups)
-            strict = replace(cfg, oom_threshold=cfg.oom_threshold * 0.85)
             lo_down = max(lo_up, memory_floor(job, strict, w, per_node, growth, node_mem, lo, hi))
             t = choose_world(f, job, cap, w, min(lo_down, w), hi, *args)
+        if lo == 1 and t.world > 1:  # one node measured once, when it may be faster (probe.py)
+            fits = memory_floor(job, strict, w, per_node, growth, node_mem, 1, hi) == 1
+            t = one_node_probe(cfg, state, job, f, cap, w, t, ready) if fits else t
         est_w = estimate_node_memory(job, w, cfg.cold_overhead_bytes)
         est_t = estimate_node_memory(job, t.world, cfg.cold_overhead_bytes)
         per_target = max(per_node, rescale_observed(per_node, est_w, est_t))  # budget for both sizes
@@ -351,23 +356,4 @@ class PlannerPolicy:
         return user_floor(f, job, cap, ref, lo, self.config.user_loss_max, points)
 
     def _resize(self, snapshot, state, job, members, healthy, nodes):
-        cfg = self.config
-        if not cfg.resize_rounds:
-            return None, state
-        by_id = {n.node_id: n for n in nodes}
-        a = state.advice
-        alloc_cpu = min(by_id[m].cpu_count for m in members)
-        alloc_mem = min(by_id[m].mem_total_bytes for m in members)
-        cpu_save = a.cpu_per_node > 0 and a.cpu_per_node < (1 - cfg.resize_when_saving) * alloc_cpu
-        mem_save = (
-            state.growth_total is not None
-            and 0 < a.mem_per_node_bytes < (1 - cfg.resize_when_saving) * alloc_mem
-        )
-        if not (cpu_save or mem_save):
-            return None, state
-        state = replace(
-            state, last_round_at=snapshot.now, mem_asked=a.mem_per_node_bytes if mem_save else state.mem_asked
-        )
-        reason = f"resize to {a.cpu_per_node:.1f} cores, {a.mem_per_node_bytes / 2**30:.1f} GiB per node (observed peak + margins)"
-        spare = self._standby(healthy, state.flagged)
-        return decide(state, snapshot.current.number, members, spare, reason, 0.0, 0.8)
+        return resize_check(self.config, snapshot, state, members, healthy, nodes)

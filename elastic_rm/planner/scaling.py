@@ -79,7 +79,9 @@ def choose_world(
     max_step away. Beyond the user's ``request`` a node must bring ``lent_node_gain`` of an average node:
     those nodes are lent by a shared cluster. While ``waiting`` nodes are wanted by queued jobs the bar is
     ``queued_node_gain``, and lent nodes below it are given back (at most ``waiting`` of them); the bar
-    stays while the cluster ``queues`` (its queue was seen recently), since later arrivals wait too."""
+    stays while the cluster ``queues`` (its queue was seen recently), since later arrivals wait too. The
+    queued bar also holds past the user's ``floor`` below the request: growth stops where nodes past it
+    stop clearing the bar, and while demand waits those below it are given back (never below the floor)."""
     shape = shape_of(job)
     g = cfg.min_marginal_gain
     high = waiting > 0 or queues
@@ -104,6 +106,19 @@ def choose_world(
             target = back
             why = (
                 f"{waiting} node(s) wanted by queued jobs: nodes past the request of {request} bring "
+                f"< {lent:.0%} of an average node"
+            )
+    if high and floor > 0 and lent > g:  # while the cluster queues, the bar applies past the user's floor too
+        base = max(min(floor, hi), lo)
+        queued = best_world(f, shape, capacity, base, hi, lent)[0]
+        if current < target and queued < target:  # grow only by nodes that clear the queued bar
+            target = max(current, queued)
+            why = f"the cluster queues: nodes past {target} bring < {lent:.0%} of an average node"
+        back = max(queued, current - waiting)
+        if waiting > 0 and back < min(target, current):  # give nodes back down to it, at most `waiting`
+            target = back
+            why = (
+                f"{waiting} node(s) wanted by queued jobs: nodes past the user's floor of {base} bring "
                 f"< {lent:.0%} of an average node"
             )
     if cap is not None and cap >= lo and target > cap:

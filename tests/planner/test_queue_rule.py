@@ -16,7 +16,7 @@ from elastic_rm.planner.interface import Decision
 from elastic_rm.planner.job import parse_job
 from elastic_rm.planner.perf_model import Fit, best_world
 from elastic_rm.planner.policy import PlannerPolicy
-from elastic_rm.planner.scaling import choose_world, shape_of
+from elastic_rm.planner.scaling import choose_world, shape_of, user_floor
 from elastic_rm.planner.state import PlannerState
 
 from .helpers import JOB, running
@@ -121,3 +121,43 @@ def test_a_warm_start_past_the_request_keeps_only_what_clears_the_queued_bar_whi
     assert warm_start(job, linear, 1, 8, CFG, waiting=6).world == 5  # nodes that pay in full are kept
     no_model = [parse_record(rec(f"r{i}", 5, t=i)) for i in range(3)]
     assert warm_start(job, no_model, 1, 8, CFG, waiting=6).world == 2  # no model: the request
+
+
+@settings(max_examples=300, deadline=None)
+@given(coefs, st.integers(2, 10), st.integers(0, 6), st.integers(0, 12), st.integers(-4, 4))
+def test_while_the_cluster_queues_nodes_past_the_users_floor_bring_the_queued_bar(
+    coef, request, below, waiting, extra
+):
+    """With the user's floor below the request (fewer nodes within user_loss_max of its throughput): while
+    demand waits, nodes past the floor below the queued bar are given back, at most ``waiting`` of them and
+    never below the floor; while the cluster queues, growth stops where nodes past the floor stop clearing
+    the bar. The job never goes below the floor, so never below the user's rule."""
+    job = _job(request)
+    f = Fit(coef, float("nan"), 0.0, 1, (request,))
+    floor, current = max(request - below, 1), max(request + extra, 1)
+    t = choose_world(f, job, 1.0, current, 1, 16, CFG, None, floor, "user", request, waiting, True)
+    queued = best_world(f, shape_of(job), 1.0, floor, 16, BAR)[0]
+    assert t.world >= floor, t.why
+    if t.world > current:
+        assert t.world <= max(queued, current), (t.world, queued, t.why)
+    if "past the user's floor" in t.why:
+        assert waiting > 0 and t.world == max(queued, current - waiting) < current, (t.world, queued, t.why)
+
+
+def test_demand_takes_a_job_down_to_the_users_floor_and_a_recent_queue_stops_its_growth_there():
+    """Two jobs of the model's own form, collectives included (found by a search over coefficients)."""
+    job = _job(8)  # its 8th node brings less than 3% of the request's throughput: the floor is 7
+    f = Fit((4.57e-6, 0.751, 0.888, 0.0129), float("nan"), 0.0, 1, (8,))
+    floor = user_floor(f, job, 1.0, 8, 1, CFG.user_loss_max, [])[0]
+    assert floor == 7
+    t = choose_world(f, job, 1.0, 9, 1, 16, CFG, None, floor, "user", 8, 2, True)
+    assert t.world == 7 and "past the user's floor of 7" in t.why, t
+    without = choose_world(f, job, 1.0, 9, 1, 16, CFG, None, 0, "", 8, 2, True)
+    assert without.world == 8, without  # the lent-node rule alone stops at the request
+    job = _job(9)  # started short at 5 nodes; its floor is 8
+    f = Fit((1.10e-5, 0.673, 0.839, 0.0317), float("nan"), 0.0, 1, (9,))
+    floor = user_floor(f, job, 1.0, 9, 1, CFG.user_loss_max, [])[0]
+    assert floor == 8
+    quiet = choose_world(f, job, 1.0, 5, 1, 16, CFG, None, floor, "user", 9, 0, False)
+    queued = choose_world(f, job, 1.0, 5, 1, 16, CFG, None, floor, "user", 9, 0, True)
+    assert quiet.world >= 9 and queued.world == 8 and "the cluster queues" in queued.why, (quiet, queued)
