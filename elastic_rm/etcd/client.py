@@ -159,15 +159,40 @@ class EtcdClient:
     def _failover(self, failed: _AetcdClient) -> None:
         """Switch endpoints (once per failed client object): to the first of the others that answers
         with a leader, else that answers at all (all asked at once, endpoint_probe.py), else to the next
-        one in the list."""
+        one in the list. From a caller's thread; a coroutine on the client's loop awaits
+        :meth:`_failover_async` instead."""
+        if self._failing(failed):
+            self._switch(failed, self._probe_others())
+
+    async def _failover_async(self, failed: _AetcdClient) -> None:
+        """:meth:`_failover` for the keep-alive and the watches, which run on the client's loop: blocking
+        the loop on the probe, which runs on that loop too, held it (every etcd call of the process with
+        it) for the probe's whole deadline and then fell back to the list order. Under a partition of the
+        member an agent used, that was 3 s more without keep-alives: its lease expired."""
+        if self._failing(failed):
+            chosen = None if fork.gateway_needed() else await best_endpoint(self._probes(), self._probe_s)
+            self._switch(failed, chosen)
+
+    def _failing(self, failed: _AetcdClient) -> bool:
         with self._lock:
-            if self._client is not failed or len(self.endpoints) == 1:
+            return self._client is failed and len(self.endpoints) > 1
+
+    def _switch(self, failed: _AetcdClient, chosen: int | None) -> None:
+        """Move to ``chosen`` (else the next endpoint) unless another failover has moved already."""
+        with self._lock:
+            if self._client is not failed:
                 return
-            chosen = self._probe_others()
             self._current = chosen if chosen is not None else (self._current + 1) % len(self.endpoints)
             self._client = self._new_client()
         asyncio.run_coroutine_threadsafe(failed.close(), self._loop)
         log.warning("etcd: switching to endpoint %s", self.endpoint)
+
+    @property
+    def _probe_s(self) -> float:
+        return min(PROBE_TIMEOUT_S, self.timeout)
+
+    def _probes(self) -> dict[int, _AetcdClient]:
+        return {i: self._new_client(i) for i in range(len(self.endpoints)) if i != self._current}
 
     def _probe_others(self) -> int | None:
         """The index of the other endpoint to move to (endpoint_probe.best_endpoint); None when none
@@ -175,11 +200,9 @@ class EtcdClient:
         order then)."""
         if fork.gateway_needed():
             return None
-        others = {i: self._new_client(i) for i in range(len(self.endpoints)) if i != self._current}
-        timeout = min(PROBE_TIMEOUT_S, self.timeout)
-        future = asyncio.run_coroutine_threadsafe(best_endpoint(others, timeout), self._loop)
+        future = asyncio.run_coroutine_threadsafe(best_endpoint(self._probes(), self._probe_s), self._loop)
         try:
-            return future.result(timeout + 2.0)
+            return future.result(self._probe_s + 2.0)
         except Exception:  # noqa: BLE001 - a probe that fails leaves the list order
             future.cancel()
             return None

@@ -234,11 +234,11 @@ class _Hub:
                 REOPENS["failed"] += 1
                 log.debug("keep-alive stream failed (%s); reopening", exc.code())
                 if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                    carrier._failover(client)
+                    await carrier._failover_async(client)
             except TimeoutError:
                 REOPENS["no_answer"] += 1
                 log.debug("keep-alive: no answer within %.1fs; trying the next endpoint", silence_s)
-                carrier._failover(client)
+                await carrier._failover_async(client)
             except (ConnectionError, OSError, grpc.aio.UsageError) as exc:
                 log.debug("keep-alive stream failed (%s); reopening", exc)
             except Exception as exc:  # noqa: BLE001 - aetcd's connect errors; keep trying, as during an outage

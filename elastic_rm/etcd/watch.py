@@ -104,7 +104,7 @@ class PrefixWatch:
                 continue  # resync at once, on the same connection
             except (aexc.ClientError, OSError) as exc:
                 log.debug("etcd watch of %s interrupted (%s); resuming", self._prefix, exc)
-                self._client._failover(client)
+                await self._client._failover_async(client)
             if not self._cancelled:
                 await asyncio.sleep(RETRY_DELAY_S)
 

@@ -8,11 +8,15 @@ and a reopened stream per lease (the scale benchmark's 128 leases per process).
 
 from __future__ import annotations
 
+import logging
+import signal
+import socket
 import time
 
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.etcd.keepalive import REOPENS
 from elastic_rm.etcd.lease import KeptLease
+from elastic_rm.etcd.server import EtcdCluster
 from tests.netns.delay_proxy import DelayProxy
 
 
@@ -38,3 +42,38 @@ def test_a_lease_whose_answers_come_later_than_its_refresh_interval_is_confirmed
                 assert direct.lease_refresh(lease.id) > 0  # alive in etcd
         finally:
             lease.revoke()
+
+
+def test_a_keepalive_whose_member_goes_silent_fails_over_to_a_member_with_a_leader_within_its_ttl(caplog):
+    """The member this client uses stops answering (SIGSTOP: its connections stay open, silent, as under a
+    partition), and the next endpoint in the list is silent too. The keep-alive, on the client's I/O loop,
+    asks the others at once and moves straight to the live member, and the lease (TTL 3 s) is kept.
+
+    Why: the keep-alive called the blocking failover on the loop that the probe runs on. The loop (every
+    etcd call of the process) stood still for the probe's whole deadline, the probe found nothing, and the
+    list order then took the next endpoint: the netns raft-leader partition lost leases in every run."""
+    silent = socket.create_server(("127.0.0.1", 0), backlog=16)  # connects complete; nothing ever answers
+    try:
+        with EtcdCluster(size=3) as cluster:
+            first, other = cluster.endpoints[0], cluster.endpoints[1]
+            endpoints = [first, f"127.0.0.1:{silent.getsockname()[1]}", other]
+            with EtcdClient(endpoints, timeout=1) as client, EtcdClient(other, timeout=5) as witness:
+                lease = KeptLease(client, 3)
+                assert lease.last_refresh > 0 and client.endpoint == first
+                with caplog.at_level(logging.WARNING, logger="elastic_rm.etcd.client"):
+                    cluster.kill(0, signal.SIGSTOP)
+                    try:
+                        deadline = time.monotonic() + 8
+                        while time.monotonic() < deadline and not lease.lost:
+                            time.sleep(0.1)
+                        assert not lease.lost and witness.lease_refresh(lease.id) > 0  # alive in etcd
+                    finally:
+                        cluster.kill(0, signal.SIGCONT)
+                switches = [
+                    r.getMessage() for r in caplog.records if "switching to endpoint" in r.getMessage()
+                ]
+                assert switches and switches[0] == f"etcd: switching to endpoint {other}", switches
+                assert lease.max_gap < 3.0, lease.max_gap  # refreshed within its TTL throughout
+                lease.revoke()
+    finally:
+        silent.close()
