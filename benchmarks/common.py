@@ -37,8 +37,16 @@ def write_result(name: str, payload: dict[str, Any], results_dir: str = RESULTS)
         **payload,
     }
     with open(path, "w") as fh:
-        json.dump(body, fh, indent=2, sort_keys=True)
+        json.dump(body, fh, indent=2, sort_keys=True, default=_plain)
     return path
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar (a simulator's float64, or the bool of comparing one) as the Python value it holds."""
+    item = getattr(value, "item", None)
+    if callable(item):
+        return item()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def summarize(values: list[float]) -> dict[str, float | int | None]:

@@ -34,7 +34,7 @@ def one_node_gain(
     a = f.coef
     comm = max(cfg.probe_comm_factor * (x[1] + x[2]), a[1] * x[1] + a[2] * x[2])
     compute = max(step_s - comm - a[3], 0.0)
-    gain = step_s / max(compute * world + a[3], 1e-9) - 1
+    gain = float(step_s / max(compute * world + a[3], 1e-9) - 1)
     return gain if gain >= cfg.probe_min_gain else 0.0
 
 

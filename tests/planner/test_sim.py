@@ -182,3 +182,21 @@ def test_snapshots_carry_the_queue_the_cluster_had():
     for now, w in seen:
         assert w == by_tick.get(now - sim.tick, 0), now  # the previous tick's queue
     assert any(w for _, w in seen)
+
+
+def test_results_keep_numpy_scalars_as_the_python_values_they_hold(tmp_path):
+    """A comparison of simulator floats (numpy float64) is a numpy bool: the planner benchmark's targets.
+    Its results file says true / false, not 1.0, and the shared writer of benchmarks/ does not fail on it."""
+    import json
+
+    import numpy as np
+
+    from benchmarks.common import write_result
+    from elastic_rm.planner.sim.report import write_json
+
+    payload = {"met": np.float64(0.2) < 0.31, "value": np.float64(1.5), "n": np.int64(3)}
+    write_json(str(tmp_path / "a.json"), payload)
+    write_result("b", payload, results_dir=str(tmp_path))
+    for name in ("a.json", "b.json"):
+        data = json.loads((tmp_path / name).read_text())
+        assert data["met"] is True and data["value"] == 1.5 and data["n"] == 3, data

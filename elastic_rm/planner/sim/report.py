@@ -97,8 +97,14 @@ def table(summary: dict[str, dict], baseline: str = "static") -> str:
 
 def write_json(path: str, payload: dict) -> None:
     with open(path, "w") as f:
-        json.dump(payload, f, indent=2, sort_keys=True, default=float)
+        json.dump(payload, f, indent=2, sort_keys=True, default=_plain)
         f.write("\n")
+
+
+def _plain(value: object) -> object:
+    """A numpy scalar as the Python value it holds (a bool stays a bool); anything else as a float."""
+    item = getattr(value, "item", None)
+    return item() if callable(item) else float(value)  # type: ignore[arg-type]
 
 
 def plot(
