@@ -37,43 +37,11 @@ from .gateway import GatewayClient
 from .io_loop import io_loop
 from .ops import Compare, Op, send_txn
 from .options import TlsOptions, parse_endpoints
+from .tls_client import TlsAetcdClient as _AetcdClient
 from .types import KeyValue, TxnResult, WatchEvent, key_value
 from .watch import PrefixWatch
 
 log = logging.getLogger(__name__)
-
-
-class _AetcdClient(aetcd.Client):
-    """aetcd's client with TLS: aetcd itself only opens plaintext channels."""
-
-    def __init__(self, *args: Any, tls: TlsOptions | None = None, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self._tls = tls
-
-    async def connect(self) -> None:
-        if self._tls is None or not self._tls.enabled:
-            return await super().connect()
-        if self._connected.is_set():
-            return
-        # Mirrors aetcd.Client.connect (1.0.0), with a TLS channel instead of a plaintext one.
-        target = f"{self._host}:{self._port}"
-        self.channel = rpc.secure_channel(target, self._tls.credentials(), options=self._options.items())
-        if self._username is not None:
-            self.auth_stub = rpc.AuthStub(self.channel)
-            request = rpc.AuthenticateRequest(name=self._username, password=self._password)
-            try:
-                resp = await self.auth_stub.Authenticate(request, timeout=self._timeout)
-            except rpc.AioRpcError as exc:
-                aexc._handle_exception(exc)
-            self.metadata = (("token", resp.token),)
-        self.kvstub = rpc.KVStub(self.channel)
-        self.clusterstub = rpc.ClusterStub(self.channel)
-        self.leasestub = rpc.LeaseStub(self.channel)
-        self.maintenancestub = rpc.MaintenanceStub(self.channel)
-        self._watcher = aetcd.watcher.Watcher(
-            rpc.WatchStub(self.channel), timeout=self._timeout, metadata=self.metadata
-        )
-        self._connected.set()
 
 
 PAGE_KEYS = 500  # keys per range read: 500 events of at most 16 KiB fit a 16 MiB answer
