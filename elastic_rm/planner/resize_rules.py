@@ -4,7 +4,7 @@ Why apart from policy.py: it weighs the advice against what the nodes hold, in b
 that shrink by ``resize_when_saving`` free a share of the cluster, and starved nodes (budgets: 1.5x the
 cores of a node that uses them all) get cores. A warm start's CPU from runs at another size, or a model's
 estimate, can leave a node's input pipeline short of cores for the whole run otherwise (the simulator's
-right-sized family: a job at 2.3x its run time on a third of the cores it had asked for). Pure.
+right-sized family: a job at 2.3x its run time on about a quarter of the cores it had asked for). Pure.
 """
 
 from __future__ import annotations
