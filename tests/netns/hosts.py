@@ -13,6 +13,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
+import psutil
+
 OWNER = "elastic-rm test network of pid "  # the bridge's alias: whose network it is
 
 
@@ -111,16 +113,6 @@ def dropped(dev: str, netns: str | None = None) -> tuple[int, int]:
     return sent, drops
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-
-
 def remove_leaked_networks() -> list[str]:
     """Remove the networks (bridge, hosts, veths) of test processes that are gone without their cleanup (a
     run killed by a timeout): a leaked bridge keeps its subnet's route, and a new network on that subnet
@@ -130,7 +122,8 @@ def remove_leaked_networks() -> list[str]:
     removed = []
     for b in bridges:
         alias, name = b.get("ifalias") or "", b["ifname"]
-        if not (name.startswith("ermbr") and alias.startswith(OWNER)) or _alive(int(alias[len(OWNER) :])):
+        ours = name.startswith("ermbr") and alias.startswith(OWNER)
+        if not ours or psutil.pid_exists(int(alias[len(OWNER) :])):
             continue
         tag = name[len("ermbr") :]
         for ns in namespaces:
