@@ -51,8 +51,7 @@ def one_node_probe(
     """One node instead of ``target`` (stage 2's choice at ``world`` nodes) when the probe is on, one node
     was neither run nor tried in this run, and it would pay in the optimistic case; else ``target``. The
     caller checks that one node fits in memory. Its predicted gain is the optimistic one, at confidence 0."""
-    tried = state.probed | {c.world for c in state.configs}
-    if not cfg.probe_one_node or world < 2 or 1 in tried or not ready:
+    if not cfg.probe_one_node or world < 2 or 1 in state.probed or not ready:  # probed: every size run
         return target
     step_s = statistics.median(c.step_s for c in ready)
     gain = one_node_gain(f, job, capacity, world, step_s, cfg)
