@@ -19,7 +19,6 @@ torch upgrade that changes them fails loudly instead of silently skipping our ho
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -34,15 +33,15 @@ from ..guard import Watchdog
 from ..rendezvous.etcd_store import RoundSupersededError, RunClosedError
 from ..rendezvous.services import WITHOUT_SERVICES, NodeServices
 from ..train.paths import run_memory_dir
-from ..wire.channel import ENV_ROUND
 from ..wire.metrics import encode_record
 from ..wire.records import RoundRecord
-from . import ckpt_hooks, finish, stop, threads
+from . import ckpt_hooks, finish, stop
 from .channel import AgentChannel
 from .http import AgentHttpServer
 from .inplace import InPlaceRounds
 from .monitor import ResourceMonitor
 from .node_events import emit_new_checkpoints, emit_sample
+from .prepared import PreparedStart, set_worker_environment
 from .record import build_record
 from .restores import RestoreTracker
 from .spares import parse_preload, spare_pool, start_from_spares, warm_before_joining
@@ -133,6 +132,10 @@ class ElasticRMAgent(LocalElasticAgent):
         self._orphan_guard = Watchdog()
         self._orphan_guard.watch([], remove=[self.channel.directory])  # gone with the agent, SIGKILL included
         self.spares = spare_pool(self.options, self._worker_group.spec, self._orphan_guard, self.events)
+        self.prepared = PreparedStart(self)  # a joining node's workers, started before the seal
+        if services is not None:
+            services.set_forming_round_hook(self.prepared.on_forming_round)
+            self.in_place.on_capable = services.set_workers_in_place  # said in this node's record
         self._started = False
         self._threads: int | None = None  # the workers' thread count said in the event log
         self._closed = False
@@ -183,6 +186,7 @@ class ElasticRMAgent(LocalElasticAgent):
             self.monitor.stop()
             self.channel.close()
         self.http.stop()
+        self.prepared.discard("the agent is closing")
         if self.spares is not None:
             self.spares.close()
         if self.ckpt_server is not None:
@@ -263,19 +267,14 @@ class ElasticRMAgent(LocalElasticAgent):
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         """Workers inherit this process's environment: the channel's directory and this node's id
         (the flash checkpoint keeps each node's copy under its node id)."""
-        self._start_side_services()
-        os.environ.update(self.channel.env())
-        os.environ["ERM_NODE_ID"] = self._node_id_now()
-        ckpt_hooks.set_worker_env(self._services)  # this round's peers' checkpoint servers
         joined = self.joined_round
-        os.environ[ENV_ROUND] = str(joined.round if joined is not None else 0)
-        if self.options.worker_threads:  # OMP_NUM_THREADS from this node's CPU share
-            self._threads = threads.for_workers(self, worker_group.spec.local_world_size, self._threads)
+        set_worker_environment(self, joined.round if joined is not None else 0)
         self.channel.clear_drain()
         self.channel.reset_steps()  # a new world: step times of the old one would blur the planner's view
-        if self.spares is None:
+        pids = self.prepared.take(worker_group)  # workers started before the seal, if they fit it
+        if pids is None and self.spares is None:
             pids = super()._start_workers(worker_group)
-        else:
+        elif pids is None:
             pids = start_from_spares(self, worker_group, self.spares)
         self.monitor.set_pids(pids.values())
         self._orphan_guard.watch(list(pids.values()))  # they end with this agent, even by SIGKILL

@@ -74,6 +74,7 @@ class InPlaceRounds:
         self._resumed: dict[int, int] = {}  # pid -> round id it trained a first step in
         self._failed: dict[int, str] = {}  # pid -> why its re-init failed
         self._lost: dict[int, tuple[float, str]] = {}  # pid -> (monotonic time, why) of its failed round
+        self.on_capable: Callable[[], None] | None = None  # called at the first worker that opted in
         channel.extra_handlers[KIND_INPLACE] = self._on_inplace
         channel.extra_handlers[KIND_RESUMED] = self._on_resumed
         channel.extra_handlers[KIND_FAILED] = self._on_failed
@@ -82,7 +83,13 @@ class InPlaceRounds:
     # ---- channel messages (the channel's thread) ------------------------------------------------------
     def _on_inplace(self, pid: int, _body: bytes) -> None:
         with self._cond:
+            first = not self._capable
             self._capable.add(pid)
+        if first and self.on_capable is not None:
+            try:
+                self.on_capable()
+            except Exception as exc:  # noqa: BLE001 - etcd trouble: joining nodes then start at the seal
+                log.warning("could not say in this node's record that its workers stay in place: %r", exc)
 
     def _on_resumed(self, pid: int, body: bytes) -> None:
         (round_id,) = RESUMED.unpack_from(body)

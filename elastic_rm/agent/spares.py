@@ -268,12 +268,10 @@ class SpareContext(SubprocessContext):
                 self.from_spares[rank] = spare.pid
 
 
-def start_workers(agent: Any, worker_group: Any, pool: SparePool) -> SpareContext:
-    """torch's ``LocalElasticAgent._start_workers`` (torch 2.13, pinned by tests/launcher/
-    test_torch_contract.py), line for line, with :class:`SpareContext` in place of ``start_processes``."""
+def worker_envs(agent: Any, worker_group: Any) -> tuple[dict[int, tuple], dict[int, dict[str, str]], Any]:
+    """The args, environments and log prefixes of torch's ``LocalElasticAgent._start_workers`` (torch
+    2.13, pinned by tests/launcher/test_torch_contract.py), line for line, without its side effects."""
     spec = worker_group.spec
-    if worker_group.store is None:
-        raise AssertionError
     restart_count = spec.max_restarts - agent._remaining_restarts
     use_agent_store: bool = spec.rdzv_handler.use_agent_store
     args: dict[int, tuple] = {}
@@ -307,6 +305,14 @@ def start_workers(agent: Any, worker_group: Any, pool: SparePool) -> SpareContex
             )
         envs[local_rank] = worker_env
         args[local_rank] = tuple(macros.substitute(list(spec.args), str(local_rank)))
+    return args, envs, prefixes
+
+
+def start_workers(agent: Any, worker_group: Any, pool: SparePool, envs_of: Any = worker_envs) -> SpareContext:
+    """torch's ``_start_workers`` with :class:`SpareContext` in place of ``start_processes``.
+    ``envs_of``: :func:`worker_envs`, or a caller's that adds to its environments."""
+    spec = worker_group.spec
+    args, envs, prefixes = envs_of(agent, worker_group)
     agent._setup_local_watchdog(envs=envs)
     agent._setup_healthcheck()
     if spec.entrypoint is None or agent._logs_specs is None:

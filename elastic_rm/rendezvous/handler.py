@@ -44,7 +44,7 @@ from ..etcd.errors import EtcdAuthError, EtcdConnectionError, EtcdError
 from ..planner.interface import NodeMetrics, NodeState, RoundPolicy
 from ..planner.membership import MembershipPolicy
 from ..wire.records import AckRecord, ClosedRecord, RoundRecord, dumps
-from .bootstrap import pick_master_port
+from .bootstrap import pick_master_port, port_is_free
 from .etcd_store import EtcdStore
 from .leader import RoundLeader
 from .node_services import RendezvousNodeServices
@@ -242,6 +242,8 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
                 elif acked != r.round:
                     self._ack(r)
                     acked, acked_at = r.round, time.monotonic()
+                    if not r.sealed and session.on_forming_round is not None:
+                        session.on_forming_round(r)  # the agent may start its workers now (prepared.py)
                 elif time.monotonic() - acked_at > ACK_RESEND_S:
                     self._ack(r, again=True)  # a put lost in an etcd failover must not stall the round
                     acked_at = time.monotonic()
@@ -277,12 +279,20 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
         later: send the same ack once more (idempotent), in case etcd lost the first one."""
         node_id = self._session.node_id
         if not again or self._last_ack is None or self._last_ack[0] != r.round:
-            master = (self._session.addr, pick_master_port()) if r.members[0] == node_id else None
+            master = (self._session.addr, self._advertised_port()) if r.members[0] == node_id else None
             self._last_ack = (r.round, dumps(AckRecord(node=node_id, master=master)))
         lease = self._session.lease
         self._client.put_nowait(
             self._keys.ack(r.round, node_id), self._last_ack[1], lease=lease.id if lease else None
         )
+
+    def _advertised_port(self) -> int:
+        """Rank 0's MASTER_PORT: the port its record advertises (a joining node predicts its workers'
+        environment from it), unless something took it meanwhile."""
+        session = self._session
+        if not session.master_port or not port_is_free(session.master_port):
+            session.master_port = pick_master_port()
+        return session.master_port
 
     def _join(self, r: RoundRecord) -> RendezvousInfo | None:
         """Join sealed round ``r``; None when this node's lease is gone (etcd dropped its key: the round
@@ -298,13 +308,14 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             if session.lease_lost:
                 log.warning("node %s: lease lost before round %d; rejoining", session.node_id, r.round)
                 return None
-            joined_before = session.joined
+            joined_before, port_before = session.joined, session.master_port
             session.joined = r
+            session.next_master_port(avoid=r.master[1])  # advertised for the next round (ours is in use)
             # Registered as active and the "round" event in one etcd request, not waited for (1,000 nodes
             # make theirs at once, while etcd still sends the round to the rest).
             active = session.registration(NodeState.ACTIVE)
             if active is None and session.lease is not None:  # lost since the check above
-                session.joined = joined_before
+                session.joined, session.master_port = joined_before, port_before
                 return None
         store = EtcdStore(
             self._client,
@@ -313,7 +324,6 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             superseded=lambda: view.round is not None and view.round.round > r.round,
             closed=lambda: closed_by_member(view, r),
         )
-        session.next_master_port(avoid=r.master[1])  # advertised for the next round (ours is in use)
         if active is None:
             session.ensure_registered(NodeState.ACTIVE, wait=False)
         log.info("node %s: round %d, group rank %d of %d", session.node_id, r.round, rank, r.world_size)

@@ -121,6 +121,34 @@ class RendezvousNodeServices:
         """The node's GPUs as the agent's monitor sees them; every later node record carries them."""
         self._session.gpus = (max(int(gpu_count), 0), str(gpu_model))
 
+    def set_workers_in_place(self) -> None:
+        """Said once the workers keep their processes across rounds; this node's record says so at once."""
+        if not self._session.workers_in_place:
+            self._session.workers_in_place = True
+            self._session.republish()
+
+    def set_forming_round_hook(self, hook: Callable[[RoundRecord], None] | None) -> None:
+        self._session.on_forming_round = hook
+
+    def node_records(self, nodes: list[str]) -> dict[str, NodeRecord]:
+        """The records of ``nodes``: from this node's view where it follows them (the leader), else one
+        read of ``nodes/`` (a node without a record, or with a malformed one, is left out)."""
+        wanted = set(nodes)
+        with self._view.cond:
+            if self._view.tracking:
+                return {n: e.record for n in wanted if (e := self._view.nodes.get(n)) is not None}
+        kvs, _ = self._client.get_prefix(self._keys.nodes)
+        out = {}
+        for kv in kvs:
+            try:
+                rec = NodeRecord.parse(kv.key, kv.value)
+            except RecordError as exc:
+                log.error("%s", exc)
+                continue
+            if rec.node in wanted:
+                out[rec.node] = rec
+        return out
+
     def set_checkpoint_endpoint(self, port: int, token: str) -> None:
         """Published in this node's record from its next registration on (the agent calls this before
         the first rendezvous)."""
@@ -129,8 +157,10 @@ class RendezvousNodeServices:
     def checkpoint_peers(self) -> dict[str, tuple[str, int, str]]:
         """Every other alive node that serves checkpoints, members or not (a node just left out of the
         round, a replaced straggler say, still holds its shards), read from their lease-bound records in
-        etcd (one read, at each worker start). Empty before this node joined a round."""
-        if self._session.joined is None:
+        etcd (one read, at each worker start). Empty before this node is in a round (joined, or named by
+        the round forming now: a prepared start)."""
+        pending = self.pending_round
+        if self._session.joined is None and (pending is None or self.node_id not in pending.members):
             return {}
         kvs, _ = self._client.get_prefix(self._keys.nodes)
         out = {}

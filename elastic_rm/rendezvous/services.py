@@ -9,11 +9,12 @@ with a compatible signature.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from ..obs.events import EventLog
 from ..train.peer_tls import PeerTls
-from ..wire.records import LedgerRecord, RoundRecord
+from ..wire.records import LedgerRecord, NodeRecord, RoundRecord
 
 # What an agent without node services (torch's own rendezvous backends) runs without; it logs this.
 WITHOUT_SERVICES = (
@@ -69,6 +70,19 @@ class NodeServices(Protocol):
 
     def publish_metrics(self, value: bytes) -> None:
         """Write this node's latest metrics record (``metrics/<node>``), while it is a member."""
+        ...
+
+    def set_workers_in_place(self) -> None:
+        """Say (in this node's record, at once) that its workers keep their processes across rounds."""
+        ...
+
+    def set_forming_round_hook(self, hook: Callable[[RoundRecord], None] | None) -> None:
+        """``hook(round)`` is called on the join path once per round that names this node and is not
+        sealed yet, right after this node acked it; it must not raise."""
+        ...
+
+    def node_records(self, nodes: list[str]) -> dict[str, NodeRecord]:
+        """The records of ``nodes`` as this node watches them (a node without one is left out)."""
         ...
 
     def set_checkpoint_endpoint(self, port: int, token: str) -> None:

@@ -56,11 +56,16 @@ class NodeSession:
         self.stale_round = 0
         self.master_port = 0  # advertised in every record; MASTER_PORT if this node becomes rank 0
         self.ckpt_endpoint = (0, "")  # the agent's checkpoint server: port and token (none: 0, "")
+        self.workers_in_place = False  # the agent's workers use elastic_rm.train.rounds (NodeRecord.in_place)
+        self.state: NodeState | None = None  # the state of the last registration made
         # The run's event log in etcd, in this node's name; the agent attaches its --event-log file.
         self.events = EventLog(self._keys.run_id, self.node_id, client=client, keys=self._keys)
         self.released = False  # the handler left the run; nothing more is published
         # called (without the lock) before a node whose lease is gone registers again (peer_probe.py)
         self.rejoin_gate: Callable[[], None] | None = None
+        # called on the join path once per round that names this node and is not sealed yet, right after
+        # this node's ack (the agent's prepared start, elastic_rm/agent/prepared.py); never raises there
+        self.on_forming_round: Callable[[RoundRecord], None] | None = None
 
     @property
     def lease_lost(self) -> bool:
@@ -102,6 +107,7 @@ class NodeSession:
             master_port=self.master_port,
             ckpt_port=self.ckpt_endpoint[0],
             ckpt_token=self.ckpt_endpoint[1],
+            in_place=self.workers_in_place,
         )
 
     def ensure_registered(self, state: NodeState, wait: bool = True, retry_lost_lease: int = 1) -> None:
@@ -120,6 +126,7 @@ class NodeSession:
                 self.start_lease()
             assert self.lease is not None
             key, value = self._keys.node(self.node_id), dumps(self.record(state))
+            self.state = state
             if not wait:
                 self._client.put_nowait(key, value, lease=self.lease.id)
                 return
@@ -141,7 +148,19 @@ class NodeSession:
             lease = self.lease
             if lease is None or lease.lost:
                 return None
+            self.state = state
             return self._keys.node(self.node_id), dumps(self.record(state)), lease.id
+
+    def republish(self) -> None:
+        """Write this node's record again, in the state of its last registration (a field changed: the
+        workers said they keep their processes), without waiting; nothing without a live lease."""
+        with self.lock:
+            lease = self.lease
+            if self.state is None or lease is None or lease.lost or self.released:
+                return
+            self._client.put_nowait(
+                self._keys.node(self.node_id), dumps(self.record(self.state)), lease=lease.id
+            )
 
     def _rejoin_as_new_member(self) -> None:
         self._incarnation += 1

@@ -43,6 +43,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ..wire.channel import (
+    ENV_PREPARED,
     ENV_ROUND,
     KIND_FAILED,
     KIND_INPLACE,
@@ -55,7 +56,7 @@ from ..wire.channel import (
     ROUND_LEAVE,
     decode_round,
 )
-from .master_store import wait_for_master_store
+from .master_store import WAIT_LIMIT_S, wait_for_master_store
 from .report import StepReporter
 from .round_memory import forget_new_source_lines, release_round_memory, trim_heap
 
@@ -63,6 +64,7 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.005  # how often a parked worker looks for its round message
 PARK_LIMIT_S = float(os.environ.get("ERM_PARK_LIMIT_S", "3600"))  # bound on waiting for the next round
+PREPARED_WAIT_S = 120.0  # a worker started before the seal: bound on waiting for rank 0's store (the drain)
 
 
 class RoundFailedError(RuntimeError):
@@ -143,9 +145,12 @@ def rounds(
     """
     _freeze_imports()  # first: nothing of a round (its prepared model included) may be frozen
     index, round_id, times = 0, _env_round(), {}
+    # started before its round was sealed: rank 0's store comes up once the kept nodes drained
+    early = os.environ.pop(ENV_PREPARED, None) is not None
     prepared = _prepare(prepare, reporter, round_id, times)
     if not dist.is_initialized():
-        wait_for_master_store()  # a refused first connect costs torch's back-off (master_store.py)
+        # a refused first connect costs torch's back-off (master_store.py)
+        wait_for_master_store(PREPARED_WAIT_S if early else WAIT_LIMIT_S)
         dist.init_process_group(backend)
         times["group"] = time.time()
     while True:

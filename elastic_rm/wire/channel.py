@@ -13,6 +13,9 @@ import struct
 
 ENV_AGENT_DIR = "ELASTIC_RM_AGENT_DIR"
 ENV_ROUND = "ERM_ROUND"  # the round id a worker started in or was moved into (rounds in place)
+# set (to the round id) for a worker started before its round was sealed (elastic_rm/agent/prepared.py):
+# rank 0's store listens only after the kept nodes drained, so it waits longer for it
+ENV_PREPARED = "ERM_PREPARED_ROUND"
 SOCKET_NAME = "agent.sock"
 CONTROL_NAME = "control"
 

@@ -142,6 +142,9 @@ class NodeRecord:
     # the agent's checkpoint server on addr (elastic_rm/agent/ckpt_server.py) and its bearer token; 0/"": none
     ckpt_port: int = 0
     ckpt_token: str = field(default="", repr=False)
+    # its workers keep their processes across rounds (elastic_rm.train.rounds): a node joining the run
+    # may start its own workers before the round is sealed (elastic_rm/agent/prepared.py)
+    in_place: bool = False
 
     @classmethod
     def parse(cls, key: str, raw: bytes) -> NodeRecord:
@@ -167,6 +170,7 @@ class NodeRecord:
             master_port=_field(key, d, "master_port", int, 0),
             ckpt_port=_port(key, d, "ckpt_port"),
             ckpt_token=_field(key, d, "ckpt_token", str, ""),
+            in_place=_field(key, d, "in_place", bool, False),
         )
 
 

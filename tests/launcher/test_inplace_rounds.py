@@ -10,11 +10,15 @@ own before the test throttles one, so the round it decides is not the one the te
 from __future__ import annotations
 
 import os
+import socket
 import time
 
 import psutil
 
 from elastic_rm.demo.checks import checks, drained_checksum
+from elastic_rm.etcd.client import EtcdClient
+from elastic_rm.wire.keyspace import DEFAULT_PREFIX, Keyspace
+from elastic_rm.wire.records import NodeRecord
 from tests.launcher.test_closed_loop import (
     cg,
     cleanup,  # noqa: F401 - a fixture
@@ -99,6 +103,71 @@ def test_scale_up_in_place_keeps_the_staying_workers(etcd, tmp_path, cleanup):  
         )
     assert told["node-c"]["downtime_s"] is None  # no steps of its own before: the others measure it
     assert all(c["ok"] for c in checks(rows)), [c for c in checks(rows) if not c["ok"]]
+    # the joining node started its worker when it acked the proposed round, before the seal, and that
+    # process is the one that trained at world 3 (elastic_rm/agent/prepared.py)
+    prepared, kept_as_is, joined = prepared_events(etcd.endpoint, demo.run_id, "node-c")
+    assert prepared and kept_as_is, events_of(etcd.endpoint, demo.run_id, "round")
+    assert prepared[-1].data["round"] == kept_as_is[-1].data["round"] == joined.data["round"]
+    assert prepared[-1].time < joined.time  # started before this node joined the sealed round
+    assert set(kept_as_is[-1].data["pids"]) == pids_of(rows, "node-c")
+    assert set(prepared[-1].data["from_spares"].values()) == pids_of(rows, "node-c")  # a warm spare's
+
+
+def test_a_prepared_joiner_whose_round_seals_otherwise_is_stopped_and_the_round_starts_it_anew(
+    etcd,
+    tmp_path,
+    cleanup,  # noqa: F811
+):
+    # the port rank 0 advertises is taken before the scale-up: its ack names another one, so the joining
+    # node's worker, started before the seal for the advertised port, does not fit the sealed round
+    demo = make_demo(tmp_path, "2:3", script_args=["--in-place"])
+    cleanup.append(demo)
+    for name in ("node-a", "node-b"):
+        demo.start_node(name, etcd.endpoint)
+    wait_for(demo, lambda rows: len(steps_of(rows, world=2)) >= 15, 240, "15 steps at world 2")
+    rank0 = current_round(etcd.endpoint, demo.run_id).members[0]
+    keys = Keyspace(DEFAULT_PREFIX, demo.run_id)
+    with EtcdClient(etcd.endpoint, timeout=5) as client:
+        kv = client.get(keys.node(rank0))
+    assert kv is not None
+    taken = NodeRecord.parse(kv.key, kv.value).master_port
+    with socket.socket() as holder:
+        holder.bind(("", taken))
+        holder.listen()
+        demo.start_node("node-c", etcd.endpoint)
+        wait_for(demo, lambda rows: len(steps_of(rows, world=3)) >= 10, 240, "10 steps at world 3")
+    stop_job(demo)
+    for node in demo.nodes.values():
+        assert node.proc.returncode == 0
+
+    rows = demo.progress()
+    prepared, kept_as_is, joined = prepared_events(etcd.endpoint, demo.run_id, "node-c")
+    assert prepared and not kept_as_is, events_of(etcd.endpoint, demo.run_id, "round")
+    stopped = [e for e in events_of(etcd.endpoint, demo.run_id, "round") if e.data.get("prepared") is False]
+    assert stopped and "MASTER_PORT" in stopped[-1].data["fallback"], stopped
+    assert all(
+        r["pid"] not in prepared[-1].data["from_spares"].values()
+        for r in rows
+        if r.get("node") == "node-c" and "pid" in r
+    )
+    assert joined is not None and joined.data["round"] == prepared[-1].data["round"]
+    sealed = current_round(etcd.endpoint, demo.run_id)
+    assert sealed.master is not None and sealed.master[1] != taken
+    for name in ("node-a", "node-b"):  # the kept nodes' round was in place all the same
+        assert len(pids_of(rows, name)) == 1, (name, pids_of(rows, name))
+    assert_state_carried(rows, 2, 3)
+    assert_ledger_ok(rows)
+
+
+def prepared_events(endpoint: str, run_id: str, node: str):
+    """(prepared starts, prepared workers kept at the seal, the last "joined round" event) of ``node``."""
+    mine = [e for e in events_of(endpoint, run_id, "round") if e.node == node]
+    joined = [e for e in mine if e.message.startswith("joined round")]
+    return (
+        [e for e in mine if e.data.get("prepared") is True],
+        [e for e in mine if e.data.get("prepared_kept")],
+        joined[-1] if joined else None,
+    )
 
 
 def test_a_rank_that_fails_its_in_place_round_falls_back_to_a_restart(etcd, tmp_path, cleanup):  # noqa: F811
