@@ -21,11 +21,13 @@ from ..etcd.client import Compare, EtcdClient, Op
 from ..etcd.errors import EtcdError
 from ..etcd.lease import Election
 from ..obs.events import EventLog, ids_for_event
-from ..planner.interface import ClusterSnapshot, Decision, NodeView, RoundPolicy, RoundView
+from ..planner.interface import ClusterSnapshot, Decision, RoundPolicy
 from ..wire.records import DemandRecord, LedgerRecord, RoundRecord
 from . import straggler_flags
+from .outcome import BEFORE, PendingOutcome
 from .queue_signal import QueueSignal
 from .seal import sealed_at_once
+from .snapshot import cluster_snapshot
 from .view import JobView
 
 log = logging.getLogger(__name__)
@@ -35,9 +37,9 @@ DECIDE_PACE = (
     1.0  # after a policy run of t seconds, the next one waits t (the leader decides <= half the time)
 )
 DECIDE_PAUSE_MAX_S = 0.25  # but never longer than this
-# A decided round's outcome is measured once every member reported steps for this long: one full window
-# of the agents' step summaries (elastic_rm.agent.agent.STEP_WINDOW_S), so it holds only the new round.
-OUTCOME_WINDOW_S = 10.0
+# A node outside the current round's members campaigns only after the run had no leader this long: a
+# member (alive, not flagged slow, not scaled away) takes the leadership first (see _campaign_after).
+LEADERLESS_GRACE_S = 1.0
 
 
 class RoundLeader:
@@ -64,7 +66,9 @@ class RoundLeader:
         self._job = job or {}
         self._events = events
         self._demand: tuple[int, str] | None = None  # last written (target_nodes, reason)
-        self._outcome: dict | None = None  # the last written round, until its outcome is measured
+        self._outcome: PendingOutcome | None = None  # the round written last, until its outcome is measured
+        self._leaderless_since: float | None = None  # monotonic time the run was first seen without a leader
+        self._handed_over = 0  # the election revision this node gave up (the watch may still show it)
         self._election: Election | None = None
         self._announced = True  # False from a won election until its set-up (tracking, history) is done
         self._decided_at_version = -1  # membership_version of the view when the policy last ran
@@ -115,8 +119,10 @@ class RoundLeader:
             lease = self._lease_id()
             if lease is None:
                 return 0.0
+            if (wait_until := self._campaign_after()) is not None:
+                return wait_until
             election = Election(self._client, view.keys.leader, self._node_id(), lease)
-            if view.leader == self._node_id() and view.leader_rev:
+            if view.leader == self._node_id() and view.leader_rev not in (0, self._handed_over):
                 election.revision = view.leader_rev  # our campaign won though its answer was lost
             elif view.leader is not None or not election.try_acquire():
                 return 0.0
@@ -127,6 +133,7 @@ class RoundLeader:
             view.track_members()
             self._history = self._read_history()
             straggler_flags.adopt(self._policy, view.round, self._node_id())
+            self._outcome = self._unmeasured(view.round)
             self._announced = True
             view.note_leadership(self._node_id(), election.revision or 0)  # ahead of the watch
             log.info("node %s leads run %s", self._node_id(), view.keys.run_id)
@@ -210,40 +217,63 @@ class RoundLeader:
         o, r = self._outcome, self._view.round
         if o is None:
             return
-        if r is None or r.round != o["round"]:
+        if r is None or r.round != o.round:
             self._outcome = None  # superseded before it could be measured
             return
         throughput = self._job_throughput(r.members) if r.sealed else None
-        now = time.monotonic()
-        if throughput is None:
-            o["since"] = None
+        outcome = o.measured(r, throughput, list(getattr(self._policy, "model_coef", tuple)()))
+        if outcome is None:
             return
-        if o["since"] is None:
-            o["since"] = now
-        if now - o["since"] < OUTCOME_WINDOW_S:
-            return
-        before = o["before"]
-        measured = throughput / before - 1 if before else None
-        predicted = r.predicted_gain
-        error = predicted - measured if predicted is not None and measured is not None else None
-        outcome = {
-            "v": 1, "round": r.round, "reason": r.reason, "world": len(r.members),
-            "throughput_before": before, "throughput_after": throughput,
-            "measured_gain": measured, "predicted_gain": predicted, "prediction_error": error,
-            "time": time.time(), "coef": list(getattr(self._policy, "model_coef", tuple)()),
-        }  # fmt: skip
         assert self._election is not None
         self._client.txn(
             [self._election.fence()], [Op.put(self._view.keys.outcome(r.round), json.dumps(outcome))]
         )
         self._outcome = None
         fmt = lambda g: "-" if g is None else f"{g:+.0%}"  # noqa: E731
+        measured, predicted, error = (
+            outcome[k] for k in ("measured_gain", "predicted_gain", "prediction_error")
+        )
         self._emit(
             "outcome",
             f"round {r.round}: {throughput:,.0f} samples/s, measured {fmt(measured)}, predicted {fmt(predicted)}"
             f", error {fmt(error)}",
             **{k: v for k, v in outcome.items() if k != "v"},
         )
+
+    def _unmeasured(self, r: RoundRecord | None) -> PendingOutcome | None:
+        """A new leader's round to measure: the current one, unless its outcome is recorded already."""
+        pending = PendingOutcome.of(r)
+        if pending is None or self._client.get(self._view.keys.outcome(pending.round)) is not None:
+            return None
+        return pending
+
+    def _campaign_after(self) -> float | None:
+        """None: campaign now. Else when to look again: a node that is not a member of the current round
+        (a standby, a straggler swapped out, a node scaled away) leaves the leadership to the members,
+        and campaigns only once the run had no leader for LEADERLESS_GRACE_S (every member gone)."""
+        view = self._view
+        if view.leader is not None:
+            self._leaderless_since = None
+            return None  # nothing to campaign for; _step returns
+        now = time.monotonic()
+        since = self._leaderless_since = self._leaderless_since or now
+        r = view.round
+        if r is None or not r.members or self._node_id() in r.members or now - since >= LEADERLESS_GRACE_S:
+            return None
+        return since + LEADERLESS_GRACE_S
+
+    def _hand_over(self, record: RoundRecord) -> None:
+        """This leader wrote a round that leaves it out: give the leadership to a member (which seals
+        the round and measures its outcome). A standby's process may be the slow one: in a straggler
+        swap the leader was often the throttled node, and sealing there cost the round a tenth of a second."""
+        election = self._election
+        assert election is not None
+        self._client.txn([election.fence()], [Op.delete(self._view.keys.leader)])
+        self._election, self._outcome, self._handed_over = None, None, election.revision or 0
+        log.info(
+            "node %s is not in round %d: leaving the leadership to its members", self._node_id(), record.round
+        )
+        self._emit("leader", f"{self._node_id()} is not in round {record.round}; a member leads from now on")
 
     def _read_history(self) -> tuple[dict, ...]:
         """Finished runs of this job's signature (stage 1 of the planner), as JSON objects."""
@@ -265,39 +295,9 @@ class RoundLeader:
         return tuple(records)
 
     def _snapshot(self) -> ClusterSnapshot:
-        view = self._view
-        with view.cond:
-            nodes = tuple(
-                NodeView(
-                    node_id=node_id,
-                    arrival=e.arrival,
-                    seen_at=e.seen_at,
-                    state=e.record.state,
-                    round=e.record.round,
-                    host=e.record.host,
-                    nproc=e.record.nproc,
-                    cpu_count=e.record.cpu_count,
-                    mem_total_bytes=e.record.mem_total_bytes,
-                    gpu_count=e.record.gpu_count or _gpus_in(view.metrics.get(node_id)),
-                    metrics=view.metrics.get(node_id),
-                )
-                for node_id, e in sorted(view.nodes.items(), key=lambda item: item[1].arrival)
-            )
-            r = view.round
-        now = time.monotonic()
-        # the record's unix time on the policy's clock (monotonic): the cooldown counts from the decision
-        decided = now - max(time.time() - r.time, 0.0) if r is not None and r.time > 0 else 0.0
-        current = None if r is None else RoundView(r.round, r.members, r.standby, decided, r.reason)
-        return ClusterSnapshot(
-            now=now,
-            min_nodes=self._min,
-            max_nodes=self._max,
-            last_call_timeout=self._last_call,
-            nodes=nodes,
-            current=current,
-            job=self._job,
-            history=self._history,
-            waiting_nodes=self._queue.waiting_nodes() if self._job.get("tables") else None,
+        waiting = self._queue.waiting_nodes() if self._job.get("tables") else None
+        return cluster_snapshot(
+            self._view, self._min, self._max, self._last_call, self._job, self._history, waiting
         )
 
     def _fenced_write(self, record: RoundRecord) -> bool:
@@ -319,6 +319,7 @@ class RoundLeader:
     def _write_round(self, decision: Decision) -> None:
         current = self._view.round
         kept = set(decision.members)
+        before = self._job_throughput(current.members) if current else None
         with self._view.cond:  # old members left out but alive: they can still drain at a step boundary
             alive = [
                 m for m in (current.members if current else ()) if m in self._view.nodes and m not in kept
@@ -332,7 +333,7 @@ class RoundLeader:
             predicted_gain=decision.predicted_gain,
             confidence=decision.confidence,
             time=time.time(),
-            extra={"alive": alive, "flagged": straggler_flags.recorded(self._policy)},
+            extra={"alive": alive, "flagged": straggler_flags.recorded(self._policy), BEFORE: before},
         )
         record = self._sealed_at_once(record)
         if self._fenced_write(record):
@@ -356,11 +357,9 @@ class RoundLeader:
             )
             if record.sealed:
                 self._drop_old_store(record.round)
-            self._outcome = {
-                "round": record.round,
-                "before": self._job_throughput(current.members) if current else None,
-                "since": None,
-            }
+            self._outcome = PendingOutcome(record.round, before)
+            if record.members and self._node_id() not in record.members:
+                self._hand_over(record)
 
     def _sealed_at_once(self, record: RoundRecord) -> RoundRecord:
         """The round written sealed when no member needs to ack it (seal.py says when)."""
@@ -393,8 +392,3 @@ class RoundLeader:
         """The agents' stores of rounds before the previous one are done with once ``sealed`` is."""
         if sealed > 2:
             self._client.delete(self._view.keys.store(sealed - 2), prefix=True)
-
-
-def _gpus_in(metrics) -> int:
-    """GPUs in a node's published metrics, for records of agents older than the record's gpu_count."""
-    return len(metrics.gpu_util) if metrics is not None else 0

@@ -56,6 +56,8 @@ def test_a_view_cut_off_while_etcd_compacts_reaches_the_newest_round(run_id, cap
                 lambda: view.round is not None and view.round.round == 40, 20, "the view to reach round 40"
             )
             wait_for(lambda: set(view.nodes) == {"n1", "n3"}, 10, "the view's members")
+            # each prefix (round, nodes, acks) is re-read by its own watch: the acks may come last
+            wait_for(lambda: set(view.acks.get(40, {})) == {"n3"}, 10, "the view's acks of round 40")
             wait_for(lambda: top.revision >= compacted and not top.error, 10, "erm top's copy")
         assert view.round.members == ("n1", "n3") and view.round_rev >= compacted - 2
         assert view.leader == "n1" and view.error is None and view.watch_error is None
