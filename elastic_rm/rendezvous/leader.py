@@ -69,6 +69,7 @@ class RoundLeader:
         self._outcome: PendingOutcome | None = None  # the round written last, until its outcome is measured
         self._leaderless_since: float | None = None  # monotonic time the run was first seen without a leader
         self._handed_over = 0  # the election revision this node gave up (the watch may still show it)
+        self._left_out_of = 0  # the round it handed the leadership over for
         self._election: Election | None = None
         self._announced = True  # False from a won election until its set-up (tracking, history) is done
         self._decided_at_version = -1  # membership_version of the view when the policy last ran
@@ -258,9 +259,11 @@ class RoundLeader:
         now = time.monotonic()
         since = self._leaderless_since = self._leaderless_since or now
         r = view.round
-        if r is None or not r.members or self._node_id() in r.members or now - since >= LEADERLESS_GRACE_S:
-            return None
-        return since + LEADERLESS_GRACE_S
+        # the round this node handed over for may reach the view after the leader key's deletion
+        outside = self._left_out_of > (r.round if r else 0) or bool(
+            r and r.members and self._node_id() not in r.members
+        )
+        return since + LEADERLESS_GRACE_S if outside and now - since < LEADERLESS_GRACE_S else None
 
     def _hand_over(self, record: RoundRecord) -> None:
         """This leader wrote a round that leaves it out: give the leadership to a member (which seals
@@ -270,6 +273,7 @@ class RoundLeader:
         assert election is not None
         self._client.txn([election.fence()], [Op.delete(self._view.keys.leader)])
         self._election, self._outcome, self._handed_over = None, None, election.revision or 0
+        self._left_out_of = record.round
         log.info(
             "node %s is not in round %d: leaving the leadership to its members", self._node_id(), record.round
         )
