@@ -1,6 +1,6 @@
 """A leader that writes a round leaving itself out hands the leadership to a member (real etcd, three
-handlers): the member that takes over seals the round, and the node left out (a swapped straggler, a
-node scaled away) does not campaign while a member lives. Also the outcome that travels in the round
+handlers): the member that takes over seals the round, the node left out (a swapped straggler, a
+node scaled away) does not campaign while a member leads, and leads once every member has left. Also the outcome that travels in the round
 record, so that whichever leader holds a round measures it."""
 
 from __future__ import annotations
@@ -64,6 +64,10 @@ def test_a_leader_that_leaves_itself_out_hands_over_to_a_member_which_seals_the_
         time.sleep(leader_mod.LEADERLESS_GRACE_S + 0.5)  # the node left out still does not campaign
         assert [h.node_id for h in hs if h._leader.leading] == [new[0].node_id]
         assert old.node_id not in results  # it waits as standby
+        for h in hs:  # every member leaves (their leases revoked): the node left out must lead now
+            if h is not old:
+                h.release()
+        assert wait_for(lambda: old._leader.leading, timeout=10)
     finally:
         for h in hs:
             h.shutdown()
