@@ -127,12 +127,8 @@ class PreparedStart:
         group = predicted_group(agent._worker_group.spec, r, records, node)
         set_worker_environment(agent, r.round)
         expected = environments(agent, group)
-        started = self._started
-        if started is not None and started.expected == expected:
-            started.round = r.round  # a newer round with the same environment: these workers fit it
-            return None
-        if started is not None:
-            self.discard(f"round {r.round} changed their environment before the seal")
+        if self._started is not None:  # their round id (ERM_ROUND) at least is not this round's
+            self.discard(f"round {r.round} formed before round {self._started.round} was sealed")
 
         def with_marker(agent: Any, group: WorkerGroup) -> tuple:
             args, envs, prefixes = worker_envs(agent, group)
@@ -168,16 +164,9 @@ class PreparedStart:
             return self._drop(started, f"round {sealed} was sealed, not the prepared round {started.round}")
         now = environments(self._agent, group)
         if now != started.expected:
-            ranks = set(now) | set(started.expected)
-            keys = sorted(
-                {
-                    k
-                    for rank in ranks
-                    for k in set(now.get(rank, {})) | set(started.expected.get(rank, {}))
-                    if now.get(rank, {}).get(k) != started.expected.get(rank, {}).get(k)
-                }
+            return self._drop(
+                started, f"the sealed round's environment differs in {_differing(now, started.expected)}"
             )
-            return self._drop(started, f"the sealed round's environment differs in {keys}")
         pids = started.context.pids()
         gone = [pid for pid in pids.values() if not _pid_alive(pid)]
         if gone:
@@ -200,6 +189,7 @@ class PreparedStart:
             self._drop(started, why)
 
     def _drop(self, started: _Started, why: str) -> None:
+        """Stop ``started`` and say why (returns None: what :meth:`take` returns then)."""
         started.context.close(timeout=STOP_LIMIT_S)
         pool = self._agent.spares
         if pool is not None:  # what they took: the round about to start its workers takes them warming
@@ -207,4 +197,11 @@ class PreparedStart:
         message = f"prepared workers of round {started.round} stopped: {why}; the round starts its workers"
         log.warning("%s", message)
         self._agent.events.emit("round", message, round=started.round, prepared=False, fallback=why)
-        return None
+
+
+def _differing(a: dict[int, dict[str, str]], b: dict[int, dict[str, str]]) -> list[str]:
+    """The variables whose values differ between two sets of per-rank environments."""
+    return sorted(
+        {k for rank in set(a) | set(b) for k in set(a.get(rank, {})) | set(b.get(rank, {}))
+         if a.get(rank, {}).get(k) != b.get(rank, {}).get(k)}
+    )  # fmt: skip

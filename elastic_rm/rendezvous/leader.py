@@ -33,9 +33,8 @@ from .view import JobView
 log = logging.getLogger(__name__)
 
 IDLE_WAKEUP_S = 1.0  # re-evaluate at least this often, even with no change
-DECIDE_PACE = (
-    1.0  # after a policy run of t seconds, the next one waits t (the leader decides <= half the time)
-)
+# after a policy run of t seconds, the next one waits t (the leader decides <= half the time)
+DECIDE_PACE = 1.0
 DECIDE_PAUSE_MAX_S = 0.25  # but never longer than this
 # A node outside the current round's members campaigns only after the run had no leader this long: a
 # member (alive, not flagged slow, not scaled away) takes the leadership first (see _campaign_after).
@@ -70,6 +69,7 @@ class RoundLeader:
         self._leaderless_since: float | None = None  # monotonic time the run was first seen without a leader
         self._handed_over = 0  # the election revision this node gave up (the watch may still show it)
         self._left_out_of = 0  # the round it handed the leadership over for
+        self._outcome_seen = 0  # the newest round whose outcome this leader took up (or wrote)
         self._election: Election | None = None
         self._announced = True  # False from a won election until its set-up (tracking, history) is done
         self._decided_at_version = -1  # membership_version of the view when the policy last ran
@@ -134,7 +134,7 @@ class RoundLeader:
             view.track_members()
             self._history = self._read_history()
             straggler_flags.adopt(self._policy, view.round, self._node_id())
-            self._outcome = self._unmeasured(view.round)
+            self._outcome_seen = 0  # the current round's outcome is this leader's to measure, if unrecorded
             self._announced = True
             view.note_leadership(self._node_id(), election.revision or 0)  # ahead of the watch
             log.info("node %s leads run %s", self._node_id(), view.keys.run_id)
@@ -216,6 +216,9 @@ class RoundLeader:
         """Once a written round has run a full step window, record what it did against what was predicted:
         ``rounds/<n>/outcome`` and an "outcome" event (the planner's model meets the measurement)."""
         o, r = self._outcome, self._view.round
+        if o is None and r is not None and r.round > self._outcome_seen:  # a round another leader wrote
+            self._outcome_seen = r.round  # (it may reach the view after this node's election)
+            o = self._outcome = self._unmeasured(r)
         if o is None:
             return
         if r is None or r.round != o.round:
@@ -274,9 +277,7 @@ class RoundLeader:
         self._client.txn([election.fence()], [Op.delete(self._view.keys.leader)])
         self._election, self._outcome, self._handed_over = None, None, election.revision or 0
         self._left_out_of = record.round
-        log.info(
-            "node %s is not in round %d: leaving the leadership to its members", self._node_id(), record.round
-        )
+        log.info("node %s is not in round %d: a member leads", self._node_id(), record.round)
         self._emit("leader", f"{self._node_id()} is not in round {record.round}; a member leads from now on")
 
     def _read_history(self) -> tuple[dict, ...]:
@@ -361,7 +362,7 @@ class RoundLeader:
             )
             if record.sealed:
                 self._drop_old_store(record.round)
-            self._outcome = PendingOutcome(record.round, before)
+            self._outcome, self._outcome_seen = PendingOutcome(record.round, before), record.round
             if record.members and self._node_id() not in record.members:
                 self._hand_over(record)
 

@@ -137,16 +137,17 @@ class RendezvousNodeServices:
         with self._view.cond:
             if self._view.tracking:
                 return {n: e.record for n in wanted if (e := self._view.nodes.get(n)) is not None}
+        return {rec.node: rec for rec in self._read_nodes("left out") if rec.node in wanted}
+
+    def _read_nodes(self, what: str) -> list[NodeRecord]:
+        """Every node record in etcd (one read); a malformed one is logged with ``what`` became of it."""
         kvs, _ = self._client.get_prefix(self._keys.nodes)
-        out = {}
+        out = []
         for kv in kvs:
             try:
-                rec = NodeRecord.parse(kv.key, kv.value)
+                out.append(NodeRecord.parse(kv.key, kv.value))
             except RecordError as exc:
-                log.error("%s", exc)
-                continue
-            if rec.node in wanted:
-                out[rec.node] = rec
+                log.error("%s (%s)", exc, what)
         return out
 
     def set_checkpoint_endpoint(self, port: int, token: str) -> None:
@@ -162,17 +163,11 @@ class RendezvousNodeServices:
         pending = self.pending_round
         if self._session.joined is None and (pending is None or self.node_id not in pending.members):
             return {}
-        kvs, _ = self._client.get_prefix(self._keys.nodes)
-        out = {}
-        for kv in kvs:
-            try:
-                rec = NodeRecord.parse(kv.key, kv.value)
-            except RecordError as exc:
-                log.error("%s (not used as a checkpoint peer)", exc)
-                continue
-            if rec.node != self._session.node_id and rec.ckpt_port and rec.ckpt_token:
-                out[rec.node] = (rec.addr, rec.ckpt_port, rec.ckpt_token)
-        return out
+        return {
+            rec.node: (rec.addr, rec.ckpt_port, rec.ckpt_token)
+            for rec in self._read_nodes("not used as a checkpoint peer")
+            if rec.node != self._session.node_id and rec.ckpt_port and rec.ckpt_token
+        }
 
     def publish_ledger(self, record: LedgerRecord) -> bool:
         """Fenced by the leader's election: False when this node does not lead (see LedgerRecord)."""

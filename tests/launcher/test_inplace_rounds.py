@@ -252,6 +252,22 @@ def test_straggler_swap_in_place_the_straggler_leaves_with_exit_0(etcd, tmp_path
     agent = psutil.Process(demo.nodes[slow].proc.pid)  # the node that left holds no workers
     workers = [p for p in agent.children(recursive=True) if "train.py" in " ".join(p.cmdline())]
     assert [p.pid for p in workers if "spare.py" not in " ".join(p.cmdline())] == []  # a warm spare may wait
+
+    # the swap's outcome is measured, by whichever node leads; a straggler that led handed the leadership
+    # to a member when it wrote the round that leaves it out (rendezvous/leader.py)
+    def measured(_rows):
+        return [
+            e
+            for e in events_of(etcd.endpoint, demo.run_id, "outcome")
+            if e.data["round"] == decision.data["round"]
+        ]
+
+    outcome = wait_for(demo, measured, 60, "the swap's outcome")[0]
+    handed = [e for e in events_of(etcd.endpoint, demo.run_id, "leader") if "a member leads" in e.message]
+    if decision.node == slow:
+        assert [e.node for e in handed] == [slow] and outcome.node != slow, (handed, outcome)
+    else:
+        assert handed == [] and outcome.node == decision.node, (handed, outcome)
     stop_job(demo)
 
     rows = demo.progress()
