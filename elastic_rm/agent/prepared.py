@@ -75,9 +75,8 @@ def predicted_group(spec: Any, r: RoundRecord, records: dict[str, NodeRecord], n
     return group
 
 
-def environments(agent: Any, group: WorkerGroup) -> dict[int, dict[str, str]]:
+def whole(envs: dict[int, dict[str, str]]) -> dict[int, dict[str, str]]:
     """Each local rank's whole environment at its start: the agent's, with torch's worker variables."""
-    _args, envs, _prefixes = worker_envs(agent, group)
     return {rank: {**os.environ, **env} for rank, env in envs.items()}
 
 
@@ -100,11 +99,11 @@ class PreparedStart:
         """The handler's hook, on the agent's thread inside ``next_rendezvous``: never raises."""
         try:
             why = self._start(r)
+            if why is not None:
+                log.info("round %d: no prepared start of this node's workers: %s", r.round, why)
         except Exception as exc:  # noqa: BLE001 - the round then starts its workers as it always did
             why = f"{type(exc).__name__}: {exc}"
             log.warning("prepared start for round %d failed: %s", r.round, why)
-        if why is not None:
-            log.info("round %d: no prepared start of this node's workers: %s", r.round, why)
         if why is not None and self._started is not None and self._started.round != r.round:
             self.discard(f"round {r.round} formed instead ({why})")
 
@@ -117,26 +116,20 @@ class PreparedStart:
             return "this node's workers run (a kept node)"
         node = services.node_id
         records = services.node_records(list(r.members))
-        others = [records.get(m) for m in r.members if m != node]
-        if node not in r.members or len(records) != len(r.members) or not others:
+        if node not in r.members or len(records) != len(r.members) or len(records) < 2:
             return "a member's record is not known yet"
-        if not all(o is not None and o.in_place for o in others):
+        if not all(rec.in_place for m, rec in records.items() if m != node):
             return "not every other member's workers keep their processes (elastic_rm.train.rounds)"
         if records[r.members[0]].master_port <= 0:
             return "rank 0 advertises no port"
         group = predicted_group(agent._worker_group.spec, r, records, node)
         set_worker_environment(agent, r.round)
-        expected = environments(agent, group)
+        args, envs, prefixes = worker_envs(agent, group)
+        expected = whole(envs)
         if self._started is not None:  # their round id (ERM_ROUND) at least is not this round's
             self.discard(f"round {r.round} formed before round {self._started.round} was sealed")
-
-        def with_marker(agent: Any, group: WorkerGroup) -> tuple:
-            args, envs, prefixes = worker_envs(agent, group)
-            for env in envs.values():
-                env[ENV_PREPARED] = str(r.round)
-            return args, envs, prefixes
-
-        context = start_workers(agent, group, pool, envs_of=with_marker)
+        marked = {rank: {**env, ENV_PREPARED: str(r.round)} for rank, env in envs.items()}
+        context = start_workers(agent, group, pool, given=(args, marked, prefixes))
         self._started = _Started(r.round, expected, context, time.time())
         pids = context.pids()
         agent._orphan_guard.watch(list(pids.values()))
@@ -162,7 +155,7 @@ class PreparedStart:
         if joined is None or joined.round != started.round:
             sealed = joined.round if joined is not None else "none"
             return self._drop(started, f"round {sealed} was sealed, not the prepared round {started.round}")
-        now = environments(self._agent, group)
+        now = whole(worker_envs(self._agent, group)[1])
         if now != started.expected:
             return self._drop(
                 started, f"the sealed round's environment differs in {_differing(now, started.expected)}"

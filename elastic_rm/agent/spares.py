@@ -308,11 +308,11 @@ def worker_envs(agent: Any, worker_group: Any) -> tuple[dict[int, tuple], dict[i
     return args, envs, prefixes
 
 
-def start_workers(agent: Any, worker_group: Any, pool: SparePool, envs_of: Any = worker_envs) -> SpareContext:
+def start_workers(agent: Any, worker_group: Any, pool: SparePool, given: tuple | None = None) -> SpareContext:
     """torch's ``_start_workers`` with :class:`SpareContext` in place of ``start_processes``.
-    ``envs_of``: :func:`worker_envs`, or a caller's that adds to its environments."""
+    ``given``: the (args, environments, prefixes) to start with, else :func:`worker_envs`'."""
     spec = worker_group.spec
-    args, envs, prefixes = envs_of(agent, worker_group)
+    args, envs, prefixes = given or worker_envs(agent, worker_group)
     agent._setup_local_watchdog(envs=envs)
     agent._setup_healthcheck()
     if spec.entrypoint is None or agent._logs_specs is None:

@@ -61,6 +61,13 @@ def assert_ledger_ok(rows) -> None:
     assert ledger and all(c["ok"] for c in ledger), ledger
 
 
+def two_nodes_training(demo, endpoint: str) -> None:
+    """Start node-a and node-b and wait until world 2 trained 15 steps (the scale-up tests' start)."""
+    for name in ("node-a", "node-b"):
+        demo.start_node(name, endpoint)
+    wait_for(demo, lambda rows: len(steps_of(rows, world=2)) >= 15, 240, "15 steps at world 2")
+
+
 def in_place_events(endpoint: str, run_id: str) -> list:
     return [e for e in events_of(endpoint, run_id, "round") if "in_place" in e.data]
 
@@ -68,9 +75,7 @@ def in_place_events(endpoint: str, run_id: str) -> list:
 def test_scale_up_in_place_keeps_the_staying_workers(etcd, tmp_path, cleanup):  # noqa: F811
     demo = make_demo(tmp_path, "2:3", script_args=["--in-place"])
     cleanup.append(demo)
-    for name in ("node-a", "node-b"):
-        demo.start_node(name, etcd.endpoint)
-    wait_for(demo, lambda rows: len(steps_of(rows, world=2)) >= 15, 240, "15 steps at world 2")
+    two_nodes_training(demo, etcd.endpoint)
     t_up = time.time()
     demo.start_node("node-c", etcd.endpoint)
     wait_for(demo, lambda rows: len(steps_of(rows, world=3)) >= 10, 240, "10 steps at world 3")
@@ -122,9 +127,7 @@ def test_a_prepared_joiner_whose_round_seals_otherwise_is_stopped_and_the_round_
     # node's worker, started before the seal for the advertised port, does not fit the sealed round
     demo = make_demo(tmp_path, "2:3", script_args=["--in-place"])
     cleanup.append(demo)
-    for name in ("node-a", "node-b"):
-        demo.start_node(name, etcd.endpoint)
-    wait_for(demo, lambda rows: len(steps_of(rows, world=2)) >= 15, 240, "15 steps at world 2")
+    two_nodes_training(demo, etcd.endpoint)
     rank0 = current_round(etcd.endpoint, demo.run_id).members[0]
     keys = Keyspace(DEFAULT_PREFIX, demo.run_id)
     with EtcdClient(etcd.endpoint, timeout=5) as client:
@@ -175,9 +178,7 @@ def test_a_rank_that_fails_its_in_place_round_falls_back_to_a_restart(etcd, tmp_
     # exit, the other agents see the newer round its agent asks for; all restart with new processes
     demo = make_demo(tmp_path, "2:3", script_args=["--in-place", "--raise-in-place-on-rank", "1"])
     cleanup.append(demo)
-    for name in ("node-a", "node-b"):
-        demo.start_node(name, etcd.endpoint)
-    wait_for(demo, lambda rows: len(steps_of(rows, world=2)) >= 15, 240, "15 steps at world 2")
+    two_nodes_training(demo, etcd.endpoint)
     demo.start_node("node-c", etcd.endpoint)
     wait_for(demo, lambda rows: len(steps_of(rows, world=3)) >= 10, 300, "10 steps at world 3")
     stop_job(demo)
