@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 from elastic_rm.proc import kill_tree
@@ -69,3 +71,14 @@ def stop_processes(procs: list[subprocess.Popen]) -> None:
             p.wait(10)
         except subprocess.TimeoutExpired:
             pass
+
+
+def end_run(procs: list[subprocess.Popen], etcd: Any, run_id: str, workdir: Path | None = None) -> None:
+    """After a run of ``ermrun`` nodes: stop them (by pid) and their etcd, free the run's node memory
+    (/dev/shm) and, given, its work directory."""
+    stop_processes(procs)
+    if etcd is not None:
+        etcd.stop()
+    shutil.rmtree(Path("/dev/shm/elastic-rm") / run_id, ignore_errors=True)
+    if workdir is not None:
+        shutil.rmtree(workdir, ignore_errors=True)

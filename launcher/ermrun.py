@@ -41,6 +41,7 @@ OUR_FLAGS = (
     "quiet",
     "spares",
     "spare_preload",
+    "malloc_arenas",
 )
 
 
@@ -150,6 +151,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MODULES",
         help="Modules the spares import while they wait, comma-separated (default torch; e.g. torch,torchrec).",
     )
+    group.add_argument(
+        "--malloc-arenas",
+        type=int,
+        default=1,
+        metavar="N",
+        help="glibc malloc arenas of each worker and spare (MALLOC_ARENA_MAX; default 1: a worker kept "
+        "across rounds then reuses the memory its threads freed; 0: glibc's default). A MALLOC_ARENA_MAX "
+        "in the environment wins.",
+    )
     return parser
 
 
@@ -232,6 +242,7 @@ def _agent_options(args: argparse.Namespace) -> AgentOptions:
         event_sample_interval_s=args.event_sample_interval,
         spares=args.spares == "on",
         spare_preload=tuple(n.strip() for n in args.spare_preload.split(",") if n.strip()),
+        malloc_arenas=args.malloc_arenas,
     )
     options.validate()
     if args.event_log:

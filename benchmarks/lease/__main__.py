@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,7 +22,7 @@ import time
 import uuid
 from pathlib import Path
 
-from benchmarks.common import stop_processes, write_result
+from benchmarks.common import end_run, write_result
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.etcd.server import EtcdServer
 from elastic_rm.obs import events as ev
@@ -97,10 +96,7 @@ def trial(ttl: int, seconds: float, burners: int, pace: float) -> dict:
         for p in burn:
             p.kill()  # by pid: the burners this trial started
             p.wait(10)
-        stop_processes(procs)
-        etcd.stop()
-        shutil.rmtree(Path("/dev/shm/elastic-rm") / run_id, ignore_errors=True)
-        shutil.rmtree(workdir, ignore_errors=True)
+        end_run(procs, etcd, run_id, workdir)
 
 
 def main() -> None:

@@ -37,7 +37,7 @@ import time
 import uuid
 from pathlib import Path
 
-from benchmarks.common import fmt, stop_processes, summarize, write_result
+from benchmarks.common import end_run, fmt, stop_processes, summarize, write_result
 from benchmarks.recovery.breakdown import breakdown
 from benchmarks.recovery.breakdown import planned as planned_breakdown
 from elastic_rm.etcd.server import EtcdServer, free_port
@@ -146,10 +146,7 @@ def trial(launcher: str, sig: int, limit: float) -> dict:
             time.sleep(0.1)
         return {"ok": False, "error": f"survivors did not train at world 2 within {limit:.0f}s"}
     finally:
-        stop_processes(procs)
-        if etcd is not None:
-            etcd.stop()
-        shutil.rmtree(Path("/dev/shm/elastic-rm") / run_id, ignore_errors=True)
+        end_run(procs, etcd, run_id)
 
 
 def round_change(rows: list[dict], since: float) -> dict | None:

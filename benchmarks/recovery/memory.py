@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import signal
 import tempfile
 import time
@@ -29,8 +28,9 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks.common import stop_processes, summarize, write_result
+from benchmarks.common import end_run, summarize, write_result
 from benchmarks.recovery.__main__ import progress, start_node
+from elastic_rm.agent.malloc import DEFAULT_ARENAS
 from elastic_rm.etcd.server import EtcdServer
 from elastic_rm.proc import signal_tree
 
@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="erm-memory-"))
     run_id = f"mem-{uuid.uuid4().hex[:8]}"
     etcd = EtcdServer().start()
-    extra = ["--spares", "on", "--spare-preload", PRELOAD]
+    extra = ["--spares", "on", "--spare-preload", PRELOAD, "--malloc-arenas", str(args.malloc_arenas)]
     if args.probe:  # memory_probe/sitecustomize.py in every process; its dumps stall them: a longer lease
         os.makedirs(args.probe, exist_ok=True)
         os.environ.update(ERM_MEMDIAG_DIR=args.probe, PYTHONPATH=str(Path(__file__).parent / "memory_probe"))
@@ -197,11 +197,7 @@ def run(args: argparse.Namespace) -> dict:
             )
         return {"ok": True, "rounds": rounds}
     finally:
-        stop_processes(procs)
-        etcd.stop()
-        shutil.rmtree(Path("/dev/shm/elastic-rm") / run_id, ignore_errors=True)
-        if not args.keep:
-            shutil.rmtree(workdir, ignore_errors=True)
+        end_run(procs, etcd, run_id, None if args.keep else workdir)
 
 
 def summary(rounds: list[dict]) -> dict:
@@ -255,6 +251,12 @@ def main() -> None:
     )
     p.add_argument("--steps", type=int, default=20, help="steps each round trains before it is sampled")
     p.add_argument("--limit", type=float, default=120.0, help="seconds to wait for each round (default 120)")
+    p.add_argument(
+        "--malloc-arenas",
+        type=int,
+        default=DEFAULT_ARENAS,
+        help=f"ermrun --malloc-arenas of the nodes (default {DEFAULT_ARENAS}, ermrun's; 0: glibc's default)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs, progress rows)")
     p.add_argument(
         "--probe",

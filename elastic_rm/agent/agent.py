@@ -39,6 +39,7 @@ from . import ckpt_hooks, finish, stop
 from .channel import AgentChannel
 from .http import AgentHttpServer
 from .inplace import InPlaceRounds
+from .malloc import DEFAULT_ARENAS, set_worker_arenas
 from .monitor import ResourceMonitor
 from .node_events import emit_new_checkpoints, emit_sample
 from .prepared import PreparedStart, set_worker_environment
@@ -77,6 +78,9 @@ class AgentOptions:
     cpu_limit: float | None = None  # --cpu-limit: this node's CPU share
     spares: bool = True  # keep one warm spare worker process per local rank (elastic_rm.agent.spares)
     spare_preload: tuple[str, ...] = ("torch",)  # what the spares import while they wait
+    malloc_arenas: int = (
+        DEFAULT_ARENAS  # MALLOC_ARENA_MAX of the workers and spares (agent/malloc.py); 0: glibc's
+    )
 
     def validate(self) -> None:
         if self.sample_interval_s <= 0:
@@ -89,6 +93,8 @@ class AgentOptions:
             raise ValueError(
                 f"--event-sample-interval must be >= 0 seconds (0: off), got {self.event_sample_interval_s}"
             )
+        if self.malloc_arenas < 0:
+            raise ValueError(f"--malloc-arenas must be >= 0 (0: glibc's default), got {self.malloc_arenas}")
         if self.spares:
             parse_preload(",".join(self.spare_preload))
 
@@ -131,6 +137,7 @@ class ElasticRMAgent(LocalElasticAgent):
         # workers run in sessions of their own: without it they would train on after this agent's death
         self._orphan_guard = Watchdog()
         self._orphan_guard.watch([], remove=[self.channel.directory])  # gone with the agent, SIGKILL included
+        set_worker_arenas(self.options.malloc_arenas)  # before any spare or worker starts
         self.spares = spare_pool(self.options, self._worker_group.spec, self._orphan_guard, self.events)
         self.prepared = PreparedStart(self)  # a joining node's workers, started before the seal
         if services is not None:

@@ -49,3 +49,48 @@ def test_bad_spare_flags_are_clear_errors(tmp_path, args, message):
     assert result.returncode == 2
     assert message in result.stderr, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
+
+
+ARENAS_SCRIPT = """
+import os
+# the environment this process was started with is the one glibc's malloc read (a spare's os.environ is
+# replaced by its round's): /proc/self/environ keeps it
+started = dict(v.split("=", 1) for v in open("/proc/self/environ").read().split("\\0") if "=" in v)
+print(f"arenas env {os.environ.get('MALLOC_ARENA_MAX')} started {started.get('MALLOC_ARENA_MAX')}", flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    "args,user,expected",
+    [
+        ([], None, "1"),  # the default: one arena, from the spare's start on
+        (["--spares", "off"], None, "1"),  # workers torch starts inherit it too
+        (["--malloc-arenas", "0"], None, "None"),  # glibc's default
+        (["--malloc-arenas", "2"], "4", "4"),  # the user's own MALLOC_ARENA_MAX wins
+    ],
+)
+def test_workers_start_with_the_malloc_arenas_asked_for(tmp_path, monkeypatch, args, user, expected):
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)  # an agent built in this process set it
+    if user is not None:
+        monkeypatch.setenv("MALLOC_ARENA_MAX", user)
+    script = tmp_path / "arenas.py"
+    script.write_text(ARENAS_SCRIPT)
+    result = run([*args, "--standalone", "--nproc-per-node", "1", str(script)], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"arenas env {expected} started {expected}" in result.stdout, result.stdout[-2000:]
+    if "--spares" not in args:
+        assert "1 worker(s) started from warm spares" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--malloc-arenas", "-1"], "--malloc-arenas must be >= 0"),
+        (["--malloc-arenas", "one"], "argument --malloc-arenas: invalid int value: 'one'"),
+    ],
+)
+def test_a_bad_malloc_arenas_is_a_clear_error(tmp_path, args, message):
+    result = run([*args, "--standalone", "x.py"], tmp_path, timeout=60)
+    assert result.returncode == 2
+    assert message in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
