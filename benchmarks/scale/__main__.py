@@ -333,7 +333,7 @@ def main() -> None:
     if args.jobs:
         case(f"{args.jobs}x{args.job_nodes}", lambda: run_case(
             args.job_nodes, args.jobs, args.procs, args.steady, True, log_dir, join_only,
-            only_failure=args.only == "failure"))  # fmt: skip
+            args.profile, args.only == "failure"))  # fmt: skip
     ratios = {}
     base = cases.get("N=128", {}).get("join", {}).get("latency_s")
     for name, c in cases.items():
