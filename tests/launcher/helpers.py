@@ -41,3 +41,19 @@ def steps_at_world(tmp_path, node: str, world: int, since: float = 0.0) -> int:
 
 
 PY = sys.executable
+
+
+def exit_code_after(p, timeout: float, stderr=None) -> int:
+    """``p``'s exit code within ``timeout``; a process still running then is made to dump every thread's
+    stack (it must run with ``PYTHONFAULTHANDLER=1``; SIGABRT) and the failure shows where it hung.
+    ``stderr``: reads what it wrote there (default: ``p.stderr``)."""
+    import signal
+    import subprocess
+
+    try:
+        return p.wait(timeout)
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGABRT)
+        p.wait(10)
+        dump = stderr() if stderr is not None else p.stderr.read()
+        raise AssertionError(f"still running {timeout:.0f}s later; its threads:\n{dump[-6000:]}") from None

@@ -32,7 +32,7 @@ from elastic_rm.obs.events import EventLog
 from elastic_rm.wire.keyspace import Keyspace
 from launcher.erm import main as erm_main
 from tests.conftest import BIN, REPO, Proc
-from tests.launcher.helpers import records, wait_until
+from tests.launcher.helpers import exit_code_after, records, wait_until
 
 REPORTING = os.path.join(REPO, "tests", "workers", "reporting.py")
 ERM = os.path.join(BIN, "erm")
@@ -150,6 +150,7 @@ def test_top_renders_in_80_columns_and_follows_etcd(job):
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 60, 80, 0, 0))
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     env["TERM"] = "xterm-256color"
+    env["PYTHONFAULTHANDLER"] = "1"  # a hang at exit shows its stacks (exit_code_after)
     p = subprocess.Popen([ERM, "top", "--endpoint", job.endpoint, "--run-id", job.run_id], stdin=slave,
                          stdout=slave, stderr=slave, env=env, start_new_session=True)  # fmt: skip
     os.close(slave)
@@ -167,6 +168,17 @@ def test_top_renders_in_80_columns_and_follows_etcd(job):
                     break
         return ANSI.sub("", screen.decode(errors="replace"))
 
+    def rest_of_screen() -> str:
+        """What it wrote in the next 5 s (its stacks, once made to dump them)."""
+        out = b""
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and select.select([master], [], [], 0.5)[0]:
+            try:
+                out += os.read(master, 65536)
+            except OSError:
+                break
+        return out.decode(errors="replace")
+
     try:
         text = read_until("recent events")
         assert f"run {job.run_id}" in text and "decisions" in text and "samples/s" in text
@@ -180,7 +192,7 @@ def test_top_renders_in_80_columns_and_follows_etcd(job):
         lines = [line for chunk in text.split("\n") for line in chunk.split("\r")]
         assert max(len(line.rstrip()) for line in lines) <= 80, max(lines, key=len)
         p.send_signal(signal.SIGINT)
-        assert p.wait(30) == 0
+        assert exit_code_after(p, 30, stderr=rest_of_screen) == 0
     finally:
         if p.poll() is None:
             p.kill()
@@ -257,7 +269,8 @@ def test_erm_events_follow_prints_new_events_as_they_come(etcd, run_id):
         log.emit("job", "already there", status="started")
         assert log.flush()
         p = subprocess.Popen([ERM, "events", "--endpoint", etcd.endpoint, "--run-id", run_id, "--follow"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ, PYTHONFAULTHANDLER="1"))  # fmt: skip
         try:
             assert "already there" in p.stdout.readline()  # printed before the watch starts
             log.emit("failure", "rank 1 exited 7", ranks=[1], exit_codes=[7])
@@ -269,7 +282,7 @@ def test_erm_events_follow_prints_new_events_as_they_come(etcd, run_id):
                 ("n0", "drain", "drained 2 worker(s) at step 40\n"),
             }
             p.send_signal(signal.SIGINT)
-            assert p.wait(30) == 0
+            assert exit_code_after(p, 30) == 0
         finally:
             if p.poll() is None:
                 p.kill()
