@@ -18,6 +18,13 @@ from tests.leftovers import SessionMarks
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
 
+# A suite started in the background (`make test &`, nohup, a non-interactive shell's job) inherits SIGINT
+# ignored, and every process it starts would too: Python then installs no KeyboardInterrupt handler, and a
+# test that stops `erm top` with Ctrl-C's signal waits for nothing. Tests start their processes as from a
+# terminal: with Python's own handler here, a child execs with SIGINT at its default.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def no_leftovers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:

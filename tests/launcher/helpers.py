@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import glob
 import os
+import signal
+import subprocess
 import sys
 import time
 
@@ -47,13 +49,33 @@ def exit_code_after(p, timeout: float, stderr=None) -> int:
     """``p``'s exit code within ``timeout``; a process still running then is made to dump every thread's
     stack (it must run with ``PYTHONFAULTHANDLER=1``; SIGABRT) and the failure shows where it hung.
     ``stderr``: reads what it wrote there (default: ``p.stderr``)."""
-    import signal
-    import subprocess
-
     try:
         return p.wait(timeout)
     except subprocess.TimeoutExpired:
+        masks = signal_masks(p.pid)
         p.send_signal(signal.SIGABRT)
         p.wait(10)
         dump = stderr() if stderr is not None else p.stderr.read()
-        raise AssertionError(f"still running {timeout:.0f}s later; its threads:\n{dump[-6000:]}") from None
+        raise AssertionError(
+            f"still running {timeout:.0f}s later; {masks}; its threads:\n{dump[-6000:]}"
+        ) from None
+
+
+def signal_masks(pid: int) -> str:
+    """The process's pending, blocked, ignored and caught signals, and each thread's blocked set
+    (/proc): whether a signal it did not act on was ignored, blocked or went to another thread."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            process = [
+                line.strip()
+                for line in f
+                if line.startswith(("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt"))
+            ]
+        threads = []
+        for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                blocked = next((line.split()[1] for line in f if line.startswith("SigBlk")), "?")
+            threads.append(f"{tid}:{blocked}")
+    except OSError as exc:
+        return f"no /proc status ({exc})"
+    return f"{' '.join(process)}; threads' SigBlk {' '.join(threads)}"
