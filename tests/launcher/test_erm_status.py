@@ -156,27 +156,32 @@ def test_top_renders_in_80_columns_and_follows_etcd(job):
     os.close(slave)
     screen = b""
 
+    def read_more(wait_s: float) -> bytes | None:
+        """What the terminal has within ``wait_s`` (b"": nothing yet); None once it is closed."""
+        if not select.select([master], [], [], wait_s)[0]:
+            return b""
+        try:
+            return os.read(master, 65536)
+        except OSError:
+            return None
+
     def read_until(needle: str, timeout: float = 60) -> str:
         nonlocal screen
         deadline = time.monotonic() + timeout
         while needle not in ANSI.sub("", screen.decode(errors="replace")):
             assert time.monotonic() < deadline, f"{needle!r} not shown:\n{screen.decode(errors='replace')}"
-            if select.select([master], [], [], 0.5)[0]:
-                try:
-                    screen += os.read(master, 65536)
-                except OSError:
-                    break
+            chunk = read_more(0.5)
+            if chunk is None:
+                break
+            screen += chunk
         return ANSI.sub("", screen.decode(errors="replace"))
 
     def rest_of_screen() -> str:
         """What it wrote in the next 5 s (its stacks, once made to dump them)."""
         out = b""
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and select.select([master], [], [], 0.5)[0]:
-            try:
-                out += os.read(master, 65536)
-            except OSError:
-                break
+        while time.monotonic() < deadline and (chunk := read_more(0.5)):
+            out += chunk
         return out.decode(errors="replace")
 
     try:
