@@ -7,7 +7,9 @@ scale-down), do members still active in the current round: a live registration p
 agents join the sealed round as soon as they have stopped their workers, and every node advertises a port
 for the next round in its record. At 1,000 nodes, waiting for 1,000 acks made the failure round last
 longer than the lease TTL. Others (a node not yet registered for the current round, a newcomer next to
-active members) ack first.
+active members) ack first. So does a member of the current sealed round whose record still says it is
+waiting for an earlier one: that record is from before it joined the current round (the update to active
+is not waited for), and the port it advertises may be the one the current round's rank 0 binds now.
 """
 
 from __future__ import annotations
@@ -35,7 +37,13 @@ def sealed_at_once(
         if node is None:
             return False
         if node.state in WAITING:
-            return True
+            stale = (
+                current is not None
+                and current.sealed
+                and node.node in current.members
+                and node.round < current.round
+            )  # registered before it joined the current round
+            return not stale
         return (
             survivors
             and node.state == NodeState.ACTIVE

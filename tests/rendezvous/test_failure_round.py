@@ -46,6 +46,11 @@ def test_rounds_that_need_acks_stay_unsealed():
         # the current round was never sealed: its members never ran it
         (survivors, [node("b", NodeState.ACTIVE, 7), node("c", NodeState.ACTIVE, 7)],
          RoundRecord(7, ("a", "b", "c"))),
+        # a member of the current round whose record is still the one it waited for that round with (its
+        # update to active not yet in etcd), next to a newcomer: its advertised port may be in use now
+        (RoundRecord(8, ("a", "b", "d")),
+         [node("a", NodeState.JOINING, 0), node("b", NodeState.JOINING, 0), node("d", NodeState.JOINING, 0)],
+         CURRENT),
     ]  # fmt: skip
     for record, members, current in cases:
         assert not sealed_at_once(record, members, current).sealed, (record, members)
