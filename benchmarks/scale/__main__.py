@@ -11,12 +11,16 @@ the control plane). Measured, per N:
 - steady state (``--steady`` s): CPU of the leader's process, of the node processes (per node), of etcd;
   etcd writes/s (puts, deletes, txns), database size, keep-alive gaps of every lease, rounds that churned;
 - ``erm status`` (one read of the run) and one ``erm top`` frame, at N;
-- failure: the lone node is SIGKILLed; time until every survivor holds the next round.
+- failure: the lone node is SIGKILLed; time until every survivor holds the next round (with
+  ``--ckpt-ports`` its refused checkpoint port ends its lease early: rendezvous/dead_peers.py; without,
+  its lease's TTL does).
 
 ``--jobs J``: J jobs of N nodes each on the same etcd (leaders wherever they win; the node killed is the
 first job's).
 Baseline in the same run: the N=128 case (``--sizes`` starts with it); c10d's join is in
-benchmarks/rendezvous. Writes benchmarks/results/scale.json (or ``--name``).
+benchmarks/rendezvous. With ``--ckpt-ports``, each case is followed by ``<case>-ttl-only``: the same join
+and failure with no checkpoint ports, so the killed node's lease ends by its TTL (the ratio
+``failure.<case>/ttl-only``). Writes benchmarks/results/scale.json (or ``--name``).
 """
 
 from __future__ import annotations
@@ -311,9 +315,14 @@ def main() -> None:
     p.add_argument(
         "--lease-ttl", default="", help="every node's lease_ttl in seconds (default: the handler's)"
     )
+    p.add_argument("--ckpt-ports", action="store_true",
+                   help="every simulated node serves a checkpoint port, as agents do: the peer probe runs, "
+                        "and a killed node's refused port revokes its lease (rendezvous/dead_peers.py)")  # fmt: skip
     args = p.parse_args()
     if args.lease_ttl:
         os.environ["ERM_SCALE_LEASE_TTL"] = args.lease_ttl  # read by child.py for every node process
+    if args.ckpt_ports:
+        os.environ["ERM_SCALE_CKPT_PORTS"] = "1"
     load_start = os.getloadavg()
     join_only = args.only == "join"
     log_dir = tempfile.mkdtemp(prefix="erm-scale-logs-")
@@ -327,19 +336,26 @@ def main() -> None:
             cases[name] = {"error": f"{type(exc).__name__}: {exc}"[:500], "join": {"latency_s": None}}
             print(f"{name}: failed: {cases[name]['error']}", flush=True)
 
-    for n in [int(s) for s in args.sizes.split(",") if s]:
-        case(f"N={n}", lambda n=n: run_case(n, 1, args.procs, args.steady, True, log_dir, join_only,
-                                            args.profile, args.only == "failure"))  # fmt: skip
+    shapes = [(f"N={n}", n, 1) for n in [int(s) for s in args.sizes.split(",") if s]]
     if args.jobs:
-        case(f"{args.jobs}x{args.job_nodes}", lambda: run_case(
-            args.job_nodes, args.jobs, args.procs, args.steady, True, log_dir, join_only,
-            args.profile, args.only == "failure"))  # fmt: skip
+        shapes.append((f"{args.jobs}x{args.job_nodes}", args.job_nodes, args.jobs))
+    for name, n, jobs in shapes:
+        case(name, lambda n=n, jobs=jobs: run_case(n, jobs, args.procs, args.steady, True, log_dir, join_only,
+                                                   args.profile, args.only == "failure"))  # fmt: skip
+        if args.ckpt_ports and not join_only:  # the baseline: the same failure with no port to refuse
+            del os.environ["ERM_SCALE_CKPT_PORTS"]
+            case(f"{name}-ttl-only", lambda n=n, jobs=jobs: run_case(
+                n, jobs, args.procs, 0, True, log_dir, False, "", True))  # fmt: skip
+            os.environ["ERM_SCALE_CKPT_PORTS"] = "1"
     ratios = {}
     base = cases.get("N=128", {}).get("join", {}).get("latency_s")
     for name, c in cases.items():
         lat = c["join"]["latency_s"]
-        if base and lat:
+        if base and lat and not name.endswith("ttl-only"):
             ratios[f"join.{name}/N=128"] = lat / base
+        ttl_only = cases.get(f"{name}-ttl-only", {}).get("failure", {}).get("latency_s")
+        if ttl_only and (fail := c.get("failure", {}).get("latency_s")):
+            ratios[f"failure.{name}/ttl-only"] = fail / ttl_only
     payload = {"config": vars(args), "cases": cases, "ratios": ratios, "load_avg_at_end": os.getloadavg(),
                "load_avg_at_start": load_start, "logs": log_dir}  # fmt: skip
     path = write_result(args.name, payload)

@@ -23,6 +23,8 @@ class Child:
             argv += ["--profile", os.path.join(profile, f"{tag}.json")]
         if os.environ.get("ERM_SCALE_LEASE_TTL"):  # set by benchmarks.scale --lease-ttl
             argv += ["--lease-ttl", os.environ["ERM_SCALE_LEASE_TTL"]]
+        if os.environ.get("ERM_SCALE_CKPT_PORTS"):  # set by benchmarks.scale --ckpt-ports
+            argv += ["--ckpt-ports"]
         self.tag = tag
         self.log = open(os.path.join(log_dir, f"{tag}.log"), "w")
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,

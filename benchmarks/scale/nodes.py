@@ -4,7 +4,10 @@ registry), each doing what a node's agent does to the control plane, without tra
 Per node, as ``ElasticRMAgent`` does: ``next_rendezvous()``; then ``num_nodes_waiting()`` every 0.1 s
 (torch's monitor interval) and a new ``next_rendezvous()`` when it is positive; a metrics record a second
 through ``services.publish_metrics`` (the agent's record, with a few percent of noise on a steady load);
-a "sample" event every ``--event-sample-interval`` seconds through the node's event log.
+a "sample" event every ``--event-sample-interval`` seconds through the node's event log. With
+``--ckpt-ports``, each node also serves a checkpoint port (a socket that accepts and closes, one thread per
+process for all of them), as each agent's checkpoint server does: the peer probe then runs as on real
+nodes (each node connects to up to 8 round peers every 0.5 s), and a killed node's port is refused.
 
 stdout: JSON lines. ``{"ev": "ready"}`` once every handler exists; ``{"ev": "joined", ...}`` after the
 first round (per node: start, end, rank, world, the round's write time); ``{"ev": "round", ...}`` for
@@ -19,6 +22,8 @@ import json
 import logging
 import os
 import random
+import selectors
+import socket
 import sys
 import threading
 import time
@@ -60,6 +65,30 @@ class Node:
         self.next_sample = 0.0
 
 
+def serve_checkpoint_ports(nodes: list[Node]) -> None:
+    """A listening socket per node, published as its checkpoint endpoint; one thread accepts (and closes)
+    every connection, as a checkpoint server answers the peer probe's connects."""
+    sel = selectors.DefaultSelector()
+    for node in nodes:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(256)
+        sock.setblocking(False)
+        sel.register(sock, selectors.EVENT_READ)
+        node.services.set_checkpoint_endpoint(sock.getsockname()[1], "bench")
+
+    def accept_loop() -> None:
+        while True:
+            for key, _ in sel.select():
+                try:
+                    conn, _ = key.fileobj.accept()  # type: ignore[union-attr]
+                    conn.close()
+                except BlockingIOError:
+                    pass
+
+    threading.Thread(target=accept_loop, daemon=True, name="ckpt-ports").start()
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--endpoint", required=True)
@@ -74,6 +103,7 @@ def main() -> None:
     p.add_argument(
         "--profile", default=None, help="sample every thread's stack during the join into this file"
     )
+    p.add_argument("--ckpt-ports", action="store_true", help="each node serves a checkpoint port (see above)")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
 
@@ -97,6 +127,8 @@ def main() -> None:
             )  # fmt: skip
             nodes.append(Node(run, get_rendezvous_handler(params)))
     k = len(nodes)
+    if args.ckpt_ports:
+        serve_checkpoint_ports(nodes)
     rows: list[dict] = [{} for _ in range(k)]
     barrier = threading.Barrier(k + 1)
 

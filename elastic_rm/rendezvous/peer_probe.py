@@ -6,6 +6,8 @@ servers of its round's other members (a TCP connect, every ``PROBE_INTERVAL_S``)
 at least 2 peers stay unreachable for the window (``--rdzv-conf peer_probe``), the node revokes its own
 lease: the leader sees a lost member, the others train on without it, and its agent stops its workers and
 rejoins. A peer that is gone from etcd does not count (its lease ended: the leader replaces it anyway).
+A peer whose host refuses the connect (nothing listens there: its agent is dead) is also reported, and
+its lease revoked once a quorum of probers agrees (dead_peers.py).
 
 A tie has no majority: two members that cannot reach each other (a round of two), or a node that cannot
 reach exactly half of its peers (in a round of three, the link between two of them cut). Both sides see
@@ -22,19 +24,21 @@ until that rule no longer holds against the run's other live nodes.
 
 from __future__ import annotations
 
+import errno
 import logging
 import random
+import selectors
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 
 from ..background import Background
 from ..etcd.client import EtcdClient, Op
 from ..etcd.errors import EtcdError
 from ..etcd.types import KeyValue
 from ..wire.records import NodeRecord, RecordError
+from .dead_peers import RefusalReports
 from .session import NodeSession
 
 log = logging.getLogger(__name__)
@@ -95,23 +99,47 @@ class CutOffClock:
         self._since = None
 
 
-def reachable(target: Target, timeout_s: float = CONNECT_TIMEOUT_S) -> bool:
-    try:
-        with socket.create_connection(target, timeout=timeout_s):
-            return True
-    except OSError:
-        return False
+OK, REFUSED, NO_ANSWER = "ok", "refused", "no answer"
+
+
+def probe_outcomes(targets: dict[str, Target], timeout_s: float = CONNECT_TIMEOUT_S) -> dict[str, str]:
+    """Each node of ``targets`` -> OK (its address accepted a TCP connection), REFUSED (its host answered
+    that nothing listens there: a reset) or NO_ANSWER (no connection within ``timeout_s``, an unreachable
+    network or host). Non-blocking connects in parallel from this thread: a cut-off peer costs the timeout
+    once, not once per peer, and no thread is started per probe."""
+    out = dict.fromkeys(targets, NO_ANSWER)
+    pending: dict[socket.socket, str] = {}
+    with selectors.DefaultSelector() as sel:
+        try:
+            for node, (addr, port) in targets.items():
+                family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+                sock = socket.socket(family, socket.SOCK_STREAM)
+                sock.setblocking(False)
+                pending[sock] = node
+                code = sock.connect_ex((addr, port))
+                if code in (0, errno.EINPROGRESS, errno.EAGAIN):
+                    sel.register(sock, selectors.EVENT_WRITE)
+                else:
+                    out[node] = _outcome(code)
+            deadline = time.monotonic() + timeout_s
+            while sel.get_map() and (left := deadline - time.monotonic()) > 0:
+                for key, _ in sel.select(left):
+                    sel.unregister(key.fileobj)
+                    sock = key.fileobj  # type: ignore[assignment]
+                    out[pending[sock]] = _outcome(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR))
+        finally:
+            for sock in pending:
+                sock.close()
+    return out
+
+
+def _outcome(code: int) -> str:
+    return OK if code == 0 else REFUSED if code == errno.ECONNREFUSED else NO_ANSWER
 
 
 def unreachable_of(targets: dict[str, Target], timeout_s: float = CONNECT_TIMEOUT_S) -> set[str]:
-    """The nodes of ``targets`` whose address does not accept a TCP connection within ``timeout_s``
-    (probed in parallel: a cut-off peer costs the timeout once, not once per peer)."""
-    if not targets:
-        return set()
-    names = sorted(targets)
-    with ThreadPoolExecutor(max_workers=min(16, len(names)), thread_name_prefix="erm-probe") as pool:
-        ok = list(pool.map(lambda n: reachable(targets[n], timeout_s), names))
-    return {n for n, good in zip(names, ok, strict=True) if not good}
+    """The nodes of ``targets`` whose address does not accept a TCP connection within ``timeout_s``."""
+    return {n for n, outcome in probe_outcomes(targets, timeout_s).items() if outcome != OK}
 
 
 def probe_sample(targets: dict[str, Target], k: int = MAX_PROBED_PEERS) -> dict[str, Target]:
@@ -125,23 +153,31 @@ def probe_sample(targets: dict[str, Target], k: int = MAX_PROBED_PEERS) -> dict[
 def sampled_targets(
     client: EtcdClient, nodes_prefix: str, members: tuple[str, ...], exclude: str, k: int = MAX_PROBED_PEERS
 ) -> dict[str, Target]:
-    """Up to ``k`` round peers, picked at random, that are alive and serve checkpoints: their records only,
-    read in one request. Reading every node's record instead made each of 1,024 nodes read 1,024 records
-    on every round (the scale benchmark's profile: a third of a node process's CPU while rounds changed)."""
+    """Up to ``k`` round peers, picked at random, that are alive and serve checkpoints."""
+    return serving(sampled_records(client, nodes_prefix, members, exclude, k), exclude)
+
+
+def sampled_records(
+    client: EtcdClient, nodes_prefix: str, members: tuple[str, ...], exclude: str, k: int = MAX_PROBED_PEERS
+) -> list[KeyValue]:
+    """The records of up to ``k`` round peers but ``exclude``, picked at random, read in one request (the
+    peers gone from etcd have none). Reading every node's record instead made each of 1,024 nodes read 1,024
+    records on every round (the scale benchmark's profile: a third of a node process's CPU while rounds
+    changed)."""
     peers = sorted(m for m in members if m != exclude)
     picked = random.sample(peers, k) if len(peers) > k else peers
     if not picked:
-        return {}
-    return _serving(client.txn([], [Op.get(nodes_prefix + n) for n in picked]).kvs, exclude)
+        return []
+    return client.txn([], [Op.get(nodes_prefix + n) for n in picked]).kvs
 
 
 def live_targets(client: EtcdClient, nodes_prefix: str, exclude: str) -> dict[str, Target]:
     """Every live node of the run but ``exclude`` that serves checkpoints: node -> (addr, port)."""
     kvs, _ = client.get_prefix(nodes_prefix)
-    return _serving(kvs, exclude)
+    return serving(kvs, exclude)
 
 
-def _serving(kvs: Iterable[KeyValue], exclude: str) -> dict[str, Target]:
+def serving(kvs: Iterable[KeyValue], exclude: str) -> dict[str, Target]:
     """The nodes among these records, but ``exclude``, that serve checkpoints (malformed records skipped)."""
     out = {}
     for kv in kvs:
@@ -172,6 +208,11 @@ class PeerProbe:
         self._newer_round = newer_round
         self._interval_s = interval_s
         self.clock = CutOffClock(window_s)
+        self.refusals = RefusalReports(client, session)  # peers refused: dead, revoked early (dead_peers.py)
+        self._leases: dict[str, int] = {}  # each target's lease, as its record was read
+        # the rule held at the last probe: a node whose peers revoked its lease (dead_peers.py) while it
+        # could not reach them is gated like one that stepped out
+        self.cut_now = False
         self.stepped_out = threading.Event()
         self._thread = Background(self._loop, "erm-peer-probe")
 
@@ -201,10 +242,16 @@ class PeerProbe:
             return 0, {}
         if joined.round != round_seen:
             self.clock.reset()
-            targets = sampled_targets(self._client, self._nodes, joined.members, session.node_id)
+            self.refusals.reset()
+            kvs = sampled_records(self._client, self._nodes, joined.members, session.node_id)
+            targets = serving(kvs, session.node_id)
+            self._leases = {n: kv.lease for kv in kvs if (n := kv.key[len(self._nodes) :]) in targets}
             round_seen = joined.round
-        lost = unreachable_of(targets)
+        outcomes = probe_outcomes(targets)
+        lost = {n for n, outcome in outcomes.items() if outcome != OK}
+        self.refusals.observe(joined.members, {n for n in lost if outcomes[n] == REFUSED}, self._leases)
         later = outranked(joined.members, session.node_id, lost)
+        self.cut_now = cut_off(len(targets), len(lost), later)
         if self.clock.observe(time.monotonic(), len(targets), len(lost), later):
             self.clock.reset()
             self._maybe_step_out(targets, lost)
@@ -244,8 +291,9 @@ class PeerProbe:
     def gate(self) -> None:
         """Called before a node whose lease is gone registers again: after a step-out, wait until it reaches
         more than half of the run's other live nodes (``holds_back``; at most join_timeout, then it rejoins
-        anyway, with a warning). Returns at once for a lease lost any other way."""
-        if not self.stepped_out.is_set():
+        anyway, with a warning); so too when its last probe found it cut off (its peers may have revoked its
+        lease first: dead_peers.py). Returns at once for a lease lost any other way."""
+        if not self.stepped_out.is_set() and not self.cut_now:
             return
         session = self._session
         timeout = session.settings.join_timeout
@@ -279,3 +327,4 @@ class PeerProbe:
                 )  # fmt: skip
             time.sleep(self._interval_s)
         self.stepped_out.clear()
+        self.cut_now = False

@@ -53,6 +53,10 @@ class Keyspace:
     def metric(self, node_id: str) -> str:
         return f"{self.metrics}{node_id}"
 
+    def refused(self, node_id: str) -> str:
+        """The reports of nodes that found ``node_id``'s checkpoint port refused (rendezvous/dead_peers.py)."""
+        return f"{self.run}refused/{node_id}/"
+
     @property
     def leader(self) -> str:
         return f"{self.run}leader"

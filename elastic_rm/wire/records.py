@@ -282,6 +282,26 @@ class AckRecord:
 
 
 @dataclass(frozen=True)
+class RefusedRecord:
+    """``refused/<peer>/<reporter>``, attached to the reporter's lease: the reporter's connects to the peer's
+    checkpoint port were refused (rendezvous/dead_peers.py). ``lease``: the peer's lease the reporter saw
+    its record under; only reports naming the same lease add up."""
+
+    reporter: str
+    lease: int
+    time: float = 0.0
+
+    @classmethod
+    def parse(cls, key: str, raw: bytes) -> RefusedRecord:
+        d = _load(key, raw)
+        return cls(
+            reporter=_field(key, d, "reporter", str),
+            lease=_field(key, d, "lease", int),
+            time=float(_field(key, d, "time", (int, float), 0.0)),
+        )
+
+
+@dataclass(frozen=True)
 class ClosedRecord:
     """``closed``: the job finished; no more rounds."""
 

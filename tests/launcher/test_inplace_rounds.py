@@ -14,6 +14,7 @@ import socket
 import time
 
 import psutil
+import pytest
 
 from elastic_rm.demo.checks import checks, drained_checksum
 from elastic_rm.etcd.client import EtcdClient
@@ -118,6 +119,7 @@ def test_scale_up_in_place_keeps_the_staying_workers(etcd, tmp_path, cleanup):  
     assert set(prepared[-1].data["from_spares"].values()) == pids_of(rows, "node-c")  # a warm spare's
 
 
+@pytest.mark.slow  # end to end, ~25-50 s on 2 cores: make test-all
 def test_a_prepared_joiner_whose_round_seals_otherwise_is_stopped_and_the_round_starts_it_anew(
     etcd,
     tmp_path,
@@ -286,6 +288,7 @@ def test_straggler_swap_in_place_the_straggler_leaves_with_exit_0(etcd, tmp_path
     assert_ledger_ok(rows)
 
 
+@pytest.mark.slow  # end to end, ~25-50 s on 2 cores: make test-all
 def test_two_local_ranks_per_node_keep_their_processes_and_take_new_global_ranks(etcd, tmp_path, cleanup):  # noqa: F811
     """Several workers per node: torch's rank assignment gives the kept workers their global ranks in the
     new world (node-c's workers come after them), each local rank keeps its process."""

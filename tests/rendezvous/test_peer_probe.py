@@ -88,9 +88,40 @@ class Acceptor:
             conn.close()
 
     def close(self) -> None:
+        if self.sock.fileno() == -1:  # closed already
+            return
         self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
         self._thread.join(5)
+
+
+class BlackHole:
+    """A port whose connects get no answer, as across a cut link (a closed port would be refused instead:
+    a dead agent, dead_peers.py): a listening socket with a backlog of one, filled and never accepted; the
+    kernel then drops new SYNs."""
+
+    def __init__(self, port: int = 0) -> None:
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", port))
+        self.sock.listen(0)
+        self.port = self.sock.getsockname()[1]
+        self._fill = []
+        for _ in range(2):
+            c = socket.socket()
+            c.setblocking(False)
+            c.connect_ex(("127.0.0.1", self.port))
+            self._fill.append(c)
+
+    @classmethod
+    def replacing(cls, server: Acceptor) -> BlackHole:
+        server.close()
+        return cls(server.port)
+
+    def close(self) -> None:
+        for c in self._fill:
+            c.close()
+        self.sock.close()
 
 
 def test_probes_are_real_tcp_connects():
@@ -118,10 +149,11 @@ def test_a_node_that_reaches_etcd_but_not_its_peers_steps_out_and_rejoins_once_i
         assert {i.world_size for i in infos.values()} == {3}
         cut = next(n for n, h in handlers.items() if h.services.leading == (role == "leader"))
         rest = sorted(set(handlers) - {cut})
+        holes = {}
         for (
             name
         ) in rest:  # the cut node's peers stop answering it (and each other: one of two is no majority)
-            servers[name].close()
+            holes[name] = BlackHole.replacing(servers[name])
         c = handlers[cut]
         assert wait_for(lambda: c._session.lease_lost, timeout=20), f"{cut} did not step out"
         assert not any(handlers[n]._session.lease_lost for n in rest)
@@ -133,6 +165,7 @@ def test_a_node_that_reaches_etcd_but_not_its_peers_steps_out_and_rejoins_once_i
         assert t.is_alive() and "info" not in rejoined
         assert c.view.round is not None and sorted(c.view.round.members) == rest
         for name in rest:  # the link heals
+            holes[name].close()
             servers[name] = Acceptor(servers[name].port)
         assert wait_for(lambda: handlers[rest[0]].num_nodes_waiting() > 0, timeout=20), f"no round with {cut}"
         three = join_all([handlers[n] for n in rest])
