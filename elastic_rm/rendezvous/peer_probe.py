@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from ..background import Background
-from ..etcd.client import EtcdClient, Op
+from ..etcd.client import EtcdClient
 from ..etcd.errors import EtcdError
 from ..etcd.types import KeyValue
 from ..wire.records import NodeRecord, RecordError
@@ -43,7 +43,10 @@ from .session import NodeSession
 
 log = logging.getLogger(__name__)
 
-PROBE_INTERVAL_S = 0.5
+PROBE_INTERVAL_S = 1.0
+# after a refused connect, the next probe comes this soon: a dead peer is reported (dead_peers.py) without
+# waiting a whole interval, while a healthy run costs each node one round of connects a second
+CONFIRM_S = 0.2
 CONNECT_TIMEOUT_S = 0.5
 GATE_LOG_EVERY_S = 10.0
 # Peers probed per node: all of them up to this many, else a random sample of this size (drawn per round),
@@ -160,15 +163,15 @@ def sampled_targets(
 def sampled_records(
     client: EtcdClient, nodes_prefix: str, members: tuple[str, ...], exclude: str, k: int = MAX_PROBED_PEERS
 ) -> list[KeyValue]:
-    """The records of up to ``k`` round peers but ``exclude``, picked at random, read in one request (the
-    peers gone from etcd have none). Reading every node's record instead made each of 1,024 nodes read 1,024
+    """The records of up to ``k`` round peers but ``exclude``, picked at random, read at once (the peers gone
+    from etcd have none). Reading every node's record instead made each of 1,024 nodes read 1,024
     records on every round (the scale benchmark's profile: a third of a node process's CPU while rounds
     changed)."""
     peers = sorted(m for m in members if m != exclude)
     picked = random.sample(peers, k) if len(peers) > k else peers
     if not picked:
         return []
-    return client.txn([], [Op.get(nodes_prefix + n) for n in picked]).kvs
+    return client.get_many([nodes_prefix + n for n in picked])
 
 
 def live_targets(client: EtcdClient, nodes_prefix: str, exclude: str) -> dict[str, Target]:
@@ -226,13 +229,15 @@ class PeerProbe:
 
     def _loop(self, stopping: threading.Event) -> None:
         round_seen, targets = 0, {}
-        while not stopping.wait(self._interval_s):
+        wait = self._interval_s
+        while not stopping.wait(wait):
             try:
                 round_seen, targets = self._tick(round_seen, targets)
             except EtcdError as exc:  # etcd down is not our concern here (the lease handles it)
                 log.debug("peer probe: %s", exc)
             except Exception:  # noqa: BLE001 - a probe must never take the node down
                 log.exception("peer probe failed")
+            wait = CONFIRM_S if self.refusals.confirming else self._interval_s
 
     def _tick(self, round_seen: int, targets: dict[str, Target]) -> tuple[int, dict[str, Target]]:
         session = self._session
