@@ -17,6 +17,7 @@ def failure_round(victim: Child, children: list[Child], n: int, run: str) -> dic
     victim.proc.send_signal(signal.SIGKILL)
     victim.proc.wait(10)
     seen: dict[str, float] = {}
+    written = float("inf")  # when the leader wrote the survivors' round (its record's time)
     errors = []
     deadline = time.time() + 60
     while len(seen) < n - 1 and time.time() < deadline:
@@ -30,12 +31,18 @@ def failure_round(victim: Child, children: list[Child], n: int, run: str) -> dic
                         errors.append(item["error"])
                     elif item["world"] == n - 1:
                         seen[item["node"]] = item["t"]
+                        written = min(written, item["round_time"])
             except queue.Empty:
                 pass
         time.sleep(0.05)
     ok = len(seen) == n - 1 and not errors
+    after = sorted(t - t_kill for t in seen.values())
+    # the breakdown: the round's write after the kill (the loss found, the lease ended, the leader's
+    # decision), then the fan-out to the survivors (the first, the median, the last to hold it)
     return {"ok": ok, "latency_s": (max(seen.values()) - t_kill) if ok else None,
-            "survivors_in_round": len(seen), "errors": errors[:3]}  # fmt: skip
+            "survivors_in_round": len(seen), "errors": errors[:3],
+            "round_written_s": written - t_kill if seen else None,
+            "first_s": after[0] if after else None, "median_s": after[len(after) // 2] if after else None}  # fmt: skip
 
 
 def keepalive_stats(reports: list[dict]) -> dict:
