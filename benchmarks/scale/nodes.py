@@ -7,7 +7,7 @@ through ``services.publish_metrics`` (the agent's record, with a few percent of 
 a "sample" event every ``--event-sample-interval`` seconds through the node's event log. With
 ``--ckpt-ports``, each node also serves a checkpoint port (a socket that accepts and closes, one thread per
 process for all of them), as each agent's checkpoint server does: the peer probe then runs as on real
-nodes (each node connects to up to 8 round peers every 0.5 s), and a killed node's port is refused.
+nodes (each node connects to up to 8 round peers once a second), and a killed node's port is refused.
 
 stdout: JSON lines. ``{"ev": "ready"}`` once every handler exists; ``{"ev": "joined", ...}`` after the
 first round (per node: start, end, rank, world, the round's write time); ``{"ev": "round", ...}`` for
