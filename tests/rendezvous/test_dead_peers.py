@@ -67,12 +67,16 @@ def test_a_peer_is_revoked_once_two_reporters_name_its_lease_and_not_before(etcd
         _refused_twice(a, "c", leases)
         assert c._client.get(c.settings.keys.node("c")) is None, "two reports: c's lease is revoked"
         assert a._client.get_prefix(a.settings.keys.refused("c"))[0] == []  # the reports are dropped
-        events, _, _ = read_etcd(a._client, a.settings.keys)
-        (failure,) = [e for e in events if e.kind == "failure" and e.data.get("node") == "c"]
+
+        def failures():
+            events, _, _ = read_etcd(a._client, a.settings.keys)
+            return [e for e in events if e.kind == "failure" and e.data.get("node") == "c"]
+
+        assert wait_for(lambda: failures(), timeout=10), "no failure event for c"
+        (failure,) = failures()
         assert failure.data["reporters"] == ["a", "b"] and "refused" in failure.message
-        assert wait_for(
-            lambda: a.num_nodes_waiting() > 0, timeout=20
-        )  # the survivors' round, long before 60 s
+        # the survivors' round, long before the 60 s TTL
+        assert wait_for(lambda: a.num_nodes_waiting() > 0, timeout=20)
     finally:
         for h in handlers.values():
             h.shutdown()
