@@ -72,7 +72,7 @@ def test_a_peer_is_revoked_once_two_reporters_name_its_lease_and_not_before(etcd
             events, _, _ = read_etcd(a._client, a.settings.keys)
             return [e for e in events if e.kind == "failure" and e.data.get("node") == "c"]
 
-        assert wait_for(lambda: failures(), timeout=10), "no failure event for c"
+        assert wait_for(failures, timeout=10), "no failure event for c"
         (failure,) = failures()
         assert failure.data["reporters"] == ["a", "b"] and "refused" in failure.message
         # the survivors' round, long before the 60 s TTL
