@@ -49,8 +49,9 @@ PROBE_INTERVAL_S = 1.0
 CONFIRM_S = 0.2
 CONNECT_TIMEOUT_S = 0.5
 GATE_LOG_EVERY_S = 10.0
-# Peers probed per node: all of them up to this many, else a random sample of this size (drawn per round),
-# so that a large job costs each node a constant number of connects, and no peer gets N of them.
+# Peers probed per node: all of them up to this many, else a uniform random sample of this size (kept across
+# rounds where it may be: resample), so that a large job costs each node a constant number of connects,
+# and no peer gets N of them.
 MAX_PROBED_PEERS = 8
 TIE_WINDOWS = 2  # a tie steps a node out after this many windows (a majority after one)
 
@@ -153,25 +154,40 @@ def probe_sample(targets: dict[str, Target], k: int = MAX_PROBED_PEERS) -> dict[
     return {n: targets[n] for n in random.sample(sorted(targets), k)}
 
 
-def sampled_targets(
-    client: EtcdClient, nodes_prefix: str, members: tuple[str, ...], exclude: str, k: int = MAX_PROBED_PEERS
-) -> dict[str, Target]:
-    """Up to ``k`` round peers, picked at random, that are alive and serve checkpoints."""
-    return serving(sampled_records(client, nodes_prefix, members, exclude, k), exclude)
+def resample(
+    sample: Iterable[str], before: set[str], members: list[str], k: int = MAX_PROBED_PEERS, rng=random
+) -> tuple[list[str], list[str]]:
+    """A uniform random sample of ``k`` of ``members`` (this node's round peers) that keeps as much of
+    ``sample`` (drawn from ``before``, the peers of the last round) as a uniform sample may: (kept, added).
+
+    Why: the node reads the records of the added peers only. Drawing afresh each round made every node
+    read ``k`` records per round (8,192 reads at 1,024 nodes, at every round change); kept, a round that
+    changes few members costs a few. Uniform: how many newcomers the sample takes is drawn as in a fresh
+    sample of ``members``, so a node that joins a large run is probed by about ``k`` peers, like the rest."""
+    if len(members) <= k:
+        kept = [n for n in sample if n in set(members)]
+        return kept, [n for n in members if n not in set(kept)]
+    newcomers = [n for n in members if n not in before]
+    stayed = [n for n in members if n in before]
+    taken = sum(1 for i in rng.sample(range(len(members)), k) if i < len(newcomers))
+    added = rng.sample(newcomers, taken)
+    kept = [n for n in sample if n in set(stayed)]
+    if len(kept) > k - taken:
+        kept = rng.sample(kept, k - taken)
+    else:
+        added += rng.sample([n for n in stayed if n not in set(kept)], k - taken - len(kept))
+    return kept, added
 
 
-def sampled_records(
-    client: EtcdClient, nodes_prefix: str, members: tuple[str, ...], exclude: str, k: int = MAX_PROBED_PEERS
-) -> list[KeyValue]:
-    """The records of up to ``k`` round peers but ``exclude``, picked at random, read at once (the peers gone
-    from etcd have none). Reading every node's record instead made each of 1,024 nodes read 1,024
-    records on every round (the scale benchmark's profile: a third of a node process's CPU while rounds
-    changed)."""
-    peers = sorted(m for m in members if m != exclude)
-    picked = random.sample(peers, k) if len(peers) > k else peers
-    if not picked:
-        return []
-    return client.get_many([nodes_prefix + n for n in picked])
+def read_targets(
+    client: EtcdClient, nodes_prefix: str, names: list[str], exclude: str
+) -> tuple[dict[str, Target], dict[str, int]]:
+    """The records of ``names``, read at once: those alive and serving checkpoints, and their leases.
+    Reading every node's record instead made each of 1,024 nodes read 1,024 records on every round (the
+    scale benchmark's profile: a third of a node process's CPU while rounds changed)."""
+    kvs = client.get_many([nodes_prefix + n for n in names])
+    targets = serving(kvs, exclude)
+    return targets, {n: kv.lease for kv in kvs if (n := kv.key[len(nodes_prefix) :]) in targets}
 
 
 def live_targets(client: EtcdClient, nodes_prefix: str, exclude: str) -> dict[str, Target]:
@@ -213,6 +229,8 @@ class PeerProbe:
         self.clock = CutOffClock(window_s)
         self.refusals = RefusalReports(client, session)  # peers refused: dead, revoked early (dead_peers.py)
         self._leases: dict[str, int] = {}  # each target's lease, as its record was read
+        self._members: set[str] = set()  # the round peers the targets were sampled from
+        self._lost: set[str] = set()  # the targets that did not answer the last probe
         # the rule held at the last probe: a node whose peers revoked its lease (dead_peers.py) while it
         # could not reach them is gated like one that stepped out
         self.cut_now = False
@@ -248,12 +266,10 @@ class PeerProbe:
         if joined.round != round_seen:
             self.clock.reset()
             self.refusals.reset()
-            kvs = sampled_records(self._client, self._nodes, joined.members, session.node_id)
-            targets = serving(kvs, session.node_id)
-            self._leases = {n: kv.lease for kv in kvs if (n := kv.key[len(self._nodes) :]) in targets}
+            targets = self._resample([m for m in joined.members if m != session.node_id], targets)
             round_seen = joined.round
         outcomes = probe_outcomes(targets)
-        lost = {n for n, outcome in outcomes.items() if outcome != OK}
+        lost = self._lost = {n for n, outcome in outcomes.items() if outcome != OK}
         self.refusals.observe(joined.members, {n for n in lost if outcomes[n] == REFUSED}, self._leases)
         later = outranked(joined.members, session.node_id, lost)
         self.cut_now = cut_off(len(targets), len(lost), later)
@@ -261,6 +277,18 @@ class PeerProbe:
             self.clock.reset()
             self._maybe_step_out(targets, lost)
         return round_seen, targets
+
+    def _resample(self, members: list[str], targets: dict[str, Target]) -> dict[str, Target]:
+        """This round's targets: the last round's sample, kept where it may be, and new peers, whose records
+        are read, with those of kept peers that did not answer the last probe (their record may have
+        changed: a process restarted under the same node id)."""
+        kept, added = resample(targets, self._members, members)
+        stale = [n for n in kept if n in self._lost]
+        fresh, leases = read_targets(self._client, self._nodes, added + stale, self._session.node_id)
+        kept = [n for n in kept if n not in stale]
+        self._leases = {n: self._leases[n] for n in kept} | leases
+        self._members = set(members)
+        return {n: targets[n] for n in kept} | fresh
 
     def _maybe_step_out(self, targets: dict[str, Target], lost: set[str]) -> None:
         """Confirm with etcd (peers gone from it do not count; a pending newer round settles it), then revoke

@@ -249,29 +249,55 @@ def test_a_large_round_is_probed_through_a_bounded_sample() -> None:
 
 
 def test_a_large_round_reads_only_the_sampled_peers_records(etcd, run_id) -> None:
-    """At 1,024 nodes each node read every node's record on every round; now only a sample of its round's
-    peers: alive (a record under a lease), serving checkpoints, not itself."""
+    """At 1,024 nodes each node read every node's record on every round; now only those of the peers it
+    samples: alive (a record under a lease), serving checkpoints, not itself; with their leases."""
     from elastic_rm.etcd.client import EtcdClient
     from elastic_rm.planner.interface import NodeState
-    from elastic_rm.rendezvous.peer_probe import MAX_PROBED_PEERS, sampled_targets
+    from elastic_rm.rendezvous.peer_probe import read_targets
     from elastic_rm.wire.keyspace import Keyspace
     from elastic_rm.wire.records import NodeRecord, dumps
 
     keys = Keyspace("/elastic-rm", run_id)
     members = tuple(f"m{i}" for i in range(40))
     with EtcdClient(etcd.endpoint, timeout=5) as c:
+        lease = c.lease_grant(60)[0]
         for i, node in enumerate(members + ("outsider",)):
             port = 0 if i % 4 == 3 else 2000 + i  # every fourth member serves no checkpoints
             record = NodeRecord(node, "h", "127.0.0.1", 1, 1, NodeState.ACTIVE, ckpt_port=port)
             if node != "m5":  # m5 is gone: no record
-                c.put(keys.node(node), dumps(record))
-        seen: set[str] = set()
-        for _ in range(30):
-            got = sampled_targets(c, keys.nodes, members, exclude="m0")
-            assert 0 < len(got) <= MAX_PROBED_PEERS
-            assert all(n in members and n not in ("m0", "m5") and int(n[1:]) % 4 != 3 for n in got)
-            assert all(got[n] == ("127.0.0.1", 2000 + int(n[1:])) for n in got)
-            seen |= set(got)
-        assert len(seen) > MAX_PROBED_PEERS  # a random sample each time, not the same first few
-        small = sampled_targets(c, keys.nodes, ("m0", "m1", "m2"), exclude="m0")
-        assert small == {"m1": ("127.0.0.1", 2001), "m2": ("127.0.0.1", 2002)}
+                c.put(keys.node(node), dumps(record), lease=lease)
+        names = ["m0", "m1", "m3", "m5", "m6"]
+        targets, leases = read_targets(c, keys.nodes, names, exclude="m0")
+        assert targets == {"m1": ("127.0.0.1", 2001), "m6": ("127.0.0.1", 2006)}
+        assert leases == {"m1": lease, "m6": lease}
+        assert read_targets(c, keys.nodes, [], exclude="m0") == ({}, {})
+
+
+def test_the_sample_is_kept_across_rounds_and_stays_uniform() -> None:
+    """Each node reads the records of the peers it adds to its sample only: a round that changed nothing
+    adds none; a departed peer is replaced; newcomers are drawn as often as in a fresh sample."""
+    import random
+
+    from elastic_rm.rendezvous.peer_probe import MAX_PROBED_PEERS as K
+    from elastic_rm.rendezvous.peer_probe import resample
+
+    rng = random.Random(7)
+    peers = [f"n{i}" for i in range(100)]
+    kept, added = resample([], set(), peers, rng=rng)
+    assert kept == [] and len(added) == K and set(added) <= set(peers)
+    sample = kept + added
+    assert resample(sample, set(peers), peers, rng=rng) == (sample, [])  # nothing changed: no reads
+    gone = sample[0]
+    rest = [p for p in peers if p != gone]
+    kept, added = resample(sample, set(peers), rest, rng=rng)
+    assert sorted(kept) == sorted(sample[1:]) and len(added) == 1 and added[0] not in sample
+    small = ["a", "b", "c"]
+    assert resample(["b", "x"], {"b", "x"}, small, rng=rng) == (["b"], ["a", "c"])  # all of a small round
+    # a newcomer to a round of 100 peers is in about K of 100 nodes' samples, as a peer of a fresh draw
+    newcomer, draws, hits = "new", 4000, 0
+    for _ in range(draws):
+        start = rng.sample(peers, K)
+        kept, added = resample(start, set(peers), peers + [newcomer], rng=rng)
+        assert len(kept) + len(added) == K and set(kept) <= set(start)
+        hits += newcomer in added
+    assert abs(hits / draws - K / 101) < 0.02, hits / draws
