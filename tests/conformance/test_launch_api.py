@@ -8,6 +8,7 @@ import os
 import uuid
 
 import pytest
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from elastic_rm.rendezvous.registration import register
@@ -20,13 +21,15 @@ BACKENDS = ["c10d", "elastic-rm"]
 
 
 def config(
-    backend: str, endpoint: str, run_id: str, min_nodes: int, max_nodes: int, nproc: int
+    backend: str, endpoint: str, run_id: str, min_nodes: int, max_nodes: int, nproc: int, logs: str
 ) -> LaunchConfig:
+    """``logs``: the workers' log directory (without one, torch makes a torchelastic_* directory in /tmp
+    and leaves it there)."""
     conf = {"join_timeout": "60"} if backend == "elastic-rm" else {"timeout": "60"}
     return LaunchConfig(
         min_nodes=min_nodes, max_nodes=max_nodes, nproc_per_node=nproc, run_id=run_id,
         rdzv_backend=backend, rdzv_endpoint=endpoint, rdzv_configs=conf, monitor_interval=0.2,
-        start_method="spawn", max_restarts=0,
+        start_method="spawn", max_restarts=0, logs_specs=DefaultLogsSpecs(log_dir=logs),
     )  # fmt: skip
 
 
@@ -34,7 +37,10 @@ def launch(
     backend: str, endpoint: str, run_id: str, min_nodes: int, max_nodes: int, nproc: int, d: str
 ) -> dict:
     register()
-    return elastic_launch(config(backend, endpoint, run_id, min_nodes, max_nodes, nproc), ep.touch_rank)(d)
+    logs = f"{d}-logs"  # beside ``d``, which holds only the workers' rank files
+    return elastic_launch(
+        config(backend, endpoint, run_id, min_nodes, max_nodes, nproc, logs), ep.touch_rank
+    )(d)
 
 
 def endpoint_for(backend: str, etcd) -> str:
