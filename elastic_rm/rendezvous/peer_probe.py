@@ -165,17 +165,20 @@ def resample(
     changes few members costs a few. Uniform: how many newcomers the sample takes is drawn as in a fresh
     sample of ``members``, so a node that joins a large run is probed by about ``k`` peers, like the rest."""
     if len(members) <= k:
-        kept = [n for n in sample if n in set(members)]
+        current = set(members)
+        kept = [n for n in sample if n in current]
         return kept, [n for n in members if n not in set(kept)]
     newcomers = [n for n in members if n not in before]
     stayed = [n for n in members if n in before]
     taken = sum(1 for i in rng.sample(range(len(members)), k) if i < len(newcomers))
     added = rng.sample(newcomers, taken)
-    kept = [n for n in sample if n in set(stayed)]
+    remaining = set(stayed)
+    kept = [n for n in sample if n in remaining]
     if len(kept) > k - taken:
         kept = rng.sample(kept, k - taken)
     else:
-        added += rng.sample([n for n in stayed if n not in set(kept)], k - taken - len(kept))
+        remaining -= set(kept)
+        added += rng.sample([n for n in stayed if n in remaining], k - taken - len(kept))
     return kept, added
 
 
