@@ -67,14 +67,20 @@ def test_a_tie_must_hold_for_longer_than_a_majority():
     assert clock.observe(10.0 + TIE_WINDOWS * 2.0, 1, 1, outranked=True)
 
 
+def listening(port: int, backlog: int) -> socket.socket:
+    """A socket listening on loopback ``port`` (0: any free one), reusable at once after a close."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(backlog)
+    return sock
+
+
 class Acceptor:
     """A listening socket that accepts and closes connections (a checkpoint server, for the probe)."""
 
     def __init__(self, port: int = 0) -> None:
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", port))
-        self.sock.listen(16)
+        self.sock = listening(port, backlog=16)
         self.port = self.sock.getsockname()[1]
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -101,10 +107,7 @@ class BlackHole:
     kernel then drops new SYNs."""
 
     def __init__(self, port: int = 0) -> None:
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", port))
-        self.sock.listen(0)
+        self.sock = listening(port, backlog=0)
         self.port = self.sock.getsockname()[1]
         self._fill = []
         for _ in range(2):
