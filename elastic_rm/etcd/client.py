@@ -35,26 +35,18 @@ from .errors import (
 )
 from .gateway import GatewayClient
 from .io_loop import io_loop
-from .ops import Compare, Op, send_txn
+from .ops import Compare, Op, send_range, send_txn
 from .options import TlsOptions, parse_endpoints
 from .tls_client import TlsAetcdClient as _AetcdClient
 from .types import KeyValue, TxnResult, WatchEvent, key_value
 from .watch import PrefixWatch
+from .write_order import WriteOrder
 
 log = logging.getLogger(__name__)
 
 
 PAGE_KEYS = 500  # keys per range read: 500 events of at most 16 KiB fit a 16 MiB answer
 MAX_MESSAGE_BYTES = 16 * 2**20
-
-
-async def _range(c: _AetcdClient, request: Any) -> Any:
-    """One range request (aetcd's get_prefix has no limit or revision)."""
-    await c.connect()
-    try:
-        return await c.kvstub.Range(request, timeout=c._timeout, metadata=c.metadata)
-    except rpc.AioRpcError as exc:
-        aexc._handle_exception(exc)
 
 
 class EtcdClient:
@@ -90,6 +82,7 @@ class EtcdClient:
         self._closed = False
         self._pid = os.getpid()
         self._watches: list[PrefixWatch] = []
+        self._order = WriteOrder()  # puts of one key apply in the order issued (write_order.py)
         self._loop = io_loop()
         self._client = self._new_client()
         fork.opened(self)
@@ -251,9 +244,7 @@ class EtcdClient:
         for attempt in range(3):
             try:
                 return self._get_pages(prefix, page)
-            except (
-                EtcdError
-            ) as exc:  # compacted between two pages (a busy run): read again, at a new revision
+            except EtcdError as exc:  # compacted between two pages (a busy run): read again
                 if "compacted" not in str(exc) or attempt == 2:
                     raise
         raise AssertionError("unreachable")
@@ -264,7 +255,7 @@ class EtcdClient:
         revision = 0
         while True:
             request = rpc.RangeRequest(key=start, range_end=end, limit=page, revision=revision)
-            resp = self.run(lambda c, r=request: _range(c, r))
+            resp = self.run(lambda c, r=request: send_range(c, r))
             revision = revision or int(resp.header.revision)
             out.extend(key_value(kv) for kv in resp.kvs)
             if not resp.more or not resp.kvs:
@@ -272,18 +263,21 @@ class EtcdClient:
             start = bytes(resp.kvs[-1].key) + b"\0"
 
     def put(self, key: str, value: bytes | str, lease: int | None = None) -> int:
-        data = value.encode() if isinstance(value, str) else value
-        return int(self.run(lambda c: c.put(key.encode(), data, lease=lease or None)).header.revision)
+        return int(self.run(self._ordered_put(key, value, lease)).header.revision)
 
     def put_nowait(self, key: str, value: bytes | str, lease: int | None = None) -> None:
         """Send a put without waiting for the answer; a failure is logged, not raised."""
-        data = value.encode() if isinstance(value, str) else value
-        self._nowait(lambda c: c.put(key.encode(), data, lease=lease or None), f"put of {key}")
+        self._nowait(self._ordered_put(key, value, lease), f"put of {key}")
 
     def puts_nowait(self, puts: Sequence[tuple[str, bytes | str, int | None]]) -> None:
         """``(key, value, lease)`` puts in one transaction (one request, one revision), not waited for."""
-        ops = [Op.put(k, v, lease) for k, v, lease in puts]
-        self._nowait(lambda c: send_txn(c, success=ops), f"puts of {puts[0][0]}")
+        ops, keys = [Op.put(k, v, lease) for k, v, lease in puts], [k for k, _, _ in puts]
+        self._nowait(lambda c: self._order.run(keys, lambda: send_txn(c, success=ops)), f"puts of {keys[0]}")
+
+    def _ordered_put(self, key: str, value: bytes | str, lease: int | None) -> Callable[[_AetcdClient], Any]:
+        """A put applied after this client's earlier puts of ``key``, waited for or not (write_order.py)."""
+        data = value.encode() if isinstance(value, str) else value
+        return lambda c: self._order.run([key], lambda: c.put(key.encode(), data, lease=lease or None))
 
     def _nowait(self, make_coro: Callable[[_AetcdClient], Any], what: str) -> None:
         def report(f: Any) -> None:

@@ -66,6 +66,15 @@ class Op:
         return aetcd.transactions.Get(key.encode())
 
 
+async def send_range(c: Any, request: Any) -> Any:
+    """One range request (aetcd's get_prefix has no limit or revision) with aetcd's client ``c``."""
+    await c.connect()
+    try:
+        return await c.kvstub.Range(request, timeout=c._timeout, metadata=c.metadata)
+    except rpc.AioRpcError as exc:
+        aexc._handle_exception(exc)
+
+
 async def send_txn(
     c: Any, compare: Sequence[Compare] = (), success: Sequence[Any] = (), failure: Sequence[Any] = ()
 ) -> Any:
