@@ -290,7 +290,7 @@ class EtcdClient:
     def delete(self, key: str, prefix: bool = False) -> bool:
         if prefix:
             return bool(self.run(lambda c: c.delete_prefix(key.encode())).deleted)
-        return bool(self.run(lambda c: c.delete(key.encode())))
+        return bool(self.run(lambda c: self._order.run([key], lambda: c.delete(key.encode()))))
 
     def txn(
         self, compare: Sequence[Compare], success: Sequence[Any], failure: Sequence[Any] = ()

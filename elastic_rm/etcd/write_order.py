@@ -6,8 +6,10 @@ under load the later one can be applied first. A node's record is written both w
 joining when its workers fail right after). Applied out of order, the record said "active" again, and the
 leader never saw the node come back (the round of a restart did not come for 15 s, in CI).
 
-So every put of a key waits, on the client's loop, until the writes of that key issued before it are
-answered; a write of other keys does not wait. Runs on the loop thread only (no lock).
+So every put or single-key delete of a key waits, on the client's loop, until the writes of that key
+issued before it are answered (a release's delete must not be overtaken by a record sent without waiting);
+a write of other keys does not wait. Transactions and prefix deletes are not ordered this way. Runs on the
+loop thread only (no lock).
 """
 
 from __future__ import annotations

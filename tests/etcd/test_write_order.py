@@ -68,3 +68,12 @@ def test_a_record_written_without_waiting_then_waited_for_ends_as_the_last_write
             c.put("node", f"joining {i}")
             got = c.get("node")
             assert got is not None and got.value == f"joining {i}".encode()
+
+
+def test_a_delete_after_a_put_sent_without_waiting_leaves_the_key_deleted(etcd):
+    """A release deletes its record right after a republish sent without waiting: the key stays gone."""
+    with EtcdClient(etcd.endpoint, timeout=5) as c:
+        for i in range(50):
+            c.put_nowait("node", f"republished {i}")
+            c.delete("node")
+            assert c.get("node") is None, i
