@@ -19,11 +19,14 @@ def world_reached(rows: list[dict], world: int, since: float, min_steps: int = 3
     return len({r["step"] for r in steps}) >= min_steps
 
 
-def segments(rank0: list[dict], gap_s: float = 2.0) -> list[list[dict]]:
-    """Rank 0's step lines split where the world changes or training paused (a restart)."""
+def segments(rank0: list[dict], gap_s: float = 2.0, starts: list[float] = ()) -> list[list[dict]]:
+    """Rank 0's step lines split where the world changes, training paused (a restart), or a new round
+    started (``starts``: rank 0's start lines; a swap of one node keeps the world and may pause < gap_s)."""
     out: list[list[dict]] = []
     for r in rank0:
-        if out and r["world"] == out[-1][-1]["world"] and r["t"] - out[-1][-1]["t"] <= gap_s:
+        prev = out[-1][-1] if out else None
+        new_round = prev is not None and any(prev["t"] < s <= r["t"] for s in starts)
+        if prev and r["world"] == prev["world"] and r["t"] - prev["t"] <= gap_s and not new_round:
             out[-1].append(r)
         else:
             out.append([r])
@@ -35,7 +38,8 @@ def summarize(rows: list[dict], rounds: list[dict]) -> dict:
     downtime per change (rank 0's last step before -> first step after), and the restores."""
     steps = [r for r in rows if "step" in r]
     rank0 = sorted((r for r in steps if r.get("rank") == 0), key=lambda r: r["t"])
-    segs = segments(rank0)
+    starts = [r["t"] for r in rows if r.get("start") and r.get("rank") == 0]
+    segs = segments(rank0, starts=starts)
     busy: dict[int, float] = {}
     samples: dict[int, int] = {}
     for seg in segs:
