@@ -8,6 +8,9 @@ Optimus-style's and static's (right-sized users: within +3% of static), completi
 The table reports what was measured; the target lines say met or NOT met. Every family also runs the
 planner told nothing of the cluster's queue (``ours-no-queue``), so that what the queue signal changes is
 measured in the same run (``lent_nodes``: queueing behind nodes lent past the request).
+``--same-jobs`` runs every family a second time on its trace without the jobs that any policy failed in
+the first run, so that the policies are compared on the same completed work (``same_jobs``; its misses
+are listed apart, ``same_jobs_targets_missed``, and the family targets stay those of the full trace).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import sys
 import time
 
 from benchmarks.common import write_result
-from benchmarks.planner.evidence import lent_nodes, slower_jobs
+from benchmarks.planner.evidence import completion_split, lent_nodes, slower_jobs
 from elastic_rm.planner.sim.cluster import ClusterSpec
 from elastic_rm.planner.sim.engine import Instability
 from elastic_rm.planner.sim.families import FAMILIES
@@ -77,7 +80,30 @@ KEEP = ("mean_jct_s", "median_jct_s", "mean_run_s", "mean_queue_s", "completion_
 KEEP += ("gpu_util", "rounds_per_job", "mean_jct_common_s", "median_jct_common_s", "common_jobs")
 
 
-def run_family(name: str, n: int, seed: int, spec: ClusterSpec, inst: Instability) -> dict:
+def run_same_jobs(name: str, jobs: list, runs: dict, seed: int, spec: ClusterSpec, inst: Instability) -> dict:
+    """The family again without the jobs that any policy failed (the per-job random streams are seeded by
+    job id, so the jobs kept draw what they drew in the full trace)."""
+    failed = {j.trace.job_id for js in runs.values() for j in js if j.status != "completed"}
+    kept = [j for j in jobs if j.job_id not in failed]
+    result = run_policies(kept, spec, seed, ("static", "optimus", "ours"), inst)
+    s = result["summary"]
+    checks = family_targets(name, s)
+    print(f"  -- the same family without the {len(failed)} jobs any policy failed ({len(kept)} jobs):")
+    print(table(s))
+    for label, ok, value in checks:
+        print(f"  {'met    ' if ok else 'NOT met'}  {label:<32} {value}")
+    return {
+        "dropped_jobs": len(failed),
+        "jobs": len(kept),
+        "policies": {p: {k: v[k] for k in KEEP if k in v} for p, v in s.items()},
+        "targets": {label: {"met": ok, "value": value} for label, ok, value in checks},
+        "wall_seconds": result["seconds"],
+    }
+
+
+def run_family(
+    name: str, n: int, seed: int, spec: ClusterSpec, inst: Instability, same_jobs: bool = False
+) -> dict:
     jobs = generate(n, seed, spec, family=name)
     result = run_policies(jobs, spec, seed, ("static", "optimus", "ours", "ours-no-queue"), inst)
     s = result["summary"]
@@ -96,7 +122,13 @@ def run_family(name: str, n: int, seed: int, spec: ClusterSpec, inst: Instabilit
     print(
         f"  queued behind nodes lent past the request (job x node h): {lent['queued_job_x_lent_node_hours']}"
     )
-    return {
+    split = completion_split(result["runs"])
+    for p, v in split["by_policy"].items():
+        gh = v["gpu_hours"]
+        print(f"  GPU-hours {p:<14} common {gh['common']:>8.0f}  completed, Optimus-style did not "
+              f"{gh['completed_not_by_optimus']:>7.0f} ({v['jobs_completed_not_by_optimus']} jobs)  other "
+              f"{gh['other']:>7.0f}; queueing over common jobs {(v['mean_queue_common_s'] or 0) / 3600:.2f} h")  # fmt: skip
+    out = {
         "about": FAMILIES[name].about,
         "jobs": n,
         "seed": seed,
@@ -104,8 +136,12 @@ def run_family(name: str, n: int, seed: int, spec: ClusterSpec, inst: Instabilit
         "targets": {label: {"met": ok, "value": value} for label, ok, value in checks},
         "slower_than_static": ev,
         "lent_nodes": lent,
+        "completion_split": split,
         "wall_seconds": result["seconds"],
     }
+    if same_jobs:
+        out["same_jobs"] = run_same_jobs(name, jobs, result["runs"], seed, spec, inst)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--family-jobs", type=int, default=400)
     p.add_argument("--family-seed", type=int, default=3)
+    p.add_argument(
+        "--same-jobs", action="store_true", help="every family again without the jobs any policy failed"
+    )
     p.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/planner.json)")
     a = p.parse_args(argv)  # fmt: skip
     load_before = os.getloadavg()
@@ -145,9 +184,17 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [f for f in names if f not in FAMILIES]
     if unknown:
         p.error(f"unknown family {unknown[0]!r}; known: {', '.join(FAMILIES)}")
-    data["families"] = {f: run_family(f, a.family_jobs, a.family_seed, spec, inst) for f in names}
+    data["families"] = {
+        f: run_family(f, a.family_jobs, a.family_seed, spec, inst, a.same_jobs) for f in names
+    }
     missed = [(f, t) for f, v in data["families"].items() for t, r in v["targets"].items() if not r["met"]]
     data["family_targets_missed"] = [f"{f}: {t}" for f, t in missed]
+    if a.same_jobs:
+        data["same_jobs_targets_missed"] = [
+            f"{f}: {t}" for f, v in data["families"].items() for t, r in v["same_jobs"]["targets"].items()
+            if not r["met"]
+        ]  # fmt: skip
+        print(f"same-jobs targets missed: {len(data['same_jobs_targets_missed'])}")
     data["load_avg"] = {"before": load_before, "after": os.getloadavg()}
     print(f"\nfamily targets missed: {len(missed)}" + "".join(f"\n  {f}: {t}" for f, t in missed))
     if a.out:

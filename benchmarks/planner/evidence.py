@@ -73,3 +73,29 @@ def lent_nodes(runs: dict[str, list], policy: str = "ours", base: str = "optimus
             for p, js in runs.items()
         },
     }
+
+
+def completion_split(runs: dict[str, list], base: str = "optimus") -> dict:
+    """Where each policy's GPUs went: GPU-hours allocated to the jobs every policy completed, to the jobs it
+    completed and ``base`` did not, and to the rest; and the mean queueing over the common jobs. A policy
+    that completes jobs another fails spends GPUs on them that the other gives to its queue, so means over
+    different sets of completed jobs compare different work."""
+    done = {p: {j.trace.job_id for j in js if j.status == "completed"} for p, js in runs.items()}
+    common = set.intersection(*done.values()) if done else set()
+    out = {}
+    for p, js in runs.items():
+        only = done[p] - done[base] if p != base else set()
+        split = {"common": 0.0, f"completed_not_by_{base}": 0.0, "other": 0.0}
+        queue = []
+        for j in js:
+            jid = j.trace.job_id
+            key = "common" if jid in common else f"completed_not_by_{base}" if jid in only else "other"
+            split[key] += j.usage[4] / 3600
+            if jid in common:
+                queue.append(j.start_s - j.trace.submit_s)
+        out[p] = {
+            "gpu_hours": split,
+            f"jobs_completed_not_by_{base}": len(only),
+            "mean_queue_common_s": sum(queue) / len(queue) if queue else None,
+        }
+    return {"common_jobs": len(common), "by_policy": out}
