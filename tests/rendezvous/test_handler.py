@@ -376,7 +376,7 @@ def test_drain_is_possible_when_the_old_members_are_alive_even_if_left_out(etcd,
         with EtcdClient(etcd.endpoint, timeout=2) as c:
             planned = RoundRecord(round=2, members=("n0",), reason="planned", extra={"alive": ["n0", "n1"]})
             c.put(keys.round, planned.to_json())
-            wait(lambda: hs[0].view.round.round == 2)
+            wait(lambda: all(h.view.round.round == 2 for h in hs))  # each view by its own watch
             assert hs[0].services.peers_all_kept() and hs[1].services.peers_all_kept()
     finally:
         for h in hs:
