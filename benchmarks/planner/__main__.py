@@ -92,11 +92,14 @@ def run_same_jobs(name: str, jobs: list, runs: dict, seed: int, spec: ClusterSpe
     print(table(s))
     for label, ok, value in checks:
         print(f"  {'met    ' if ok else 'NOT met'}  {label:<32} {value}")
+    ev = slower_jobs(result["runs"])
+    print(f"  slower than static: {ev['jobs_slower']} of {ev['jobs_compared']} jobs")
     return {
         "dropped_jobs": len(failed),
         "jobs": len(kept),
         "policies": {p: {k: v[k] for k in KEEP if k in v} for p, v in s.items()},
         "targets": {label: {"met": ok, "value": value} for label, ok, value in checks},
+        "slower_than_static": ev,
         "wall_seconds": result["seconds"],
     }
 

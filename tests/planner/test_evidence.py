@@ -45,4 +45,6 @@ def test_same_jobs_reruns_the_trace_without_every_job_a_policy_failed(oom_runs, 
     assert set(out["policies"]) == {"static", "optimus", "ours"}
     assert all(v["common_jobs"] <= out["jobs"] for v in out["policies"].values())
     assert "mean JCT <= Optimus-style" in out["targets"]
+    slower = out["slower_than_static"]
+    assert slower["jobs_slower"] <= slower["jobs_compared"] <= out["jobs"]
     assert f"without the {len(failed)} jobs any policy failed" in capsys.readouterr().out
