@@ -80,20 +80,32 @@ KEEP = ("mean_jct_s", "median_jct_s", "mean_run_s", "mean_queue_s", "completion_
 KEEP += ("gpu_util", "rounds_per_job", "mean_jct_common_s", "median_jct_common_s", "common_jobs")
 
 
+def report(name: str, result: dict, header: str) -> tuple[dict, list, dict]:
+    """Print one run of a family (its table, targets and the jobs slower than under static, by cause);
+    return the summary, the target checks and that evidence."""
+    s = result["summary"]
+    checks = family_targets(name, s)
+    print(header)
+    print(table(s))
+    for label, ok, value in checks:
+        print(f"  {'met    ' if ok else 'NOT met'}  {label:<32} {value}")
+    ev = slower_jobs(result["runs"])
+    print(
+        f"  slower than static: {ev['jobs_slower']} of {ev['jobs_compared']} jobs; by cause (jobs, hours later):"
+    )
+    for cause, v in sorted(ev["by_cause"].items(), key=lambda kv: -kv[1]["hours"]):
+        print(f"    {cause:<40} {v['jobs']:>4} {v['hours']:>8.1f}")
+    return s, checks, ev
+
+
 def run_same_jobs(name: str, jobs: list, runs: dict, seed: int, spec: ClusterSpec, inst: Instability) -> dict:
     """The family again without the jobs that any policy failed (the per-job random streams are seeded by
     job id, so the jobs kept draw what they drew in the full trace)."""
     failed = {j.trace.job_id for js in runs.values() for j in js if j.status != "completed"}
     kept = [j for j in jobs if j.job_id not in failed]
     result = run_policies(kept, spec, seed, ("static", "optimus", "ours"), inst)
-    s = result["summary"]
-    checks = family_targets(name, s)
-    print(f"  -- the same family without the {len(failed)} jobs any policy failed ({len(kept)} jobs):")
-    print(table(s))
-    for label, ok, value in checks:
-        print(f"  {'met    ' if ok else 'NOT met'}  {label:<32} {value}")
-    ev = slower_jobs(result["runs"])
-    print(f"  slower than static: {ev['jobs_slower']} of {ev['jobs_compared']} jobs")
+    header = f"  -- the same family without the {len(failed)} jobs any policy failed ({len(kept)} jobs):"
+    s, checks, ev = report(name, result, header)
     return {
         "dropped_jobs": len(failed),
         "jobs": len(kept),
@@ -109,18 +121,9 @@ def run_family(
 ) -> dict:
     jobs = generate(n, seed, spec, family=name)
     result = run_policies(jobs, spec, seed, ("static", "optimus", "ours", "ours-no-queue"), inst)
-    s = result["summary"]
-    checks = family_targets(name, s)
-    print(f"\n== family {name}: {FAMILIES[name].about} ({n} jobs, seed {seed})")
-    print(table(s))
-    for label, ok, value in checks:
-        print(f"  {'met    ' if ok else 'NOT met'}  {label:<32} {value}")
-    ev = slower_jobs(result["runs"])
-    print(
-        f"  slower than static: {ev['jobs_slower']} of {ev['jobs_compared']} jobs; by cause (jobs, hours later):"
+    s, checks, ev = report(
+        name, result, f"\n== family {name}: {FAMILIES[name].about} ({n} jobs, seed {seed})"
     )
-    for cause, v in sorted(ev["by_cause"].items(), key=lambda kv: -kv[1]["hours"]):
-        print(f"    {cause:<40} {v['jobs']:>4} {v['hours']:>8.1f}")
     lent = lent_nodes(result["runs"])
     print(
         f"  queued behind nodes lent past the request (job x node h): {lent['queued_job_x_lent_node_hours']}"
