@@ -25,7 +25,7 @@ from benchmarks.planner.evidence import completion_split, lent_nodes, slower_job
 from elastic_rm.planner.sim.cluster import ClusterSpec
 from elastic_rm.planner.sim.engine import Instability
 from elastic_rm.planner.sim.families import FAMILIES
-from elastic_rm.planner.sim.report import write_json
+from elastic_rm.planner.sim.report import completed_by_all, write_json
 from elastic_rm.planner.sim.runner import payload, run_policies, table
 from elastic_rm.planner.sim.tracegen import generate
 
@@ -80,9 +80,9 @@ KEEP = ("mean_jct_s", "median_jct_s", "mean_run_s", "mean_queue_s", "completion_
 KEEP += ("gpu_util", "rounds_per_job", "mean_jct_common_s", "median_jct_common_s", "common_jobs")
 
 
-def report(name: str, result: dict, header: str) -> tuple[dict, list, dict]:
+def report(name: str, result: dict, header: str) -> dict:
     """Print one run of a family (its table, targets and the jobs slower than under static, by cause);
-    return the summary, the target checks and that evidence."""
+    return them as the JSON keeps them (``policies``, ``targets``, ``slower_than_static``)."""
     s = result["summary"]
     checks = family_targets(name, s)
     print(header)
@@ -95,23 +95,25 @@ def report(name: str, result: dict, header: str) -> tuple[dict, list, dict]:
     )
     for cause, v in sorted(ev["by_cause"].items(), key=lambda kv: -kv[1]["hours"]):
         print(f"    {cause:<40} {v['jobs']:>4} {v['hours']:>8.1f}")
-    return s, checks, ev
+    return {
+        "policies": {p: {k: v[k] for k in KEEP if k in v} for p, v in s.items()},
+        "targets": {label: {"met": ok, "value": value} for label, ok, value in checks},
+        "slower_than_static": ev,
+    }
 
 
 def run_same_jobs(name: str, jobs: list, runs: dict, seed: int, spec: ClusterSpec, inst: Instability) -> dict:
     """The family again without the jobs that any policy failed (the per-job random streams are seeded by
     job id, so the jobs kept draw what they drew in the full trace)."""
-    failed = {j.trace.job_id for js in runs.values() for j in js if j.status != "completed"}
-    kept = [j for j in jobs if j.job_id not in failed]
+    common = completed_by_all(runs)
+    kept = [j for j in jobs if j.job_id in common]
+    dropped = len(jobs) - len(kept)
     result = run_policies(kept, spec, seed, ("static", "optimus", "ours"), inst)
-    header = f"  -- the same family without the {len(failed)} jobs any policy failed ({len(kept)} jobs):"
-    s, checks, ev = report(name, result, header)
+    header = f"  -- the same family without the {dropped} jobs any policy failed ({len(kept)} jobs):"
     return {
-        "dropped_jobs": len(failed),
+        "dropped_jobs": dropped,
         "jobs": len(kept),
-        "policies": {p: {k: v[k] for k in KEEP if k in v} for p, v in s.items()},
-        "targets": {label: {"met": ok, "value": value} for label, ok, value in checks},
-        "slower_than_static": ev,
+        **report(name, result, header),
         "wall_seconds": result["seconds"],
     }
 
@@ -121,9 +123,7 @@ def run_family(
 ) -> dict:
     jobs = generate(n, seed, spec, family=name)
     result = run_policies(jobs, spec, seed, ("static", "optimus", "ours", "ours-no-queue"), inst)
-    s, checks, ev = report(
-        name, result, f"\n== family {name}: {FAMILIES[name].about} ({n} jobs, seed {seed})"
-    )
+    shown = report(name, result, f"\n== family {name}: {FAMILIES[name].about} ({n} jobs, seed {seed})")
     lent = lent_nodes(result["runs"])
     print(
         f"  queued behind nodes lent past the request (job x node h): {lent['queued_job_x_lent_node_hours']}"
@@ -138,9 +138,7 @@ def run_family(
         "about": FAMILIES[name].about,
         "jobs": n,
         "seed": seed,
-        "policies": {p: {k: v[k] for k in KEEP if k in v} for p, v in s.items()},
-        "targets": {label: {"met": ok, "value": value} for label, ok, value in checks},
-        "slower_than_static": ev,
+        **shown,
         "lent_nodes": lent,
         "completion_split": split,
         "wall_seconds": result["seconds"],

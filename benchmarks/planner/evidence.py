@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
+from elastic_rm.planner.sim.report import completed_by_all
+
 CAUSES = (
     ("start below the request (warm start)", lambda j, s, d: _first(d) < s.trace.req_nodes and "warm start" in d),
     ("start below the request (cold start)", lambda j, s, d: _first(d) < s.trace.req_nodes and "warm start" not in d),
@@ -81,7 +83,7 @@ def completion_split(runs: dict[str, list], base: str = "optimus") -> dict:
     that completes jobs another fails spends GPUs on them that the other gives to its queue, so means over
     different sets of completed jobs compare different work."""
     done = {p: {j.trace.job_id for j in js if j.status == "completed"} for p, js in runs.items()}
-    common = set.intersection(*done.values()) if done else set()
+    common = completed_by_all(runs)
     out = {}
     for p, js in runs.items():
         only = done[p] - done[base] if p != base else set()

@@ -46,10 +46,15 @@ def summarize(jobs: list[SimJob], common: set[str] | None = None) -> dict:
     return out
 
 
+def completed_by_all(runs: dict[str, list[SimJob]]) -> set[str]:
+    """The ids of the jobs that every policy completed (the common jobs)."""
+    sets = [{j.trace.job_id for j in jobs if j.status == "completed"} for jobs in runs.values()]
+    return set.intersection(*sets) if sets else set()
+
+
 def compare(runs: dict[str, list[SimJob]]) -> dict[str, dict]:
     """Summaries of every policy, with JCT also over the jobs that every policy completed."""
-    sets = [{j.trace.job_id for j in jobs if j.status == "completed"} for jobs in runs.values()]
-    common = set.intersection(*sets) if sets else set()
+    common = completed_by_all(runs)
     return {name: summarize(jobs, common) for name, jobs in runs.items()}
 
 
