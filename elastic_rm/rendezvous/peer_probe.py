@@ -3,8 +3,8 @@
 Why: with its link to the other hosts cut but etcd reachable, a node keeps its lease, so no round ever
 leaves it out; every member then waits in gloo collectives for minutes. Each node probes the checkpoint
 servers of its round's other members (a TCP connect, every ``PROBE_INTERVAL_S``). When more than half of
-at least 2 peers stay unreachable for the window (``--rdzv-conf peer_probe``), the node revokes its own
-lease: the leader sees a lost member, the others train on without it, and its agent stops its workers and
+at least 2 peers fail every probe of them for the window (``--rdzv-conf peer_probe``; ``CutOffClock``: a
+lossy link fails a probe now and then, a cut one every probe), the node revokes its own lease: the leader sees a lost member, the others train on without it, and its agent stops its workers and
 rejoins. A peer that is gone from etcd does not count (its lease ended: the leader replaces it anyway).
 A peer whose host refuses the connect (nothing listens there: its agent is dead) is also reported, and
 its lease revoked once a quorum of probers agrees (dead_peers.py).
@@ -47,13 +47,16 @@ PROBE_INTERVAL_S = 1.0
 # after a refused connect, the next probe comes this soon: a dead peer is reported (dead_peers.py) without
 # waiting a whole interval, while a healthy run costs each node one round of connects a second
 CONFIRM_S = 0.2
-CONNECT_TIMEOUT_S = 0.5
+# A lost SYN is sent again after 1 s: with 10% loss on both links, 41% of connects failed within 0.5 s,
+# 6% within 1.5 s (benchmarks/probe_loss)
+CONNECT_TIMEOUT_S = 1.5
 GATE_LOG_EVERY_S = 10.0
 # Peers probed per node: all of them up to this many, else a uniform random sample of this size (kept across
 # rounds where it may be: resample), so that a large job costs each node a constant number of connects,
 # and no peer gets N of them.
 MAX_PROBED_PEERS = 8
 TIE_WINDOWS = 2  # a tie steps a node out after this many windows (a majority after one)
+MAJORITY_PROBES, TIE_PROBES = 2, 3  # failed probes in a row, at least, before a peer counts (CutOffClock)
 
 Target = tuple[str, int]  # (addr, checkpoint server port)
 
@@ -76,31 +79,55 @@ def holds_back(peers: int, unreachable: int) -> bool:
 
 def outranked(members: tuple[str, ...] | list[str], node: str, unreachable: set[str]) -> bool:
     """Whether one of the ``unreachable`` peers comes before ``node`` in the round's ``members``."""
-    if node not in members:
-        return False
-    mine = members.index(node)
-    return any(members.index(n) < mine for n in unreachable if n in members)
+    return bool(unreachable & ranked_before(members, node))
+
+
+def ranked_before(members: tuple[str, ...] | list[str], node: str) -> set[str]:
+    """The members before ``node`` in the round's list (none when it is not a member: no rank to compare)."""
+    return set(members[: members.index(node)]) if node in members else set()
 
 
 class CutOffClock:
-    """How long the rule has held without a break; pure (the caller passes the time)."""
+    """Since when each probed peer has failed every probe of it; pure (the caller passes the time).
+
+    Why per peer: under packet loss any one connect fails now and then, and a rule checked on each probe's
+    count alone took a node out when different peers failed in turn (two of two peers failed one probe
+    or another for the whole window). A peer counts as unreachable once every probe of it failed for the
+    window, ``MAJORITY_PROBES`` probes at least; for a tie, two windows and ``TIE_PROBES`` probes."""
 
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
-        self._since: float | None = None
+        self._silent: dict[str, tuple[float, int]] = {}  # peer -> (its first failed probe in a row, how many)
 
-    def observe(self, now: float, peers: int, unreachable: int, outranked: bool = False) -> bool:
-        """True once the rule held at every observation for ``window_s``; one good observation resets."""
-        if not cut_off(peers, unreachable, outranked):
-            self._since = None
-            return False
-        if self._since is None:
-            self._since = now
-        windows = 1 if cut_off(peers, unreachable) else TIE_WINDOWS  # without a rank: a majority
-        return now - self._since >= windows * self.window_s
+    def observe(
+        self, now: float, probed: Iterable[str], lost: set[str], earlier: set[str] = frozenset()
+    ) -> set[str]:
+        """Record a probe of ``probed`` (``lost``: those that failed); return the peers that take this node
+        out (``cut_off``, a tie when one of them is ``earlier`` in the round), else an empty set."""
+        probed = list(probed)
+        self._silent = {n: self._failed_again(n, now) for n in probed if n in lost}
+        return self.verdict(now, len(probed), earlier)
+
+    def verdict(self, now: float, peers: int, earlier: set[str] = frozenset()) -> set[str]:
+        silent = self._silent_for(now, 1, MAJORITY_PROBES)
+        if cut_off(peers, len(silent)):
+            return silent
+        tied = self._silent_for(now, TIE_WINDOWS, TIE_PROBES)
+        return tied if cut_off(peers, len(tied), bool(tied & earlier)) else set()
 
     def reset(self) -> None:
-        self._since = None
+        self._silent = {}
+
+    def _failed_again(self, peer: str, now: float) -> tuple[float, int]:
+        since, failed = self._silent.get(peer, (now, 0))
+        return since, failed + 1
+
+    def _silent_for(self, now: float, windows: int, probes: int) -> set[str]:
+        return {
+            n
+            for n, (since, failed) in self._silent.items()
+            if failed >= probes and now - since >= windows * self.window_s
+        }
 
 
 OK, REFUSED, NO_ANSWER = "ok", "refused", "no answer"
@@ -274,11 +301,11 @@ class PeerProbe:
         outcomes = probe_outcomes(targets)
         lost = self._lost = {n for n, outcome in outcomes.items() if outcome != OK}
         self.refusals.observe(joined.members, {n for n in lost if outcomes[n] == REFUSED}, self._leases)
-        later = outranked(joined.members, session.node_id, lost)
-        self.cut_now = cut_off(len(targets), len(lost), later)
-        if self.clock.observe(time.monotonic(), len(targets), len(lost), later):
+        earlier = ranked_before(joined.members, session.node_id)
+        self.cut_now = cut_off(len(targets), len(lost), bool(lost & earlier))
+        if unreachable := self.clock.observe(time.monotonic(), targets, lost, earlier):
             self.clock.reset()
-            self._maybe_step_out(targets, lost)
+            self._maybe_step_out(targets, unreachable)
         return round_seen, targets
 
     def _resample(self, members: list[str], targets: dict[str, Target]) -> dict[str, Target]:

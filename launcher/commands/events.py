@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 
+from ..interrupt import wait_interruptibly
 from .status import UsageError, add_connection_arguments, connect, resolve_run
 
 HELP = "Print or follow a run's event log (rounds, decisions, failures, drains, job start/end)."
@@ -92,7 +93,7 @@ def _from_etcd(args, show, bad) -> int:
 
         cancel = follow_etcd(client, keys, revision + 1, on_event, on_error)
         try:
-            threading.Event().wait()  # until Ctrl-C
+            wait_interruptibly(threading.Event())  # until Ctrl-C
         finally:
             cancel()
     return 0

@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 
+from ..interrupt import wait_interruptibly
 from .status import UsageError, add_connection_arguments, connect, render, resolve_run
 
 HELP = "Live view of a job (erm status, refreshed from etcd watches); Ctrl-C to quit."
@@ -107,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
             try:
                 with Live(frame(), console=console, auto_refresh=False, vertical_overflow="crop") as live:
                     while True:
-                        watched.changed.wait()
+                        wait_interruptibly(watched.changed)
                         watched.changed.clear()
                         watched.reload_if_failed()
                         live.update(frame(), refresh=True)

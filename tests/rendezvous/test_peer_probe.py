@@ -16,6 +16,7 @@ from elastic_rm.rendezvous.peer_probe import (
     holds_back,
     live_targets,
     outranked,
+    ranked_before,
     unreachable_of,
 )
 from tests.rendezvous.test_handler import join_all, make, wait_for
@@ -43,28 +44,55 @@ def test_of_two_members_cut_apart_the_later_one_leaves_and_a_tie_holds_back_its_
     assert outranked(members[:2], "h1", {"h0"}) and not outranked(members[:2], "h0", {"h1"})
     assert outranked(members, "h2", {"h1"}) and not outranked(members, "h1", {"h2"})  # the h1-h2 link cut
     assert not outranked(members, "h9", {"h0"})  # not a member (any more): no rank to compare
+    assert ranked_before(members, "h2") == {"h0", "h1"} and ranked_before(members, "h9") == set()
     assert holds_back(1, 1) and holds_back(2, 1) and holds_back(3, 2)
     assert not holds_back(1, 0) and not holds_back(3, 1) and not holds_back(0, 0)
 
 
-def test_the_clock_needs_the_rule_to_hold_without_a_break_for_the_window():
+def test_a_peer_counts_once_every_probe_of_it_failed_for_the_window():
     clock = CutOffClock(window_s=3.0)
-    assert not clock.observe(10.0, 3, 2)
-    assert not clock.observe(12.9, 3, 2)
-    assert not clock.observe(13.0, 3, 1)  # one good probe resets
-    assert not clock.observe(14.0, 3, 3)
-    assert not clock.observe(16.5, 3, 3)
-    assert clock.observe(17.0, 3, 3)
-    assert not clock.observe(100.0, 1, 1)  # a single peer counts only for a node outranked by it
+    peers = ["a", "b", "c"]
+    assert not clock.observe(10.0, peers, {"a", "b"})
+    assert not clock.observe(12.9, peers, {"a", "b"})
+    assert not clock.observe(13.0, peers, {"a"})  # b answered: its count starts again
+    assert not clock.observe(14.0, peers, {"a", "b", "c"})  # a has failed for 4 s, b and c for none
+    assert not clock.observe(16.5, peers, {"a", "b", "c"})
+    assert clock.observe(17.0, peers, {"a", "b", "c"}) == {"a", "b", "c"}  # b and c: 3 s, a: 7 s
+    clock.reset()
+    assert not clock.observe(100.0, ["a"], {"a"}) and not clock.observe(200.0, ["a"], {"a"})  # one of one
+
+
+def test_peers_that_fail_in_turn_never_take_a_node_out():
+    """Packet loss: each probe some peer fails, and over the window every peer failed one probe or
+    another; no peer failed every probe of it, so the node stays."""
+    clock = CutOffClock(window_s=2.0)
+    for t in range(100):
+        assert not clock.observe(float(t), ["a", "b"], [{"a"}, {"b"}, {"a", "b"}][t % 3])
+
+
+def test_a_window_shorter_than_the_probe_interval_still_needs_two_failed_probes():
+    clock = CutOffClock(window_s=0.1)
+    assert not clock.observe(10.0, ["a", "b"], {"a", "b"})  # one failed probe each: not enough
+    assert clock.observe(11.0, ["a", "b"], {"a", "b"}) == {"a", "b"}
 
 
 def test_a_tie_must_hold_for_longer_than_a_majority():
     """A node cut off from all its peers is a tie to each of them: it must leave (a majority, one window)
     before any of them would leave by the tie-break."""
     clock = CutOffClock(window_s=2.0)
-    assert not clock.observe(10.0, 1, 1, outranked=True)
-    assert not clock.observe(12.0, 1, 1, outranked=True)  # one window: not yet for a tie
-    assert clock.observe(10.0 + TIE_WINDOWS * 2.0, 1, 1, outranked=True)
+    assert not clock.observe(10.0, ["a"], {"a"}, earlier={"a"})
+    assert not clock.observe(12.0, ["a"], {"a"}, earlier={"a"})  # one window: not yet for a tie
+    assert clock.observe(10.0 + TIE_WINDOWS * 2.0, ["a"], {"a"}, earlier={"a"}) == {"a"}
+    clock.reset()
+    for t in (10.0, 12.0, 14.0, 16.0):  # the peer it cannot reach ranks after it: it stays
+        assert not clock.observe(t, ["a", "b"], {"b"}, earlier={"a"})
+
+
+def test_a_tie_needs_three_failed_probes():
+    clock = CutOffClock(window_s=0.1)
+    assert not clock.observe(10.0, ["a"], {"a"}, earlier={"a"})
+    assert not clock.observe(11.0, ["a"], {"a"}, earlier={"a"})  # two windows, two probes
+    assert clock.observe(12.0, ["a"], {"a"}, earlier={"a"}) == {"a"}
 
 
 def listening(port: int, backlog: int) -> socket.socket:
