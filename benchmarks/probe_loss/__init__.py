@@ -53,7 +53,7 @@ class EveryProbeClock:
         self._since = None
 
 
-CLOCKS = {"naive": EveryProbeClock, "per peer": CutOffClock}
+CLOCKS = {"naive": EveryProbeClock, "per_peer": CutOffClock}
 
 
 def replay(

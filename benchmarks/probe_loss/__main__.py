@@ -39,26 +39,56 @@ def measure(prober, targets: dict[str, tuple[str, int]], probes: int, timeouts: 
     return [json.loads(line) for line in out.stdout.splitlines()]
 
 
-def analyse(rows: list[dict], peers: list[str], timeouts: list[float], window_s: float) -> dict:
-    """Per timeout: the share of connects that failed, and per clock its step-outs over the replay."""
-    out = {}
+def analyse(rows: list[dict], peers: list[str], timeouts: list[float], window_s: float) -> list[dict]:
+    """Per timeout (in order): the share of connects that failed, and per clock its step-outs over the
+    replay (a list, not keys: the figure markers of docs/ join keys with dots)."""
+    out = []
     for timeout_s in timeouts:
         probes = [r for r in rows if r["timeout_s"] == timeout_s]
         failed = sum(len(r["lost"]) for r in probes) / (len(peers) * len(probes))
-        clocks = {}
+        row = {"timeout_s": timeout_s, "probes": len(probes), "connects_failed": round(failed, 4)}
         for name, clock in CLOCKS.items():
             got = replay(probes, peers, set(peers), clock(window_s))
             got["per_hour"] = round(got["step_outs"] * 3600 / got["replayed_s"], 1)
-            clocks[name] = got
-        out[f"{timeout_s:g}"] = {"probes": len(probes), "connects_failed": round(failed, 4), "clocks": clocks}
+            row[name] = got
+        out.append(row)
     return out
+
+
+def report(rows: list[dict], cut: list[dict], timeouts: list[float]) -> list[dict]:
+    """Print the table and the ratios; return them (the previous rule at the previous timeout against the
+    current one at the current timeout, per loss level)."""
+    print(
+        f"{'loss':>6} {'dropped':>8} {'timeout':>8} {'failed':>7} {'naive/h':>8} {'per peer/h':>11} {'hours':>6}"
+    )
+    for row in rows:
+        for r in row["timeouts"]:
+            print(f"{row['loss']:>6g} {row['dropped']:>8.1%} {r['timeout_s']:>6g} s {r['connects_failed']:>7.1%} "
+                  f"{r['naive']['per_hour']:>8.1f} {r['per_peer']['per_hour']:>11.1f} "
+                  f"{r['naive']['replayed_s'] / 3600:>6.2f}")  # fmt: skip
+    vs_naive = []
+    for row in rows:
+        before, after = row["timeouts"][0]["naive"], row["timeouts"][1]["per_peer"]
+        hours = round(after["replayed_s"] / 3600, 2)
+        ratio = round(before["per_hour"] / after["per_hour"], 1) if after["step_outs"] else None
+        vs_naive.append({"loss": row["loss"], "naive_per_hour": before["per_hour"],
+                         "current_per_hour": after["per_hour"], "current_hours": hours, "ratio": ratio})  # fmt: skip
+        print(f"loss {row['loss']:g}: false step-outs per hour, current (per peer, {timeouts[1]:g} s) "
+              f"{after['per_hour']:.1f} vs naive (the previous rule, {timeouts[0]:g} s) {before['per_hour']:.1f}: "
+              + (f"{ratio:.1f}x fewer" if ratio else f"none in {hours} h replayed"))  # fmt: skip
+    for r in cut:
+        got = ", ".join(f"{name} {r[name]['first_step_out_s']} s" for name in CLOCKS)
+        print(
+            f"cut off from both peers, timeout {r['timeout_s']:g} s: stepped out after (from the cut) {got}"
+        )
+    return vs_naive
 
 
 def main() -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.probe_loss", description=__doc__)
     p.add_argument("--loss", type=float, nargs="+", default=[0.05, 0.10], help="loss on every link, each way")
     p.add_argument("--probes", type=int, default=600, help="probes per loss level and timeout")
-    p.add_argument("--cut-probes", type=int, default=12, help="probes across a real cut (blackholed routes)")
+    p.add_argument("--cut-probes", type=int, default=12, help="probes across a real cut")
     p.add_argument("--window", type=float, default=float(DEFAULT_LEASE_TTL), help="peer_probe (s)")
     p.add_argument("--port", type=int, default=7791)
     p.add_argument("--out", default="probe-loss")
@@ -67,7 +97,7 @@ def main() -> int:
         print(f"probe_loss: {why}", file=sys.stderr)
         return 2
     timeouts = [PREVIOUS_TIMEOUT_S, CONNECT_TIMEOUT_S]
-    rows, procs = {}, []
+    rows, procs = [], []
     with Network(3) as net:
         h0, *peers = net.hosts
         try:
@@ -82,10 +112,8 @@ def main() -> int:
                 for h in net.hosts:
                     h.lossless()
                 sent, dropped = sum(s for s, _ in packets), sum(d for _, d in packets)
-                rows[f"{loss:g}"] = {
-                    "dropped": round(dropped / sent, 4),
-                    **analyse(measured, names, timeouts, args.window),
-                }
+                results = analyse(measured, names, timeouts, args.window)
+                rows.append({"loss": loss, "dropped": round(dropped / sent, 4), "timeouts": results})
             for h in peers:  # their answers to h0 go nowhere: h0's connects get no answer, as across a cut
                 h.blackhole(h0.addr)
             cut = analyse(measure(h0, targets, args.cut_probes, timeouts), names, timeouts, args.window)
@@ -94,34 +122,9 @@ def main() -> int:
         finally:
             stop_processes(procs)
     print(
-        f"window {args.window:g} s, probe every {1:g} s after the last; h0 probes h1 and h2, ranked after both"
+        f"window {args.window:g} s, a probe every {PROBE_INTERVAL_S:g} s after the last; h0 ranks after its peers"
     )
-    print(
-        f"{'loss':>6} {'dropped':>8} {'timeout':>8} {'failed':>7} {'naive/h':>8} {'per peer/h':>11} {'hours':>6}"
-    )
-    for loss, row in rows.items():
-        for t in map(lambda x: f"{x:g}", timeouts):
-            r = row[t]
-            c = r["clocks"]
-            print(f"{loss:>6} {row['dropped']:>8.1%} {t + ' s':>8} {r['connects_failed']:>7.1%} "
-                  f"{c['naive']['per_hour']:>8.1f} {c['per peer']['per_hour']:>11.1f} "
-                  f"{c['naive']['replayed_s'] / 3600:>6.2f}")  # fmt: skip
-    prev, cur = f"{PREVIOUS_TIMEOUT_S:g}", f"{CONNECT_TIMEOUT_S:g}"
-    vs_naive = {}
-    for loss, row in rows.items():
-        before, after = row[prev]["clocks"]["naive"], row[cur]["clocks"]["per peer"]
-        vs_naive[loss] = {"naive_per_hour": before["per_hour"], "current_per_hour": after["per_hour"],
-                          "current_hours": round(after["replayed_s"] / 3600, 2),
-                          "ratio": round(before["per_hour"] / after["per_hour"], 1) if after["step_outs"] else None}  # fmt: skip
-        print(f"loss {loss}: false step-outs per hour, current (per peer, {cur} s) {after['per_hour']:.1f} vs naive "
-              f"(the previous rule, {prev} s) {before['per_hour']:.1f}: "
-              + (f"{vs_naive[loss]['ratio']:.1f}x fewer" if after["step_outs"] else f"none in {vs_naive[loss]['current_hours']} h replayed"))  # fmt: skip
-    for t in (prev, cur):
-        got = {name: c["first_step_out_s"] for name, c in cut[t]["clocks"].items()}
-        print(
-            f"cut off from both peers, timeout {t} s: stepped out after "
-            + ", ".join(f"{n} {s} s" for n, s in got.items())
-        )
+    vs_naive = report(rows, cut, timeouts)
     path = write_result(args.out, {"window_s": args.window, "interval_s": PROBE_INTERVAL_S, "timeouts_s": timeouts,
                                    "loss": rows, "cut": cut, "vs_naive": vs_naive})  # fmt: skip
     print(f"wrote {path}")
