@@ -47,8 +47,8 @@ PROBE_INTERVAL_S = 1.0
 # after a refused connect, the next probe comes this soon: a dead peer is reported (dead_peers.py) without
 # waiting a whole interval, while a healthy run costs each node one round of connects a second
 CONFIRM_S = 0.2
-# A lost SYN is sent again after 1 s: with 10% loss on both links, 41% of connects failed within 0.5 s,
-# 6% within 1.5 s (benchmarks/probe_loss)
+# A lost SYN is sent again after 1 s: with 10% loss on every link, 33.7% of connects failed within 0.5 s,
+# 7.0% within 1.5 s (benchmarks/probe_loss, probe-loss.json)
 CONNECT_TIMEOUT_S = 1.5
 GATE_LOG_EVERY_S = 10.0
 # Peers probed per node: all of them up to this many, else a uniform random sample of this size (kept across
