@@ -14,10 +14,9 @@ other. The measured probes are then replayed at the agent's cadence (each probe'
 
 A false step-out is a verdict on a network where every host is up and reachable. Last, a real cut
 (both peers' routes to h0 blackholed: h0's connects get no answer) checks that the clocks still take h0
-out, and how long that takes from the cut.
-Writes benchmarks/results/probe-loss.json.
+out, and how long that takes from the cut. Writes benchmarks/results/probe-loss.json.
 
-Run (root, ``ip netns``): ``python -m benchmarks.probe_loss --loss 0.05 0.10 --probes 600``.
+Run (root, ``ip netns``): ``python -m benchmarks.probe_loss --loss 0.05 0.10 --probes 1000``.
 """
 
 from __future__ import annotations

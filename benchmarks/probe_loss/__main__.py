@@ -87,7 +87,7 @@ def report(rows: list[dict], cut: list[dict], timeouts: list[float]) -> list[dic
 def main() -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.probe_loss", description=__doc__)
     p.add_argument("--loss", type=float, nargs="+", default=[0.05, 0.10], help="loss on every link, each way")
-    p.add_argument("--probes", type=int, default=600, help="probes per loss level and timeout")
+    p.add_argument("--probes", type=int, default=1000, help="probes per loss level and timeout")
     p.add_argument("--cut-probes", type=int, default=12, help="probes across a real cut")
     p.add_argument("--window", type=float, default=float(DEFAULT_LEASE_TTL), help="peer_probe (s)")
     p.add_argument("--port", type=int, default=7791)
