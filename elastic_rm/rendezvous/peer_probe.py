@@ -5,7 +5,8 @@ leaves it out; every member then waits in gloo collectives for minutes. Each nod
 servers of its round's other members (a TCP connect, every ``PROBE_INTERVAL_S``). When more than half of
 at least 2 peers fail every probe of them for the window (``--rdzv-conf peer_probe``; ``CutOffClock``: a
 lossy link fails a probe now and then, a cut one every probe), the node revokes its own lease: the leader
-sees a lost member, the others train on without it, and its agent stops its workers and rejoins. A peer that is gone from etcd does not count (its lease ended: the leader replaces it anyway).
+sees a lost member, the others train on without it, and its agent stops its workers and rejoins. A peer
+that is gone from etcd does not count (its lease ended: the leader replaces it anyway).
 A peer whose host refuses the connect (nothing listens there: its agent is dead) is also reported, and
 its lease revoked once a quorum of probers agrees (dead_peers.py).
 
