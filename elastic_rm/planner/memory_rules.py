@@ -3,6 +3,10 @@ nodes (tables shard thinner).
 
 Why apart from policy.py: it is the one rule that weighs memory against nodes (with resizable rounds,
 memory is cheaper than a node; when a raise did not take, or without resizable rounds, shard thinner).
+An OOM whose raise did not take, with no node to shard onto, suspends the run until the nodes its
+memory fits on are there (``PlannerState.fit_nodes``): restarting on the same nodes only repeats the
+OOM until the restarts run out, and a job that started below its request (the cluster had fewer nodes
+free) then failed where the user's own configuration, waiting for its nodes, completed.
 Pure: the answer and the new state from the snapshot and the old state.
 """
 
@@ -14,6 +18,7 @@ from .answers import Answer, decide, standby
 from .config import PlannerConfig
 from .interface import ClusterSnapshot, NodeView, Wait
 from .job import JobSpec
+from .memory_model import estimate_node_memory, rescale_observed
 from .runtime import oom_risks
 from .scaling import memory_floor
 from .state import PlannerState
@@ -44,7 +49,9 @@ def oom_check(
             (level + growth * cfg.mem_growth_horizon_s) * (1 + cfg.mem_margin),
         )
         why = f"OOM happened at {node_mem / 2**30:.1f} GiB per node"
-        return more_memory(cfg, snapshot, state, job, members, healthy, need, why, resize_failed)
+        return more_memory(
+            cfg, snapshot, state, job, members, healthy, need, why, resize_failed, happened=True
+        )
     risks = oom_risks(state, members, cfg)
     if not risks:
         return None, state
@@ -72,8 +79,10 @@ def more_memory(
     resize_failed: bool,
     level: float = 0.0,
     growth: float = 0.0,
+    happened: bool = False,
 ) -> tuple[Answer, PlannerState]:
-    """`need` bytes per node: a larger memory budget (resizable rounds), else enough nodes to fit."""
+    """`need` bytes per node: a larger memory budget (resizable rounds), else enough nodes to fit; an OOM
+    that ``happened`` after a raise that did not take, with no node to add: the run waits for them."""
     w = len(members)
     cur = snapshot.current
     assert cur is not None, "the memory rule runs only while a round runs"
@@ -97,6 +106,8 @@ def more_memory(
         advice=replace(state.advice, target_nodes=max(floor, state.advice.target_nodes), reason=why),
     )
     add = min(floor - w, len(healthy))
+    if add <= 0 and happened and resize_failed and floor > w:
+        return suspend_until_fit(cfg, cur.number, state, job, members, floor, per_node, growth, why)
     if add <= 0 and cfg.resize_rounds:  # no node to add: ask for memory again all the same
         state = replace(state, mem_asked=need, last_round_at=snapshot.now)
         state = replace(
@@ -113,3 +124,36 @@ def more_memory(
     return decide(
         state, cur.number, new, standby(healthy[add:], state.flagged, cfg.standby_max), reason, None, 0.7
     )
+
+
+def suspend_until_fit(
+    cfg: PlannerConfig,
+    cur_number: int,
+    state: PlannerState,
+    job: JobSpec,
+    members: tuple[str, ...],
+    floor: int,
+    per_node: float,
+    growth: float,
+    why: str,
+) -> tuple[Answer, PlannerState]:
+    """An empty round (the run suspends; its nodes wait as standby) until ``floor`` nodes are there, with
+    the memory budget carried to that many nodes (the raise asked for on fewer is dropped: new nodes get
+    slices they can be given)."""
+    w = len(members)
+    oh = cfg.cold_overhead_bytes
+    at_floor = rescale_observed(
+        per_node, estimate_node_memory(job, w, oh), estimate_node_memory(job, floor, oh)
+    )
+    mem = (
+        (at_floor + growth * w * cfg.mem_growth_horizon_s / floor) * (1 + cfg.mem_margin) if per_node else 0.0
+    )
+    advice = replace(
+        state.advice,
+        target_nodes=max(floor, state.advice.target_nodes),
+        mem_per_node_bytes=mem or state.advice.mem_per_node_bytes,
+        reason=why,
+    )
+    state = replace(state, fit_nodes=floor, mem_asked=0.0, advice=advice)
+    reason = f"{why}; the raise did not take and no node is free: suspended until {floor} node(s) are here"
+    return decide(state, cur_number, (), members, reason, None, 0.7)

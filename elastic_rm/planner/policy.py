@@ -156,6 +156,12 @@ class PlannerPolicy:
         if len(nodes) < snapshot.min_nodes:
             return Wait(f"{len(nodes)} of at least {snapshot.min_nodes} node(s) present"), state
         target = min(max(start.world, snapshot.min_nodes), snapshot.max_nodes)
+        fit = state.fit_nodes if state.fit_nodes <= snapshot.max_nodes else 0
+        if len(nodes) < fit:  # an OOM on fewer nodes, whose raise did not take (memory_rules.py)
+            return Wait(
+                f"{len(nodes)} node(s) present; the job's memory fits on {fit} (an OOM on fewer)"
+            ), state
+        target = max(target, fit)
         if len(nodes) < target:
             deadline = nodes[snapshot.min_nodes - 1].seen_at + snapshot.last_call_timeout
             if snapshot.now < deadline:

@@ -81,6 +81,9 @@ class PlannerState:
     # bring back a refuted scale-up
     measured_cap: int = 0
     queued_at: float = float("-inf")  # when a snapshot last said other jobs wait (waiting_nodes > 0)
+    # the fewest nodes the job's memory fits on, learnt from an OOM whose memory raise did not take with
+    # no node to add (memory_rules.py): the run is suspended until that many nodes are there; 0: none
+    fit_nodes: int = 0
 
 
 def node_capacity(node: NodeView) -> float:

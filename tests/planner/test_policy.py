@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from elastic_rm.planner.config import PlannerConfig
-from elastic_rm.planner.interface import ClusterSnapshot, Decision, Wait
+from elastic_rm.planner.interface import ClusterSnapshot, Decision, RoundView, Wait
 from elastic_rm.planner.policy import PlannerPolicy
 from elastic_rm.planner.state import PlannerState
 
@@ -266,3 +266,43 @@ def test_a_lost_member_is_not_replaced_by_a_flagged_straggler_unless_min_needs_i
     assert isinstance(a, Decision) and a.members == ("a", "c") and "s" not in a.standby
     a, _ = p.step(replace(snap, min_nodes=3), st)  # but a slow node beats stopping the job
     assert isinstance(a, Decision) and a.members == ("a", "c", "s")
+
+
+BIG_TABLES = {**JOB, "tables": [{"rows": 100_000_000, "dim": 64}] * 4}  # ~100 GB of tables
+
+
+def test_an_oom_whose_raise_did_not_take_suspends_until_the_nodes_it_fits_on_are_there():
+    """A job that started on one node (the cluster had one free) and OOMs there: the raise is asked once;
+    when it did not take (the node still has 64 GiB) and no node is free, the run is suspended (its node
+    waits as standby) instead of restarting into the same OOM until its restarts run out, and the next
+    round waits for the nodes its memory fits on."""
+    p = PlannerPolicy(replace(CFG, resize_rounds=True))
+    job = lambda ooms: {**BIG_TABLES, "oom_count": ooms}  # noqa: E731
+    st = settled(p, ["a"], t0=20, job=job(0), mem_gib=60.0)
+    first, st = p.step(running(20, ["a"], job=job(1), mem_gib=60.0), st)
+    assert isinstance(first, Decision) and first.members == ("a",) and "memory budget" in first.reason
+    # the raise did not take: the node reports 64 GiB still, and the job OOMs again
+    second, st = p.step(running(40, ["a"], number=1, job=job(2), mem_gib=60.0, decided_at=20.0), st)
+    assert isinstance(second, Decision), second.reason
+    assert second.members == () and second.standby == ("a",) and "suspended until" in second.reason
+    assert 2 <= st.fit_nodes <= 8 and st.advice.target_nodes >= st.fit_nodes
+    assert st.advice.mem_per_node_bytes < 64 * 2**30  # the budget is for the nodes it waits for
+    # suspended: one node present is not enough, whatever the last call says
+    suspended = RoundView(2, (), ("a",), 40.0)
+    alone = ClusterSnapshot(400.0, 1, 8, 30.0, (node("a", 0),), suspended, job(2))
+    wait, st = p.step(alone, st)
+    assert isinstance(wait, Wait) and f"fits on {st.fit_nodes}" in wait.reason
+    enough = replace(alone, nodes=tuple(node(n, i) for i, n in enumerate("abcdefgh"[: st.fit_nodes])))
+    resumed, _ = p.step(enough, st)
+    assert isinstance(resumed, Decision) and len(resumed.members) >= st.fit_nodes
+
+
+def test_an_oom_whose_raise_did_not_take_shards_onto_a_free_node_instead():
+    p = PlannerPolicy(replace(CFG, resize_rounds=True))
+    job = lambda ooms: {**BIG_TABLES, "oom_count": ooms}  # noqa: E731
+    st = settled(p, ["a"], t0=20, job=job(0), mem_gib=60.0)
+    _, st = p.step(running(20, ["a"], job=job(1), mem_gib=60.0), st)
+    snap = running(40, ["a"], extra=["b", "c", "d"], number=1, job=job(2), mem_gib=60.0, decided_at=20.0)
+    second, st = p.step(snap, st)
+    assert isinstance(second, Decision) and len(second.members) >= 2 and "sharding over" in second.reason
+    assert st.fit_nodes == 0
