@@ -90,3 +90,22 @@ def test_closing_a_client_ends_its_leases_refreshes_and_not_the_others(etcd, run
             assert _refreshed_twice([kept])
         finally:
             kept.revoke()
+
+
+def test_leases_granted_apart_come_onto_one_refresh_schedule(etcd):
+    """A stream's leases granted at different times are refreshed together after a round or two (one
+    wake-up and one batch of writes per interval): a lease due within half its interval goes along."""
+    leases: list[KeptLease] = []
+    with EtcdClient(etcd.endpoint, timeout=4.75) as client:  # a timeout of its own: a stream of its own
+        try:
+            for _ in range(4):  # granted 0.25 s apart: their first refreshes are due 0.25 s apart
+                leases.append(KeptLease(client, 3))
+                time.sleep(0.25)
+            assert _refreshed_twice(leases)
+            time.sleep(0.3)  # the answers of the batch just read are in; the next batch is 1 s away
+            refreshed = [lease.last_refresh for lease in leases]
+            assert max(refreshed) - min(refreshed) < 0.2, refreshed  # interval 1 s; they were 0.75 s apart
+            assert not any(lease.lost for lease in leases)
+        finally:
+            for lease in leases:
+                lease.revoke()
