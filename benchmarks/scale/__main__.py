@@ -7,6 +7,7 @@ one process holding a single node to kill, and the other nodes spread over ``--p
 the control plane). Measured, per N:
 
 - join: from the last node's ``next_rendezvous()`` call until all N hold their rank (all ranks checked);
+  ``--only join --trials K``: K joins per case, each on a fresh etcd, reported as the middle one;
   fan-out: from the sealed round's write to each node holding it;
 - steady state (``--steady`` s): CPU of the leader's process, of the node processes (per node), of etcd;
   etcd writes/s (puts, deletes, txns), database size, keep-alive gaps of every lease, rounds that churned;
@@ -226,6 +227,18 @@ def _wait_leader(endpoint: str, run_id: str) -> None:
             time.sleep(0.05)
 
 
+def join_trials(n: int, jobs: int, procs: int, log_dir: str, trials: int, profile: str = "") -> dict:
+    """``trials`` joins of one case, each on a fresh etcd with fresh processes (the target is a median, and
+    one join on a shared 2-core machine moves by a factor of two from run to run): the case's join is the
+    middle trial by latency (the median for an odd count), with every trial's latency and correctness."""
+    runs = [run_case(n, jobs, procs, 0, True, log_dir, True, profile)["join"] for _ in range(trials)]
+    ranked = sorted(runs, key=lambda r: r["latency_s"] if r["latency_s"] is not None else float("inf"))
+    middle = ranked[len(ranked) // 2]
+    trials_out = [{"latency_s": r["latency_s"], "ok": r["ok"], "load_avg": r.get("load_avg")} for r in runs]
+    return {"n": n, "jobs": jobs, "procs": procs, "join": dict(middle, ok=all(r["ok"] for r in runs),
+            trials=trials_out)}  # fmt: skip
+
+
 def _join_result(rows: list[dict], runs: list[str], n: int) -> dict:
     per_run = {}
     for run in runs:
@@ -312,6 +325,9 @@ def main() -> None:
                    help="join: only the join of each case; failure: per case the join, then the failure round "
                         "(no steady state or status)")  # fmt: skip
     p.add_argument("--profile", default="", help="a directory: each node process samples its join there")
+    p.add_argument("--trials", type=int, default=1,
+                   help="with --only join: joins per case, each on a fresh etcd; the case reports the middle "
+                        "one by latency (the median for an odd count) and every trial's latency")  # fmt: skip
     p.add_argument(
         "--lease-ttl", default="", help="every node's lease_ttl in seconds (default: the handler's)"
     )
@@ -339,7 +355,15 @@ def main() -> None:
     shapes = [(f"N={n}", n, 1) for n in [int(s) for s in args.sizes.split(",") if s]]
     if args.jobs:
         shapes.append((f"{args.jobs}x{args.job_nodes}", args.job_nodes, args.jobs))
+    if args.trials > 1 and not join_only:
+        p.error("--trials needs --only join (a steady state and a failure round per trial would take hours)")
     for name, n, jobs in shapes:
+        if args.trials > 1:
+            case(
+                name,
+                lambda n=n, jobs=jobs: join_trials(n, jobs, args.procs, log_dir, args.trials, args.profile),
+            )
+            continue
         case(name, lambda n=n, jobs=jobs: run_case(n, jobs, args.procs, args.steady, True, log_dir, join_only,
                                                    args.profile, args.only == "failure"))  # fmt: skip
         if args.ckpt_ports and not join_only:  # the baseline: the same failure with no port to refuse
@@ -364,7 +388,9 @@ def main() -> None:
             print(f"{name}: {c['error']}")
             continue
         if join_only:
-            print(f"{name}: join {c['join']['latency_s']} s; fan-out {c['join']['fanout_s']}")
+            each = [t["latency_s"] for t in c["join"].get("trials", [])]
+            print(f"{name}: join {c['join']['latency_s']} s" + (f" (median of {each})" if each else "")
+                  + f"; fan-out {c['join']['fanout_s']}")  # fmt: skip
             continue
         if "steady" not in c:
             print(f"{name}: join {c['join']['latency_s']} s; failure {c['failure']['latency_s']} s")
