@@ -3,10 +3,12 @@ nodes (tables shard thinner).
 
 Why apart from policy.py: it is the one rule that weighs memory against nodes (with resizable rounds,
 memory is cheaper than a node; when a raise did not take, or without resizable rounds, shard thinner).
-An OOM whose raise did not take, with no node to shard onto, suspends the run until the nodes its
-memory fits on are there (``PlannerState.fit_nodes``): restarting on the same nodes only repeats the
-OOM until the restarts run out, and a job that started below its request (the cluster had fewer nodes
-free) then failed where the user's own configuration, waiting for its nodes, completed.
+An OOM after a raise that took only up to the node's size (the node grew, short of the ask: it will not
+grow more), with no node to shard onto, suspends the run until the nodes its memory fits on are there
+(``PlannerState.fit_nodes``): restarting on the same nodes only repeats the OOM until the restarts run
+out, and a job that started below its request (the cluster had fewer nodes free) then failed where the
+user's own configuration, waiting for its nodes, completed. A raise that did not take at all (the
+machine had no room then) is asked again: room may come, and a suspended job holds its nodes idle.
 Pure: the answer and the new state from the snapshot and the old state.
 """
 
@@ -39,6 +41,9 @@ def oom_check(
     w = len(members)
     node_mem = min((by_id[m].mem_total_bytes for m in members if m in by_id), default=0)
     resize_failed = state.mem_asked > 0 and node_mem < 0.99 * state.mem_asked
+    # the raise took in part (the node grew, short of the ask): it is as large as it gets; a raise that
+    # did not take at all may take later, when the machine has room again
+    capped = resize_failed and state.mem_asked_from > 0 and node_mem > 1.01 * state.mem_asked_from
     ooms = int(snapshot.job.get("oom_count", 0) or 0)
     if ooms > state.ooms_seen:
         state = replace(state, ooms_seen=ooms)
@@ -50,7 +55,17 @@ def oom_check(
         )
         why = f"OOM happened at {node_mem / 2**30:.1f} GiB per node"
         return more_memory(
-            cfg, snapshot, state, job, members, healthy, need, why, resize_failed, happened=True
+            cfg,
+            snapshot,
+            state,
+            job,
+            members,
+            healthy,
+            need,
+            why,
+            resize_failed,
+            capped=capped,
+            node_mem=node_mem,
         )
     risks = oom_risks(state, members, cfg)
     if not risks:
@@ -63,7 +78,18 @@ def oom_check(
         f"({r.trend.level / 2**30:.1f} GiB, +{growth * 3600 / 2**30:.2f} GiB/h)"
     )
     return more_memory(
-        cfg, snapshot, state, job, members, healthy, need, why, resize_failed, r.trend.level, growth
+        cfg,
+        snapshot,
+        state,
+        job,
+        members,
+        healthy,
+        need,
+        why,
+        resize_failed,
+        r.trend.level,
+        growth,
+        node_mem=node_mem,
     )
 
 
@@ -79,10 +105,12 @@ def more_memory(
     resize_failed: bool,
     level: float = 0.0,
     growth: float = 0.0,
-    happened: bool = False,
+    capped: bool = False,
+    node_mem: float = 0.0,
 ) -> tuple[Answer, PlannerState]:
     """`need` bytes per node: a larger memory budget (resizable rounds), else enough nodes to fit; an OOM
-    that ``happened`` after a raise that did not take, with no node to add: the run waits for them."""
+    after a raise that took only up to the node's size (``capped``), with no node to add: the run waits
+    for them. ``node_mem``: the members' memory now."""
     w = len(members)
     cur = snapshot.current
     assert cur is not None, "the memory rule runs only while a round runs"
@@ -91,6 +119,7 @@ def more_memory(
         state = replace(
             state,
             mem_asked=need,
+            mem_asked_from=node_mem,
             last_round_at=snapshot.now,
             advice=replace(
                 state.advice, mem_per_node_bytes=max(need, state.advice.mem_per_node_bytes), reason=why
@@ -106,7 +135,7 @@ def more_memory(
         advice=replace(state.advice, target_nodes=max(floor, state.advice.target_nodes), reason=why),
     )
     add = min(floor - w, len(healthy))
-    if add <= 0 and happened and resize_failed and floor > w:
+    if add <= 0 and capped and floor > w:
         return suspend_until_fit(cfg, cur.number, state, job, members, floor, per_node, growth, why)
     if add <= 0 and cfg.resize_rounds:  # no node to add: ask for memory again all the same
         state = replace(state, mem_asked=need, last_round_at=snapshot.now)

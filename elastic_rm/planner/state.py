@@ -74,6 +74,7 @@ class PlannerState:
     ooms_seen: int = 0
     pending: tuple = ()  # (members, standby) of our last Decision
     mem_asked: float = 0.0  # the per-node memory our last resize asked for (0: none pending)
+    mem_asked_from: float = 0.0  # the members' memory when the memory rule asked for that raise
     cpu_asked: float = 0.0  # the per-node cores our last resize for starved nodes asked for (0: none)
     growth_total: float | None = None  # job-wide memory growth (bytes/s over all members), once measured
     # the smallest size past which added nodes were measured not to pay (scaling.observed_cap), 0: none;

@@ -271,22 +271,35 @@ def test_a_lost_member_is_not_replaced_by_a_flagged_straggler_unless_min_needs_i
 BIG_TABLES = {**JOB, "tables": [{"rows": 100_000_000, "dim": 64}] * 4}  # ~100 GB of tables
 
 
-def test_an_oom_whose_raise_did_not_take_suspends_until_the_nodes_it_fits_on_are_there():
+def _grown(snap: ClusterSnapshot, gib: float) -> ClusterSnapshot:
+    """``snap`` with every node's memory at ``gib`` (a resize that took that far)."""
+    size = int(gib * 2**30)
+    grown = tuple(
+        replace(n, mem_total_bytes=size, metrics=replace(n.metrics, mem_total_bytes=size)) for n in snap.nodes
+    )
+    return replace(snap, nodes=grown)
+
+
+def test_an_oom_after_a_raise_capped_by_the_node_suspends_until_the_nodes_it_fits_on_are_there():
     """A job that started on one node (the cluster had one free) and OOMs there: the raise is asked once;
-    when it did not take (the node still has 64 GiB) and no node is free, the run is suspended (its node
-    waits as standby) instead of restarting into the same OOM until its restarts run out, and the next
-    round waits for the nodes its memory fits on."""
+    it takes only up to the machine's size (64 -> 96 GiB, 128 asked) and the job OOMs again with no node
+    free: the run is suspended (its node waits as standby) instead of restarting into the same OOM until
+    its restarts run out, and the next round waits for the nodes its memory fits on."""
     p = PlannerPolicy(replace(CFG, resize_rounds=True))
     job = lambda ooms: {**BIG_TABLES, "oom_count": ooms}  # noqa: E731
     st = settled(p, ["a"], t0=20, job=job(0), mem_gib=60.0)
     first, st = p.step(running(20, ["a"], job=job(1), mem_gib=60.0), st)
     assert isinstance(first, Decision) and first.members == ("a",) and "memory budget" in first.reason
-    # the raise did not take: the node reports 64 GiB still, and the job OOMs again
-    second, st = p.step(running(40, ["a"], number=1, job=job(2), mem_gib=60.0, decided_at=20.0), st)
+    # a raise that did not take at all (the machine had no room then) is asked again: room may come
+    again, st_again = p.step(running(40, ["a"], number=1, job=job(2), mem_gib=60.0, decided_at=20.0), st)
+    assert isinstance(again, Decision) and again.members == ("a",) and st_again.fit_nodes == 0
+    # the raise took up to the node's size, short of the ask, and the job OOMs again
+    snap = _grown(running(40, ["a"], number=1, job=job(2), mem_gib=90.0, decided_at=20.0), 96.0)
+    second, st = p.step(snap, st)
     assert isinstance(second, Decision), second.reason
     assert second.members == () and second.standby == ("a",) and "suspended until" in second.reason
     assert 2 <= st.fit_nodes <= 8 and st.advice.target_nodes >= st.fit_nodes
-    assert st.advice.mem_per_node_bytes < 64 * 2**30  # the budget is for the nodes it waits for
+    assert st.advice.mem_per_node_bytes < 96 * 2**30  # the budget is for the nodes it waits for
     # suspended: one node present is not enough, whatever the last call says
     suspended = RoundView(2, (), ("a",), 40.0)
     alone = ClusterSnapshot(400.0, 1, 8, 30.0, (node("a", 0),), suspended, job(2))
@@ -297,12 +310,12 @@ def test_an_oom_whose_raise_did_not_take_suspends_until_the_nodes_it_fits_on_are
     assert isinstance(resumed, Decision) and len(resumed.members) >= st.fit_nodes
 
 
-def test_an_oom_whose_raise_did_not_take_shards_onto_a_free_node_instead():
+def test_an_oom_after_a_capped_raise_shards_onto_a_free_node_instead():
     p = PlannerPolicy(replace(CFG, resize_rounds=True))
     job = lambda ooms: {**BIG_TABLES, "oom_count": ooms}  # noqa: E731
     st = settled(p, ["a"], t0=20, job=job(0), mem_gib=60.0)
     _, st = p.step(running(20, ["a"], job=job(1), mem_gib=60.0), st)
-    snap = running(40, ["a"], extra=["b", "c", "d"], number=1, job=job(2), mem_gib=60.0, decided_at=20.0)
-    second, st = p.step(snap, st)
+    snap = running(40, ["a"], extra=["b", "c", "d"], number=1, job=job(2), mem_gib=90.0, decided_at=20.0)
+    second, st = p.step(_grown(snap, 96.0), st)
     assert isinstance(second, Decision) and len(second.members) >= 2 and "sharding over" in second.reason
     assert st.fit_nodes == 0
