@@ -4,8 +4,8 @@
     5.7x<!-- fig: recovery.json results.torchrun/SIGKILL.median / results.ermrun/SIGKILL.median -->
 
 The marker names a file under benchmarks/results/ and a path into its JSON (keys joined by "."; a list
-takes an index, or min/max/median/mean of its numbers); "A / B" divides two values, "A / B - 1" is the
-change from B to A. The number right before the marker must equal the value rounded to the decimals the
+takes an index, min/max/median/mean of its numbers, or count: its length); "A / B" divides two values,
+"A / B - 1" is the change from B to A. The number right before the marker must equal the value rounded to the decimals the
 text shows, scaled by its unit (ms x1000, us x1e6, % x100, anything else as is; "in ms" at the end of a
 marker gives the unit of a number written without one, as in 56-65 ms; a value under a key ending in _ms
 or _us is stored in that unit). In the tables that quote results (TABLES) every number outside the first
@@ -93,7 +93,9 @@ def lookup(data: Any, path: str) -> float:
     """One value of a results file: keys joined by '.', list indices, list aggregates."""
     here = data
     for key in path.split("."):
-        if isinstance(here, list) and key in AGGREGATES:
+        if isinstance(here, list) and key == "count":  # how many entries (of any kind) the list holds
+            here = len(here)
+        elif isinstance(here, list) and key in AGGREGATES:
             here = AGGREGATES[key]([float(x) for x in here])
         elif isinstance(here, list):
             here = here[int(key)]

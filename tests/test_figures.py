@@ -99,3 +99,14 @@ def test_a_value_stored_in_ms_or_us_is_compared_in_that_unit(tmp_path):
     )
     assert problems(tmp_path, doc) == []
     assert "the file says 52.5 us" in problems(tmp_path, "60.0 us<!-- fig: r.json call_us -->\n")[0]
+
+
+def test_count_is_the_length_of_a_list_of_any_kind(tmp_path):
+    RESULT_WITH_NAMES = dict(RESULT, missed=["a: mean", "b: median", "c: mean"])
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "r.json").write_text(json.dumps(RESULT_WITH_NAMES))
+    (tmp_path / "doc.md").write_text("missed 3<!-- fig: r.json missed.count --> targets\n")
+    assert check(tmp_path, results, ("doc.md",), ()) == []
+    (tmp_path / "doc.md").write_text("missed 2<!-- fig: r.json missed.count --> targets\n")
+    assert check(tmp_path, results, ("doc.md",), ()) != []
