@@ -184,5 +184,5 @@ def suspend_until_fit(
         reason=why,
     )
     state = replace(state, fit_nodes=floor, mem_asked=0.0, advice=advice)
-    reason = f"{why}; the raise did not take and no node is free: suspended until {floor} node(s) are here"
+    reason = f"{why}; the node took the raise only in part and no node is free: suspended until {floor} node(s) are here"
     return decide(state, cur_number, (), members, reason, None, 0.7)

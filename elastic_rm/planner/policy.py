@@ -157,7 +157,7 @@ class PlannerPolicy:
             return Wait(f"{len(nodes)} of at least {snapshot.min_nodes} node(s) present"), state
         target = min(max(start.world, snapshot.min_nodes), snapshot.max_nodes)
         fit = state.fit_nodes if state.fit_nodes <= snapshot.max_nodes else 0
-        if len(nodes) < fit:  # an OOM on fewer nodes, whose raise did not take (memory_rules.py)
+        if len(nodes) < fit:  # an OOM on fewer nodes, after a raise they took only in part (memory_rules.py)
             return Wait(
                 f"{len(nodes)} node(s) present; the job's memory fits on {fit} (an OOM on fewer)"
             ), state

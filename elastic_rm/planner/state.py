@@ -82,8 +82,8 @@ class PlannerState:
     # bring back a refuted scale-up
     measured_cap: int = 0
     queued_at: float = float("-inf")  # when a snapshot last said other jobs wait (waiting_nodes > 0)
-    # the fewest nodes the job's memory fits on, learnt from an OOM whose memory raise did not take with
-    # no node to add (memory_rules.py): the run is suspended until that many nodes are there; 0: none
+    # the fewest nodes the job's memory fits on, learnt from an OOM after a memory raise the node took only
+    # in part, with no node to add (memory_rules.py): the run is suspended until that many are there; 0: none
     fit_nodes: int = 0
 
 
