@@ -15,6 +15,7 @@ Pure: the answer and the new state from the snapshot and the old state.
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 
 from .answers import Answer, decide, standby
 from .config import PlannerConfig
@@ -44,6 +45,10 @@ def oom_check(
     # the raise took in part (the node grew, short of the ask): it is as large as it gets; a raise that
     # did not take at all may take later, when the machine has room again
     capped = resize_failed and state.mem_asked_from > 0 and node_mem > 1.01 * state.mem_asked_from
+    ask = partial(
+        more_memory, cfg, snapshot, job=job, members=members, healthy=healthy, resize_failed=resize_failed,
+        node_mem=node_mem,
+    )  # fmt: skip
     ooms = int(snapshot.job.get("oom_count", 0) or 0)
     if ooms > state.ooms_seen:
         state = replace(state, ooms_seen=ooms)
@@ -54,19 +59,7 @@ def oom_check(
             (level + growth * cfg.mem_growth_horizon_s) * (1 + cfg.mem_margin),
         )
         why = f"OOM happened at {node_mem / 2**30:.1f} GiB per node"
-        return more_memory(
-            cfg,
-            snapshot,
-            state,
-            job,
-            members,
-            healthy,
-            need,
-            why,
-            resize_failed,
-            capped=capped,
-            node_mem=node_mem,
-        )
+        return ask(state=state, need=need, why=why, capped=capped)
     risks = oom_risks(state, members, cfg)
     if not risks:
         return None, state
@@ -77,20 +70,7 @@ def oom_check(
         f"OOM predicted on {r.node} in {r.seconds:.0f} s "
         f"({r.trend.level / 2**30:.1f} GiB, +{growth * 3600 / 2**30:.2f} GiB/h)"
     )
-    return more_memory(
-        cfg,
-        snapshot,
-        state,
-        job,
-        members,
-        healthy,
-        need,
-        why,
-        resize_failed,
-        r.trend.level,
-        growth,
-        node_mem=node_mem,
-    )
+    return ask(state=state, need=need, why=why, level=r.trend.level, growth=growth)
 
 
 def more_memory(
