@@ -27,7 +27,7 @@ test: setup
 test-all: setup
 	ERM_SOAK=$${ERM_SOAK:-1} $(BIN)/python -m pytest -q -rs -m "" $(PYTEST_ARGS)
 
-BENCHMARKS ?= rendezvous agent_overhead reshard planner recovery lease scale
+BENCHMARKS ?= rendezvous agent_overhead reshard planner recovery lease keepalive scale
 
 bench: setup
 	$(BIN)/pip install -q --disable-pip-version-check python-etcd==0.4.5 urllib3==2.8.0 dnspython==2.9.2
