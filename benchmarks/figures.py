@@ -5,12 +5,12 @@
 
 The marker names a file under benchmarks/results/ and a path into its JSON (keys joined by "."; a list
 takes an index, min/max/median/mean of its numbers, or count: its length); "A / B" divides two values,
-"A / B - 1" is the change from B to A. The number right before the marker must equal the value rounded to the decimals the
-text shows, scaled by its unit (ms x1000, us x1e6, % x100, anything else as is; "in ms" at the end of a
-marker gives the unit of a number written without one, as in 56-65 ms; a value under a key ending in _ms
-or _us is stored in that unit). In the tables that quote results (TABLES) every number outside the first
-column must carry a marker, so that a figure cannot be pasted in unchecked. Markers in fenced code blocks
-are examples and are not checked.
+"A / B - 1" is the change from B to A. The number right before the marker must equal the value rounded to
+the decimals the text shows, scaled by its unit (ms x1000, us x1e6, % x100, anything else as is; "in ms" at
+the end of a marker gives the unit of a number written without one, as in 56-65 ms; a value under a key
+ending in _ms or _us is stored in that unit). In the tables that quote results (TABLES) every number
+outside the first column must carry a marker, so that a figure cannot be pasted in unchecked. Markers in
+fenced code blocks are examples and are not checked.
 
     .venv/bin/python -m benchmarks.figures            # check every marker; exit 1 on a stale figure
     .venv/bin/python -m benchmarks.figures --update   # rewrite every marked number from its file
