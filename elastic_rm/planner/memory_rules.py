@@ -21,9 +21,8 @@ from .answers import Answer, decide, standby
 from .config import PlannerConfig
 from .interface import ClusterSnapshot, NodeView, Wait
 from .job import JobSpec
-from .memory_model import estimate_node_memory, rescale_observed
 from .runtime import oom_risks
-from .scaling import memory_floor
+from .scaling import memory_floor, memory_forecast
 from .state import PlannerState
 
 
@@ -149,14 +148,8 @@ def suspend_until_fit(
     """An empty round (the run suspends; its nodes wait as standby) until ``floor`` nodes are there, with
     the memory budget carried to that many nodes (the raise asked for on fewer is dropped: new nodes get
     slices they can be given)."""
-    w = len(members)
-    oh = cfg.cold_overhead_bytes
-    at_floor = rescale_observed(
-        per_node, estimate_node_memory(job, w, oh), estimate_node_memory(job, floor, oh)
-    )
-    mem = (
-        (at_floor + growth * w * cfg.mem_growth_horizon_s / floor) * (1 + cfg.mem_margin) if per_node else 0.0
-    )
+    at_floor = memory_forecast(job, cfg, len(members), per_node, growth, floor) if per_node else 0.0
+    mem = at_floor * (1 + cfg.mem_margin)
     advice = replace(
         state.advice,
         target_nodes=max(floor, state.advice.target_nodes),

@@ -40,14 +40,21 @@ def memory_floor(
     """Smallest world in [lo, hi] whose forecast per-node memory stays under the OOM threshold."""
     if node_mem <= 0 or per_node_now <= 0:
         return lo
-    est_now = estimate_node_memory(job, world, cfg.cold_overhead_bytes)
-    total_growth = growth_per_node * world * cfg.mem_growth_horizon_s
     for w in range(lo, hi + 1):
-        est_w = estimate_node_memory(job, w, cfg.cold_overhead_bytes)
-        need = rescale_observed(per_node_now, est_now, est_w) + total_growth / w
-        if need <= cfg.oom_threshold * node_mem:
+        if memory_forecast(job, cfg, world, per_node_now, growth_per_node, w) <= cfg.oom_threshold * node_mem:
             return w
     return hi
+
+
+def memory_forecast(
+    job: JobSpec, cfg: PlannerConfig, world: int, per_node_now: float, growth_per_node: float, to_world: int
+) -> float:
+    """Per-node bytes at ``to_world`` nodes: what ``world`` nodes use now, carried over (the sharded part
+    scales), plus the job's growth for the growth horizon spread over them."""
+    est_now = estimate_node_memory(job, world, cfg.cold_overhead_bytes)
+    est_to = estimate_node_memory(job, to_world, cfg.cold_overhead_bytes)
+    total_growth = growth_per_node * world * cfg.mem_growth_horizon_s
+    return rescale_observed(per_node_now, est_now, est_to) + total_growth / to_world
 
 
 @dataclass(frozen=True)
