@@ -7,7 +7,8 @@ one process holding a single node to kill, and the other nodes spread over ``--p
 the control plane). Measured, per N:
 
 - join: from the last node's ``next_rendezvous()`` call until all N hold their rank (all ranks checked);
-  ``--only join --trials K``: K joins per case, each on a fresh etcd, reported as the middle one;
+  ``--only join --trials K``: K joins per case, each on a fresh etcd, reported as the middle one
+  (``--only failure --trials K`` likewise for the failure round);
   fan-out: from the sealed round's write to each node holding it;
 - steady state (``--steady`` s): CPU of the leader's process, of the node processes (per node), of etcd;
   etcd writes/s (puts, deletes, txns), database size, keep-alive gaps of every lease, rounds that churned;
@@ -239,6 +240,18 @@ def join_trials(n: int, jobs: int, procs: int, log_dir: str, trials: int, profil
             trials=trials_out)}  # fmt: skip
 
 
+def failure_trials(n: int, jobs: int, procs: int, log_dir: str, trials: int) -> dict:
+    """``trials`` failure rounds of one case, each after its own join on a fresh etcd (where the kill falls
+    in the killed node's refresh cycle moves a lease's expiry by a third of its TTL): the case reports the
+    middle trial by the failure round's latency, with every trial's breakdown."""
+    runs = [run_case(n, jobs, procs, 0, True, log_dir, only_failure=True) for _ in range(trials)]
+    latency = lambda r: r.get("failure", {}).get("latency_s") or float("inf")  # noqa: E731 - failed: last
+    middle = sorted(runs, key=latency)[len(runs) // 2]
+    keep = ("ok", "latency_s", "round_written_s", "median_s", "p99_s", "lease_lost_in_failure", "load_avg")
+    each = [{k: r.get("failure", {}).get(k) for k in keep} for r in runs]
+    return dict(middle, failure=dict(middle["failure"], ok=all(t["ok"] for t in each), trials=each))
+
+
 def _join_result(rows: list[dict], runs: list[str], n: int) -> dict:
     per_run = {}
     for run in runs:
@@ -326,8 +339,9 @@ def main() -> None:
                         "(no steady state or status)")  # fmt: skip
     p.add_argument("--profile", default="", help="a directory: each node process samples its join there")
     p.add_argument("--trials", type=int, default=1,
-                   help="with --only join: joins per case, each on a fresh etcd; the case reports the middle "
-                        "one by latency (the median for an odd count) and every trial's latency")  # fmt: skip
+                   help="with --only join (or failure): joins (failure rounds) per case, each on a fresh etcd; "
+                        "the case reports the middle one by latency (the median for an odd count) and every "
+                        "trial's")  # fmt: skip
     p.add_argument(
         "--lease-ttl", default="", help="every node's lease_ttl in seconds (default: the handler's)"
     )
@@ -355,21 +369,28 @@ def main() -> None:
     shapes = [(f"N={n}", n, 1) for n in [int(s) for s in args.sizes.split(",") if s]]
     if args.jobs:
         shapes.append((f"{args.jobs}x{args.job_nodes}", args.job_nodes, args.jobs))
-    if args.trials > 1 and not join_only:
-        p.error("--trials needs --only join (a steady state and a failure round per trial would take hours)")
+    if args.trials > 1 and args.only is None:
+        p.error("--trials needs --only join or --only failure (a steady state per trial would take hours)")
+    failures = args.trials > 1 and args.only == "failure"
     for name, n, jobs in shapes:
-        if args.trials > 1:
+        if args.trials > 1 and join_only:
             case(
                 name,
                 lambda n=n, jobs=jobs: join_trials(n, jobs, args.procs, log_dir, args.trials, args.profile),
             )
             continue
-        case(name, lambda n=n, jobs=jobs: run_case(n, jobs, args.procs, args.steady, True, log_dir, join_only,
-                                                   args.profile, args.only == "failure"))  # fmt: skip
+
+        def one(n=n, jobs=jobs) -> dict:
+            if failures:
+                return failure_trials(n, jobs, args.procs, log_dir, args.trials)
+            return run_case(n, jobs, args.procs, args.steady, True, log_dir, join_only, args.profile,
+                            args.only == "failure")  # fmt: skip
+
+        case(name, one)
         if args.ckpt_ports and not join_only:  # the baseline: the same failure with no port to refuse
             del os.environ["ERM_SCALE_CKPT_PORTS"]
-            case(f"{name}-ttl-only", lambda n=n, jobs=jobs: run_case(
-                n, jobs, args.procs, 0, True, log_dir, False, "", True))  # fmt: skip
+            case(f"{name}-ttl-only", lambda n=n, jobs=jobs: failure_trials(n, jobs, args.procs, log_dir,
+                                                                            max(1, args.trials)))  # fmt: skip
             os.environ["ERM_SCALE_CKPT_PORTS"] = "1"
     ratios = {}
     base = cases.get("N=128", {}).get("join", {}).get("latency_s")

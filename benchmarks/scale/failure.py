@@ -17,11 +17,12 @@ def failure_round(victim: Child, children: list[Child], n: int, run: str) -> dic
     victim.proc.send_signal(signal.SIGKILL)
     victim.proc.wait(10)
     seen: dict[str, float] = {}
+    process_of: dict[str, int] = {}  # node -> index of its process in ``survivors``
     written = float("inf")  # when the leader wrote the survivors' round (its record's time)
     errors = []
     deadline = time.time() + 60
     while len(seen) < n - 1 and time.time() < deadline:
-        for c in survivors:
+        for i, c in enumerate(survivors):
             try:
                 while True:
                     item = c.lines.get_nowait()
@@ -31,18 +32,25 @@ def failure_round(victim: Child, children: list[Child], n: int, run: str) -> dic
                         errors.append(item["error"])
                     elif item["world"] == n - 1:
                         seen[item["node"]] = item["t"]
+                        process_of[item["node"]] = i
                         written = min(written, item["round_time"])
             except queue.Empty:
                 pass
         time.sleep(0.05)
     ok = len(seen) == n - 1 and not errors
     after = sorted(t - t_kill for t in seen.values())
+    last_by_process: dict[int, float] = {}
+    for node, t in seen.items():
+        last_by_process[process_of[node]] = max(last_by_process.get(process_of[node], 0.0), t - t_kill)
     # the breakdown: the round's write after the kill (the loss found, the lease ended, the leader's
     # decision), then the fan-out to the survivors (the first, the median, the last to hold it)
     return {"ok": ok, "latency_s": (max(seen.values()) - t_kill) if ok else None,
             "survivors_in_round": len(seen), "errors": errors[:3],
             "round_written_s": written - t_kill if seen else None,
-            "first_s": after[0] if after else None, "median_s": after[len(after) // 2] if after else None}  # fmt: skip
+            "first_s": after[0] if after else None, "median_s": after[len(after) // 2] if after else None,
+            "p90_s": after[int(len(after) * 0.9)] if after else None,
+            "p99_s": after[int(len(after) * 0.99)] if after else None,
+            "last_by_process_s": [round(last_by_process[i], 3) for i in sorted(last_by_process)]}  # fmt: skip
 
 
 def keepalive_stats(reports: list[dict]) -> dict:

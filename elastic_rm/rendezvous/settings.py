@@ -21,11 +21,26 @@ BACKEND = "elastic-rm"
 # stall of a live agent's keep-alive thread (refreshes every TTL/3). benchmarks/lease measured no false
 # expiry at 1 s on a loaded 2-core machine (docs/benchmarks.md, "benchmarks/lease"); 2 s keeps a 2x margin.
 DEFAULT_LEASE_TTL = 2
+# A job of this many nodes (--nnodes MAX) or more gets LARGE_RUN_LEASE_TTL by default: while all of its
+# nodes act at once (the first join, the round after a loss) etcd answers refreshes late. benchmarks/scale
+# (etcd and all nodes on 2 shared cores) measured the longest gap between two refreshes of a live lease at
+# 2.6 s at 1,024 nodes with a TTL of 2 s (88 live leases lost), 3.1 s at 512 on a loaded machine with an
+# earlier keep-alive (6 lost), and 3.8-4.5 s at 1,024 with a TTL of 5 s (none lost in ten minutes).
+LARGE_RUN_NODES = 512
+LARGE_RUN_LEASE_TTL = 5
+
+
+def default_lease_ttl(max_nodes: int) -> int:
+    """The lease TTL when ``--rdzv-conf lease_ttl`` is not given: longer for a large job, whose refreshes
+    etcd answers late while all of its nodes act at once (a dead agent is still found sooner by its
+    refused checkpoint port: rendezvous/dead_peers.py)."""
+    return LARGE_RUN_LEASE_TTL if max_nodes >= LARGE_RUN_NODES else DEFAULT_LEASE_TTL
+
 
 # --rdzv-conf keys we read, with their defaults and meaning (documented in README, "Rendezvous").
 KNOWN_KEYS = {
     "prefix": "etcd key prefix of all runs (default /elastic-rm)",
-    "lease_ttl": "seconds without a heartbeat before a node counts as gone (default 2)",
+    "lease_ttl": "seconds without a heartbeat before a node counts as gone (default 2; 5 for --nnodes MAX >= 512)",
     "join_timeout": "seconds next_rendezvous waits for a round (default: 'timeout', else 600)",
     "timeout": "torchrun's legacy name for join_timeout",
     "last_call_timeout": "seconds to wait for more nodes once MIN are there (default 1)",
@@ -119,7 +134,7 @@ class RendezvousSettings:
         if node_id:
             validate_name("node id", node_id)
         timeout_default = float(params.get("timeout", 600) or 600)
-        lease_ttl = _number(params, "lease_ttl", DEFAULT_LEASE_TTL)
+        lease_ttl = _number(params, "lease_ttl", default_lease_ttl(params.max_nodes))
         if lease_ttl != int(lease_ttl):
             raise ValueError(f"--rdzv-conf lease_ttl={lease_ttl} must be a whole number of seconds")
         job = _load_job(params.get("job_file")) if params.get("job_file") else None
