@@ -88,3 +88,29 @@ def test_the_outcome_pending_for_a_round_is_read_from_its_record_and_measured_af
     assert PendingOutcome.of(RoundRecord(1, ("a",))) is None  # the first round: nothing decided before it
     assert PendingOutcome.of(RoundRecord(2, ("a",), extra={BEFORE: None})).before is None
     assert PendingOutcome.of(RoundRecord(2, ("a",), extra={BEFORE: True})).before is None  # not a number
+
+
+def test_a_node_that_handed_over_waits_the_grace_though_it_campaigned_long_before(etcd, run_id):
+    """The grace before a node left out campaigns counts from its hand-over. It once counted from the
+    first time the node saw the run without a leader (its own first campaign, long before), so a straggler
+    that had led since the start campaigned at once after handing over, and on a loaded machine won the
+    leadership back from the members (tests/launcher/test_inplace_rounds.py failed so)."""
+    from dataclasses import replace
+
+    h = make(etcd, run_id, 1, 1)
+    try:
+        join_all([h])
+        lead = h._leader
+        assert wait_for(lambda: lead.leading)
+        lead.stop()  # the test drives the leader's steps from here on
+        time.sleep(leader_mod.LEADERLESS_GRACE_S + 0.2)  # its first campaign is now longer ago than the grace
+        r = h.view.round
+        assert r is not None
+        lead._hand_over(replace(r, round=r.round + 1, members=("another-node",)))
+        assert wait_for(lambda: h.view.leader is None)
+        wait_until = lead._campaign_after()
+        assert wait_until is not None and wait_until > time.monotonic()  # it waits for a member to lead
+        lead._step()
+        assert not lead.leading and h.view.leader is None
+    finally:
+        h.shutdown()
