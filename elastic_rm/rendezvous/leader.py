@@ -277,9 +277,7 @@ class RoundLeader:
         self._client.txn([election.fence()], [Op.delete(self._view.keys.leader)])
         self._election, self._outcome, self._handed_over = None, None, election.revision or 0
         self._left_out_of = record.round
-        # the grace counts from now: a time kept from before this node led (its own first campaign, when
-        # the run had no leader yet) let it campaign at once and race the members for the leadership
-        self._leaderless_since = None
+        self._leaderless_since = None  # the grace counts from now, not from our first campaign long ago
         log.info("node %s is not in round %d: a member leads", self._node_id(), record.round)
         self._emit("leader", f"{self._node_id()} is not in round {record.round}; a member leads from now on")
 
