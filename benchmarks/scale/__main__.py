@@ -37,7 +37,14 @@ import uuid
 from benchmarks.common import stop_processes, summarize, write_result
 from benchmarks.scale.child import Child
 from benchmarks.scale.etcd_stats import cpu_seconds, rss_bytes, scrape
-from benchmarks.scale.failure import after_failure, failure_round, keepalive_stats, reports_of, settle
+from benchmarks.scale.failure import (
+    after_failure,
+    failure_round,
+    keepalive_stats,
+    quantile,
+    reports_of,
+    settle,
+)
 from elastic_rm.etcd.server import EtcdServer
 
 
@@ -228,13 +235,19 @@ def _wait_leader(endpoint: str, run_id: str) -> None:
             time.sleep(0.05)
 
 
+def middle_trial(runs: list[dict], latency) -> dict:
+    """The middle of ``runs`` by ``latency(run)`` (the median for an odd count; a run without one, failed,
+    ranks last)."""
+    ranked = sorted(runs, key=lambda r: latency(r) if latency(r) is not None else float("inf"))
+    return ranked[len(ranked) // 2]
+
+
 def join_trials(n: int, jobs: int, procs: int, log_dir: str, trials: int, profile: str = "") -> dict:
     """``trials`` joins of one case, each on a fresh etcd with fresh processes (the target is a median, and
     one join on a shared 2-core machine moves by a factor of two from run to run): the case's join is the
     middle trial by latency (the median for an odd count), with every trial's latency and correctness."""
     runs = [run_case(n, jobs, procs, 0, True, log_dir, True, profile)["join"] for _ in range(trials)]
-    ranked = sorted(runs, key=lambda r: r["latency_s"] if r["latency_s"] is not None else float("inf"))
-    middle = ranked[len(ranked) // 2]
+    middle = middle_trial(runs, lambda r: r["latency_s"])
     trials_out = [{"latency_s": r["latency_s"], "ok": r["ok"], "load_avg": r.get("load_avg")} for r in runs]
     return {"n": n, "jobs": jobs, "procs": procs, "join": dict(middle, ok=all(r["ok"] for r in runs),
             trials=trials_out)}  # fmt: skip
@@ -245,8 +258,7 @@ def failure_trials(n: int, jobs: int, procs: int, log_dir: str, trials: int) -> 
     in the killed node's refresh cycle moves a lease's expiry by a third of its TTL): the case reports the
     middle trial by the failure round's latency, with every trial's breakdown."""
     runs = [run_case(n, jobs, procs, 0, True, log_dir, only_failure=True) for _ in range(trials)]
-    latency = lambda r: r.get("failure", {}).get("latency_s") or float("inf")  # noqa: E731 - failed: last
-    middle = sorted(runs, key=latency)[len(runs) // 2]
+    middle = middle_trial(runs, lambda r: r.get("failure", {}).get("latency_s"))
     keep = ("ok", "latency_s", "round_written_s", "median_s", "p99_s", "lease_lost_in_failure", "load_avg")
     each = [{k: r.get("failure", {}).get(k) for k in keep} for r in runs]
     return dict(middle, failure=dict(middle["failure"], ok=all(t["ok"] for t in each), trials=each))
@@ -277,16 +289,12 @@ def _join_result(rows: list[dict], runs: list[str], n: int) -> dict:
     for r in rows:
         if "seen" in r:
             by_proc.setdefault(r["proc"], []).append(r["seen"] - r["round_time"])
-    phases_by_proc = {p: {"median": _quantile(v, 0.5), "max": max(v)} for p, v in sorted(by_proc.items())}
+    phases_by_proc = {p: {"median": quantile(v, 0.5), "max": max(v)} for p, v in sorted(by_proc.items())}
     return {"ok": all(v["ok"] for v in per_run.values()), "latency_s": max(lat) if lat else None,
             "seen_after_write_by_process_s": phases_by_proc,
-            "phases": {k: dict(summarize(v), p90=_quantile(v, 0.9)) for k, v in phases.items()},
-            "fanout_s": summarize(fanout), "fanout_p90_s": _quantile(fanout, 0.9),
+            "phases": {k: dict(summarize(v), p90=quantile(v, 0.9)) for k, v in phases.items()},
+            "fanout_s": summarize(fanout), "fanout_p90_s": quantile(fanout, 0.9),
             "decided_after_s": max(decided) if decided else None, "per_run": list(per_run.values())}  # fmt: skip
-
-
-def _quantile(values: list[float], q: float) -> float | None:
-    return sorted(values)[min(len(values) - 1, int(q * len(values)))] if values else None
 
 
 def _steady_result(m0, m1, etcd_cpu, c0, c1, span, children, leader, reports, churn) -> dict:

@@ -48,9 +48,12 @@ def failure_round(victim: Child, children: list[Child], n: int, run: str) -> dic
             "survivors_in_round": len(seen), "errors": errors[:3],
             "round_written_s": written - t_kill if seen else None,
             "first_s": after[0] if after else None, "median_s": after[len(after) // 2] if after else None,
-            "p90_s": after[int(len(after) * 0.9)] if after else None,
-            "p99_s": after[int(len(after) * 0.99)] if after else None,
+            "p90_s": quantile(after, 0.9), "p99_s": quantile(after, 0.99),
             "last_by_process_s": [round(last_by_process[i], 3) for i in sorted(last_by_process)]}  # fmt: skip
+
+
+def quantile(values: list[float], q: float) -> float | None:
+    return sorted(values)[min(len(values) - 1, int(q * len(values)))] if values else None
 
 
 def keepalive_stats(reports: list[dict]) -> dict:

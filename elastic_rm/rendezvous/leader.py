@@ -128,6 +128,7 @@ class RoundLeader:
             elif view.leader is not None or not election.try_acquire():
                 return 0.0
             self._election, self._announced = election, False
+            self._leaderless_since = None  # the run has a leader: a later leaderless time starts afresh
         if not self._announced:  # retried here when etcd failed part way (a partition, a timeout)
             election = self._election
             assert election is not None
@@ -277,7 +278,6 @@ class RoundLeader:
         self._client.txn([election.fence()], [Op.delete(self._view.keys.leader)])
         self._election, self._outcome, self._handed_over = None, None, election.revision or 0
         self._left_out_of = record.round
-        self._leaderless_since = None  # the grace counts from now, not from our first campaign long ago
         log.info("node %s is not in round %d: a member leads", self._node_id(), record.round)
         self._emit("leader", f"{self._node_id()} is not in round {record.round}; a member leads from now on")
 
