@@ -10,12 +10,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
-from scipy.optimize import nnls
-
 from .config import PlannerConfig
 from .interface import ClusterSnapshot, Decision, Wait
 from .membership import MembershipPolicy, eligible_nodes
+from .nnls import dot, nnls
 from .state import Advice, PlannerState, observe
 
 
@@ -23,12 +21,11 @@ class StaticPolicy(MembershipPolicy):
     """The user's configuration: membership only (the simulator sets MIN = MAX = requested nodes)."""
 
 
-def optimus_fit(samples: list[tuple[int, float]], batch: float) -> np.ndarray | None:
+def optimus_fit(samples: list[tuple[int, float]], batch: float) -> list[float] | None:
     """NNLS coefficients of T(w) = a*B/w + b + c*w from (world, step time), None if < 3 sizes."""
     if len({w for w, _ in samples}) < 3:
         return None
-    a = np.array([[batch / w, 1.0, float(w)] for w, _ in samples])
-    coef, _ = nnls(a, np.array([t for _, t in samples]))
+    coef, _ = nnls([[batch / w, 1.0, float(w)] for w, _ in samples], [t for _, t in samples])
     return coef
 
 
@@ -74,7 +71,7 @@ class OptimusPolicy:
             target = w + max(1, w // 4) if w < hi else w - 1
             why = "exploring"
         else:
-            tp = {k: batch / max(coef @ np.array([batch / k, 1.0, k]), 1e-9) for k in range(lo, hi + 1)}
+            tp = {k: batch / max(dot(coef, (batch / k, 1.0, float(k))), 1e-9) for k in range(lo, hi + 1)}
             target = lo
             while (
                 target + 1 <= hi

@@ -7,7 +7,8 @@ One step of a fixed global batch B on w nodes of mean compute capacity c (GPUs, 
          + a3 * 2*D*(w-1)/(w * bw)           dense all-reduce: ring, 2(w-1)/w of D bytes
          + a4                                fixed: optimizer step, data wait, launch overheads
 
-Throughput = B / T. The coefficients are non-negative (scipy.optimize.nnls), so every term stays physical.
+Throughput = B / T. The coefficients are non-negative (NNLS, ``nnls.py``: the same to the last bit on every
+CPU), so every term stays physical.
 With one configuration the terms are not identifiable; a prior (history, or a physical default: both
 communication coefficients 1, i.e. wire speed) enters as extra NNLS rows whose weight fades as distinct
 configurations are observed. This re-derives the paper's PS model (reference §2.2) for all-to-all sharding.
@@ -19,7 +20,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import nnls
+
+from .nnls import dot, nnls
 
 N_TERMS = 4
 TERMS = ("compute", "all_to_all", "all_reduce", "fixed")
@@ -68,7 +70,7 @@ class Fit:
     worlds: tuple[int, ...]  # distinct world sizes observed
 
     def step_s(self, shape: Shape, world: int, capacity: float) -> float:
-        return float(features(shape, world, capacity) @ np.asarray(self.coef))
+        return dot(features(shape, world, capacity), self.coef)
 
     def throughput(self, shape: Shape, world: int, capacity: float) -> float:
         return shape.batch / max(self.step_s(shape, world, capacity), 1e-9)
@@ -111,24 +113,24 @@ def fit(
     """
     if not samples:
         raise ValueError("fit needs at least one sample")
-    a = np.array([features(shape, s.world, s.capacity) for s in samples])
-    t = np.array([s.step_s for s in samples])
+    a = [[float(v) for v in features(shape, s.world, s.capacity)] for s in samples]
+    t = [s.step_s for s in samples]
     worlds = tuple(sorted({s.world for s in samples}))
     if prior is None:
         prior = default_prior(shape, samples[0])
-    if prior_weight > 0:
-        scale = np.maximum(a.mean(axis=0), 1e-12)
+    rows, target = a, t
+    if prior_weight > 0:  # one row per term: lam * scale_j * coef_j = lam * scale_j * prior_j
+        scale = [max(math.fsum(col) / len(a), 1e-12) for col in zip(*a, strict=True)]
         lam = math.sqrt(prior_weight * len(samples) / len(worlds) ** 2)
-        a_aug = np.vstack([a, lam * np.diag(scale)])
-        t_aug = np.concatenate([t, lam * scale * np.asarray(prior, dtype=float)])
-    else:
-        a_aug, t_aug = a, t
-    coef, _ = nnls(a_aug, t_aug)
-    pred = a @ coef
-    ss_res = float(np.sum((t - pred) ** 2))
-    ss_tot = float(np.sum((t - t.mean()) ** 2))
-    r2 = 1.0 - ss_res / ss_tot if ss_tot > 1e-12 * max(float(t.mean()) ** 2, 1e-12) else float("nan")
-    rel = math.sqrt(ss_res / len(t)) / max(float(t.mean()), 1e-12)
+        eye = [[lam * scale[i] if i == j else 0.0 for j in range(N_TERMS)] for i in range(N_TERMS)]
+        rows = a + eye
+        target = t + [lam * scale[j] * float(prior[j]) for j in range(N_TERMS)]
+    coef, _ = nnls(rows, target)
+    mean = math.fsum(t) / len(t)
+    ss_res = math.fsum((dot(r, coef) - v) ** 2 for r, v in zip(a, t, strict=True))
+    ss_tot = math.fsum((v - mean) ** 2 for v in t)
+    r2 = 1.0 - ss_res / ss_tot if ss_tot > 1e-12 * max(mean**2, 1e-12) else float("nan")
+    rel = math.sqrt(ss_res / len(t)) / max(mean, 1e-12)
     return Fit(tuple(float(c) for c in coef), r2, rel, len(samples), worlds)
 
 
