@@ -8,6 +8,8 @@ Optimus-style's and static's (right-sized users: within +3% of static), completi
 The table reports what was measured; the target lines say met or NOT met. Every family also runs the
 planner told nothing of the cluster's queue (``ours-no-queue``), so that what the queue signal changes is
 measured in the same run (``lent_nodes``: queueing behind nodes lent past the request).
+``--perturb K`` runs every family K more times with every job's compute time changed by 1e-12 (``perturb.py``):
+how far its figures move when nothing a policy could measure changed (``perturbed``).
 ``--same-jobs`` runs every family a second time on its trace without the jobs that any policy failed in
 the first run, so that the policies are compared on the same completed work (``same_jobs``; its misses
 are listed apart, ``same_jobs_targets_missed``, and the family targets stay those of the full trace).
@@ -22,6 +24,7 @@ import time
 
 from benchmarks.common import write_result
 from benchmarks.planner.evidence import completion_split, lent_nodes, slower_jobs
+from benchmarks.planner.perturb import ratios, spread
 from elastic_rm.planner.sim.cluster import ClusterSpec
 from elastic_rm.planner.sim.engine import Instability
 from elastic_rm.planner.sim.families import FAMILIES
@@ -119,7 +122,13 @@ def run_same_jobs(name: str, jobs: list, runs: dict, seed: int, spec: ClusterSpe
 
 
 def run_family(
-    name: str, n: int, seed: int, spec: ClusterSpec, inst: Instability, same_jobs: bool = False
+    name: str,
+    n: int,
+    seed: int,
+    spec: ClusterSpec,
+    inst: Instability,
+    same_jobs: bool = False,
+    perturb: int = 0,
 ) -> dict:
     jobs = generate(n, seed, spec, family=name)
     result = run_policies(jobs, spec, seed, ("static", "optimus", "ours", "ours-no-queue"), inst)
@@ -145,6 +154,12 @@ def run_family(
     }
     if same_jobs:
         out["same_jobs"] = run_same_jobs(name, jobs, result["runs"], seed, spec, inst)
+    if perturb:
+        out["perturbed"] = spread(jobs, seed, spec, inst, perturb)
+        here = ratios(result["summary"])
+        print(f"  {perturb} run(s) with every job's compute time changed by 1e-12 (this run in brackets):")
+        for key, (lo, hi) in out["perturbed"]["range"].items():
+            print(f"    planner {key.replace('_', ' '):<22} {lo:+.1%} .. {hi:+.1%}  [{here[key]:+.1%}]")
     return out
 
 
@@ -163,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--same-jobs", action="store_true", help="every family again without the jobs any policy failed"
     )
+    p.add_argument(
+        "--perturb", type=int, default=0, metavar="K",
+        help="every family K more times, every job's compute time changed by 1e-12: the noise floor of a seed",
+    )  # fmt: skip
     p.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/planner.json)")
     a = p.parse_args(argv)  # fmt: skip
     load_before = os.getloadavg()
@@ -189,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown family {unknown[0]!r}; known: {', '.join(FAMILIES)}")
     data["families"] = {
-        f: run_family(f, a.family_jobs, a.family_seed, spec, inst, a.same_jobs) for f in names
+        f: run_family(f, a.family_jobs, a.family_seed, spec, inst, a.same_jobs, a.perturb) for f in names
     }
     missed = [(f, t) for f, v in data["families"].items() for t, r in v["targets"].items() if not r["met"]]
     data["family_targets_missed"] = [f"{f}: {t}" for f, t in missed]
