@@ -48,3 +48,32 @@ def test_same_jobs_reruns_the_trace_without_every_job_a_policy_failed(oom_runs, 
     slower = out["slower_than_static"]
     assert slower["jobs_slower"] <= slower["jobs_compared"] <= out["jobs"]
     assert f"without the {len(failed)} jobs any policy failed" in capsys.readouterr().out
+
+
+def test_perturbed_traces_change_only_the_compute_time_and_by_a_few_parts_in_a_trillion():
+    from dataclasses import fields
+
+    from benchmarks.planner.perturb import EPSILON, perturbed, ratios, spread
+
+    jobs = generate(12, 2, SMALL)
+    a, b = perturbed(jobs, 1), perturbed(jobs, 2)
+    assert a != jobs and a != b and perturbed(jobs, 1) == a  # another draw per k, the same for the same k
+    for j, p in zip(jobs, a, strict=True):
+        assert abs(p.t_compute / j.t_compute - 1) == pytest.approx(EPSILON, rel=1e-3)
+        assert all(getattr(p, f.name) == getattr(j, f.name) for f in fields(j) if f.name != "t_compute")
+    out = spread(jobs, 2, SMALL, Instability(), 2)
+    assert len(out["runs"]) == 2
+    for key, (lo, hi) in out["range"].items():
+        assert lo == min(r[key] for r in out["runs"]) and hi == max(r[key] for r in out["runs"])
+    s = {
+        p: {"mean_jct_s": m, "median_jct_s": m / 2}
+        for p, m in (("ours", 90.0), ("static", 100.0), ("optimus", 120.0))
+    }
+    assert ratios(s) == pytest.approx(
+        {
+            "mean_vs_static": -0.1,
+            "mean_vs_optimus": -0.25,
+            "median_vs_static": -0.1,
+            "median_vs_optimus": -0.25,
+        }
+    )
