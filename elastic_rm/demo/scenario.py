@@ -67,8 +67,11 @@ class Scenario:
         self.on_event(text)
 
     def wait_for(self, predicate: Callable[[list[dict]], object], what: str):
-        """Poll the progress lines until `predicate` returns something true (returned), or time out."""
-        deadline = time.time() + self.phase_timeout
+        """Poll the progress lines until `predicate` returns something true (returned), or time out with
+        what the leader decided meanwhile and the machine's load (a busy machine makes a member measure
+        slow: the planner may then replace a straggler where the scenario waits for a scale-up)."""
+        started = time.time()
+        deadline = started + self.phase_timeout
         while time.time() < deadline:
             rows = self.demo.progress()
             self.on_rows(rows)
@@ -76,7 +79,24 @@ class Scenario:
             if value:
                 return value
             time.sleep(POLL_S)
-        raise TimeoutError(f"{what} did not happen within {self.phase_timeout:.0f}s; logs in {self.workdir}")
+        raise TimeoutError(
+            f"{what} did not happen within {self.phase_timeout:.0f}s{self._instead(started)}; load average "
+            f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} core(s) (the demo expects an otherwise idle "
+            f"machine); logs in {self.workdir}"
+        )
+
+    def _instead(self, since: float) -> str:
+        """The leader's decisions since `since`, as a clause of the timeout's message ('' when none or
+        when etcd cannot be read)."""
+        try:
+            found = [d for d in decisions_from_etcd(self.endpoint, self.demo.run_id) if d["t"] >= since]
+        except Exception:  # noqa: BLE001 - the timeout is the error to report, not a failed read
+            return ""
+        if not found:
+            return "; the leader decided nothing meanwhile"
+        return "; the leader decided instead: " + " | ".join(
+            f"round {d['round']}: {d['reason']}" for d in found
+        )
 
     def hold(self) -> None:
         """Let the job train for `hold_s` in the current phase, watched."""

@@ -1,10 +1,10 @@
-"""Non-negative least squares for the few terms of the planner's models, the same to the last bit on every CPU.
+"""Non-negative least squares for the few terms of the planner's models, the same to the last bit on any CPU.
 
 scipy's ``nnls`` and numpy's ``@`` run on BLAS/LAPACK, whose kernels OpenBLAS picks by CPU at run time
 (AVX2 on one machine, AVX-512 on another); they sum in different orders and round differently in the
 last bits. A simulated cluster feeds every fit into the next decision and the next job's warm start, so
-those bits grew into different decisions: the planner benchmark's seed 5 gave a 1.3% different mean JCT
-with OpenBLAS's SkylakeX kernels than with its Haswell ones, on the same code. Here every sum is
+those bits grew into different decisions: the planner benchmark's seed 5 (generator family) gave another
+mean JCT with OpenBLAS's SkylakeX kernels than with its Haswell ones, on the same code. Here every sum is
 ``math.fsum`` (correctly rounded, so independent of order) and every other step an IEEE operation in a
 fixed order.
 
