@@ -11,8 +11,8 @@ fixed order.
 With at most a handful of unknowns the exact solution is found by trying every set of free terms: the
 NNLS optimum is the unconstrained least-squares solution on its own support, so it is the feasible
 (non-negative) subset solution with the smallest residual; when the solution on all terms is non-negative,
-it is that one (the common case). Each subset is solved on the normal equations
-of the column-normalised matrix (at most 4 x 4, by Gaussian elimination with partial pivoting).
+it is that one (the common case). Each subset is solved on the normal equations of the column-normalised
+matrix (as many equations as free terms, by Gaussian elimination with partial pivoting).
 """
 
 from __future__ import annotations
