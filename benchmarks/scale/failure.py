@@ -47,7 +47,7 @@ def failure_round(victim: Child, children: list[Child], n: int, run: str) -> dic
     return {"ok": ok, "latency_s": (max(seen.values()) - t_kill) if ok else None,
             "survivors_in_round": len(seen), "errors": errors[:3],
             "round_written_s": written - t_kill if seen else None,
-            "first_s": after[0] if after else None, "median_s": after[len(after) // 2] if after else None,
+            "first_s": after[0] if after else None, "median_s": quantile(after, 0.5),
             "p90_s": quantile(after, 0.9), "p99_s": quantile(after, 0.99),
             "last_by_process_s": [round(last_by_process[i], 3) for i in sorted(last_by_process)]}  # fmt: skip
 
