@@ -1,20 +1,73 @@
-"""What every benchmark shares: where results go and how a table is printed."""
+"""What every benchmark shares: where results go, what a results file records, how a table is printed.
+
+Every results file says what produced it (commit, date, machine, command), so that a reader can tell which
+code a figure measured and rerun it.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import platform
+import shlex
 import shutil
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from elastic_rm.proc import kill_tree
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = str(REPO / "benchmarks" / "results")
+
+
+def commit(repo: Path = REPO) -> str:
+    """HEAD of the checkout, with "-dirty" when tracked files differ from it (the measured code is then
+    not exactly that commit); "unknown" outside a git checkout."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30
+        )
+        if head.returncode != 0:
+            return "unknown"
+        changed = subprocess.run(
+            ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return head.stdout.strip() + ("-dirty" if changed.stdout.strip() else "")
+
+
+def gpus() -> list[str]:
+    """Each GPU as nvidia-smi names it, with its memory; empty without an NVIDIA driver."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 def machine() -> dict[str, Any]:
@@ -22,25 +75,44 @@ def machine() -> dict[str, Any]:
 
     return {
         "cpus": os.cpu_count(),
+        "cpu_model": cpu_model(),
         "mem_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "gpus": gpus(),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "load_avg_at_start": os.getloadavg(),
     }
 
 
-def write_result(name: str, payload: dict[str, Any], results_dir: str = RESULTS) -> str:
-    os.makedirs(results_dir, exist_ok=True)
-    path = os.path.join(results_dir, f"{name}.json")
-    body = {
-        "benchmark": name,
-        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+def command() -> str:
+    """The command line as it was typed (interpreter, -m module and arguments)."""
+    return shlex.join(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
+
+
+def provenance() -> dict[str, Any]:
+    """What produced a results file: the commit measured, the UTC date, the machine, the command."""
+    return {
+        "commit": commit(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": machine(),
-        **payload,
+        "command": command(),
     }
-    with open(path, "w") as fh:
-        json.dump(body, fh, indent=2, sort_keys=True, default=_plain)
-    return path
+
+
+def write_json(path: str | Path, body: dict[str, Any]) -> str:
+    """Write atomically (a reader never sees half a file), keys sorted so that reruns diff cleanly."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(body, indent=2, sort_keys=True, default=_plain) + "\n")
+    tmp.replace(path)
+    return str(path)
+
+
+def write_result(name: str, payload: dict[str, Any], results_dir: str = RESULTS) -> str:
+    """benchmarks/results/<name>.json: the payload under the benchmark's name and its provenance."""
+    body = {"benchmark": name, **payload, **provenance()}
+    return write_json(os.path.join(results_dir, f"{name}.json"), body)
 
 
 def _plain(value: Any) -> Any:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import socket
 import subprocess
 import sys
@@ -27,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import provenance, write_json
 from elastic_rm.agent.monitor import ResourceMonitor
 from elastic_rm.train.report import StepReporter
 from elastic_rm.wire.channel import ENV_AGENT_DIR
@@ -250,22 +250,15 @@ def main(argv: list[str] | None = None) -> None:
     recv = rep["agent_receive"]
     result = {
         "v": 1,
-        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "load_avg_at_start": load_start,
-        },
+        "benchmark": "agent_overhead",
         "monitor": mon,
         "report": rep,
         "sync": sync,
         "throughput": tput,
+        **provenance(),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    tmp.replace(args.out)
+    result["machine"]["load_avg_at_start"] = load_start
+    write_json(args.out, result)
 
     print()
     print(

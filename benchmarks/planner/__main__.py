@@ -28,7 +28,7 @@ from benchmarks.planner.perturb import ratios, spread
 from elastic_rm.planner.sim.cluster import ClusterSpec
 from elastic_rm.planner.sim.engine import Instability
 from elastic_rm.planner.sim.families import FAMILIES
-from elastic_rm.planner.sim.report import completed_by_all, write_json
+from elastic_rm.planner.sim.report import completed_by_all
 from elastic_rm.planner.sim.runner import payload, run_policies, table
 from elastic_rm.planner.sim.tracegen import generate
 
@@ -221,9 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     data["load_avg"] = {"before": load_before, "after": os.getloadavg()}
     print(f"\nfamily targets missed: {len(missed)}" + "".join(f"\n  {f}: {t}" for f, t in missed))
     if a.out:
-        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-        write_json(a.out, data)
-        path = a.out
+        out = os.path.abspath(a.out)
+        path = write_result(os.path.basename(out).removesuffix(".json"), data, os.path.dirname(out))
     else:
         path = write_result("planner", data)
     print(f"wrote {path}")
