@@ -115,6 +115,17 @@ def write_result(name: str, payload: dict[str, Any], results_dir: str = RESULTS)
     return write_json(os.path.join(results_dir, f"{name}.json"), body)
 
 
+def copy_result(source: Path, name: str, results_dir: str = RESULTS) -> str:
+    """A run's own results file (``erm demo``'s, the soak's: library code writes into its work directory,
+    never into the checkout) copied to benchmarks/results/<name>.json with its provenance. The date is
+    the run's, the machine's size and load are merged with what the run recorded."""
+    body = json.loads(Path(source).read_text())
+    stamp = provenance()
+    stamp["machine"] = {**stamp["machine"], **body.get("machine", {})}
+    stamp["date"] = body.pop("time", stamp["date"])
+    return write_json(os.path.join(results_dir, f"{name}.json"), {**body, **stamp})
+
+
 def _plain(value: Any) -> Any:
     """A numpy scalar (a simulator's float64, or the bool of comparing one) as the Python value it holds."""
     item = getattr(value, "item", None)

@@ -36,7 +36,6 @@ class Scenario:
         hold_s: float = 8.0,
         on_rows: Callable[[list[dict]], None] = lambda rows: None,
         on_event: Callable[[str], None] = lambda text: None,
-        results_dir: Path | None = None,
     ):
         self.workdir = workdir or new_workdir()
         self.phase_timeout = phase_timeout
@@ -57,8 +56,7 @@ class Scenario:
         self.throttled: cg.NodeCgroup | None = None
         self.rounds: list[dict] = []
         self.timeline: str | None = None  # the PNG written by `finish`, when matplotlib is there
-        self.results_dir = results_dir  # None: benchmarks/results of the checkout, if this is one
-        self.results_file: Path | None = None  # <results_dir>/demo.json, written by `finish`
+        self.results_file: Path | None = None  # <workdir>/demo.json, written by `finish`
 
     # -- waiting and telling ----------------------------------------------------------------------------
 
@@ -236,13 +234,13 @@ class Scenario:
         return summary
 
     def write_results(self, summary: dict) -> None:
-        """Where the run's figures are written: summary.json in the workdir, and the figures README quotes
-        to benchmarks/results/demo.json of a checkout (`results_file`; None outside one)."""
+        """The run's figures in the workdir: summary.json, and demo.json with the figures README quotes
+        (`results_file`; ``python -m benchmarks.demo`` copies it into benchmarks/results/)."""
         from ..obs.results_file import write_demo_results
 
         with open(os.path.join(self.workdir, "summary.json"), "w") as fh:
             json.dump(summary, fh, indent=2)
-        self.results_file = write_demo_results(summary, self.results_dir)
+        self.results_file = write_demo_results(summary, Path(self.workdir))
 
     # -- the whole scenario -----------------------------------------------------------------------------
 

@@ -1,7 +1,9 @@
-"""The figures of `erm demo` and of the soak, as results files under benchmarks/results/ of a checkout.
+"""The figures of `erm demo` and of the soak, as a results file in the run's own work directory.
 
-The docs quote the demo's downtimes and the soak's figures; writing them to a results file lets a test
-check each quoted figure against the run it came from (benchmarks/figures.py) instead of a pasted number.
+The docs quote the demo's downtimes and the soak's figures. The run writes them where it writes everything
+else (library code never writes into a checkout); the benchmark harness (``python -m benchmarks.demo``,
+``python -m benchmarks.soak``) copies the file into benchmarks/results/, where benchmarks/figures.py checks
+each quoted figure against it.
 """
 
 from __future__ import annotations
@@ -13,10 +15,6 @@ import statistics
 import time
 from pathlib import Path
 from typing import Any
-
-import elastic_rm
-
-REPO_RESULTS = Path(elastic_rm.__file__).resolve().parents[1] / "benchmarks" / "results"
 
 
 def spread(values: list[float]) -> dict[str, Any]:
@@ -68,12 +66,8 @@ def soak_figures(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def write_results_file(name: str, figures: dict[str, Any], results_dir: Path | None = None) -> Path | None:
-    """benchmarks/results/<name>.json with the machine and the time; None (nothing written) outside a
-    checkout, where there is no benchmarks/results/ to write to."""
-    out = results_dir or REPO_RESULTS
-    if not out.is_dir():
-        return None
+def write_results_file(name: str, figures: dict[str, Any], directory: Path) -> Path:
+    """<directory>/<name>.json: the figures with the machine's size and load and the time."""
     body = {
         "v": 1,
         "benchmark": name,
@@ -86,18 +80,19 @@ def write_results_file(name: str, figures: dict[str, Any], results_dir: Path | N
         },
         **figures,
     }
-    path = out / f"{name}.json"
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.json"
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(body, indent=2, sort_keys=True, default=str) + "\n")
     tmp.replace(path)
     return path
 
 
-def write_demo_results(summary: dict[str, Any], results_dir: Path | None = None) -> Path | None:
-    """`erm demo`'s figures to benchmarks/results/demo.json (README quotes them), or to ``results_dir``."""
-    return write_results_file("demo", demo_figures(summary), results_dir)
+def write_demo_results(summary: dict[str, Any], directory: Path) -> Path:
+    """`erm demo`'s figures to <directory>/demo.json (README quotes them once the harness copied them)."""
+    return write_results_file("demo", demo_figures(summary), directory)
 
 
-def write_soak_results(record: dict[str, Any]) -> Path | None:
-    """The soak's figures to benchmarks/results/soak.json (docs/guarantees.md quotes them)."""
-    return write_results_file("soak", soak_figures(record))
+def write_soak_results(record: dict[str, Any], directory: Path) -> Path:
+    """The soak's figures to <directory>/soak.json (docs/guarantees.md quotes them once copied)."""
+    return write_results_file("soak", soak_figures(record), directory)

@@ -7,7 +7,6 @@ import argparse
 import os
 import sys
 import time
-from pathlib import Path
 
 HELP = (
     "Run a whole elastic job on this machine: a planned scale-up, a straggler replaced, a killed node; "
@@ -16,17 +15,15 @@ HELP = (
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workdir", help="where logs, checkpoints and the summary go (default: a new temp dir)")
+    p.add_argument(
+        "--workdir",
+        help="where logs, checkpoints, the summary and demo.json (its figures) go (default: a new temp dir)",
+    )
     p.add_argument(
         "--phase-timeout", type=float, default=120.0, help="seconds each phase may take (default 120)"
     )
     p.add_argument("--hold", type=float, default=8.0, help="seconds to train in each phase (default 8)")
     p.add_argument("--no-live", action="store_true", help="plain log lines instead of the live view")
-    p.add_argument(
-        "--results-dir",
-        type=Path,
-        help="where demo.json (the figures README quotes) goes (default: benchmarks/results of this checkout)",
-    )
 
 
 def _view(demo, rows, phase: str):
@@ -88,7 +85,6 @@ def run(args: argparse.Namespace) -> int:
         args.hold,
         on_rows=on_rows,
         on_event=on_event,
-        results_dir=args.results_dir,
     )
     try:
         if live is not None:
@@ -103,8 +99,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if live is not None:
             live.stop()
-    results = scenario.results_file
-    print(f"figures: {results or 'not written (no benchmarks/results/ in this install)'}")
+    print(f"figures: {scenario.results_file}")
     _print_summary(summary, scenario.workdir)
     if scenario.timeline is not None:
         print(f"timeline: {scenario.timeline}")

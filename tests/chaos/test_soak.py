@@ -4,7 +4,9 @@ minute drawn from the survivable faults of docs/guarantees.md, for 30 minutes. R
 ERM_SOAK_FAULT_EVERY (60 s), ERM_SOAK_SEED (1), ERM_SOAK_PACE (steps/s, 5); the figures (faults survived,
 rounds, time back to full world per fault, downtime per world change (rank 0's last step before to its
 first step after), the world-size schedule, the final state and the reference's)
-go to <tmp>/soak.figures.json and $ERM_CHAOS_FIGURES.
+go to <tmp>/soak.figures.json and $ERM_CHAOS_FIGURES, and the figures docs/guarantees.md quotes to
+soak.json in $ERM_SOAK_OUT (default <tmp>; ``python -m benchmarks.soak`` copies it into
+benchmarks/results/).
 
 What it checks:
 - after every fault the job is back at world 3 (a liveness bound, not a performance assertion);
@@ -26,6 +28,7 @@ import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -167,6 +170,6 @@ def test_soak_three_nodes_a_fault_a_minute(tmp_path):
         "reference_state": {k: reference[k] for k in ("checksum", "checksum_value", "optim_value", "dense_value")},
     }  # fmt: skip
     record_figures(tmp_path, "soak", figures)
-    write_soak_results(figures)  # benchmarks/results/soak.json: the figures docs/guarantees.md quotes
+    write_soak_results(figures, Path(os.environ.get("ERM_SOAK_OUT") or tmp_path))
     # the whole state (embeddings, fused optimizer state, dense weights and optimizer) as the fault-free run
     assert end["checksum"] == reference["checksum"], (end, reference)

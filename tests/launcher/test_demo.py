@@ -25,9 +25,7 @@ def test_demo_scales_up_survives_a_kill_and_cleans_up(tmp_path):
             str(tmp_path),
             "--hold",
             "4",
-            "--results-dir",
-            str(tmp_path),
-        ],  # fmt: skip  (a test run must not replace the quoted figures)
+        ],  # fmt: skip
         capture_output=True,
         text=True,
         timeout=600,

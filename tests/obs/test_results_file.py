@@ -1,4 +1,4 @@
-"""The demo's and the soak's figures land in benchmarks/results/<name>.json, in the shape the docs quote."""
+"""The demo's and the soak's figures land in <workdir>/<name>.json, in the shape the docs quote."""
 
 from __future__ import annotations
 
@@ -46,6 +46,6 @@ def test_the_soak_s_faults_downtimes_and_final_state_are_summarised():
     assert soak_figures(record)["state_equals_replay"] is False
 
 
-def test_outside_a_checkout_nothing_is_written(tmp_path):
-    assert write_results_file("demo", {"wall_s": 1.0}, tmp_path / "no-results-here") is None
-    assert not (tmp_path / "no-results-here").exists()
+def test_the_file_goes_into_the_run_s_own_directory_made_if_missing(tmp_path):
+    path = write_results_file("demo", {"wall_s": 1.0}, tmp_path / "work" / "new")
+    assert path == tmp_path / "work" / "new" / "demo.json" and json.loads(path.read_text())["wall_s"] == 1.0

@@ -1,0 +1,36 @@
+"""Runs the soak (tests/chaos/test_soak.py, 30 minutes by default; ERM_SOAK_MINUTES shortens it) and copies
+its figures (soak.json) into benchmarks/results/soak.json, where docs/guarantees.md's soak figures are
+checked. The soak itself writes only into its work directory ($ERM_SOAK_OUT).
+
+    .venv/bin/python -m benchmarks.soak
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from benchmarks.common import REPO, copy_result
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory(prefix="erm-soak-bench-") as work:
+        env = {**os.environ, "ERM_SOAK": "1", "ERM_SOAK_OUT": work}
+        test = "tests/chaos/test_soak.py"
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "", test], cwd=REPO, env=env)
+        figures = Path(work) / "soak.json"
+        if done.returncode != 0 or not figures.is_file():
+            print(
+                f"the soak failed (exit {done.returncode}): benchmarks/results/soak.json left as it was",
+                file=sys.stderr,
+            )
+            return done.returncode or 1
+        print("wrote", copy_result(figures, "soak"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
