@@ -1,8 +1,9 @@
 """`erm stop RUN`: the agent's half. The run's ``closed`` record says ``by: "erm stop"``; each agent then
-drains its workers at a step boundary (their final flash checkpoint), tells workers that keep their
-processes across rounds to leave, waits for them to exit, stops what is left as torch would, and reports
-the worker group as finished: torch's exit barrier, then the launch path frees node memory and the agent
-exits 0.
+drains the workers that use the API at a step boundary (their final flash checkpoint) and tells those that
+keep their processes across rounds to leave; workers that do not use the API (a plain torchrun script),
+or that did not reach a step boundary within ``--drain-grace``, get SIGTERM, and SIGKILL after another
+``--drain-grace``. The worker group is then reported as finished: torch's exit barrier, then the launch
+path frees node memory and the agent exits 0.
 
 Why the ``closed`` key: every agent already watches it (no extra etcd traffic), and a closed run is what a
 stopped run is. A run closed by a node (the job ended, or failed) does not trigger this: its workers are
@@ -12,6 +13,8 @@ done or failing, and draining them would only delay the agent.
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import time
 from typing import Any
 
@@ -21,7 +24,8 @@ from ..wire.channel import ROUND_LEAVE
 log = logging.getLogger(__name__)
 
 STOP_BY = "erm stop"  # the closed record's "by" (node ids cannot contain a space)
-EXIT_LIMIT_S = 30.0  # how long drained workers get to exit before they are stopped
+EXIT_LIMIT_S = 30.0  # how long drained workers get to exit on their own before they are stopped
+POLL_S = 0.05
 
 
 def requested(services: NodeServices | None) -> bool:
@@ -29,40 +33,76 @@ def requested(services: NodeServices | None) -> bool:
     return services is not None and services.closed_by == STOP_BY
 
 
+def terminate(pids: list[int], sig: int) -> None:
+    """``sig`` to each worker's process group (torch starts every worker in a session of its own, as
+    torch's own stop signals it), or to the process when it leads none."""
+    for pid in pids:
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+def wait_exit(agent: Any, limit_s: float) -> Any:
+    """torch's process context's result once every worker exited; None when some still run at the limit."""
+    deadline = time.monotonic() + limit_s
+    while agent._pcontext is not None:
+        result = agent._pcontext.wait(0)
+        if result is not None or time.monotonic() >= deadline:
+            return result
+        time.sleep(POLL_S)
+    return None
+
+
 def stop_workers(agent: Any, group: Any) -> Any:
-    """Drain, let the workers exit, stop the rest; a finished worker group (torch's RunResult: torch then
-    ends the run)."""
+    """Drain, let the drained workers exit, signal the others; a finished worker group (torch's
+    RunResult: torch then ends the run)."""
     from torch.distributed.elastic.agent.server.api import RunResult, WorkerState  # erm stop: no torch
 
     t0 = time.monotonic()
+    grace = agent.options.drain_grace_s
     agent.metrics.set_state("draining")
     agent.channel.request_drain()
     pids = [w.id for w in group.workers if w.id is not None]
-    drained = agent.channel.wait_for_acks(timeout_s=agent.options.drain_grace_s, pids=pids)
+    plain = list(agent.channel.wait_for_acks(timeout_s=0, pids=pids).unregistered)
+    terminate(plain, signal.SIGTERM)  # no drain to wait for: a plain script ends as under torchrun's stop
+    drained = agent.channel.wait_for_acks(timeout_s=grace, pids=[p for p in pids if p not in plain])
     joined = agent.joined_round
     for pid in drained.acked:  # a worker in rounds() waits for word after its drain: it leaves (exit 0)
         agent.in_place._tell(pid, ROUND_LEAVE, joined.round if joined is not None else 0, {})
-    result = None
-    deadline = time.monotonic() + EXIT_LIMIT_S
-    while agent._pcontext is not None and time.monotonic() < deadline:
-        result = agent._pcontext.wait(0)  # torch's process context: a result once all exited
-        if result is not None:
-            break
-        time.sleep(0.05)
-    if result is None:
-        agent._stop_workers(group)  # torch's stop: SIGTERM, then SIGKILL after --shutdown-timeout
+    late = [p for p in pids if p not in drained.acked and p not in plain]  # no step boundary in time
+    terminate(late, signal.SIGTERM)
+    others = plain + late
+    result = wait_exit(agent, grace if others else EXIT_LIMIT_S)
+    killed = result is None
+    if killed:
+        agent._shutdown(death_sig=signal.SIGKILL, timeout=5)  # torch's stop, without its 30 s wait
     steps = sorted(set(drained.acked.values()))
-    codes = {} if result is None else {str(r): f.exitcode for r, f in result.failures.items()}
-    ended = "exited" if result is not None and not codes else f"stopped (exit codes {codes or 'unknown'})"
+    if killed:
+        ended = "killed (SIGKILL) after the grace"
+    elif others:
+        ended = f"{len(others)} stopped by SIGTERM"
+    else:
+        ended = "exited"
     message = (
         f"erm stop: drained {len(drained.acked)} worker(s)"
         + (f" at step {'/'.join(map(str, steps))}" if steps else "")
-        + f", {len(drained.unregistered)} without the API; workers {ended} in {time.monotonic() - t0:.2f}s"
+        + f", {len(plain)} without the API; workers {ended} in {time.monotonic() - t0:.2f}s"
     )
+    if late:  # which workers did not drain, and why
+        hooks = [p for p in late if p in drained.failed]
+        message += f"; worker pid(s) {late} did not drain: " + (
+            f"the final hook raised in {hooks}" if hooks else f"no step boundary within {grace:g}s"
+        )
     log.info("%s", message)
     agent.events.emit("drain", message, steps=steps, acked=len(drained.acked), stop=True,
-                      missing=len(drained.missing), unregistered=len(drained.unregistered))  # fmt: skip
+                      missing=len(drained.missing), unregistered=len(plain),
+                      signalled=len(others), killed=killed)  # fmt: skip
     agent.stop_reason = STOP_BY
-    by_local = {w.local_rank: w.global_rank for w in group.workers}  # torch reports by global rank
-    values = {} if result is None else {by_local[r]: v for r, v in result.return_values.items()}
-    return RunResult(state=WorkerState.SUCCEEDED, return_values=values)
+    # torch records every worker's state from the result: each global rank must be in it
+    values = {} if result is None else dict(result.return_values)
+    returned = {w.global_rank: values.get(w.local_rank) for w in group.workers}
+    return RunResult(state=WorkerState.SUCCEEDED, return_values=returned)

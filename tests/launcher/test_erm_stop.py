@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 
+import psutil
 import pytest
 
 from elastic_rm.etcd.client import EtcdClient
@@ -16,6 +17,7 @@ from tests.launcher.helpers import records, wait_until
 
 ERM = os.path.join(BIN, "erm")
 REPORTING = os.path.join(REPO, "tests", "workers", "reporting.py")
+STEPS = os.path.join(REPO, "tests", "workers", "steps.py")
 CONF = "lease_ttl=2,last_call_timeout=0.5,join_timeout=60"
 
 
@@ -83,3 +85,37 @@ def test_erm_stop_node_takes_one_node_down_and_the_run_goes_on(etcd, run_id, tmp
     assert nodes["a"].popen.poll() is None
     (tmp_path / "stop").touch()  # end the run
     assert nodes["a"].wait(60) == 0, nodes["a"].output()[-3000:]
+
+
+def _plain_node(etcd, run_id: str, tmp_path, name: str) -> Proc:
+    """A node of a plain torch script (no elastic-rm API: nothing to drain)."""
+    argv = [os.path.join(BIN, "ermrun"), "--nnodes", "2", "--nproc-per-node", "1", "--monitor-interval", "0.1",
+            "--drain-grace", "3", "--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, "--rdzv-conf", CONF,
+            "--node-id", name, STEPS]  # fmt: skip
+    return Proc(argv, str(tmp_path / f"{name}.log"), env={"STEPS_DIR": str(tmp_path), "STEPS_NODE": name})
+
+
+def test_erm_stop_of_a_plain_script_terminates_its_workers_and_every_agent_exits_0(
+    etcd, run_id, tmp_path, procs
+):
+    nodes = {n: _plain_node(etcd, run_id, tmp_path, n) for n in ("a", "b")}
+    procs.extend(nodes.values())
+    wait_until(lambda: all(_steps_at(tmp_path, n, 2) >= 5 for n in nodes), 120, "both nodes at world 2",
+               nodes.values())  # fmt: skip
+    for n in nodes:  # what a flash checkpoint leaves in node memory
+        (memory_root() / run_id / n / "step-5").mkdir(parents=True)
+        (memory_root() / run_id / n / "step-5" / "shard").write_bytes(b"0" * 4096)
+    workers = [r["pid"] for n in nodes for r in records(tmp_path, n) if r.get("start")]
+
+    result = _erm("stop", run_id, "--endpoint", etcd.endpoint)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for p in nodes.values():
+        assert p.wait(60) == 0, p.output()[-3000:]
+    for p in nodes.values():
+        out = p.output()
+        assert "stopped by erm stop" in out and "node memory freed" in out, out[-3000:]
+        assert "1 without the API; workers 1 stopped by SIGTERM" in out, out[-3000:]
+        assert "Unknown worker" not in out and "job failed" not in out, out[-3000:]
+    assert workers and not [pid for pid in workers if psutil.pid_exists(pid) and
+                            psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]  # fmt: skip
+    assert not (memory_root() / run_id).exists(), sorted((memory_root() / run_id).rglob("*"))
