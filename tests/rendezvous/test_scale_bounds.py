@@ -13,22 +13,55 @@ from elastic_rm.wire.keyspace import Keyspace
 from elastic_rm.wire.records import RoundRecord
 
 
+class RecordingReads:
+    """An etcd client for a trim that records what the trim read: its keys and the revision."""
+
+    def __init__(self, client: EtcdClient, reads: list[tuple[int, list[str]]]):
+        self._client, self._reads = client, reads
+
+    def get_prefix(self, prefix: str):
+        kvs, revision = self._client.get_prefix(prefix)
+        self._reads.append((revision, [kv.key for kv in kvs]))
+        return kvs, revision
+
+    def txn(self, *args, **kwargs):
+        return self._client.txn(*args, **kwargs)
+
+
 def test_many_writers_keep_the_event_log_near_keep(etcd, run_id, monkeypatch):
     """300 writers with 3 events each: a trim counted per writer (every TRIM_EVERY of its own events) would
-    never run and leave 900 events; trimming one event in TRIM_EVERY at random keeps the run near ``keep``."""
+    never run and leave 900 events; trimming one event in TRIM_EVERY at random trims the run's whole log.
+
+    A trim deletes what it read: events sent without waiting and still in flight when it reads land after
+    it (etcd applies concurrent requests in any order), and the next trim takes them. So the test checks
+    what the trims recorded: the last one ran after the last request, and of the events it read only the
+    newest ``keep`` are left; every other event left landed after its read."""
     monkeypatch.setattr(ev, "TRIM_EVERY", 5)
+    real_trim, real_run_soon = ev.trim, ev.run_soon
+    order: list[str] = []  # "request" and "trim", in the order they happened
+    reads: list[tuple[int, list[str]]] = []
+
+    def recording_trim(client, keys, keep):
+        order.append("trim")
+        return real_trim(RecordingReads(client, reads), keys, keep)
+
+    def recording_run_soon(slot, job, name):
+        order.append("request")
+        real_run_soon(slot, job, name)
+
+    monkeypatch.setattr(ev, "trim", recording_trim)
+    monkeypatch.setattr(ev, "run_soon", recording_run_soon)
     keys = Keyspace("/elastic-rm", run_id)
     with EtcdClient(etcd.endpoint, timeout=10) as c:
         logs = [ev.EventLog(run_id, f"n{i}", client=c, keys=keys, keep=40) for i in range(300)]
         for k in range(3):
             for log in logs:
                 log.emit("checkpoint", f"checkpoint {k}", step=k)
-        assert logs[-1].flush(10)
-        ev.trim(c, keys, keep=10**6)  # a no-op trim: every put sent before it has landed when it returns
-        events, errors, _ = ev.read_etcd(c, keys)
-    assert not errors
-    # keep, plus what came after the last trim (60 or more events without one: probability 0.8**60 ~ 1e-6)
-    assert len(events) <= 40 + 60, len(events)
+        assert logs[-1].flush(10)  # its last event is in etcd and no trim runs
+        left, _ = c.get_prefix(keys.events)
+    assert "request" in order and order[-1] == "trim"  # trims ran; none was drawn after the last one
+    revision, read = reads[-1]
+    assert [kv.key for kv in left if kv.mod_revision <= revision] == read[-40:]
 
 
 def test_events_of_a_big_round_give_the_count_not_the_ids():
