@@ -213,11 +213,13 @@ class AgentChannel:
 
     # ---- drain ---------------------------------------------------------------------------------------
     def request_drain(self) -> None:
-        """Ask every worker to stop at its next step boundary (after its final hook)."""
+        """Ask every worker to stop at its next step boundary (after its final hook).
+
+        Acks and goodbyes that arrived before the request are kept (:meth:`clear_drain` forgets them when
+        the next round's workers start): a worker whose peers on another node were drained first has
+        stopped with them already (``sync_every``'s agreement), and acked before this agent asked."""
         with self._cond:
-            self._acks.clear()
-            self._byes.clear()
-            self._expected = set(self._workers)
+            self._expected = set(self._workers) | set(self._acks) | self._byes
             self._drain_seq += 1
         self._write_control(drain=True)
 

@@ -210,3 +210,34 @@ def test_bad_arguments_are_clear_errors(tmp_path):
             ch.wait_for_acks(timeout_s=-1)
     finally:
         ch.close()
+
+
+def test_a_worker_stopped_by_its_peers_before_its_agent_asks_counts_as_drained(
+    pyprocs, step_worker, tmp_path, free_port
+):
+    # `erm stop` (or a planned round) reaches node A's agent first: A drains, and with sync_every rank 1 on
+    # node B stops at the same step and acks to B's agent, which sees the request only afterwards. B's
+    # agent must count that ack: a worker it took for one without the API was never told to leave (in
+    # rounds()), waited out the stop's exit limit and was killed.
+    a, b = AgentChannel(window_s=5).start(), AgentChannel(window_s=5).start()
+    try:
+        ps = []
+        for rank, ch in enumerate((a, b)):
+            env = {**ch.env(), "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0"}
+            env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port)}
+            args = ["--out", str(tmp_path), "--step-ms", "5", "--gloo", "--sync-every", "4"]
+            ps.append(pyprocs.python(step_worker, *args, env=env))
+        wait_for(lambda: a.steps_total >= 10 and b.steps_total >= 10, 30, "both ranks to step")
+        a.request_drain()
+        assert len(a.wait_for_acks(timeout_s=10).acked) == 1
+        assert [p.wait(timeout=10) for p in ps] == [0, 0]  # rank 1 acked to B and exited
+        b.request_drain()  # B's agent asks only now
+        result = b.wait_for_acks(timeout_s=0, pids=[ps[1].pid])
+        step = json.loads((tmp_path / "ckpt-1.json").read_text())["step"]
+        assert result.acked == {ps[1].pid: step} and result.unregistered == (), result
+        b.clear_drain()  # the next round's workers: what the old ones said is forgotten
+        b.request_drain()
+        assert b.wait_for_acks(timeout_s=0, pids=[ps[1].pid]).unregistered == (ps[1].pid,)
+    finally:
+        a.close()
+        b.close()
