@@ -12,6 +12,12 @@ ending in _ms or _us is stored in that unit). In the tables that quote results (
 outside the first column must carry a marker, so that a figure cannot be pasted in unchecked. Markers in
 fenced code blocks are examples and are not checked.
 
+A run's date and commit carry a marker naming their file, checked against its `date` and `commit`:
+
+    2026-12-01, 79126fa<!-- run: recovery.json -->
+
+Every file in benchmarks/results/ must be quoted by a doc: a file nobody quotes is an old run to delete.
+
     .venv/bin/python -m benchmarks.figures            # check every marker; exit 1 on a stale figure
     .venv/bin/python -m benchmarks.figures --update   # rewrite every marked number from its file
 """
@@ -39,6 +45,8 @@ TABLES = (
 )
 
 MARKER = re.compile(r"<!-- fig: (.*?) -->")
+RUN = re.compile(r"(\d{4}-\d{2}-\d{2}), `?([0-9a-f]{7,40})`?<!-- run: (\S+?) -->")
+RUN_MARKER = re.compile(r"<!-- run: (\S+?) -->")
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 NUMBER = r"((?:(?<![^\s(|*])-)?(?<![\w.,])\d[\d,]*(?:\.\d+)?)"  # a minus only after a space or "("
 FIGURE_BEFORE = re.compile(NUMBER + r"( ?(?:[A-Za-zµ%][A-Za-z/-]*)?)\**$")
@@ -147,6 +155,42 @@ def figures(doc: str, text: str, results: Path = RESULTS) -> list[Figure]:
     return out
 
 
+def runs(doc: str, text: str, results: Path = RESULTS) -> list[str]:
+    """Problems with the run markers of one document: each names a results file whose date and commit
+    are the ones written before it."""
+    text = FENCE.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
+    problems = []
+    checked = {m.start(3) for m in RUN.finditer(text)}
+    for m in RUN_MARKER.finditer(text):
+        if m.start(1) not in checked:
+            line = text.count("\n", 0, m.start()) + 1
+            problems.append(f"{doc}:{line}: a run marker needs 'YYYY-MM-DD, <commit>' right before it")
+    for m in RUN.finditer(text):
+        line = text.count("\n", 0, m.start()) + 1
+        file = results / m.group(3)
+        if not file.is_file():
+            problems.append(f"{doc}:{line}: no results file benchmarks/results/{m.group(3)}")
+            continue
+        data = json.loads(file.read_text())
+        date, commit = str(data.get("date", "")), str(data.get("commit", ""))
+        if not date.startswith(m.group(1)) or not commit.startswith(m.group(2)):
+            problems.append(
+                f"{doc}:{line}: {m.group(1)}, {m.group(2)} ({m.group(3)}): the file says "
+                f"{date[:10] or 'no date'}, {commit[:7] or 'no commit'}"
+            )
+    return problems
+
+
+def quoted_files(texts: list[str]) -> set[str]:
+    """The results files the documents name in a figure or run marker (examples in code blocks aside)."""
+    names = set()
+    for text in texts:
+        text = FENCE.sub("", text)
+        names |= {m.group(1).partition(" ")[0] for m in MARKER.finditer(text)}
+        names |= {m.group(1) for m in RUN_MARKER.finditer(text)}
+    return names
+
+
 def tables(text: str, after: str | None) -> list[tuple[int, str]]:
     """(line number, row) of the body rows of the tables in text (after the anchor: its first table)."""
     lines = text.splitlines()
@@ -175,7 +219,7 @@ def unmarked(row: str) -> list[str]:
     cells = row.strip().strip("|").split("|")
     bad = []
     for cell in cells[1:]:
-        parts = MARKER.split(re.sub(r"`[^`]*`", "", cell))
+        parts = MARKER.split(re.sub(r"`[^`]*`", "", RUN.sub("", cell)))
         for k in range(0, len(parts), 2):
             segment = parts[k]
             marked = FIGURE_BEFORE.search(segment) if k + 1 < len(parts) else None
@@ -192,16 +236,23 @@ def check(
 ) -> list[str]:
     """Everything wrong with the quoted figures, one line each; empty when all agree with their files."""
     problems = []
+    texts = []
     for doc in docs:
         text = (repo / doc).read_text()
+        texts.append(text)
         for f in figures(doc, text, results):
             if not f.ok:
                 why = f.error or f"the file says {f.expected()}{f.unit}"
                 problems.append(f"{doc}:{f.line}: {f.text}{f.unit} ({f.spec}): {why}")
+        problems += runs(doc, text, results)
     for doc, after in table_specs:
         for line, row in tables((repo / doc).read_text(), after):
             for number in unmarked(row):
                 problems.append(f"{doc}:{line}: {number} in a results table has no fig marker")
+    quoted = quoted_files(texts)
+    for file in sorted(results.glob("*.json")):
+        if file.name not in quoted:
+            problems.append(f"benchmarks/results/{file.name}: quoted by no doc (an old run: delete it)")
     return problems
 
 

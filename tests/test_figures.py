@@ -76,7 +76,8 @@ def test_a_number_in_a_results_table_without_a_marker_fails(tmp_path):
     doc = "Intro 12 s, prose is free.\n\n| what | figure |\n| --- | --- |\n| join, N = 8 | 17 ms (c10d 1.27 s) |\n"
     found = problems(tmp_path, doc, (("doc.md", None),))
     assert [p.split(": ")[1] for p in found] == ["17 in a results table has no fig marker",
-                                                 "1.27 in a results table has no fig marker"]  # fmt: skip
+                                                 "1.27 in a results table has no fig marker",
+                                                 "quoted by no doc (an old run"]  # fmt: skip
 
 
 def test_every_figure_the_docs_quote_agrees_with_its_results_file():
@@ -87,9 +88,10 @@ def test_every_figure_the_docs_quote_agrees_with_its_results_file():
 
 
 def test_markers_in_a_code_block_are_examples_and_not_checked(tmp_path):
-    doc = "```\n1.0 s<!-- fig: nothing.json x -->\n```\n2.0 s<!-- fig: nothing.json y -->\n"
+    doc = "```\n1.0 s<!-- fig: r.json rate -->\n```\n2.0 s<!-- fig: nothing.json y -->\n"
     found = problems(tmp_path, doc)
-    assert len(found) == 1 and found[0].startswith("doc.md:4: 2.0 s"), found
+    assert len(found) == 2 and found[0].startswith("doc.md:4: 2.0 s"), found
+    assert found[1].startswith("benchmarks/results/r.json: quoted by no doc"), found  # examples quote nothing
 
 
 def test_a_value_stored_in_ms_or_us_is_compared_in_that_unit(tmp_path):
@@ -110,3 +112,32 @@ def test_count_is_the_length_of_a_list_of_any_kind(tmp_path):
     assert check(tmp_path, results, ("doc.md",), ()) == []
     (tmp_path / "doc.md").write_text("missed 2<!-- fig: r.json missed.count --> targets\n")
     assert check(tmp_path, results, ("doc.md",), ()) != []
+
+
+def test_a_results_file_no_doc_quotes_fails_as_a_stale_figure_does(tmp_path):
+    doc = "SIGKILL 8.33 s<!-- fig: r.json results.ermrun/SIGKILL.median -->\n"
+    repo, results = write(tmp_path, doc)
+    assert check(repo, results, ("doc.md",), ()) == []
+    (results / "old-run.json").write_text(json.dumps(RESULT))
+    assert check(repo, results, ("doc.md",), ()) == [
+        "benchmarks/results/old-run.json: quoted by no doc (an old run: delete it)"
+    ]
+
+
+def test_a_run_s_date_and_commit_are_checked_against_its_file(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "r.json").write_text(
+        json.dumps(dict(RESULT, date="2026-12-01T17:13:16Z", commit="79126fa" + "0" * 33))
+    )
+    ok = "| recovery | 8.33 s<!-- fig: r.json results.ermrun/SIGKILL.median --> | 2026-12-01, 79126fa<!-- run: r.json --> |\n"
+    (tmp_path / "doc.md").write_text(ok)
+    assert (
+        check(tmp_path, results, ("doc.md",), (("doc.md", None),)) == []
+    )  # the date's digits need no fig marker
+    (tmp_path / "doc.md").write_text(ok.replace("2026-12-01", "2026-12-02"))
+    found = check(tmp_path, results, ("doc.md",), ())
+    assert len(found) == 1 and "the file says 2026-12-01, 79126fa" in found[0], found
+    (tmp_path / "doc.md").write_text(ok.replace("2026-12-01, 79126fa", "79126fa"))
+    found = check(tmp_path, results, ("doc.md",), ())
+    assert len(found) == 1 and "needs 'YYYY-MM-DD, <commit>'" in found[0], found
