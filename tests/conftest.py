@@ -13,6 +13,12 @@ import pytest
 
 from elastic_rm.etcd.server import EtcdCluster, EtcdServer
 from elastic_rm.proc import kill_tree, signal_tree
+from tests.hang_guard import (  # noqa: F401 - the hooks of a plugin, found here by name
+    pytest_addoption,
+    pytest_configure,
+    pytest_timeout_cancel_timer,
+    pytest_timeout_set_timer,
+)
 from tests.leftovers import SessionMarks
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
