@@ -28,11 +28,15 @@ test-all: setup
 	ERM_SOAK=$${ERM_SOAK:-1} $(BIN)/python -m pytest -q -rs -m "" $(PYTEST_ARGS)
 
 BENCHMARKS ?= rendezvous agent_overhead reshard planner recovery lease keepalive scale
+# Every benchmark run is bounded: one still running after BENCH_TIMEOUT seconds gets SIGABRT, on which
+# Python's faulthandler prints every thread's stack (its process group gets it too), then SIGKILL.
+BENCH_TIMEOUT ?= 7200
+BOUNDED = PYTHONFAULTHANDLER=1 timeout --signal=ABRT --kill-after=60 $(BENCH_TIMEOUT)
 
 bench: setup
 	$(BIN)/pip install -q --disable-pip-version-check python-etcd==0.4.5 urllib3==2.8.0 dnspython==2.9.2
-	for b in $(BENCHMARKS); do $(BIN)/python -m benchmarks.$$b || exit 1; done
-	case " $(BENCHMARKS) " in *" recovery "*) $(BIN)/python -m benchmarks.recovery --part b || exit 1;; esac
+	for b in $(BENCHMARKS); do $(BOUNDED) $(BIN)/python -m benchmarks.$$b || exit 1; done
+	case " $(BENCHMARKS) " in *" recovery "*) $(BOUNDED) $(BIN)/python -m benchmarks.recovery --part b || exit 1;; esac
 	@echo "figures quoted in README.md and docs/ that the new results change (rewrite: python -m benchmarks.figures --update):"
 	-$(BIN)/python -m benchmarks.figures
 
