@@ -1,6 +1,6 @@
 """The ``elastic-rm`` rendezvous handler: torch's ``RendezvousHandler`` on etcd v3 (the round protocol).
 
-How a node takes part (docs/agent.md and README, "How it works"):
+How a node takes part (docs/agent.md and docs/design.md, "A round in etcd"):
 
 1. It registers ``nodes/<node>`` under its own lease (kept alive by a thread; a dead node's key
    vanishes within the lease TTL) and starts the leader loop (every node campaigns; one leads).

@@ -37,7 +37,7 @@ def default_lease_ttl(max_nodes: int) -> int:
     return LARGE_RUN_LEASE_TTL if max_nodes >= LARGE_RUN_NODES else DEFAULT_LEASE_TTL
 
 
-# --rdzv-conf keys we read, with their defaults and meaning (documented in README, "Rendezvous").
+# --rdzv-conf keys we read, with their defaults and meaning (documented in docs/reference.md, "Rendezvous settings").
 KNOWN_KEYS = {
     "prefix": "etcd key prefix of all runs (default /elastic-rm)",
     "lease_ttl": "seconds without a heartbeat before a node counts as gone (default 2; 5 for --nnodes MAX >= 512)",
