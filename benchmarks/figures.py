@@ -12,6 +12,11 @@ ending in _ms or _us is stored in that unit). In the tables that quote results (
 outside the first column must carry a marker, so that a figure cannot be pasted in unchecked. Markers in
 fenced code blocks are examples and are not checked.
 
+A spec used in a long table row may be named once anywhere in the doc and used by its name:
+
+    <!-- fig join8 = rendezvous.json join.elastic-rm/threads/N=8.median -->
+    17 ms<!-- fig: @join8 -->
+
 A run's date and commit carry a marker naming their file, checked against its `date` and `commit`:
 
     2026-12-01, 79126fa<!-- run: recovery.json -->
@@ -47,6 +52,7 @@ TABLES = (
 MARKER = re.compile(r"<!-- fig: (.*?) -->")
 RUN = re.compile(r"(\d{4}-\d{2}-\d{2}), `?([0-9a-f]{7,40})`?<!-- run: (\S+?) -->")
 RUN_MARKER = re.compile(r"<!-- run: (\S+?) -->")
+NAMED = re.compile(r"<!-- fig ([\w-]+) = (.*?) -->")
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 NUMBER = r"((?:(?<![^\s(|*])-)?(?<![\w.,])\d[\d,]*(?:\.\d+)?)"  # a minus only after a space or "("
 FIGURE_BEFORE = re.compile(NUMBER + r"( ?(?:[A-Za-zµ%][A-Za-z/-]*)?)\**$")
@@ -137,11 +143,19 @@ def figures(doc: str, text: str, results: Path = RESULTS) -> list[Figure]:
     fenced code blocks are examples, not figures."""
     out = []
     text = FENCE.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)  # same offsets, no code
+    named = {m.group(1): m.group(2) for m in NAMED.finditer(text)}
     for m in MARKER.finditer(text):
         line = text.count("\n", 0, m.start()) + 1
         line_start = text.rfind("\n", 0, m.start()) + 1
         before = FIGURE_BEFORE.search(text[line_start : m.start()])
-        spec, _, unit = m.group(1).partition(" in ")  # "in ms": the unit of a range's first number
+        raw = m.group(1)
+        if raw.startswith("@"):
+            name, _, rest = raw[1:].partition(" ")
+            if name not in named:
+                out.append(Figure(doc, line, raw, "", "", m.start(), error=f"no '<!-- fig {name} = ... -->'"))
+                continue
+            raw = f"{named[name]} {rest}".strip()
+        spec, _, unit = raw.partition(" in ")  # "in ms": the unit of a range's first number
         if before is None:
             out.append(Figure(doc, line, spec, "", "", m.start(), error="no number right before"))
             continue
@@ -187,6 +201,7 @@ def quoted_files(texts: list[str]) -> set[str]:
     for text in texts:
         text = FENCE.sub("", text)
         names |= {m.group(1).partition(" ")[0] for m in MARKER.finditer(text)}
+        names |= {m.group(2).partition(" ")[0] for m in NAMED.finditer(text)}
         names |= {m.group(1) for m in RUN_MARKER.finditer(text)}
     return names
 

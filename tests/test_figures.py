@@ -141,3 +141,16 @@ def test_a_run_s_date_and_commit_are_checked_against_its_file(tmp_path):
     (tmp_path / "doc.md").write_text(ok.replace("2026-12-01, 79126fa", "79126fa"))
     found = check(tmp_path, results, ("doc.md",), ())
     assert len(found) == 1 and "needs 'YYYY-MM-DD, <commit>'" in found[0], found
+
+
+def test_a_named_spec_is_used_by_its_name_and_a_missing_name_fails(tmp_path):
+    doc = (
+        "| join | 8.33 s<!-- fig: @kill --> |\n\n"
+        "<!-- fig kill = r.json results.ermrun/SIGKILL.median -->\n"
+        "5.7x<!-- fig: @ratio -->\n"
+    )
+    found = problems(tmp_path, doc, (("doc.md", None),))
+    assert len(found) == 1 and "no '<!-- fig ratio = ... -->'" in found[0], found
+    assert problems(tmp_path, doc.replace("8.33", "8.6").replace("5.7x<!-- fig: @ratio -->\n", "")) == [
+        "doc.md:1: 8.6 s (r.json results.ermrun/SIGKILL.median): the file says 8.3 s"
+    ]
