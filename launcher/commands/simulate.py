@@ -28,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--family",
         default="generator",
         help="generated trace: a population of docs/planner.md 'Trace families' (right-sized, comm-bound, "
-        "oom-heavy, bursty, low-load, high-load, hetero-gpu; default: generator)",
+        "oom-heavy, bursty, low-load, high-load, hetero-gpu, noisy, slow-warmup, history-lies, short, "
+        "data-skew, pai-noise; default: generator)",
     )
     parser.add_argument(
         "--policies",

@@ -75,9 +75,15 @@ def test_simulate_writes_json_and_plots(tmp_path, capsys):
     data = json.loads((out_dir / "result.json").read_text())
     assert set(data["policies"]) == {"static", "optimus", "ours"} and data["v"] == 1
     assert data["policies"]["static"]["jobs"] == 12
-    for png in ("jct_cdf.png", "utilisation.png", "cluster_allocation.png"):
+    for png in ("jct_cdf.png", "utilisation.png", "cluster_allocation.png", "jct_ratio_cdf.png"):
         assert (out_dir / png).read_bytes()[:4] == b"\x89PNG"
-    assert "mean JCT (h)" in out
+    page = (out_dir / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 4 and "per-job JCT / static p90" in page
+    assert "mean JCT (h)" in out and "jobs slowed > 5%" in out
+    for name in ("static", "optimus", "ours"):
+        regret = data["policies"][name]["jct_ratio_vs_static"]
+        assert regret["jobs"] == 12 and 0 <= regret["share_slowed_25pct"] <= regret["share_slowed_5pct"] <= 1
+    assert data["policies"]["static"]["jct_ratio_vs_static"]["p90"] == 1.0
     # the written trace replays to the same figures
     rc, out2, _ = run(
         capsys,
@@ -92,7 +98,8 @@ def test_simulate_writes_json_and_plots(tmp_path, capsys):
         str(out_dir),
         "--no-plots",
     )
-    assert rc == 0 and out2.splitlines()[1:-1] == out.splitlines()[1:-4]
+    figures = [line for line in out.splitlines()[1:] if not line.startswith("wrote")]
+    assert rc == 0 and [line for line in out2.splitlines()[1:] if not line.startswith("wrote")] == figures
 
 
 def test_simulate_bad_trace_names_the_line(tmp_path, capsys):

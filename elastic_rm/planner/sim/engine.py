@@ -25,10 +25,11 @@ from ..interface import ClusterSnapshot, Decision, NodeMetrics, NodeState, NodeV
 from ..job import parse_job
 from ..policy import PlannerPolicy
 from ..state import Advice
+from . import worker_noise
 from .cluster import GIB, Cluster, ClusterSpec
 from .model import Instability, SimJob, SimNode, sim_planner_config
 from .trace import TraceJob
-from .truth import mem_used, step
+from .truth import hurt, mem_used, step
 
 POLICIES = ("static", "optimus", "ours")
 ABLATIONS = ("ours-fixed-size", "ours-no-queue")  # our planner with the user's per-node CPU and memory;
@@ -191,6 +192,7 @@ class Simulator:
         lost = float(job.rng.uniform(0, self.inst.ckpt_interval_s)) * job.last_tp
         job.progress = max(job.progress - lost, 0.0)
         job.pause_until = now + self.tick + self.inst.restart_s  # this tick was already simulated
+        job.round_started = job.pause_until  # restarted workers warm up again
 
     def _advance(self, job: SimJob, now: float) -> None:
         t, dt = job.trace, self.tick
@@ -207,9 +209,13 @@ class Simulator:
             job.last_cpu = 0.0
             return
         ms = [job.nodes[m] for m in job.members]
-        st = step(t, [n.slowdown(now) for n in ms], [n.cpu for n in ms])
-        noise = float(job.rng.lognormal(0.0, 0.03))
-        tp = t.global_batch / (st.step_s * noise)
+        slow = [n.slowdown(now) for n in ms]
+        if t.worker_noise:
+            slow = [s * x for s, x in zip(slow, worker_noise.draw(job.rng, len(ms)), strict=True)]
+        st = step(hurt(t, job.progress / t.work_samples), slow, [n.cpu for n in ms])
+        noise = float(job.rng.lognormal(0.0, t.step_cv))
+        warm = 2.0 if now < job.round_started + t.warmup_s else 1.0  # a slow warm-up: half speed
+        tp = t.global_batch / (st.step_s * noise * warm)
         run_s = min(dt, max(now + dt - job.pause_until, 0.0))
         job.last_tp, job.last_cpu = tp, max(st.cpu_used)
         job.peak_cpu = max(job.peak_cpu, job.last_cpu)
@@ -304,6 +310,7 @@ class Simulator:
         job.round_lost = False
         job.decided_at = now
         job.pause_until = now + self.tick + self.inst.restart_s  # the round starts after this tick
+        job.round_started = job.pause_until
         job.round_mem = (0.0, 0.0, 0.0, 0.0)
         if len(job.decisions) < 50:
             job.decisions.append(f"{now:.0f}s: {d.reason}")
@@ -323,9 +330,8 @@ class Simulator:
             if self.cluster.resize(n.machine, (n.cpu, n.mem), (cpu, mem)):
                 n.cpu, n.mem = cpu, mem
                 continue
-            moved = self.cluster.allocate(
-                cpu, mem, n.gpus
-            )  # migrate the slice (same node id, a new container)
+            # migrate the slice (same node id, a new container)
+            moved = self.cluster.allocate(cpu, mem, n.gpus)
             if moved is not None:
                 self.cluster.release(n.machine, n.cpu, n.mem, n.gpus)
                 n.machine, n.cpu, n.mem = moved, cpu, mem
@@ -368,6 +374,7 @@ class Simulator:
             mem_m = mem_used(j.trace, max(len(j.members), 1), j.progress / j.trace.work_samples)
             idx = {m: i for i, m in enumerate(j.members)}
             u = j.usage
+            j.node_s += len(j.nodes) * dt
             for n in j.nodes.values():
                 i = idx.get(n.id)
                 cpu_u = st.cpu_used[i] if active and st and i is not None and i < len(st.cpu_used) else 0.1

@@ -30,6 +30,16 @@ class Family:
     dims: tuple[int, ...] | None = None  # embedding dims choices
     gpus: tuple[int, ...] | None = None  # GPUs per node choices (uniform)
     burst: int = 0  # jobs arrive in bursts of this many at one time (0: Poisson)
+    # --- the users who hurt: per-run draws of the ground truth (well-sized requests) ---
+    step_cv: tuple[float, float] | None = None  # uniform range of the step time's variation
+    warmup_s: tuple[float, float] | None = None  # uniform range of every round's half-speed warm-up
+    truth_drift: float = 0.0  # each run's compute and all-to-all cost x lognormal(0, this): history lies
+    duration_s: tuple[float, float] | None = None  # uniform range of the run time at the request
+    skew: tuple[float, float] | None = None  # uniform range of the compute factor after a mid-run change
+    worker_noise: bool = False  # every member's step varies as a PAI worker's (worker_noise.py)
+
+
+WELL_SIZED = {"user_sigma": 0.15, "cpu_over": (1.5, 0.15), "mem_over": (1.5, 0.15), "under_share": 0.0}
 
 
 FAMILIES: dict[str, Family] = {
@@ -62,6 +72,44 @@ FAMILIES: dict[str, Family] = {
         Family("low-load", "the generator at load 0.5", load=0.5),
         Family("high-load", "the generator at load 1.2", load=1.2),
         Family("hetero-gpu", "GPUs per node drawn evenly from 1, 2, 4 and 8", gpus=(1, 2, 4, 8)),
+        Family(
+            "noisy",
+            "right-sized users; step times vary 5-20% (CV) sample to sample",
+            step_cv=(0.05, 0.2),
+            **WELL_SIZED,
+        ),
+        Family(
+            "slow-warmup",
+            "right-sized users; every round's first 2-10 minutes run at half speed",
+            warmup_s=(120.0, 600.0),
+            **WELL_SIZED,
+        ),
+        Family(
+            "history-lies",
+            "right-sized users of recurring jobs whose model changed: each run's compute "
+            "and all-to-all cost x lognormal(0, 0.5), so the history of earlier runs misleads",
+            truth_drift=0.5,
+            **WELL_SIZED,
+        ),
+        Family(
+            "short",
+            "right-sized users; runs of 5-11.7 minutes, shorter than two profiling windows",
+            duration_s=(300.0, 700.0),
+            **WELL_SIZED,
+        ),
+        Family(
+            "data-skew",
+            "right-sized users; at 20-80% of the work a sample's compute changes 0.5-2x",
+            skew=(0.5, 2.0),
+            **WELL_SIZED,
+        ),
+        Family(
+            "pai-noise",
+            "right-sized users; every member's step varies as a worker's of the Alibaba PAI "
+            "trace (the synchronous step waits for the slowest)",
+            worker_noise=True,
+            **WELL_SIZED,
+        ),
     )
 }
 
@@ -92,6 +140,24 @@ def apply_template(t: dict, fam: Family, rng: np.random.Generator, max_gpus: int
     if fam.under_share is not None:
         t["under_share"] = fam.under_share
     return t
+
+
+def apply_run(truth: dict, fam: Family, rng: np.random.Generator) -> dict:
+    """The per-run ground truth a family changes (drawn from the family's stream, after the defaults)."""
+    truth = dict(truth)
+    if fam.truth_drift:
+        truth["t_compute"] *= float(rng.lognormal(0.0, fam.truth_drift))
+        truth["t_a2a_eff"] *= float(rng.lognormal(0.0, fam.truth_drift))
+    if fam.step_cv:
+        truth["step_cv"] = float(rng.uniform(*fam.step_cv))
+    if fam.warmup_s:
+        truth["warmup_s"] = float(rng.uniform(*fam.warmup_s))
+    if fam.skew:
+        truth["skew_at_frac"] = float(rng.uniform(0.2, 0.8))
+        truth["skew_factor"] = float(rng.uniform(*fam.skew))
+    if fam.worker_noise:
+        truth["worker_noise"] = 1
+    return truth
 
 
 def arrival_times(n: int, span: float, fam: Family, rng: np.random.Generator) -> np.ndarray:

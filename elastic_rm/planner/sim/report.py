@@ -7,6 +7,7 @@ import statistics
 from collections import Counter
 
 from .model import SimJob
+from .regret import distribution, ratios
 
 
 def _jct(j: SimJob) -> float:
@@ -30,6 +31,7 @@ def summarize(jobs: list[SimJob], common: set[str] | None = None) -> dict:
         "mem_util": usage[3] / usage[2] if usage[2] else 0.0,
         "gpu_util": usage[5] / usage[4] if usage[4] else 0.0,
         "rounds_per_job": statistics.fmean(j.rounds for j in jobs) if jobs else 0.0,
+        "node_hours": sum(j.node_s for j in jobs) / 3600,
         "outcomes": dict(
             Counter(j.reason.split(" (")[0].split(",")[0] for j in jobs if j.status != "completed")
         ),
@@ -53,9 +55,14 @@ def completed_by_all(runs: dict[str, list[SimJob]]) -> set[str]:
 
 
 def compare(runs: dict[str, list[SimJob]]) -> dict[str, dict]:
-    """Summaries of every policy, with JCT also over the jobs that every policy completed."""
+    """Summaries of every policy, with JCT also over the jobs that every policy completed, and (with a
+    static run) the distribution of per-job JCT ratios to static (regret.py)."""
     common = completed_by_all(runs)
-    return {name: summarize(jobs, common) for name, jobs in runs.items()}
+    out = {name: summarize(jobs, common) for name, jobs in runs.items()}
+    if "static" in runs:
+        for name, per_job in ratios(runs).items():
+            out[name]["jct_ratio_vs_static"] = distribution(per_job)
+    return out
 
 
 ROWS = (
@@ -71,7 +78,20 @@ ROWS = (
     ("memory utilisation", "mem_util", 1),
     ("GPU utilisation", "gpu_util", 1),
     ("rounds per job", "rounds_per_job", 1),
+    ("node-hours", "node_hours", 1),
+    ("per-job JCT / static p50", "jct_ratio_vs_static.p50", 1),
+    ("per-job JCT / static p90", "jct_ratio_vs_static.p90", 1),
+    ("per-job JCT / static p99", "jct_ratio_vs_static.p99", 1),
+    ("jobs slowed > 5%", "jct_ratio_vs_static.share_slowed_5pct", 1),
+    ("jobs slowed > 25%", "jct_ratio_vs_static.share_slowed_25pct", 1),
 )
+
+
+def _value(s: dict, key: str):
+    """A summary's value by key, or by "outer.inner" for the per-job ratio distribution."""
+    for part in key.split("."):
+        s = s.get(part) if isinstance(s, dict) else None
+    return s
 
 
 def table(summary: dict[str, dict], baseline: str = "static") -> str:
@@ -82,12 +102,13 @@ def table(summary: dict[str, dict], baseline: str = "static") -> str:
     for label, key, scale in ROWS:
         cells = []
         for n in names:
-            v = summary[n].get(key)
+            v = _value(summary[n], key)
             if v is None:
-                cells.append(f"{'-':>22}")
+                failed = key.startswith("jct_ratio") and _value(summary[n], "jct_ratio_vs_static") is not None
+                cells.append(f"{'failed' if failed else '-':>22}")
                 continue
-            b = base.get(key)
-            if n == baseline or b in (None, 0):
+            b = _value(base, key)
+            if n == baseline or b in (None, 0) or "." in key:
                 extra = ""
             elif key.endswith("_s"):
                 extra = f" ({v / b - 1:+.1%})"
@@ -149,6 +170,9 @@ def plot(
     fig.savefig(paths[-1], dpi=100)
     plt.close(fig)
 
+    if "static" in runs:
+        paths.append(_ratio_cdf(plt, runs, f"{out_dir}/jct_ratio_cdf.png"))
+
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, tl in timelines.items():
         if tl:
@@ -161,3 +185,48 @@ def plot(
     fig.savefig(paths[-1], dpi=100)
     plt.close(fig)
     return paths
+
+
+def _ratio_cdf(plt, runs: dict[str, list[SimJob]], path: str) -> str:
+    """CDF of every job's JCT under each policy over its JCT under static; a job the policy failed (and
+    static completed) sits past the right edge, so the curve ends below 1 by the share it failed."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, per_job in ratios(runs).items():
+        if name == "static":
+            continue
+        xs = sorted(per_job.values())
+        finite = [max(x, 1e-2) for x in xs if x != float("inf")]
+        if finite:
+            ax.step(finite, [(i + 1) / len(xs) for i in range(len(finite))], where="post", label=name)
+    ax.axvline(1.0, color="grey", lw=0.8)
+    ax.axvline(1.05, color="grey", lw=0.8, ls=":")
+    ax.set_xscale("log")
+    ax.set_xlabel("per-job JCT / JCT under static (same job, same seed)")
+    ax.set_ylabel("CDF of jobs")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write_html(path: str, summary: dict[str, dict], images: list[str], title: str) -> str:
+    """A self-contained page: the comparison table and every plot (the per-job ratio CDF first)."""
+    import base64
+    import html
+    import os
+
+    order = sorted(images, key=lambda p: not p.endswith("jct_ratio_cdf.png"))
+    figs = []
+    for img in order:
+        with open(img, "rb") as f:
+            data = base64.b64encode(f.read()).decode()
+        figs.append(f'<img alt="{html.escape(os.path.basename(img))}" src="data:image/png;base64,{data}">')
+    body = "\n".join(figs)
+    page = (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title></head>"
+        f"<body><h1>{html.escape(title)}</h1><pre>{html.escape(table(summary))}</pre>\n{body}</body></html>\n"
+    )
+    with open(path, "w") as f:
+        f.write(page)
+    return path

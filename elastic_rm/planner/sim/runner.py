@@ -8,7 +8,7 @@ from dataclasses import asdict
 
 from .cluster import ClusterSpec
 from .engine import POLICIES, Instability, Simulator
-from .report import compare, plot, table, write_json
+from .report import compare, plot, table, write_html, write_json
 from .trace import TraceJob
 
 
@@ -68,7 +68,9 @@ def write_outputs(result: dict, data: dict, out_dir: str, plots: bool = True) ->
     write_json(path, data)
     paths = [path]
     if plots:
-        paths += plot(result["runs"], result["timelines"], result["summary"], out_dir)
+        images = plot(result["runs"], result["timelines"], result["summary"], out_dir)
+        page = write_html(os.path.join(out_dir, "report.html"), result["summary"], images, data["trace"])
+        paths += images + [page]
     return paths
 
 

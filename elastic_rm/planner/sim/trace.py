@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import csv
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 
 GIB = 1024**3
 
@@ -51,6 +51,12 @@ class TraceJob:
     act_bytes_per_sample: float
     mem_growth_frac: float  # tables grow by this fraction of their start size over the whole run
     error_at_frac: float  # 0: none; else the job fails with a non-resource error at this fraction of work
+    # --- ground truth of the users who hurt (optional columns; the defaults are the plain generator's) ---
+    step_cv: float = 0.03  # lognormal sigma of the job's step time from one sample to the next
+    warmup_s: float = 0.0  # every round runs at half speed for this long after it starts
+    skew_at_frac: float = 0.0  # 0: none; else the compute time per sample changes here (data skew)
+    skew_factor: float = 1.0  # by this factor
+    worker_noise: int = 0  # 1: every member's step time varies as a PAI worker's did (worker_noise.py)
 
     def job_dict(self) -> dict:
         """The job description the planner sees (schema: docs/planner.md)."""
@@ -74,7 +80,8 @@ FIELDS = tuple(f.name for f in fields(TraceJob))
 _TYPES = {f.name: f.type for f in fields(TraceJob)}
 _POSITIVE = {"global_batch", "n_tables", "rows_per_table", "dim", "bandwidth", "gpus_per_node", "req_nodes"}
 _POSITIVE |= {"req_min_nodes", "req_max_nodes", "req_cpu_per_node", "req_mem_gib_per_node", "work_samples"}
-_POSITIVE |= {"t_compute", "mem_table_factor"}
+_POSITIVE |= {"t_compute", "mem_table_factor", "skew_factor"}
+OPTIONAL = {f.name for f in fields(TraceJob) if f.default is not MISSING}  # older traces lack them
 
 
 def _parse(path: str, line: int, key: str, raw: str | None):
@@ -110,7 +117,7 @@ def load_trace(path: str) -> list[TraceJob]:
 
 
 def _read(path: str, reader: csv.DictReader) -> list[TraceJob]:
-    missing = [k for k in FIELDS if k not in (reader.fieldnames or [])]
+    missing = [k for k in FIELDS if k not in (reader.fieldnames or []) and k not in OPTIONAL]
     if missing:
         raise TraceError(f"{path}:1: missing column(s) {', '.join(missing)}")
     jobs, ids = [], set()
@@ -118,10 +125,15 @@ def _read(path: str, reader: csv.DictReader) -> list[TraceJob]:
         line = reader.line_num
         if None in row:
             raise TraceError(f"{path}:{line}: more values than columns")
-        job = TraceJob(**{k: _parse(path, line, k, row.get(k)) for k in FIELDS})
+        job = TraceJob(**{k: _parse(path, line, k, row.get(k)) for k in FIELDS if k in row})
         if not job.req_min_nodes <= job.req_nodes <= job.req_max_nodes:
             raise TraceError(
                 f"{path}:{line}: field 'req_nodes': need req_min_nodes <= req_nodes <= req_max_nodes"
+            )
+        if job.skew_at_frac >= 1 or job.worker_noise not in (0, 1):
+            what = "skew_at_frac" if job.skew_at_frac >= 1 else "worker_noise"
+            raise TraceError(
+                f"{path}:{line}: field '{what}': must be {'< 1' if what[0] == 's' else '0 or 1'}"
             )
         if job.error_at_frac >= 1:
             raise TraceError(f"{path}:{line}: field 'error_at_frac': must be < 1")

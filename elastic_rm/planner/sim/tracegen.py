@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from .cluster import GIB, ClusterSpec
-from .families import FAMILIES, Family, apply_template, arrival_times, family_rng
+from .families import FAMILIES, Family, apply_run, apply_template, arrival_times, family_rng
 from .trace import TraceJob
 from .truth import ideal_step, knee, mem_used, step
 
@@ -56,9 +56,11 @@ def _template(rng: np.random.Generator, name: str, spec: ClusterSpec) -> dict:
     }
 
 
-def _job(rng: np.random.Generator, t: dict, job_id: str, spec: ClusterSpec) -> TraceJob:
+def _job(
+    rng: np.random.Generator, t: dict, job_id: str, spec: ClusterSpec, fam: Family, frng: np.random.Generator
+) -> TraceJob:
     habits = ("user_bias", "cpu_over", "mem_over", "under_u", "under_frac", "under_share")
-    base = {k: t[k] for k in t if k not in habits}
+    base = apply_run({k: t[k] for k in t if k not in habits}, fam, frng)
     growth = float(np.clip(t["mem_growth_frac"] * rng.uniform(0.8, 1.2), 0.0, 1.5))
     probe = TraceJob(
         job_id=job_id, submit_s=0.0, **{**base, "mem_growth_frac": growth}, req_nodes=1, req_min_nodes=1,
@@ -77,6 +79,7 @@ def _job(rng: np.random.Generator, t: dict, job_id: str, spec: ClusterSpec) -> T
         mem_req = peak_mem * t["mem_over"]
     mem_req = min(max(mem_req, 1.0 * GIB), spec.mem_gib * GIB)
     duration = float(np.clip(rng.lognormal(math.log(5400), 0.9), 600, 86400))
+    duration = float(frng.uniform(*fam.duration_s)) if fam.duration_s else duration
     work = duration * probe.global_batch / ideal_step(probe, nodes)
     err = float(rng.uniform(0.05, 0.95)) if rng.uniform() < 0.04 else 0.0
     return TraceJob(
@@ -111,7 +114,7 @@ def generate(
             if i < n_recurring
             else apply_template(_template(rng, f"once{i:04d}", spec), fam, frng, spec.gpus)
         )
-        jobs.append(_job(rng, t, f"j{i:05d}", spec))
+        jobs.append(_job(rng, t, f"j{i:05d}", spec, fam, frng))
     order = rng.permutation(n_jobs)
     jobs = [jobs[i] for i in order]
     cores, mem, gpus = spec.total

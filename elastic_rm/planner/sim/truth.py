@@ -9,7 +9,7 @@ planner nor the Optimus-style baseline can fit it exactly.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .trace import GIB, TraceJob
 
@@ -47,6 +47,14 @@ def step(job: TraceJob, slowdowns: list[float], cpus: list[float]) -> Step:
     gpu = tuple(min(c / t, 1.0) for c in comps)
     busy = tuple(max(c + comm, d) for c, d in zip(comps, datas, strict=True))
     return Step(t, busy, cpu_used, gpu)
+
+
+def hurt(job: TraceJob, progress: float) -> TraceJob:
+    """The job as it runs at this fraction of its work: past ``skew_at_frac`` its samples cost
+    ``skew_factor`` x the compute (data skew: the same model meets other data)."""
+    if job.skew_at_frac and progress >= job.skew_at_frac:
+        return replace(job, t_compute=job.t_compute * job.skew_factor)
+    return job
 
 
 def ideal_step(job: TraceJob, w: int) -> float:
