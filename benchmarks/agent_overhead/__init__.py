@@ -1,1 +1,1 @@
-"""Agent overhead benchmark (issue 3). Run: ``.venv/bin/python -m benchmarks.agent_overhead``."""
+"""Agent overhead benchmark. Run: ``.venv/bin/python -m benchmarks.agent_overhead``."""

@@ -1,4 +1,4 @@
-"""Keep-alive benchmark (issue 18): what keeping many leases alive costs a process, batched and not.
+"""Keep-alive benchmark: what keeping many leases alive costs a process, batched and not.
 
 A process of the scale benchmark holds 128 simulated nodes, each with its own client and lease, and their
 refreshes were most of a waiting node's control-plane CPU. Each trial starts one process per variant

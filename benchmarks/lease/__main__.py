@@ -1,4 +1,4 @@
-"""Lease benchmark (issue 14, item 3): how short a lease TTL stays free of false expiry under load.
+"""Lease benchmark: how short a lease TTL stays free of false expiry under load.
 
 Recovery after a lost node is bounded by the lease TTL (the survivors' new round waits for the dead
 node's key to expire), so a short TTL recovers sooner, and a TTL shorter than the worst stall of a live

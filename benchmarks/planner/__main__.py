@@ -1,9 +1,9 @@
 """`python -m benchmarks.planner`: the planner against static and Optimus-style on the generator's trace
 and on every trace family (elastic_rm.planner.sim.families), in one run; tables, targets, JSON.
 
-Targets (issue 4, from the paper's headline, on the generator at load 0.85): mean JCT >= 31% below static
+Targets (from the paper's headline, on the generator at load 0.85): mean JCT >= 31% below static
 and below Optimus-style; CPU utilisation >= +15 points and memory utilisation >= +20 points over static;
-completion rate not below static. On every family (issue 15): mean and median JCT at or below
+completion rate not below static. On every family: mean and median JCT at or below
 Optimus-style's and static's (right-sized users: within +3% of static), completion at or above static.
 The table reports what was measured; the target lines say met or NOT met. Every family also runs the
 planner told nothing of the cluster's queue (``ours-no-queue``), so that what the queue signal changes is
@@ -66,7 +66,7 @@ def targets(s: dict) -> list[tuple[str, bool, str]]:
 
 
 def family_targets(name: str, s: dict) -> list[tuple[str, bool, str]]:
-    """Issue 15's targets on one family: never worse than static (right-sized: within +3%) nor Optimus."""
+    """The family targets on one family: never worse than static (right-sized: within +3%) nor Optimus."""
     st, op, us = s["static"], s["optimus"], s["ours"]
     slack = 0.03 if name == "right-sized" else 0.0
     out = []

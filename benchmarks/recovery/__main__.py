@@ -1,4 +1,4 @@
-"""Recovery benchmark (issue 6).
+"""Recovery benchmark.
 
 Part a: time from a node's SIGKILL / SIGSTOP to the survivors training again. Three nodes on this machine
 train the example TorchRec DLRM (examples/dlrm/train.py, flash checkpoints); one node is killed (SIGKILL)

@@ -1,4 +1,4 @@
-"""Memory over many rounds in place (issue 14): does a kept worker grow round after round?
+"""Memory over many rounds in place: does a kept worker grow round after round?
 
 Two nodes (``ermrun``, one worker each) train the example TorchRec DLRM with ``--in-place``; then, cycle
 after cycle, a third node arrives (a planned scale-up 2 -> 3: the two workers drain and keep their
@@ -12,7 +12,7 @@ agents and of their waiting warm spares.
 Baselines in the same run: each kept worker's RSS after its first round (the same process, before any
 round in place), and the RSS of a worker in a new process at the same point of its round (the joining
 node's worker, new in every cycle: what a restart would hold). Growth: the last round's RSS over the
-first's, in %; target (issue 14): at most 5 %. Writes benchmarks/results/recovery-memory.json with the load
+first's, in %; target: at most 5 %. Writes benchmarks/results/recovery-memory.json with the load
 average before and after.
 """
 
@@ -34,7 +34,7 @@ from elastic_rm.agent.malloc import DEFAULT_ARENAS
 from elastic_rm.etcd.server import EtcdServer
 from elastic_rm.proc import signal_tree
 
-TARGET_GROWTH = 5.0  # issue 14: % of the first round's RSS
+TARGET_GROWTH = 5.0  # the target: % of the first round's RSS
 PRELOAD = "torch,torchrec,torchrec.models.dlrm,elastic_rm.train"
 
 

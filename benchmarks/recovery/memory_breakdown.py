@@ -1,4 +1,4 @@
-"""Where a kept worker's and an agent's memory goes, round by round (issue 14), from the probe's files.
+"""Where a kept worker's and an agent's memory goes, round by round, from the probe's files.
 
 ``python -m benchmarks.recovery.memory --probe DIR`` leaves one JSON file per process and round in DIR
 (``benchmarks/recovery/memory_probe``); this reads them and writes

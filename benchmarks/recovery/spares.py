@@ -1,4 +1,4 @@
-"""Warm spares benchmark (issue 14): part b's planned rounds (benchmarks.recovery --part b) with spares.
+"""Warm spares benchmark: part b's planned rounds (benchmarks.recovery --part b) with spares.
 
 Variants, each a planned round of the example TorchRec DLRM, one worker per node, downtime from rank 0's
 last step before the round to the first step of every rank after it:
@@ -46,7 +46,7 @@ VARIANTS = {  # name -> (the kind of benchmarks.recovery part b, extra ermrun fl
     "torchrun/disk-restart": ("torchrun/disk-restart", ()),
 }
 TRIAL_DIRS = os.path.join(tempfile.gettempdir(), "erm-planned-")  # planned_trial's work directories
-TARGET_S = 1.0  # issue 14: median downtime with spares
+TARGET_S = 1.0  # the target median downtime with spares
 TARGET_RATIO = 10.0  # ... and at least this much shorter than torchrun's restart from disk
 
 

@@ -1,4 +1,4 @@
-"""The GPU check of issue 5, as one prepared script for a machine with a GPU (CI never runs it):
+"""The GPU check of the reshard path, as one prepared script for a machine with a GPU (CI never runs it):
 
     python -m benchmarks.reshard.gpu_check [--gib 1.0]          # on the GPU machine
     python -m benchmarks.reshard.gpu_check --device cpu --gib 0.05   # the same logic here, without CUDA

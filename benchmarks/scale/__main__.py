@@ -338,7 +338,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="128,512,1024")
     p.add_argument("--procs", type=int, default=8, help="node processes per case (besides leader and victim)")
-    p.add_argument("--steady", type=float, default=60.0, help="seconds of steady state per case (issue: 600)")
+    p.add_argument("--steady", type=float, default=60.0, help="seconds of steady state per case")
     p.add_argument("--jobs", type=int, default=10, help="then J jobs x --job-nodes on one etcd (0: skip)")
     p.add_argument("--job-nodes", type=int, default=100)
     p.add_argument("--name", default="scale")

@@ -1,5 +1,5 @@
 """Pins the private torch methods ElasticRMAgent overrides, so a torch upgrade that changes them fails here
-instead of silently skipping our hooks (issue 3: "pin it with a test that fails loudly")."""
+instead of silently skipping our hooks."""
 
 from __future__ import annotations
 
