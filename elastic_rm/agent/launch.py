@@ -27,6 +27,7 @@ from torch.distributed.launcher.api import LaunchConfig, _get_addr_and_port, _ge
 from ..rendezvous.registration import node_services, register
 from ..train import owners
 from ..train.paths import remove_node_memory, run_memory_dir
+from ..train.world_sizes import ENV_NNODES
 from .agent import AgentOptions, ElasticRMAgent
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,7 @@ def launch_agent(
     )
     master_addr, master_port = _get_addr_and_port(params)
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
+    os.environ[ENV_NNODES] = f"{config.min_nodes}:{config.max_nodes}"  # the worlds workers may see
     handler = rdzv_registry.get_rendezvous_handler(params)
     services = node_services(handler)  # None under torch's own backends
     spec = WorkerSpec(

@@ -34,6 +34,7 @@ _EXPORTS = {
     "ElasticTraining": "pipeline",
     "LedgerIterator": "pipeline",
     "elastic_rounds": "pipeline",
+    "elastic_run": "pipeline",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -6,13 +6,12 @@ ahead (``TrainPipelineSparseDist`` holds two in flight) must not count a fetched
 :class:`ElasticTraining` is that setup in one object; :class:`LedgerIterator` is the iterator a
 pipeline reads ahead from (it hands out the ledger's global batches with ``GlobalBatches.fetch``, and
 :meth:`ElasticTraining.steps` marks one batch per step, oldest first); :func:`elastic_rounds` is
-``rounds()`` with the backend of the device and the cleanup a body needs. See docs/train.md,
-"Porting TorchRec's golden train_dlrm.py".
+``rounds()`` with the backend of the device and the cleanup a body needs, and :func:`elastic_run` runs
+a body inside each of its rounds. See docs/train.md, "Porting TorchRec's golden train_dlrm.py".
 
-    for _ in elastic_rounds():                  # main(): the same process across planned rounds
-        train()
+    elastic_run(train)                          # main(): the same process across rounds, losses included
     ...                                         # in train(), after the DMP and the pipeline:
-    elastic = ElasticTraining(model, plan, dense_optimizer, global_batch=64)
+    elastic = ElasticTraining(model, plan, dense_optimizer, global_batch=48)
     batches = elastic.batches(SyntheticClickData(10_000_000, vocab_sizes=num_embeddings))
     for _ in elastic.steps(num_iterations):
         pipeline.progress(batches)
@@ -24,7 +23,7 @@ import gc
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -34,6 +33,9 @@ from .ledger import GlobalBatches, RangeLedger
 from .report import get_reporter
 from .rounds import Round, rounds
 from .sharding import dense_parameters
+from .world_sizes import check_global_batch
+
+T = TypeVar("T")
 
 
 def default_backend() -> str:
@@ -60,6 +62,22 @@ def elastic_rounds(sync_every: int = 5, backend: str | None = None) -> Iterator[
         if done and dist.is_initialized():
             gc.collect()
             dist.destroy_process_group()
+
+
+def elastic_run(body: Callable[[], T], *, sync_every: int = 5, backend: str | None = None) -> T | None:
+    """Run ``body()`` once per round, inside the round (``with rnd:``); what its last run returned.
+
+    Why not ``for _ in elastic_rounds(): body()``: an exception in a for-loop's body never reaches the
+    generator, so a collective that fails because a peer died ends the process (the agent restarts it).
+    Here the round holds it: the process waits in place for the round without the lost peer and runs
+    ``body()`` again there, restoring from node memory. A planned round (scale-up or down) drains
+    ``body()`` at a step boundary and runs it again in the new world; a ``body()`` that returns without
+    a drain ends the loop."""
+    result: T | None = None
+    for rnd in elastic_rounds(sync_every=sync_every, backend=backend):
+        with rnd:
+            result = body()
+    return result
 
 
 def torchrec_batch(click: Any, keys: list[str] | None = None) -> Any:
@@ -131,11 +149,7 @@ class ElasticTraining:
         sync_every: int = 5,
     ) -> None:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        if global_batch <= 0 or global_batch % self.world:
-            raise ValueError(
-                f"global_batch {global_batch} must be a positive multiple of the world size {self.world}: "
-                "pick one that every world size the job may have divides (e.g. a multiple of 2*3*4)"
-            )
+        check_global_batch(global_batch, self.world)  # every world --nnodes allows, from the first round
         if checkpoint_every <= 0 or range_batches <= 0:
             raise ValueError(
                 f"checkpoint_every and range_batches must be > 0, got {checkpoint_every}, {range_batches}"

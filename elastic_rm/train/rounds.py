@@ -94,6 +94,7 @@ class Round:
     # traceback and whatever the script runs after the body (its gc.collect), which take seconds under
     # load while the agent, seeing the round after the loss, waits for the hold (agent/inplace.py)
     on_hold: Callable[[str], None] | None = field(default=None, repr=False, compare=False)
+    _inside: list[bool] = field(default_factory=list, repr=False, compare=False)  # within `with rnd:`
 
     @property
     def in_place(self) -> bool:
@@ -106,9 +107,12 @@ class Round:
         return self._prepared.pop() if self._prepared else None
 
     def __enter__(self) -> Round:
+        self._inside.append(True)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        if self._inside:
+            self._inside.pop()
         if exc is None or not isinstance(exc, Exception) or not self.can_wait:
             return False
         # the text only: the traceback would keep the old round's model and groups alive while we wait
@@ -154,9 +158,6 @@ def rounds(
         dist.init_process_group(backend)
         times["group"] = time.time()
     while True:
-        if reporter.active:
-            reporter.new_round(after_first_step=_resumed(reporter, round_id) if index else None)
-            reporter.send(KIND_INPLACE)
         rnd = Round(
             index,
             round_id,
@@ -167,6 +168,10 @@ def rounds(
             _prepared=[prepared] if prepare is not None else [],
             on_hold=_held(reporter, round_id),
         )
+        if reporter.active:
+            resumed = _resumed(reporter, round_id) if index else None
+            reporter.new_round(after_first_step=_first_step(rnd, resumed))
+            reporter.send(KIND_INPLACE)
         prepared = None  # the round's body owns it now
         yield rnd
         t0 = time.monotonic()
@@ -326,6 +331,29 @@ def _held(reporter: StepReporter, round_id: int) -> Callable[[str], None]:
         reporter.send(KIND_LOST, RESUMED.pack(round_id) + failure.encode()[:MAX_TEXT])
 
     return send
+
+
+OUTSIDE_WARNING = (
+    "elastic-rm: this round's body trains outside `with rnd:`: after a peer's loss this node's workers "
+    "are restarted (new processes, the model built again) instead of waiting in place. A for-loop body's "
+    "exception never reaches the generator: write the loop as `elastic_run(train)` or "
+    "`for rnd in elastic_rounds(): with rnd: train()`"
+)
+
+
+def _first_step(rnd: Round, resumed: Callable[[], None] | None) -> Callable[[], None]:
+    """After the round's first step: tell the agent a round in place resumed, and say once per process
+    (local rank 0) when the body trains outside ``with rnd:`` in a world where a loss could be held."""
+
+    def after() -> None:
+        if resumed is not None:
+            resumed()
+        if rnd.can_wait and not rnd._inside and not getattr(_first_step, "warned", False):
+            _first_step.warned = True  # type: ignore[attr-defined]
+            if os.environ.get("LOCAL_RANK", "0") == "0":
+                log.warning("%s", OUTSIDE_WARNING)
+
+    return after
 
 
 def _resumed(reporter: StepReporter, round_id: int):

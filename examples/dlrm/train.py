@@ -55,6 +55,7 @@ from elastic_rm.train.report import get_reporter
 from elastic_rm.train.rounds import Round, rounds
 from elastic_rm.train.snapshot import local_pieces
 from elastic_rm.train.state_digest import digest_hex, piece_digest
+from elastic_rm.train.world_sizes import check_global_batch
 
 IMPORTED_AT = time.time()  # the script's imports done (a profile of the first round: its "start" row)
 
@@ -255,8 +256,10 @@ def train(
     (benchmarks/recovery/breakdown.py reads them)."""
     phases = {"imported": IMPORTED_AT, **times} if in_place is None or not in_place.in_place else dict(times)
     rank, world = dist.get_rank(), dist.get_world_size()
-    if args.global_batch % world:
-        raise SystemExit(f"--global-batch {args.global_batch} must be divisible by the world size {world}")
+    try:  # every world --nnodes allows, from the first round on
+        check_global_batch(args.global_batch, world)
+    except ValueError as exc:
+        raise SystemExit(f"--global-batch: {exc}") from None
     local_batch = args.global_batch // world
     model, tables, plan, prepared_at = prepared or prepare(args)
     phases.update(prepared_at)

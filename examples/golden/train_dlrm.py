@@ -34,7 +34,7 @@ from elastic_rm.train import (  # elastic:
     ElasticTraining,
     IndexedRandomRecDataset,
     WorldTopology,
-    elastic_rounds,
+    elastic_run,
     plan_sharding,
 )
 
@@ -53,8 +53,8 @@ def _get_random_dataset(num_embeddings: int, batch_size: int = 32) -> IndexedRan
 @record
 def main() -> None:
     args = parse_args()
-    for _ in elastic_rounds():  # elastic: each round's process group; planned rounds keep this process
-        train(**vars(args))
+    # elastic: train() once per round, inside it: planned rounds and a lost peer keep this process
+    elastic_run(lambda: train(**vars(args)))
 
 
 def train(
@@ -66,7 +66,7 @@ def train(
     num_iterations: int = 1000,
     qcomm_forward_precision: CommType | None = CommType.FP16,
     qcomm_backward_precision: CommType | None = CommType.BF16,
-    global_batch_size: int = 64,
+    global_batch_size: int = 48,
     checkpoint_dir: str | None = None,
     checkpoint_every: int = 20,
 ) -> None:
@@ -77,7 +77,7 @@ def train(
     if over_arch_layer_sizes is None:
         over_arch_layer_sizes = [64, 1]
 
-    # device and backend (elastic: the process group is initialised by elastic_rounds())
+    # device and backend (elastic: the process group is initialised by elastic_run())
     rank = int(os.environ["LOCAL_RANK"])
     if torch.cuda.is_available():
         device: torch.device = torch.device(f"cuda:{rank}")
@@ -172,7 +172,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--learning-rate", type=float, default=0.1)
     p.add_argument("--num-iterations", type=int, default=1000, help="train until this global step")
     p.add_argument(
-        "--global-batch-size", type=int, default=64, help="samples per step over all ranks (fixed)"
+        "--global-batch-size",
+        type=int,
+        default=48,
+        help="samples per step over all ranks (fixed; every world --nnodes allows must divide it)",
     )
     p.add_argument("--checkpoint-dir", default=None, help="durable checkpoints (shared by all nodes)")
     p.add_argument("--checkpoint-every", type=int, default=20, help="flash checkpoint every n steps")
