@@ -8,7 +8,7 @@ refreshes of any lease and the leases lost. Variants, alternating, in the same r
 
 - ``batched`` (this version): a stream's leases due within half their interval go with the one due now
   (``keepalive.BATCH_AHEAD``), so they come onto one schedule;
-- ``per-lease`` (the baseline, the previous version): ``BATCH_AHEAD = 0``, every lease on its own schedule,
+- ``per-lease`` (the baseline): ``BATCH_AHEAD = 0``, every lease on its own schedule,
   one wake-up of its stream per lease.
 
 Writes benchmarks/results/keepalive.json. Run: ``python -m benchmarks.keepalive --trials 3``.
