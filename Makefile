@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-all bench lint clean
+.PHONY: setup demo test test-all test-repeat bench lint clean
 
 setup: $(STAMP)
 
@@ -26,6 +26,21 @@ test: setup
 # everything, the 30-minute soak included (ERM_SOAK=0 leaves it out; ERM_SOAK_MINUTES shortens it)
 test-all: setup
 	ERM_SOAK=$${ERM_SOAK:-1} $(BIN)/python -m pytest -q -rs -m "" $(PYTEST_ARGS)
+
+# The suite N times, each on a fresh clone of HEAD (docs/contributing.md): HOG=K beside `stress-ng --cpu K`,
+# RANDOM=1 in a random order (each run's seed printed; SEED=S replays one), RESULTS=name also writes
+# benchmarks/results/name.json; REPEAT_ARGS passes more options (python -m benchmarks.repeat --help).
+N ?= 1
+HOG ?= 0
+RANDOM ?= 0
+SEED ?=
+RESULTS ?=
+REPEAT_ARGS ?=
+
+test-repeat: setup
+	$(BIN)/python -m benchmarks.repeat --runs $(N) --hog $(HOG) $(if $(filter 1,$(RANDOM)),--random) \
+		$(if $(SEED),--seed $(SEED)) $(if $(RESULTS),--results $(RESULTS)) \
+		$(if $(PYTEST_ARGS),--pytest-args "$(PYTEST_ARGS)") $(REPEAT_ARGS)
 
 BENCHMARKS ?= rendezvous agent_overhead reshard planner recovery lease keepalive scale
 # Every benchmark run is bounded: one still running after BENCH_TIMEOUT seconds gets SIGABRT, on which

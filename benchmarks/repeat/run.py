@@ -1,0 +1,154 @@
+"""One run of the suite for the repeat harness: a fresh clone, its virtualenv, an optional CPU hog, a bound.
+
+The clone is of the repository's committed HEAD (what a new user gets), in a directory of its own that is
+removed afterwards; the run's log and its record (record.py) stay. Its virtualenv is either a fresh
+``make setup`` in the clone (minutes) or this checkout's ``.venv`` through a symlink. The symlink is
+sound because ``PYTHONPATH`` puts the clone first, for pytest and for every process the suite starts (the
+venv's editable install of ``elastic_rm`` points at the original checkout), and ``make -o`` keeps
+``make test`` from re-running setup, which would re-point that install at the clone. It stays sound while
+the clone's dependencies and entry points are the venv's: a commit that changes them needs ``setup``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from elastic_rm.proc import kill_tree
+
+from .record import ENV_RECORD
+
+PLUGIN = "erm_repeat_record"  # record.py under the name it is copied to beside each clone
+STAMP = ".venv/.installed"  # the Makefile's setup stamp
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    repo: Path  # the repository whose HEAD is cloned
+    venv: Path | None  # a virtualenv reused through a symlink; None: `make setup` in the clone
+    pytest_args: str  # more arguments for pytest (PYTEST_ARGS of `make test`)
+    hog_cpus: int  # `stress-ng --cpu K` beside the run; 0: none
+    timeout_s: float  # the run's bound: past it the run is stopped and counted as failed
+    keep_clone: bool = False
+
+
+def clone(repo: Path, into: Path) -> str:
+    """A fresh clone of ``repo``'s HEAD; its commit."""
+    subprocess.run(
+        ["git", "clone", "--quiet", "--no-hardlinks", str(repo), str(into)], check=True, timeout=600
+    )
+    head = subprocess.run(
+        ["git", "-C", str(into), "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=60
+    )
+    return head.stdout.strip()
+
+
+def start_hog(cpus: int, seconds: float) -> subprocess.Popen | None:
+    """``stress-ng --cpu K``, bounded by its own timeout too; stopped by its pid (:func:`stop`)."""
+    if cpus <= 0:
+        return None
+    argv = ["stress-ng", "--cpu", str(cpus), "--timeout", f"{int(seconds) + 60}s", "--quiet"]
+    return subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+
+
+def stop(proc: subprocess.Popen) -> None:
+    kill_tree(proc.pid)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def pytest_args(settings: RunSettings, seed: int | None) -> str:
+    """PYTEST_ARGS of the run: the user's, the recording plugin, and the random order with its seed."""
+    args = [settings.pytest_args, f"-p {PLUGIN}"]
+    if seed is not None:
+        args.append(f"-p randomly --randomly-seed={seed}")
+    return " ".join(a for a in args if a)
+
+
+def read_record(path: Path) -> tuple[list[dict], dict]:
+    """The failures and the session line (counts, exit status) that record.py wrote; {} without one (the
+    run was stopped, or pytest never started)."""
+    failures, session = [], {}
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            entry = json.loads(line)
+            if entry.get("kind") == "failure":
+                failures.append(entry)
+            elif entry.get("kind") == "session":
+                session = entry
+    return failures, session
+
+
+def run_once(index: int, settings: RunSettings, seed: int | None, work: Path) -> dict[str, Any]:
+    """Clone, run ``make test`` in the clone (bounded, beside the hog), collect; the run as a JSON object."""
+    run_dir = work / f"run-{index:02d}"
+    repo, plugin_dir = run_dir / "repo", run_dir / "plugin"
+    plugin_dir.mkdir(parents=True)
+    shutil.copy(Path(__file__).with_name("record.py"), plugin_dir / f"{PLUGIN}.py")
+    commit = clone(settings.repo, repo)
+    make = ["make", "--no-print-directory", "test", f"PYTEST_ARGS={pytest_args(settings, seed)}"]
+    if settings.venv is not None:
+        (repo / ".venv").symlink_to(settings.venv)
+        make[1:1] = ["-o", STAMP]
+    record, log_path = run_dir / "record.jsonl", run_dir / "pytest.log"
+    path = os.pathsep.join([str(repo), str(plugin_dir), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env = {**os.environ, "PYTHONPATH": path, ENV_RECORD: str(record)}
+    load_start = list(os.getloadavg())
+    hog = start_hog(settings.hog_cpus, settings.timeout_s)
+    started = time.monotonic()
+    timed_out = False
+    try:
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                make, cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            try:
+                returncode = proc.wait(settings.timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                stop(proc)
+                returncode = proc.returncode if proc.returncode is not None else -9
+    finally:
+        if hog is not None:
+            stop(hog)
+    wall_s = time.monotonic() - started
+    failures, session = read_record(record)
+    if timed_out:
+        message = f"the run did not end within {settings.timeout_s:.0f} s and was stopped"
+        failures.append(
+            {"test": "<run timed out>", "when": "run", "message": message, "load_avg": list(os.getloadavg())}
+        )
+    elif returncode != 0 and not failures:
+        message = f"make test exited with {returncode} and no test failed (setup, or a crash: see the log)"
+        failures.append(
+            {"test": "<run>", "when": "run", "message": message, "load_avg": list(os.getloadavg())}
+        )
+    for failure in failures:
+        failure.update(seed=seed, log=str(log_path))
+        failure.pop("kind", None)
+    if not settings.keep_clone:
+        shutil.rmtree(repo, ignore_errors=True)
+    return {
+        "index": index,
+        "commit": commit,
+        "seed": seed,
+        "hog_cpus": settings.hog_cpus,
+        "wall_s": round(wall_s, 1),
+        "returncode": returncode,
+        "timed_out": timed_out,
+        "counts": session.get("counts", {}),
+        "failures": failures,
+        "load_avg_start": load_start,
+        "load_avg_end": list(os.getloadavg()),
+        "log": str(log_path),
+    }

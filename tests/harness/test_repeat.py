@@ -1,0 +1,55 @@
+"""The repeat harness (benchmarks/repeat) on a tiny repository: a failing test is reported with its id,
+its seed, the load average and the log."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+MAKEFILE = "BIN := .venv/bin\nPYTEST_ARGS ?=\n\ntest:\n\t$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)\n"
+TESTS = (
+    "def test_passes():\n    pass\n\n\n"
+    "def test_fails():\n    assert 1 == 2, 'deliberately'\n\n\n"
+    "def test_also_passes():\n    pass\n"
+)
+
+
+def tiny_repo(path: Path) -> Path:
+    path.mkdir()
+    (path / "Makefile").write_text(MAKEFILE)
+    (path / "pytest.ini").write_text("[pytest]\naddopts = -p no:randomly -p no:cacheprovider\n")
+    (path / "test_tiny.py").write_text(TESTS)
+    git = ["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@localhost"]
+    for args in (
+        ["init", "-q"],
+        ["add", "Makefile", "pytest.ini", "test_tiny.py"],
+        ["commit", "-q", "-m", "t"],
+    ):
+        subprocess.run(git + args, check=True, capture_output=True, timeout=60)
+    return path
+
+
+def test_a_failing_test_is_reported_with_its_id_and_seed(tmp_path):
+    repo, work = tiny_repo(tmp_path / "tiny"), tmp_path / "work"
+    argv = [sys.executable, "-m", "benchmarks.repeat", "--runs", "1", "--seed", "4242", "--repo", str(repo)]
+    argv += ["--work-dir", str(work), "--venv-from", sys.prefix, "--timeout", "120"]
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FAILED test_tiny.py::test_fails (call), seed 4242" in done.stdout
+    assert "replay: make test PYTEST_ARGS='-p randomly --randomly-seed=4242'" in done.stdout
+    result = json.loads((work / "repeat.json").read_text())
+    assert result["failures_per_test"] == {"test_tiny.py::test_fails": 1}
+    assert result["runs_failed"] == 1 and len(result["wall_s"]) == 1
+    assert {"commit", "date", "machine", "command"} <= result.keys()
+    (run,) = result["runs"]
+    assert run["counts"] == {"passed": 2, "failed": 1}
+    (failure,) = run["failures"]
+    assert failure["seed"] == 4242 and len(failure["load_avg"]) == 3
+    assert "deliberately" in failure["message"]
+    log = Path(failure["log"]).read_text()
+    assert "--randomly-seed=4242" in log and "1 failed, 2 passed" in log  # run in that order
+    assert not (work / "run-01" / "repo").exists()  # the clone is removed, the log kept
