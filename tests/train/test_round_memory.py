@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import gc
+import json
 import linecache
 import logging
+import subprocess
+import sys
 import weakref
 
 import torch
@@ -38,9 +41,30 @@ def test_meta_parameters_of_old_rounds_are_freed_and_live_ones_keep_their_optimi
     assert torch.allclose(live.detach(), torch.zeros(4))
 
 
-def test_release_without_torch_optim_loaded_or_twice_is_harmless():
+OPTIM_IN_BACKWARD = "torch.distributed.optim.apply_optimizer_in_backward"
+
+
+def test_release_without_torch_optim_loaded_neither_fails_nor_imports_it():
+    """In a process of its own: this test module has imported torch's in-backward optimizer already."""
+    script = (
+        "import json, sys\n"
+        "from elastic_rm.train.round_memory import release_round_memory\n"
+        f"before = {OPTIM_IN_BACKWARD!r} in sys.modules\n"
+        "release_round_memory()\n"
+        f"print(json.dumps([before, {OPTIM_IN_BACKWARD!r} in sys.modules]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == [False, False]  # not loaded before (the premise), nor by the release
+
+
+def test_release_twice_is_harmless_and_keeps_live_parameters():
+    assert OPTIM_IN_BACKWARD in sys.modules  # the other case: torch's table is there
+    live = torch.nn.Parameter(torch.ones(4))
+    _apply_optimizer_in_backward(torch.optim.SGD, [live], {"lr": 0.5})
     release_round_memory()
     release_round_memory()
+    assert live in aob.param_to_acc_grad_map and live in aob.param_to_optim_hook_handle_map
 
 
 def test_a_held_failure_leaves_no_source_lines_cached(caplog):
