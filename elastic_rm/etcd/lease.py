@@ -8,7 +8,6 @@ from collections.abc import Callable
 
 from .client import Compare, EtcdClient, Op
 from .errors import EtcdError
-from .keepalive import KeepAlive
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +34,7 @@ class KeptLease:
         self.last_refresh = time.monotonic()
         self.max_gap = 0.0
         self._on_lost = on_lost
-        self._keeper = KeepAlive(client, self.id, max(self.ttl / 3.0, 0.2), self._refreshed, self._mark_lost)
-        self._keeper.start()
+        self._keeper = client.keep_alive(self.id, max(self.ttl / 3.0, 0.2), self._refreshed, self._mark_lost)
 
     def _refreshed(self, now: float) -> None:
         self.max_gap = max(self.max_gap, now - self.last_refresh)

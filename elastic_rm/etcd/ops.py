@@ -66,20 +66,26 @@ class Op:
         return aetcd.transactions.Get(key.encode())
 
 
-async def send_range(c: Any, request: Any) -> Any:
-    """One range request (aetcd's get_prefix has no limit or revision) with aetcd's client ``c``."""
+async def send_range(c: Any, request: Any, timeout: float) -> Any:
+    """One range request (aetcd's get_prefix has no limit or revision) with aetcd's client ``c``, answered
+    within ``timeout`` seconds."""
     await c.connect()
     try:
-        return await c.kvstub.Range(request, timeout=c._timeout, metadata=c.metadata)
+        return await c.kvstub.Range(request, timeout=timeout, metadata=c.metadata)
     except rpc.AioRpcError as exc:
         aexc._handle_exception(exc)
 
 
 async def send_txn(
-    c: Any, compare: Sequence[Compare] = (), success: Sequence[Any] = (), failure: Sequence[Any] = ()
+    c: Any,
+    timeout: float,
+    compare: Sequence[Compare] = (),
+    success: Sequence[Any] = (),
+    failure: Sequence[Any] = (),
 ) -> Any:
     """One transaction (``compare``, then ``success`` or ``failure`` ops from :class:`Op`) with aetcd's
-    client ``c``: etcd's TxnResponse, or gRPC's error raised as aetcd's."""
+    client ``c``, answered within ``timeout`` seconds: etcd's TxnResponse, or gRPC's error raised as
+    aetcd's."""
     await c.connect()
     request = rpc.TxnRequest(
         compare=[cmp.build().build_message() for cmp in compare],
@@ -87,6 +93,6 @@ async def send_txn(
         failure=c._ops_to_requests(list(failure)),
     )
     try:
-        return await c.kvstub.Txn(request, timeout=c._timeout, metadata=c.metadata)
+        return await c.kvstub.Txn(request, timeout=timeout, metadata=c.metadata)
     except rpc.AioRpcError as exc:
         aexc._handle_exception(exc)

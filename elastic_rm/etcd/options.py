@@ -20,7 +20,8 @@ class TlsOptions:
     def validate(self) -> None:
         if (self.cert is None) != (self.key is None):
             raise EtcdConfigError(
-                "etcd TLS needs both a client certificate and its key: pass both --etcd-cert and --etcd-key, or neither"
+                "etcd TLS needs both a client certificate and its key: pass both --etcd-cert and --etcd-key, "
+                "or neither"
             )
         for what, path in (
             ("CA certificate", self.ca_cert),

@@ -18,7 +18,7 @@ from .errors import EtcdCompactedError, EtcdError
 from .types import KeyValue, WatchEvent, key_value
 
 if TYPE_CHECKING:
-    from .client import EtcdClient
+    from .connection import Connection
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,8 @@ RETRY_DELAY_S = 0.2
 
 
 class PrefixWatch:
-    """Runs on the client's loop. Re-creates the etcd watch after a failure from ``next_revision``.
+    """Runs on the loop of its client's connection (connection.py). Re-creates the etcd watch after a
+    failure from ``next_revision``.
 
     On a compacted ``next_revision``: ``on_resync(kvs, revision)`` gets every key under the prefix as
     read at ``revision`` (the consumer replaces what it holds); without one, the keys written since the
@@ -36,7 +37,7 @@ class PrefixWatch:
 
     def __init__(
         self,
-        client: EtcdClient,
+        conn: Connection,
         prefix: str,
         start_revision: int,
         on_events: Callable[[list[WatchEvent]], None],
@@ -44,7 +45,7 @@ class PrefixWatch:
         exact: bool = False,
         on_resync: Callable[[list[KeyValue], int], None] | None = None,
     ):
-        self._client = client
+        self._conn = conn
         self._prefix = prefix.encode()
         self._range_end = None if exact else aetcd.utils.prefix_range_end(self._prefix)
         self.next_revision = start_revision
@@ -59,14 +60,14 @@ class PrefixWatch:
     async def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
         try:
-            await asyncio.wait_for(self._started.wait(), self._client.timeout)
+            await asyncio.wait_for(self._started.wait(), self._conn.timeout)
         except TimeoutError:
             pass  # etcd is down; the task keeps trying and will replay from next_revision
 
     def cancel(self) -> None:
         self._cancelled = True
-        if self._task is not None and not self._client._closed:
-            self._client._loop.call_soon_threadsafe(self._task.cancel)
+        if self._task is not None and not self._conn.closed:
+            self._conn.loop.call_soon_threadsafe(self._task.cancel)
 
     async def stop(self) -> None:
         """On the loop: cancel the task and wait until it has ended."""
@@ -77,7 +78,7 @@ class PrefixWatch:
 
     async def _run(self) -> None:
         while not self._cancelled:
-            client = self._client._client
+            client = self._conn.current()
             try:
                 await client.connect()
                 if self._compacted is not None:
@@ -104,7 +105,7 @@ class PrefixWatch:
                 continue  # resync at once, on the same connection
             except (aexc.ClientError, OSError) as exc:
                 log.debug("etcd watch of %s interrupted (%s); resuming", self._prefix, exc)
-                await self._client._failover_async(client)
+                await self._conn.fail_over(client)
             if not self._cancelled:
                 await asyncio.sleep(RETRY_DELAY_S)
 
@@ -112,7 +113,7 @@ class PrefixWatch:
         """Read the prefix at the current revision, deliver it, and move ``next_revision`` past it."""
         request = rpc.RangeRequest(key=self._prefix, range_end=self._range_end or b"")
         try:
-            resp = await client.kvstub.Range(request, timeout=client._timeout, metadata=client.metadata)
+            resp = await client.kvstub.Range(request, timeout=self._conn.timeout, metadata=client.metadata)
         except rpc.AioRpcError as exc:
             aexc._handle_exception(exc)  # raises the matching aetcd error: the loop retries
         kvs = [key_value(raw) for raw in resp.kvs]

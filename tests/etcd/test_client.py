@@ -123,7 +123,7 @@ def test_failover_goes_straight_to_an_endpoint_with_a_leader_past_a_dead_one(cap
         assert [("exited with -9" in line, "running" in line) for line in states] == [
             (i == dead, i != dead) for i in range(3)
         ], states
-        with caplog.at_level(logging.WARNING, logger="elastic_rm.etcd.client"):
+        with caplog.at_level(logging.WARNING, logger="elastic_rm.etcd.connection"):
             endpoints = ["127.0.0.1:1", cluster.endpoints[dead], cluster.endpoints[live]]
             live = cluster.endpoints[live]
             with EtcdClient(endpoints, timeout=1) as c:
@@ -146,7 +146,7 @@ def test_failover_prefers_a_member_that_answers_without_a_leader_to_one_that_doe
             while probe.run(lambda a: has_leader(a, 1.0)) and time.monotonic() < deadline:
                 time.sleep(0.1)  # until it has noticed that its leader (or its followers) are gone
             assert not probe.run(lambda a: has_leader(a, 1.0))
-        with caplog.at_level(logging.WARNING, logger="elastic_rm.etcd.client"):
+        with caplog.at_level(logging.WARNING, logger="elastic_rm.etcd.connection"):
             with pytest.raises(EtcdError), EtcdClient(["127.0.0.1:1", "127.0.0.1:9", alone], timeout=1) as c:
                 c.put("/f/alone", "v")  # no quorum anywhere: it fails, after trying each endpoint once
         switches = [r.getMessage() for r in caplog.records if "switching to endpoint" in r.getMessage()]

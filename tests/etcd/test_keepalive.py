@@ -69,7 +69,7 @@ def test_a_keepalive_whose_member_goes_silent_fails_over_to_a_member_with_a_lead
             with EtcdClient(endpoints, timeout=1) as client, EtcdClient(other, timeout=5) as witness:
                 lease = KeptLease(client, 5)
                 assert lease.last_refresh > 0 and client.endpoint == first
-                with caplog.at_level(logging.WARNING, logger="elastic_rm.etcd.client"):
+                with caplog.at_level(logging.WARNING, logger="elastic_rm.etcd.connection"):
                     cluster.kill(stopped, signal.SIGSTOP)
                     try:
                         deadline = time.monotonic() + 8
