@@ -3,7 +3,7 @@
 Modes (``--log-format text|json``, ``--quiet``): text prints ``[ermrun] HH:MM:SS kind message`` per event
 and Python log records at WARNING and above (``LOGLEVEL=INFO`` for the detailed log); json prints every
 event and log record as one JSON object per line; quiet prints warnings and errors only. The periodic
-"sample" events go to the event log, not to the screen. Everything goes to stderr: stdout is the workers'.
+"sample" and "checkpoint" events go to the event log, not to the screen. Everything goes to stderr: stdout is the workers'.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import time
 from typing import IO, Any
 
 from elastic_rm.background import Background
+from elastic_rm.obs.events import PERIODIC_KINDS
 
 STATUS_EVERY_S = 1.0
 CLEAR = "\r\x1b[2K"
@@ -69,7 +70,7 @@ class Progress:
             self._status.start()
 
     def on_event(self, e: Any) -> None:
-        if self.mode == "quiet" or e.kind == "sample":
+        if self.mode == "quiet" or e.kind in PERIODIC_KINDS:
             return
         if self.mode == "json":
             self.write_line(e.to_json())

@@ -53,6 +53,10 @@ KINDS = (
     "job",  # the job started or finished
     "sample",  # a node's periodic compact resource and throughput sample (for erm report and measured gain)
 )
+# Periodic kinds, about once a second or ten per node: kept in the log, but out of what a person reads by
+# default (ermrun's console, `erm status`' recent events, the report's events table, `erm events`), where
+# they would hide the losses and decisions; a flag shows them.
+PERIODIC_KINDS = frozenset({"sample", "checkpoint"})
 DEFAULT_KEEP = 2000  # events kept in etcd per run
 # A writer trims the etcd copy after one in this many of its events, at random: the run's copy stays near
 # ``keep`` however many nodes write (a count per writer let 1,000 nodes, each sampling every 10 s, pile up

@@ -17,7 +17,7 @@ from typing import Any
 from ..etcd.client import EtcdClient
 from ..wire.keyspace import Keyspace
 from ..wire.records import RoundRecord, effective_rounds
-from .events import Event, EventError, merge, read_etcd, read_file
+from .events import PERIODIC_KINDS, Event, EventError, merge, read_etcd, read_file
 from .restores import round_restores, with_restores
 from .status import MEASURED_HOW, decision_rows, outcomes_from_kvs
 
@@ -109,9 +109,10 @@ def error_histogram(decisions: list[dict[str, Any]]) -> list[tuple[str, int]]:
     return list(zip(labels, counts, strict=True))
 
 
-def write_report(run: RunData, out_dir: str) -> tuple[str, str, list[str]]:
+def write_report(run: RunData, out_dir: str, all_events: bool = False) -> tuple[str, str, list[str]]:
     """Write ``<run>.png`` and ``<run>.html`` (the PNG embedded) into ``out_dir``; returns both paths and
-    the decision labels drawn on the picture."""
+    the decision labels drawn on the picture. The events table leaves out the periodic kinds (samples,
+    checkpoints) unless ``all_events``."""
     from .timeline import plot_run
 
     os.makedirs(out_dir, exist_ok=True)
@@ -143,7 +144,7 @@ def write_report(run: RunData, out_dir: str) -> tuple[str, str, list[str]]:
         f"<tr><td>{esc(time.strftime('%H:%M:%S', time.localtime(e.time)))}</td><td>{esc(e.node)}</td>"
         f"<td>{esc(e.kind)}</td><td>{esc(e.message)}</td></tr>"
         for e in run.events
-        if e.kind != "sample"
+        if all_events or e.kind not in PERIODIC_KINDS
     ]
     errors = "".join(f"<li>{esc(m)}</li>" for m in run.errors)
     page = f"""<!DOCTYPE html>

@@ -17,7 +17,7 @@ from ..etcd.client import EtcdClient, KeyValue
 from ..wire.keyspace import Keyspace
 from ..wire.metrics import parse_record
 from ..wire.records import LedgerRecord, NodeRecord, RecordError, RoundRecord, effective_rounds
-from .events import Event, EventError
+from .events import PERIODIC_KINDS, Event, EventError
 from .restores import round_restores, with_restores
 
 RECENT_EVENTS = 8
@@ -38,9 +38,11 @@ def list_runs(client: EtcdClient, prefix: str) -> list[str]:
     return sorted(runs)
 
 
-def job_status(client: EtcdClient, keys: Keyspace, decisions: int = 5) -> dict[str, Any]:
+def job_status(
+    client: EtcdClient, keys: Keyspace, decisions: int = 5, all_events: bool = False
+) -> dict[str, Any]:
     kvs, revision = client.get_prefix(keys.run)
-    return status_from_kvs(keys, kvs, revision, decisions)
+    return status_from_kvs(keys, kvs, revision, decisions, all_events)
 
 
 def round_throughput(samples: Iterable[Event]) -> dict[int, float]:
@@ -121,7 +123,9 @@ def parse_events(keys: Keyspace, kvs: Iterable[KeyValue], errors: list[str]) -> 
     return events
 
 
-def status_from_kvs(keys: Keyspace, kvs: list[KeyValue], revision: int, decisions: int = 5) -> dict[str, Any]:
+def status_from_kvs(
+    keys: Keyspace, kvs: list[KeyValue], revision: int, decisions: int = 5, all_events: bool = False
+) -> dict[str, Any]:
     """The status from the run's keys as read (``erm status``) or kept current by a watch (``erm top``)."""
     errors: list[str] = []
     by_key = {kv.key: kv for kv in kvs}
@@ -195,7 +199,7 @@ def status_from_kvs(keys: Keyspace, kvs: list[KeyValue], revision: int, decision
         "measured_how": MEASURED_HOW,
         "events": [
             {"time": e.time, "node": e.node, "kind": e.kind, "message": e.message}
-            for e in [e for e in events if e.kind != "sample"][-RECENT_EVENTS:]
+            for e in [e for e in events if all_events or e.kind not in PERIODIC_KINDS][-RECENT_EVENTS:]
         ],
         "errors": errors,
     }

@@ -22,8 +22,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="read this --event-log file instead of etcd (repeatable: files are merged)")  # fmt: skip
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new events (Ctrl-C to stop)")
     p.add_argument("--json", action="store_true", help="one JSON event per line, as written")
-    p.add_argument("--kind", action="append", default=[],
-                   help="only events of this kind (repeatable); default: all but 'sample'")  # fmt: skip
+    p.add_argument(
+        "--kind",
+        action="append",
+        default=[],
+        help="only events of this kind (repeatable); default: all but the periodic 'sample' "
+        "and 'checkpoint' (--all-events: every kind)",
+    )
+    p.add_argument("--all-events", action="store_true", help="every kind, the periodic ones included")
 
 
 def format_event(e, as_json: bool) -> str:
@@ -46,7 +52,12 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    wanted = (lambda e: e.kind in kinds) if kinds else (lambda e: e.kind != "sample")
+    from elastic_rm.obs.events import PERIODIC_KINDS
+
+    if kinds:
+        wanted = lambda e: e.kind in kinds  # noqa: E731
+    else:
+        wanted = lambda e: args.all_events or e.kind not in PERIODIC_KINDS  # noqa: E731
 
     def show(e) -> None:
         if wanted(e):

@@ -18,6 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="an --event-log file (repeatable; merged with etcd's copy without duplicates)")  # fmt: skip
     p.add_argument("-o", "--out-dir", default=".", help="directory for RUN.png and RUN.html (default: .)")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds for each etcd call (default 5)")
+    p.add_argument("--all-events", action="store_true",
+                   help="list the periodic 'sample' and 'checkpoint' events in the events table too")  # fmt: skip
     add_etcd_security_arguments(p)
 
 
@@ -38,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"erm report: error: nothing recorded for run {args.run!r} (check RUN, --endpoint, "
                   "--prefix and --events)", file=sys.stderr)  # fmt: skip
             return 2
-        png, page, labels = write_report(data, args.out_dir)
+        png, page, labels = write_report(data, args.out_dir, all_events=args.all_events)
     except (EtcdError, ValueError, OSError, UsageError) as exc:
         print(f"erm report: error: {exc}", file=sys.stderr)
         return 2

@@ -52,6 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--decisions", type=int, default=5, help="how many of the last decisions to show (default 5)"
     )
+    p.add_argument("--all-events", action="store_true",
+                   help="recent events include the periodic 'sample' and 'checkpoint' ones")  # fmt: skip
     p.add_argument(
         "--members", type=int, default=MAX_MEMBERS,
         help=f"node rows to show (default {MAX_MEMBERS}; 0: all); the others are counted",
@@ -85,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         with connect(args) as client:
             run_id = resolve_run(client, args.prefix, args.run_id)
-            status = job_status(client, Keyspace(args.prefix, run_id), decisions=max(0, args.decisions))
+            status = job_status(client, Keyspace(args.prefix, run_id), decisions=max(0, args.decisions),
+                                all_events=args.all_events)  # fmt: skip
     except (EtcdError, ValueError, UsageError) as exc:
         print(f"erm status: error: {exc}", file=sys.stderr)
         return 2

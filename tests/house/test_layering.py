@@ -1,30 +1,33 @@
 """The layering of the package, read from the source: no import cycle, the launcher on top, ``wire`` below.
 
-Imports under ``if TYPE_CHECKING:`` are left out (they never run); imports inside functions count (they
-do run, only later).
+Every import counts: at module level, inside functions (they run, only later) and under ``if
+TYPE_CHECKING:`` (they never run, but a type named across modules is a dependency all the same: a cycle
+through one is two modules that each need the other to be understood).
 """
 
 from __future__ import annotations
 
 import ast
+import functools
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "elastic_rm"
+SOURCES = (PACKAGE, ROOT / "launcher")
+
+# Import cycles that exist and are to be removed (move what both modules need to the one that owns it,
+# or pass it in): a cycle among these modules passes, any other cycle fails.
+KNOWN_CYCLES = {
+    frozenset({"launcher.commands.launch", "launcher.commands.launch_slurm"}),
+}
 
 
 def _module_name(path: Path) -> str:
     parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
 
 
 def _imports(path: Path) -> set[str]:
@@ -35,10 +38,6 @@ def _imports(path: Path) -> set[str]:
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            for child in node.orelse:
-                visit(child)
-            return
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -62,8 +61,18 @@ def _exists(module: str) -> bool:
     return (ROOT / rel).with_suffix(".py").exists() or (ROOT / rel / "__init__.py").exists()
 
 
+@functools.cache
 def _graph() -> dict[str, set[str]]:
-    return {_module_name(p): _imports(p) for p in sorted(PACKAGE.rglob("*.py"))}
+    return {_module_name(p): _imports(p) for source in SOURCES for p in sorted(source.rglob("*.py"))}
+
+
+def _module_edges(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The graph between modules. A package's ``__init__`` re-exporting its modules is not a dependency
+    of those modules on it, so an import of its own package by a module inside it is left out."""
+    return {
+        m: {t for t in ts if t in graph and not (m.startswith(t + ".") and _is_package(t))}
+        for m, ts in graph.items()
+    }
 
 
 def _subpackage(module: str) -> str:
@@ -98,22 +107,87 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def _components(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of ``graph`` that hold a cycle: two or more nodes that reach
+    each other, or a node that imports itself (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[set[str]] = []
+
+    def connect(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                connect(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1 or node in graph.get(node, ()):
+                components.append(component)
+
+    for start in sorted(graph):
+        if start not in index:
+            connect(start)
+    return components
+
+
+def _cycle_through(graph: dict[str, set[str]], component: set[str]) -> str:
+    """One cycle inside ``component``, written as a path, and the other modules caught in it."""
+    path = _cycle({m: graph.get(m, set()) & component for m in component}) or []
+    rest = sorted(component - set(path))
+    return " -> ".join(path) + (f" (with {', '.join(rest)})" if rest else "")
+
+
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
 
 
+def test_the_cycle_finder_finds_every_cycle():
+    graph = {"a": {"b"}, "b": {"a", "c"}, "c": {"d", "x"}, "d": {"e"}, "e": {"c"}, "x": {"c"}, "f": {"f"}}
+    found = _components(graph)
+    assert sorted(map(sorted, found)) == [["a", "b"], ["c", "d", "e", "x"], ["f"]]
+    assert _cycle_through(graph, {"c", "d", "e", "x"}) == "c -> d -> e -> c (with x)"
+    assert _components({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_imports_under_type_checking_and_in_functions_count(tmp_path, monkeypatch):
+    package = tmp_path / "elastic_rm" / "pkg"
+    package.mkdir(parents=True)
+    for init in (tmp_path / "elastic_rm" / "__init__.py", package / "__init__.py"):
+        init.write_text("")
+    (package / "b.py").write_text("def f():\n    from . import a\n")
+    (package / "a.py").write_text(
+        "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from .b import f\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert _imports(package / "a.py") == {"elastic_rm.pkg.b"}
+    assert _imports(package / "b.py") == {"elastic_rm.pkg.a"}
+
+
 def test_no_two_modules_import_each_other_through_any_path():
-    graph = _graph()
-    # a package's __init__ re-exporting its modules is not a dependency of those modules on it
-    edges = {m: {t for t in ts if t in graph and not (m.startswith(t + ".") and _is_package(t))}
-             for m, ts in graph.items()}  # fmt: skip
-    assert _cycle(edges) is None, f"import cycle: {' -> '.join(_cycle(edges) or [])}"
+    edges = _module_edges(_graph())
+    new = [c for c in _components(edges) if not any(c <= known for known in KNOWN_CYCLES)]
+    assert not new, "import cycles: " + "; ".join(_cycle_through(edges, c) for c in new)
 
 
 def test_no_two_subpackages_import_each_other():
     sub_edges: dict[str, set[str]] = {}
     for module, targets in _graph().items():
+        if not module.startswith("elastic_rm."):
+            continue
         a = _subpackage(module)
         for target in targets:
             b = _subpackage(target)
@@ -123,7 +197,11 @@ def test_no_two_subpackages_import_each_other():
 
 
 def test_the_library_never_imports_the_launcher():
-    offenders = {m: sorted(t for t in ts if t.split(".")[0] == "launcher") for m, ts in _graph().items()}
+    offenders = {
+        m: sorted(t for t in ts if t.split(".")[0] == "launcher")
+        for m, ts in _graph().items()
+        if m.split(".")[0] == "elastic_rm"
+    }
     assert not {m: ts for m, ts in offenders.items() if ts}
 
 
