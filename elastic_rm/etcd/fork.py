@@ -1,7 +1,7 @@
 """The etcd facade across fork(): which transport a process uses, and a clear error for inherited clients.
 
-gRPC's asyncio layer does not survive fork() while it is up (measured: a fresh gRPC client in such a child
-timed out or crashed, with or without GRPC_ENABLE_FORK_SUPPORT; grpc/grpc#19793). It is up while a channel
+gRPC's asyncio layer does not survive fork() while it is up (a fresh gRPC client in such a child times out
+or crashes, with or without GRPC_ENABLE_FORK_SUPPORT; grpc/grpc#19793). It is up while a channel
 lives: an open client, or a closed client's calls that sit in reference cycles until the garbage collector
 runs, and until gRPC's own threads have ended. So:
 
@@ -9,15 +9,15 @@ runs, and until gRPC's own threads have ended. So:
   garbage and waits, bounded, for gRPC's threads to end) uses gRPC, as every other process does;
 - a process forked while gRPC was up (or from such a process) uses etcd's JSON gateway instead
   (gateway.py): every facade call works there, slower per call (benchmarks/etcd_transport). gRPC core's
-  own fork handlers, which made such a child die of SIGSEGV, are turned off in __init__.py;
+  own fork handlers, which can make such a child die of SIGSEGV, are turned off in __init__.py;
 - a client inherited from the parent belongs to the parent: using it in the child raises EtcdForkError at
   once (its connection, watches and keep-alives live in the parent), saying to open a new one;
 - such a child never frees what it inherited: its garbage collector would finalize the parent's gRPC
   objects (channels, calls left in reference cycles), and their finalizers call into gRPC core, whose
-  locks may name parent threads that do not exist in the child. A forked test child died of SIGABRT in
-  gRPC's mutex code ("Mutex::Fer with pending CondVar queueing") about once in a few suite runs, in a
-  child that used only the gateway. So the after-fork hook freezes the inherited objects (gc.freeze: the
-  child's collections never look at them; they stay shared with the parent's pages, too).
+  locks may name parent threads that do not exist in the child (even a child that uses only the gateway
+  can die of SIGABRT in gRPC's mutex code, "Mutex::Fer with pending CondVar queueing"). So the after-fork
+  hook freezes the inherited objects (gc.freeze: the child's collections never look at them; they stay
+  shared with the parent's pages, too).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import weakref
 
 from .errors import EtcdForkError
 
-FORK_SETTLE_S = 0.1  # without /proc: gRPC ends a closed channel's threads asynchronously (50 ms measured)
+FORK_SETTLE_S = 0.1  # without /proc: gRPC ends a closed channel's threads asynchronously, give it this
 FORK_WAIT_S = 2.0  # at most this long for gRPC's poller thread to end before a fork
 ADVICE = (
     "a client's connection, watches and lease keep-alives stay in the process that created it. Open a new "
@@ -94,7 +94,7 @@ def _grpc_native_threads() -> int | None:
 
 def _grpc_down_within(deadline: float) -> bool:
     """Collect closed clients' leftover calls, then wait until gRPC's poller and core threads ended:
-    they end shortly after the last channel is gone (measured: the core's timer thread within 50 ms)."""
+    they end shortly after the last channel is gone."""
     gc.collect()  # closed clients' calls in reference cycles keep gRPC up until collected
     for t in _grpc_pollers():
         t.join(max(0.0, deadline - time.monotonic()))

@@ -14,9 +14,9 @@ _INHERITED: list[asyncio.AbstractEventLoop] = []  # a forked child's parent loop
 def io_loop() -> asyncio.AbstractEventLoop:
     """One I/O thread per process, shared by every client in it (each keeps its own connection).
 
-    A thread and an event loop per client made a process with many clients (128 simulated nodes in the
-    join benchmark) spend its time switching between idle loops: 1.2 s to join 128 nodes in one process
-    against 0.3 s spread over 8 processes. Callbacks on this loop must never block.
+    With a thread and an event loop per client, a process with many clients (the benchmarks simulate many
+    nodes in one process) spends its time switching between idle loops. Callbacks on this loop must never
+    block.
     """
     global _IO_LOOP
     with _IO_LOCK:

@@ -1,13 +1,14 @@
 """Lease keep-alive: a process's leases share LeaseKeepAlive streams (per etcd cluster and identity).
 
 Why shared streams: etcd's LeaseKeepAlive stream takes requests for any lease ID and answers each with the
-ID. A stream (and a task) per lease made a process of many nodes (the scale benchmark's 128 simulated
-nodes per process) keep 128 streams on 128 channels: each stalled on its own, was reopened on its own
-(4,143 reopens in ten minutes at 1,024 nodes), and leases of live nodes expired. Here the leases of a
-process share a few streams (:class:`_Hub`, at most LEASES_PER_STREAM leases each), each lease refreshed
-on a fixed schedule from its previous send (a late answer does not push the next refresh back: etcd
-renews a lease when the request arrives). An answer with TTL <= 0 reports that one lease lost; the others
-go on. A stream runs on the channel of one of the clients whose leases it carries: no extra connection.
+ID. With a stream (and a task) per lease, a process of many nodes (the scale benchmark simulates many in
+one process) keeps as many streams and channels, each stalling and being reopened on its own, and leases
+of live nodes expire. Here the leases of a process share a few streams (:class:`_Hub`, at most
+LEASES_PER_STREAM leases each), each lease refreshed on a fixed schedule from its previous send (a late
+answer does not push the next refresh back: etcd renews a lease when the request arrives). An answer with
+TTL <= 0 reports that one lease lost; the others go on. A stream runs on the channel of one of the
+connections (connection.py) whose leases it carries: no extra connection, and nothing of the clients but
+their connections is seen here.
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ SINGLE_ENDPOINT_SILENCE = 3  # answer timeouts of silence before a lone endpoint
 REOPENS = {"no_answer": 0, "failed": 0}
 STREAMS = {"opened": 0}  # keep-alive streams opened in this process (tests: one for many leases)
 # etcd answers a stream's requests one after another, and on its leader each renewal first waits until
-# the writes committed so far are applied: under a burst of writes (1,024 nodes joining) a stream of 128
-# leases answered its last one seconds late, and 85 leases of one process expired at once. So a stream
-# carries at most this many; a process of 128 nodes keeps 16 streams instead of 128.
+# the writes committed so far are applied: under a burst of writes (many nodes joining at once) a long
+# stream answers its last leases seconds late, past their TTL, and they all expire together. So a stream
+# carries at most this many leases.
 LEASES_PER_STREAM = 8
 # A lease due within this share of its interval is refreshed with the one due now (_Hub._send_due).
 BATCH_AHEAD = 0.5
@@ -264,8 +265,8 @@ class _Hub:
         """One request for every lease whose refresh is due, or due within BATCH_AHEAD of its interval;
         requests go out on schedule whether or not earlier answers were read. Taking the nearly due along
         (a refresh a little early is always safe) brings a stream's leases onto one schedule: one wake-up
-        and one write timeout per interval for all of them, instead of one per lease (the wake-ups were
-        most of the keep-alive's CPU, itself most of a waiting node's)."""
+        and one write timeout per interval for all of them, instead of one per lease (wake-ups are most of
+        the keep-alive's CPU, and the keep-alive most of a waiting node's)."""
         now = time.monotonic()
         due = []
         for keeper in self._snapshot():

@@ -152,9 +152,9 @@ class EtcdCluster:
     """One or more etcd members on this machine. Use as a context manager or call start()/stop().
 
     ``size``: members (1 = the embedded single-member server; 3 for failover tests).
-    ``fast_election``: 50 ms heartbeats and 250 ms elections: a member leads in ~0.3 s and leases can be
-    as short as 1 s, at 0.3% of a core when idle (10/100 ms started in 0.1 s but cost 1.6% of a core,
-    taken from training on a small machine). Right for one machine, not for a cluster across a network.
+    ``fast_election``: 50 ms heartbeats and 250 ms elections: a member leads within a fraction of a second
+    and leases can be as short as 1 s, at a small idle cost (shorter heartbeats start sooner but take more
+    of a core from training on a small machine). Right for one machine, not for a cluster across a network.
     ``data_dir``: keep data there (``erm etcd``); by default a temporary directory removed at stop.
     """
 

@@ -3,8 +3,8 @@
 Two requests in flight at once are not ordered: etcd serves each gRPC stream on its own goroutine, and
 under load the later one can be applied first. A node's record is written both ways: without waiting
 (registered as active when it joins a round, with its "round" event) and waited for (registered as
-joining when its workers fail right after). Applied out of order, the record said "active" again, and the
-leader never saw the node come back (the round of a restart did not come for 15 s, in CI).
+joining when its workers fail right after). Applied out of order, the record says "active" again, and the
+leader never sees the node come back: the round of its restart does not come.
 
 So every put or single-key delete of a key waits, on the client's loop, until the writes of that key
 issued before it are answered (a release's delete must not be overtaken by a record sent without waiting);
