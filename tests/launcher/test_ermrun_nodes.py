@@ -12,6 +12,8 @@ import pytest
 
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.etcd.server import EtcdCluster
+from elastic_rm.wire.keyspace import Keyspace
+from elastic_rm.wire.records import RoundRecord
 from tests.conftest import BIN, Proc
 from tests.launcher.helpers import STEPS, ermrun, records, steps_at_world, wait_until
 
@@ -147,6 +149,9 @@ def test_job_survives_the_loss_of_one_etcd_member(run_id, tmp_path, procs):
 
 @pytest.mark.slow
 def test_sigstop_of_a_node_is_detected_within_the_lease(etcd, run_id, tmp_path, procs):
+    """The lease bound as an order of etcd's own events: the frozen node's key ends with its lease (a
+    lease of 2 s that nothing refreshed), no round leaves it out before that, and the leader's very next
+    round write after it does."""
     nodes = {n: ermrun(tmp_path, n, node_args(etcd.endpoint, run_id, "2:3", n)) for n in ("a", "b", "c")}
     procs.extend(nodes.values())
     wait_until(
@@ -155,14 +160,34 @@ def test_sigstop_of_a_node_is_detected_within_the_lease(etcd, run_id, tmp_path, 
         "3 nodes training",
         nodes.values(),
     )
-    nodes["c"].signal(signal.SIGSTOP)
-    stopped = time.time()
-    wait_until(
-        lambda: all(steps_at_world(tmp_path, n, 2, since=stopped) > 3 for n in ("a", "b")),
-        60,
-        "survivors training at world 2 after SIGSTOP",
-        nodes.values(),
-    )
+    ks = Keyspace("/elastic-rm", run_id)
+    history: list = []
+    with EtcdClient(etcd.endpoint) as client:
+        record = client.get(ks.node("c"))
+        assert record is not None and record.lease
+        granted = client.run(lambda c: c.get_lease_info(record.lease, keys=False))
+        assert granted.grantedTTL == 2  # lease_ttl=2 in CONF
+        cancel = client.watch_prefix(ks.run, client.ping() + 1, history.extend)
+        nodes["c"].signal(signal.SIGSTOP)
+        stopped = time.time()
+        wait_until(
+            lambda: all(steps_at_world(tmp_path, n, 2, since=stopped) > 3 for n in ("a", "b")),
+            60,
+            "survivors training at world 2 after SIGSTOP",
+            nodes.values(),
+        )
+        cancel()
+    events = list(history)
+    ended = [e.kv.mod_revision for e in events if e.kv.key == ks.node("c") and e.kind == "delete"]
+    assert len(ended) == 1, "the frozen node's key must end with its lease, once"
+    assert not [e for e in events if e.kv.key == ks.node("c") and e.kind == "put"]  # nothing kept it alive
+    rounds = [
+        (e.kv.mod_revision, RoundRecord.parse(e.kv.key, e.kv.value)) for e in events if e.kv.key == ks.round
+    ]
+    before = [r for rev, r in rounds if rev < ended[0]]
+    after = [r for rev, r in rounds if rev > ended[0]]
+    assert all("c" in r.members for r in before), "no round may leave the node out before its lease ended"
+    assert after and "c" not in after[0].members and set(after[0].members) == {"a", "b"}, after[:1]
 
 
 def test_stock_torchrun_uses_the_elastic_rm_backend(etcd, run_id, tmp_path, procs):
