@@ -70,7 +70,7 @@ class Progress:
             self._status.start()
 
     def on_event(self, e: Any) -> None:
-        if self.mode == "quiet" or e.kind in PERIODIC_KINDS:
+        if self.mode == "quiet" or e.kind in PERIODIC_KINDS or e.data.get("console") is False:
             return
         if self.mode == "json":
             self.write_line(e.to_json())

@@ -306,7 +306,8 @@ class ElasticRMAgent(LocalElasticAgent):
             why, then = (
                 ("the workers' round failed", "they wait in place") if held else (why, "stopping workers")
             )
-            self.events.emit("drain", f"drain skipped: {why}; {then}", skipped=True, reason=why)
+            self.events.emit("drain", f"drain skipped: {why}; {then}", skipped=True, reason=why,
+                             console=not held)  # held: the recovery's own line follows  # fmt: skip
             # after a loss, workers that hold their failed round move into the new one in place (a frozen
             # peer fails no collective: workers still blocked in one are restarted after a short wait)
             if (held or not keeps_peers) and self.in_place.run_after_loss(self, worker_group):

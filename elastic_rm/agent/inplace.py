@@ -267,12 +267,15 @@ class InPlaceRounds:
         elapsed = time.monotonic() - t0
         group.state = WorkerState.HEALTHY
         agent.channel.reset_steps()
-        since = "their round failed (a member's loss)" if after_loss else "the drain"
+        kept = (
+            f"{len(pids)} worker(s) kept their processes, "
+            f"rank(s) {[w.global_rank for w in group.workers]} of {group.workers[0].world_size}"
+        )
         self.events.emit(
             "round",
-            f"round {round_id} in place: {len(pids)} worker(s) kept their processes "
-            f"(rank(s) {[w.global_rank for w in group.workers]} of {group.workers[0].world_size}); "
-            f"training again {elapsed:.2f}s after {since}",
+            f"peer lost; round {round_id} in place, training again after {elapsed:.2f}s ({kept})"
+            if after_loss  # the one line a recovery prints on each node's console
+            else f"round {round_id} in place: {kept}; training again {elapsed:.2f}s after the drain",
             round=round_id,
             in_place=True,
             after_loss=after_loss,

@@ -56,9 +56,10 @@ from ..wire.channel import (
     ROUND_LEAVE,
     decode_round,
 )
+from .held_failure import say_held
 from .master_store import WAIT_LIMIT_S, wait_for_master_store
 from .report import StepReporter
-from .round_memory import forget_new_source_lines, release_round_memory, trim_heap
+from .round_memory import release_round_memory, trim_heap
 
 log = logging.getLogger(__name__)
 
@@ -120,13 +121,7 @@ class Round:
         self.failure.append(text)
         if self.on_hold is not None:
             self.on_hold(text)
-        with forget_new_source_lines():  # the traceback's source files, cached anew at every loss
-            log.warning(
-                "elastic-rm: round %d failed on rank %d; waiting in place for the next round",
-                self.round_id,
-                self.rank,
-                exc_info=exc,
-            )
+        say_held(log, self.round_id, self.rank, exc)  # one line here, the traceback in the log directory
         return True  # held: rounds() waits for the agent's next round
 
 
@@ -290,7 +285,7 @@ def _drop_groups(reporter: StepReporter) -> None:
         dist.destroy_process_group()
     except Exception as exc:  # noqa: BLE001 - a broken group may refuse; the new round makes new ones
         log.warning("elastic-rm: destroying the failed round's process groups: %r", exc)
-    log.warning(
+    log.info(
         "elastic-rm: the failed round's %d connection(s) shut and its objects collected in %.2fs, its "
         "groups destroyed in %.2fs",
         shut,
