@@ -9,6 +9,7 @@ import time
 import pytest
 from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousParameters
 
+from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.planner.config import PlannerConfig
 from elastic_rm.planner.history import warm_start
 from elastic_rm.planner.job import parse_job
@@ -40,27 +41,22 @@ def handlers(etcd, run_id, n, lo, hi, job_file, last_call="0.5"):
     ]
 
 
+def job_named(name: str) -> dict:
+    """JOB under a name of its own: a finished run is kept in etcd under the job's signature (the etcd of
+    the test session outlives a test), and the next run of the same job warm-starts from it."""
+    return {**JOB, "name": name}
+
+
 def test_planner_decides_the_first_round_and_sees_metrics(etcd, run_id, tmp_path):
+    job = job_named(f"ctr-{run_id}")  # no earlier run of it: a cold start
     job_file = tmp_path / "job.json"
-    job_file.write_text(json.dumps(JOB))
-    # min 1: the first round forms last_call after the first node is seen; 2 s lets the other two threads
-    # register even on a loaded machine (a later node would join by the planner's catch-up round instead)
-    hs = handlers(etcd, run_id, 3, 1, 3, job_file, last_call="2")
+    job_file.write_text(json.dumps(job))
+    # min = max = 3: the first round forms once all three threads registered, however loaded the machine
+    hs = handlers(etcd, run_id, 3, 3, 3, job_file)
     try:
-        infos = {}
-        threads = [
-            threading.Thread(target=lambda i=i: infos.setdefault(i, hs[i].next_rendezvous()))
-            for i in range(3)
-        ]
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + 20
-        while len(infos) < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        start = warm_start(parse_job(JOB), [], 1, 3, PlannerConfig())
-        time.sleep(1.0)
-        world = {i.world_size for i in infos.values()}
-        assert world == {min(max(start.world, 1), 3)}
+        infos = join_all(hs, 3)
+        start = warm_start(parse_job(job), [], 3, 3, PlannerConfig())
+        assert {i.world_size for i in infos.values()} == {start.world} == {3}
         round_record = hs[0].view.round
         assert "cold start" in round_record.reason and round_record.confidence == pytest.approx(
             start.confidence
@@ -109,8 +105,9 @@ def join_all(hs, expected, timeout=20.0):
 
 
 def test_a_second_run_of_the_same_job_warm_starts_at_the_size_the_first_ended_at(etcd, tmp_path):
+    job = job_named(f"ctr-warm-{time.monotonic_ns()}")
     job_file = tmp_path / "job.json"
-    job_file.write_text(json.dumps(JOB))
+    job_file.write_text(json.dumps(job))
     first_run = f"warm-a-{time.monotonic_ns()}"
     first = handlers(etcd, first_run, 2, 2, 3, job_file)  # the first run ended at 2 nodes
     try:
@@ -134,3 +131,5 @@ def test_a_second_run_of_the_same_job_warm_starts_at_the_size_the_first_ended_at
     finally:
         for h in second:
             h.release()
+        with EtcdClient(etcd.endpoint, timeout=10) as c:  # the session's etcd keeps no run of this job
+            c.delete(f"/elastic-rm/history/{parse_job(job).signature()}/", prefix=True)
