@@ -130,7 +130,10 @@ def test_a_run_s_date_and_commit_are_checked_against_its_file(tmp_path):
     (results / "r.json").write_text(
         json.dumps(dict(RESULT, date="2026-12-01T17:13:16Z", commit="79126fa" + "0" * 33))
     )
-    ok = "| recovery | 8.33 s<!-- fig: r.json results.ermrun/SIGKILL.median --> | 2026-12-01, 79126fa<!-- run: r.json --> |\n"
+    ok = (
+        "| recovery | 8.33 s<!-- fig: r.json results.ermrun/SIGKILL.median --> "
+        "| 2026-12-01, 79126fa<!-- run: r.json --> |\n"
+    )
     (tmp_path / "doc.md").write_text(ok)
     assert (
         check(tmp_path, results, ("doc.md",), (("doc.md", None),)) == []

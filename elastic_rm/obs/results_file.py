@@ -25,7 +25,8 @@ def spread(values: list[float]) -> dict[str, Any]:
 
 
 def demo_figures(summary: dict[str, Any]) -> dict[str, Any]:
-    """What README quotes of an `erm demo` run, from its summary (elastic_rm.demo.summary.summarize plus checks)."""
+    """What README quotes of an `erm demo` run, from its summary (elastic_rm.demo.summary.summarize plus
+    checks)."""
     checks = summary.get("checks", [])
     return {
         "wall_s": summary["wall_s"],
