@@ -234,7 +234,7 @@ def main() -> None:
     def probe_loop() -> None:
         """How late the process's etcd I/O loop runs a 0.1 s timer: how long a keep-alive due then
         waits for the loop (every lease of the process is refreshed from it)."""
-        from elastic_rm.etcd.io_loop import io_loop
+        from elastic_rm.etcd.connection import io_loop
 
         loop = io_loop()
 

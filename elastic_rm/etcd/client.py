@@ -32,7 +32,6 @@ from .errors import (
     EtcdForkError,
     EtcdTimeoutError,
 )
-from .io_loop import io_loop
 from .ops import Compare, Op, send_range, send_txn
 from .options import TlsOptions, parse_endpoints
 from .types import KeyValue, TxnResult, WatchEvent, key_value
@@ -77,8 +76,8 @@ class EtcdClient:
         self._pid = os.getpid()
         self._watches: list[PrefixWatch] = []
         self._order = WriteOrder()  # puts of one key apply in the order issued (write_order.py)
-        self._loop = io_loop()
-        self._conn = Connection(self.endpoints, timeout, tls, user, password, self._loop)
+        self._conn = Connection(self.endpoints, timeout, tls, user, password)
+        self._loop = self._conn.loop  # the process's one I/O thread, shared by every client
         fork.opened(self)
 
     # -- plumbing -------------------------------------------------------------------------------------

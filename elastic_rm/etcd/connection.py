@@ -1,16 +1,17 @@
-"""A client's connection to its etcd cluster: the aetcd client of the endpoint in use, and the failover to
-another endpoint.
+"""A client's connection to its etcd cluster: the aetcd client of the endpoint in use, the failover to
+another endpoint, and the process's one I/O loop that every connection's calls run on.
 
-This object is the seam between :class:`~elastic_rm.etcd.client.EtcdClient` and the machinery that runs on
-its I/O loop on its behalf (lease keep-alive streams in keepalive.py, watches in watch.py): the client
-hands them its connection, never itself, so they see the channel, the timeout and the failover and nothing
-else of the client.
+A :class:`Connection` is the seam between :class:`~elastic_rm.etcd.client.EtcdClient` and the machinery
+that runs on the loop on its behalf (lease keep-alive streams in keepalive.py, watches in watch.py): the
+client hands them its connection, never itself, so they see the channel, the timeout and the failover and
+nothing else of the client.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 
 import aetcd
@@ -25,9 +26,40 @@ log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 16 * 2**20
 
+_IO_LOOP: asyncio.AbstractEventLoop | None = None
+_IO_LOCK = threading.Lock()
+_INHERITED: list[asyncio.AbstractEventLoop] = []  # a forked child's parent loops: kept, never finalized
+
+
+def io_loop() -> asyncio.AbstractEventLoop:
+    """One I/O thread per process, shared by every connection in it (each keeps its own channel).
+
+    With a thread and an event loop per client, a process with many clients (the benchmarks simulate many
+    nodes in one process) spends its time switching between idle loops. Callbacks on this loop must never
+    block.
+    """
+    global _IO_LOOP
+    with _IO_LOCK:
+        if _IO_LOOP is None or _IO_LOOP.is_closed():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="etcd-io", daemon=True).start()
+            _IO_LOOP = loop
+        return _IO_LOOP
+
+
+def _forget_io_loop_in_child() -> None:
+    global _IO_LOOP
+    if _IO_LOOP is not None:  # its finalizer would close what the parent's gRPC channels registered on it
+        _INHERITED.append(_IO_LOOP)
+    _IO_LOOP = None  # the parent's I/O thread does not exist in a forked child
+
+
+os.register_at_fork(after_in_child=_forget_io_loop_in_child)
+
 
 class Connection:
-    """The endpoint a client talks to and the aetcd client (channel) for it; thread-safe.
+    """The endpoint a client talks to and the aetcd client (channel) for it, on the process's I/O loop;
+    thread-safe.
 
     ``current()`` is the channel calls go over now; a caller whose call failed on a channel asks for a
     failover from that channel (:meth:`fail_over_blocking` from a caller's thread, :meth:`fail_over` on
@@ -41,11 +73,10 @@ class Connection:
         tls: TlsOptions,
         user: str | None,
         password: str | None,
-        loop: asyncio.AbstractEventLoop,
     ):
         self.endpoints = endpoints
         self.timeout = timeout
-        self.loop = loop
+        self.loop = io_loop()
         self.closed = False
         self._tls, self._user, self._password = tls, user, password
         self._index = 0
