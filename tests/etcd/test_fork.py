@@ -77,10 +77,16 @@ def _every_operation(endpoint: str, prefix: str) -> dict:
         kvs, revision = c.get_prefix(f"{prefix}/", page=2)  # two pages at one revision
         out["prefix"] = [(k.key, k.value) for k in kvs]
         out["prefix_revision"] = revision >= kvs[-1].mod_revision
-        ok = c.txn([Compare.mod(f"{prefix}/a", first), Compare.absent(f"{prefix}/new")],
-                   [Op.put(f"{prefix}/new", "n"), Op.get(f"{prefix}/a")], [Op.get(f"{prefix}/b")])  # fmt: skip
-        stale = c.txn([Compare.mod(f"{prefix}/a", first - 1)], [Op.delete(f"{prefix}/a")],
-                      [Op.get(f"{prefix}/b"), Op.delete_range(f"{prefix}/a", f"{prefix}/b")])  # fmt: skip
+        ok = c.txn(
+            [Compare.mod(f"{prefix}/a", first), Compare.absent(f"{prefix}/new")],
+            [Op.put(f"{prefix}/new", "n"), Op.get(f"{prefix}/a")],
+            [Op.get(f"{prefix}/b")],
+        )
+        stale = c.txn(
+            [Compare.mod(f"{prefix}/a", first - 1)],
+            [Op.delete(f"{prefix}/a")],
+            [Op.get(f"{prefix}/b"), Op.delete_range(f"{prefix}/a", f"{prefix}/b")],
+        )
         value_txn = c.txn([Compare.value_is(f"{prefix}/new", "n")], [Op.delete(f"{prefix}/x/", prefix=True)])
         out["txn"] = (ok.succeeded, [k.value for k in ok.kvs], stale.succeeded, [k.value for k in stale.kvs])
         out["txn_value"] = value_txn.succeeded
@@ -98,8 +104,13 @@ def _every_operation(endpoint: str, prefix: str) -> dict:
         errors: list = []
         compacted_at = c.put(f"{prefix}/w/2", "2")
         c.run(lambda a: a.compact(compacted_at, physical=True))
-        cancel = c.watch_prefix(f"{prefix}/w/", start, lambda evs: None, errors.append,
-                                on_resync=lambda kvs, rev: resyncs.append(([k.key for k in kvs], rev)))  # fmt: skip
+        cancel = c.watch_prefix(
+            f"{prefix}/w/",
+            start,
+            lambda evs: None,
+            errors.append,
+            on_resync=lambda kvs, rev: resyncs.append(([k.key for k in kvs], rev)),
+        )
         assert wait_for(lambda: resyncs), "no resync after a compaction"
         cancel()
         out["resync"] = resyncs[0][0]
@@ -141,8 +152,9 @@ def test_child_forked_while_a_client_is_open_does_every_operation_over_the_gatew
         out = got[1]
         assert out["transport"] == "gateway" and out["ping"]
         assert out["get"] == (b"1", True, 1) and out["missing"] is None
-        assert out["prefix"] == [(f"{prefix}/child/{k}", v) for k, v in
-                                 (("a", b"1"), ("b", b"\x00\xffbinary"), ("c", b"nowait"))]  # fmt: skip
+        assert out["prefix"] == [
+            (f"{prefix}/child/{k}", v) for k, v in (("a", b"1"), ("b", b"\x00\xffbinary"), ("c", b"nowait"))
+        ]
         assert out["prefix_revision"]
         assert out["txn"] == (True, [b"1"], False, [b"\x00\xffbinary"]) and out["txn_value"]
         assert out["deleted_by_range"] and out["delete"] == (True, False)
@@ -166,7 +178,8 @@ def test_child_forked_while_a_client_is_open_does_every_operation_over_the_gatew
 
 
 class _Finalized:
-    """Garbage in a reference cycle whose finalizer leaves a mark: ``<dir>/<pid of the finalizing process>``."""
+    """Garbage in a reference cycle whose finalizer leaves a mark: ``<dir>/<pid of the finalizing
+    process>``."""
 
     def __init__(self, marks: str):
         self.marks = marks
@@ -275,8 +288,17 @@ def test_an_inherited_client_refuses_and_says_to_open_a_new_one(etcd, run_id):
 
 
 def _rendezvous(endpoint: str, run_id: str) -> tuple:
-    params = RendezvousParameters("elastic-rm", endpoint, run_id, 2, 2, local_addr="127.0.0.1",
-                                  lease_ttl="2", last_call_timeout="0.3", join_timeout="40")  # fmt: skip
+    params = RendezvousParameters(
+        "elastic-rm",
+        endpoint,
+        run_id,
+        2,
+        2,
+        local_addr="127.0.0.1",
+        lease_ttl="2",
+        last_call_timeout="0.3",
+        join_timeout="40",
+    )
     handler = create_handler(params)
     try:
         info = handler.next_rendezvous()

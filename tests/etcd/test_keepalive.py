@@ -57,7 +57,8 @@ def test_a_keepalive_whose_member_goes_silent_fails_over_to_a_member_with_a_lead
     try:
         with EtcdCluster(size=3) as cluster:
             # a follower goes silent: a member keeps naming a dead leader until its election timeout, and
-            # a keep-alive sent there in the election waits on it (the next failover moves on; not this test's)
+            # a keep-alive sent there in the election waits on it (the next failover moves on; not this
+            # test's)
             deadline = time.monotonic() + 20
             followers = []
             while len(followers) != 2 and time.monotonic() < deadline:  # until the first election is over

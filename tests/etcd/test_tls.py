@@ -149,7 +149,8 @@ def _tls_child_work(endpoint: str, tls: TlsOptions) -> tuple:
 
 
 def test_a_forked_child_uses_tls_over_the_gateway(pki, tls_etcd):
-    """Forked while this process holds a TLS client: the child's gateway transport uses the same CA and pair."""
+    """Forked while this process holds a TLS client: the child's gateway transport uses the same CA and
+    key pair."""
     tls = TlsOptions(ca_cert=str(pki / "ca.pem"), cert=str(pki / "client.pem"), key=str(pki / "client.key"))
     with EtcdClient(tls_etcd.endpoint, timeout=3, tls=tls) as parent:
         parent.put("/tls/parent", "p")
