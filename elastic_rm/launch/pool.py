@@ -101,6 +101,13 @@ class HostPool:
         state.blacklisted_until = self._clock() + cooldown
         return cooldown
 
+    def blacklist(self, name: str, error: str) -> float:
+        """Blacklist now, without waiting for repeated failures (the scheduler took the node away); the
+        cooldown in seconds."""
+        state = self._hosts[name]
+        state.failures = self.failures_to_blacklist - 1
+        return self.failed(name, error) or 0.0
+
     def expired_blacklist(self) -> list[Host]:
         """Hosts whose cooldown just ended (each reported once)."""
         now = self._clock()

@@ -16,7 +16,7 @@ from typing import Any
 from ..etcd.client import EtcdClient, KeyValue
 from ..wire.keyspace import Keyspace
 from ..wire.metrics import parse_record
-from ..wire.records import LedgerRecord, NodeRecord, RecordError, RoundRecord, effective_rounds
+from ..wire.records import LedgerRecord, NodeRecord, QueueRecord, RecordError, RoundRecord, effective_rounds
 from .events import PERIODIC_KINDS, Event, EventError
 from .restores import round_restores, with_restores
 
@@ -174,6 +174,12 @@ def status_from_kvs(
                     "epoch_samples": led.epoch_samples, "by": led.node, "time": led.time}  # fmt: skip
         except RecordError as exc:
             errors.append(str(exc))
+    waiting_nodes = None  # the cluster's queue as the executor wrote it (None: no executor knows it)
+    if keys.queue in by_key:
+        try:
+            waiting_nodes = QueueRecord.parse(keys.queue, by_key[keys.queue].value).waiting_nodes
+        except RecordError as exc:
+            errors.append(str(exc))
     records = effective_rounds([kv for kv in kvs if kv.key.startswith(keys.rounds)], errors)
     events = parse_events(keys, kvs, errors)
     outcomes = outcomes_from_kvs(kvs, errors)
@@ -193,6 +199,7 @@ def status_from_kvs(
         "samples_per_s": sum(r for r in rates if r is not None)
         if any(r is not None for r in rates)
         else None,
+        "waiting_nodes": waiting_nodes,
         "data": data,  # the sample ledger as of the newest checkpoint (None: no ledger mirrored)
         # with each round's restore: downtime and steps trained again (the agents' "restore" events)
         "decisions": with_restores(decision_rows(records, outcomes)[-decisions:], round_restores(events)),

@@ -38,6 +38,7 @@ class _ErmrunFlag(argparse.Action):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from launcher.commands.launch_slurm import add_slurm_arguments
     from launcher.ermrun import build_parser
 
     p.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -71,6 +72,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="LABEL=VALUE",
         help="only hosts with this label (repeatable; all must match)",
     )
+    add_slurm_arguments(p, source)
     ssh = p.add_argument_group("ssh")
     ssh.add_argument("--ssh-user", help="login name on the hosts (default: ssh's; a hostfile user= wins)")
     ssh.add_argument("--ssh-port", type=int, help="ssh port (default: ssh's; a hostfile port wins)")
@@ -315,6 +317,8 @@ def run(args: argparse.Namespace) -> int:
     from elastic_rm.launch.hostfile import HostfileError
     from elastic_rm.launch.ssh import SshConfigError
 
+    if args.slurm:
+        return _run_slurm(args)
     try:
         plan = _plan(args)
         client = _connect(plan.settings, plan.ns.rdzv_id)
@@ -323,6 +327,23 @@ def run(args: argparse.Namespace) -> int:
     except (_Refused, ValueError, SshConfigError, HostfileError, DiscoveryError) as exc:
         return _fail(str(exc))
     return _execute(args, plan, client)
+
+
+def _run_slurm(args: argparse.Namespace) -> int:
+    from elastic_rm.launch.slurm_cli import SlurmError
+    from launcher.commands.launch_slurm import check_slurm, execute_slurm
+
+    try:
+        ns, flags, script = _ermrun_command_line(args)
+        nnodes = _nnodes(ns)
+        settings = _settings(ns, *nnodes)
+        checked = check_slurm(args, ns.rdzv_id, flags, script)
+        client = _connect(settings, ns.rdzv_id)
+    except SystemExit as exc:
+        return int(exc.code or 2)
+    except (_Refused, ValueError, SlurmError) as exc:
+        return _fail(str(exc))
+    return execute_slurm(args, ns, settings, checked, nnodes, client)
 
 
 def _execute(args: argparse.Namespace, plan: _Plan, client) -> int:

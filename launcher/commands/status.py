@@ -149,6 +149,8 @@ def render(s: dict, title: str = "", max_members: int = MAX_MEMBERS) -> Any:
         parts.append(Text("warm spares: " + ", ".join(
             f"{m['node']} {m['spares']} ({m['spares_rss_bytes'] / 2**30:.2f}G)" for m in spares
         )))  # fmt: skip
+    if s.get("waiting_nodes") is not None:
+        parts.append(Text(f"cluster queue: other pending jobs wait for {s['waiting_nodes']} node(s)"))
     if s.get("data"):
         d = s["data"]
         into = d["samples_done"] - d["epoch"] * d["epoch_samples"]

@@ -1,0 +1,173 @@
+"""Slurm's command-line tools as `erm launch --slurm` uses them: sbatch, squeue, scancel, sinfo.
+
+Only the client commands, never Slurm's REST API or its libraries: they work from any login node with the
+user's own rights. ``squeue --json`` is parsed whole (Slurm 22.05 ignores squeue's filters with --json), so
+one call per poll gives both this run's node jobs and the partition's queue.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+TOOLS = ("sbatch", "squeue", "scancel", "sinfo")
+ENDED = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY", "PREEMPTED",
+     "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT"}
+)  # fmt: skip
+NODE_LOST = frozenset({"NODE_FAIL", "BOOT_FAIL", "CANCELLED", "PREEMPTED"})  # the node, not ermrun, ended it
+BAD_NODE_STATES = ("down", "drain", "fail")  # sinfo's %T: down, down*, drained, draining, failing...
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command is missing, failed, or printed what we cannot read; says which and Slurm's words."""
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    job_id: str
+    name: str
+    comment: str
+    state: str  # PENDING, RUNNING, COMPLETING, COMPLETED, FAILED, NODE_FAIL...
+    nodes: str  # where it runs (empty while pending)
+    reason: str  # why it is pending (Resources, Priority...) or why it ended
+    partitions: tuple[str, ...]
+    node_count: int
+    user: str
+    exit_code: int | None
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED
+
+
+def _exit_code(value) -> int | None:
+    """squeue's exit code: a wait status in 22.05 (the code in its high byte), an object in later releases."""
+    if isinstance(value, dict):
+        number = value.get("return_code", {})
+        return number.get("number") if isinstance(number, dict) else number
+    if isinstance(value, int):
+        return value >> 8 if value > 255 else value
+    return None
+
+
+def _text(value) -> str:
+    if isinstance(value, list):  # later releases give states and reasons as lists
+        return ",".join(str(v) for v in value)
+    return "" if value is None else str(value)
+
+
+def _count(value) -> int:
+    if isinstance(value, dict):  # {"set": true, "number": N} in later releases
+        value = value.get("number", 0)
+    return int(value or 0)
+
+
+def parse_jobs(text: str) -> list[SlurmJob]:
+    """``squeue --json``'s jobs. SlurmError when it is not squeue's JSON."""
+    try:
+        jobs = json.loads(text)["jobs"]
+        return [
+            SlurmJob(
+                job_id=str(j["job_id"]),
+                name=_text(j.get("name")),
+                comment=_text(j.get("comment")),
+                state=_text(j.get("job_state")).upper(),
+                nodes=_text(j.get("nodes")),
+                reason=_text(j.get("state_reason")),
+                partitions=tuple(p for p in _text(j.get("partition")).split(",") if p),
+                node_count=_count(j.get("node_count")),
+                user=_text(j.get("user_name")),
+                exit_code=_exit_code(j.get("exit_code")),
+            )
+            for j in jobs
+        ]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SlurmError(f"squeue --json printed something else than its job list ({exc})") from None
+
+
+class Slurm:
+    """The commands, each bounded by ``timeout_s``; ``env`` is the environment they run in (SLURM_CONF...)."""
+
+    def __init__(self, env: dict[str, str] | None = None, timeout_s: float = 30.0):
+        self.env = env
+        self.timeout_s = timeout_s
+
+    def _run(self, argv: list[str], stdin: str | None = None) -> str:
+        try:
+            r = subprocess.run(
+                argv,
+                input=stdin,
+                capture_output=True,
+                text=True,
+                timeout=self.timeout_s,
+                env=self.env,
+                stdin=None if stdin is not None else subprocess.DEVNULL,
+            )
+        except FileNotFoundError:
+            raise SlurmError(
+                f"{argv[0]} is not on PATH: run erm launch --slurm on a Slurm login node"
+            ) from None
+        except subprocess.TimeoutExpired:
+            raise SlurmError(f"{' '.join(argv[:2])} did not answer within {self.timeout_s:g}s") from None
+        if r.returncode != 0:
+            said = (r.stderr.strip() or r.stdout.strip() or "no output")[-600:]
+            raise SlurmError(f"{argv[0]} failed (exit {r.returncode}): {said}")
+        return r.stdout
+
+    def check_installed(self) -> None:
+        path = (self.env or {}).get("PATH") if self.env else None
+        missing = [t for t in TOOLS if shutil.which(t, path=path) is None]
+        if missing:
+            raise SlurmError(
+                f"Slurm's {', '.join(missing)} not on PATH: run erm launch --slurm where Slurm's client "
+                "commands work (a login node), or without --slurm on your own hosts (--hostfile)"
+            )
+
+    def partitions(self) -> tuple[list[str], str | None]:
+        """Every partition's name and the default one (sinfo marks it with ``*``)."""
+        names, default = [], None
+        for line in self._run(["sinfo", "-h", "-o", "%P"]).split():
+            name = line.rstrip("*")
+            if line.endswith("*"):
+                default = name
+            if name not in names:
+                names.append(name)
+        return names, default
+
+    def submit(self, options: list[str], script: str, test_only: bool = False) -> str:
+        """``sbatch --parsable OPTIONS`` with the script on its input; the job id (or, with ``test_only``,
+        Slurm's answer to ``--test-only``: the job is checked, not submitted)."""
+        argv = ["sbatch", "--test-only", *options] if test_only else ["sbatch", "--parsable", *options]
+        try:
+            out = self._run(argv, stdin=script).strip()
+        except SlurmError as exc:
+            raise SlurmError(f"Slurm refuses the node job: {exc}") from None
+        if test_only:
+            return out
+        job_id = out.split(";")[0]
+        if not job_id.isdigit():
+            raise SlurmError(f"sbatch --parsable printed {out!r}, not a job id")
+        return job_id
+
+    def jobs(self) -> list[SlurmJob]:
+        return parse_jobs(self._run(["squeue", "--json"]))
+
+    def signal(self, job_id: str, sig: str = "TERM") -> None:
+        """The signal to the batch script only (ermrun: the batch script execs it); the job ends with it."""
+        self._run(["scancel", "--batch", f"--signal={sig}", job_id])
+
+    def cancel(self, *job_ids: str) -> None:
+        if job_ids:
+            self._run(["scancel", *job_ids])
+
+    def node_states(self) -> dict[str, str]:
+        """Node name -> sinfo's state (idle, allocated, down*, drained, draining...)."""
+        out = {}
+        for line in self._run(["sinfo", "-h", "-N", "-o", "%N %T"]).splitlines():
+            parts = line.split()
+            if len(parts) == 2:
+                out[parts[0]] = parts[1].lower()
+        return out

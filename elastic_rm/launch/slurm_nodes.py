@@ -1,0 +1,348 @@
+"""`erm launch --slurm`: the run's nodes come from Slurm, one one-node job per node, and go back to it.
+
+Slurm cannot grow a running job, so the run grows by jobs of its own: every node is a job named
+``erm-<run id>`` (with a comment naming the run) whose batch script execs ``ermrun`` with the run's
+rendezvous and the Slurm node's name as ``--node-id``. The executor's rules are those of the hostfile
+executor (elastic_rm.launch.executor), over jobs instead of hosts:
+
+- more nodes wanted than running plus pending node jobs: submit one more (never more in flight than
+  wanted), excluding the user's ``--exclude`` hosts, blacklisted hosts and hosts whose node id is still
+  registered in etcd; a job pending longer than ``pending_report_s`` is reported once with Slurm's reason;
+- fewer wanted: pending jobs are cancelled first, then running nodes the round neither uses nor keeps as
+  standby get SIGTERM (their agent leaves the rendezvous, the batch script ends, the node is idle);
+- a node job that ends while the run is open failed; when Slurm ended it (NODE_FAIL, an admin's cancel)
+  or its node is DOWN or DRAIN, its host is blacklisted at once and the replacement excludes it;
+- on start, the run's jobs that Slurm still has (same name and comment) are adopted, not duplicated;
+- every few seconds the run's ``queue`` key gets the nodes that other pending jobs of the run's
+  partitions ask for (``waiting_nodes``): the planner gives nodes back while others wait.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from ..etcd.errors import EtcdError
+from ..wire.records import QueueRecord
+from .executor import Executor, RunState, _among, same_node
+from .hostfile import Host
+from .slurm_cli import BAD_NODE_STATES, NODE_LOST, Slurm, SlurmError, SlurmJob
+from .slurm_job import SlurmOptions
+
+QUEUE_EVERY_S = 5.0  # the queue key is rewritten at most this often
+
+
+class SlurmNode:
+    """One node job: pending, then running on a Slurm node (whose name is the node id), then ended."""
+
+    def __init__(self, job_id: str, state: str = "PENDING", nodes: str = ""):
+        self.job_id = job_id
+        self.state = state
+        self.slurm_node = nodes
+        self.reason = ""
+        self.started_at = time.monotonic()
+        self.stop_requested_at: float | None = None
+        self.stop_reason = ""
+        self.registered = False
+        self.pending_reported = False
+        self.killed = False
+        self.exit_code: int | None = None
+
+    @property
+    def node_id(self) -> str:
+        return self.slurm_node or f"job-{self.job_id}"
+
+    @property
+    def host(self) -> Host:
+        return Host(name=self.node_id, addr=self.slurm_node or "-", labels={"slurm_job": self.job_id})
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_requested_at is not None
+
+    @property
+    def pending(self) -> bool:
+        return self.state == "PENDING"
+
+
+class SlurmExecutor(Executor):
+    """The executor over Slurm jobs; ``nodes`` is keyed by job id."""
+
+    def __init__(self, client, keys, pool, slurm: Slurm, options: SlurmOptions, events, config, say,
+                 partitions: tuple[str, ...], clock: Callable[[], float] = time.monotonic):  # fmt: skip
+        super().__init__(client, keys, pool, self._no_host_start, events, config, say)
+        self.slurm, self.options, self.partitions = slurm, options, set(partitions)
+        self._clock = clock
+        self._queue_at = float("-inf")
+        self.waiting_nodes: int | None = None
+        self.submitted = 0
+        self._node_names: set[str] | None = None  # every Slurm node's name
+
+    @staticmethod
+    def _no_host_start(host: Host):
+        raise AssertionError("Slurm nodes are submitted, not started on a host")
+
+    # -- the loop ---------------------------------------------------------------------------------------
+
+    def adopt(self) -> list[str]:
+        """The run's node jobs that Slurm still has (a restarted erm launch): taken over, not duplicated."""
+        found = [j for j in self.slurm.jobs() if self._ours(j) and not j.ended]
+        for job in found:
+            node = SlurmNode(job.job_id, job.state, job.nodes)
+            self.nodes[job.job_id] = node
+            self._emit(
+                "adopt", node.host, f"adopted Slurm job {job.job_id} ({job.state} {job.nodes})".strip()
+            )
+        return [j.job_id for j in found]
+
+    def _ours(self, job: SlurmJob) -> bool:
+        return job.name == self.options.job_name and job.comment == self.options.comment
+
+    def tick(self) -> int | None:
+        now = self._clock()
+        try:
+            jobs = self.slurm.jobs()
+        except SlurmError as exc:
+            self._warn("squeue", f"{exc}; node jobs keep running, the queue key keeps its last value")
+            return None
+        self._warned.discard("squeue")
+        by_id = {j.job_id: j for j in jobs}
+        ended = self._follow(by_id)
+        try:
+            state = self._read()
+        except EtcdError as exc:
+            self._warn("etcd", f"cannot read the run from etcd ({exc}); nodes keep running, retrying")
+            return None
+        for node in ended:
+            self._on_job_end(node, by_id.get(node.job_id), state)
+        self._note_registrations(state)
+        self._enforce_stop_deadlines(now)
+        if state.closed is not None:
+            return self._closing(state.closed, now)
+        for host in self._pool.expired_blacklist():
+            self._emit("reinstate", host, f"host {host.name} is off the blacklist; it may run a node again")
+        self._check_node_health()
+        self._write_queue(jobs, now)
+        self._report_pending(now)
+        self._scale(state)
+        return None
+
+    def _follow(self, by_id: dict[str, SlurmJob]) -> list[SlurmNode]:
+        """Update each node job from squeue; the ones that ended (or that squeue no longer lists)."""
+        ended = []
+        for job_id, node in list(self.nodes.items()):
+            job = by_id.get(job_id)
+            if job is None or job.ended:
+                del self.nodes[job_id]
+                if job is not None:
+                    node.state, node.exit_code = job.state, job.exit_code
+                ended.append(node)
+                continue
+            if node.pending and job.state != "PENDING" and job.nodes:
+                node.slurm_node = job.nodes
+                self._pool.add(Host(name=job.nodes, addr=job.nodes))
+                self._pool.take(job.nodes)
+                self._emit("running", node.host, f"Slurm job {job_id} runs on {job.nodes}", job=job_id)
+            node.state, node.reason = job.state, job.reason
+        return ended
+
+    def _on_job_end(self, node: SlurmNode, job: SlurmJob | None, state: RunState) -> None:
+        if node.slurm_node:
+            self._pool.release(node.slurm_node)
+        final = node.state if job is not None else "gone from squeue"
+        self.exit_codes[node.node_id] = node.exit_code if node.exit_code is not None else 0
+        if node.stopping:
+            self._emit("stopped", node.host, f"node {node.node_id} (Slurm job {node.job_id}) ended: {final}",
+                       reason=node.stop_reason, job=node.job_id)  # fmt: skip
+            return
+        if state.closed is not None:
+            self._emit(
+                "exit", node.host, f"node {node.node_id} exited ({final}; run closed)", job=node.job_id
+            )
+            return
+        error = f"Slurm job {node.job_id} on {node.slurm_node or 'no node'} ended {final}"
+        if job is not None and job.reason not in ("", "None"):
+            error += f" ({job.reason})"
+        self._emit("failure", node.host, f"node {node.node_id} failed: {error}", error=error, job=node.job_id)
+        if node.slurm_node:
+            lost = job is None or job.state in NODE_LOST
+            self._blacklist(node.slurm_node, error, at_once=lost)
+
+    def _blacklist(self, host_name: str, error: str, at_once: bool) -> None:
+        if host_name not in self._pool:
+            self._pool.add(Host(name=host_name, addr=host_name))
+        cooldown = self._pool.blacklist(host_name, error) if at_once else self._pool.failed(host_name, error)
+        if cooldown is not None:
+            self._emit("blacklist", self._pool.get(host_name).host,
+                       f"host {host_name} blacklisted for {cooldown:g}s: {error}", cooldown_s=cooldown)  # fmt: skip
+
+    def _check_node_health(self) -> None:
+        """A node set DOWN or DRAIN under a running node job: stop the job, blacklist the host."""
+        running = [n for n in self.nodes.values() if n.slurm_node and not n.stopping]
+        if not running:
+            return
+        try:
+            states = self.slurm.node_states()
+        except SlurmError as exc:
+            self._warn("sinfo", f"{exc}; node states unknown")
+            return
+        for node in running:
+            st = states.get(node.slurm_node, "")
+            if any(bad in st for bad in BAD_NODE_STATES):
+                error = f"Slurm node {node.slurm_node} is {st}"
+                self._stop(node, f"{error}; a replacement excludes it")
+                self._blacklist(node.slurm_node, error, at_once=True)
+
+    def _write_queue(self, jobs: list[SlurmJob], now: float) -> None:
+        if now - self._queue_at < QUEUE_EVERY_S:
+            return
+        self._queue_at = now
+        waiting = sum(
+            j.node_count
+            for j in jobs
+            if j.state == "PENDING" and not self._ours(j) and self.partitions & set(j.partitions)
+        )
+        rec = QueueRecord(
+            waiting_nodes=waiting,
+            source=f"erm launch --slurm: nodes that other pending jobs of {','.join(sorted(self.partitions))} "
+            "ask for",
+            time=time.time(),
+        )
+        try:
+            self._client.put(self._keys.queue, rec.to_json())
+        except EtcdError as exc:
+            self._warn("queue", f"cannot write {self._keys.queue} ({exc})")
+            return
+        if waiting != self.waiting_nodes:
+            self._events.emit("launch", f"{waiting} node(s) wanted by other pending jobs", action="queue",
+                              waiting_nodes=waiting)  # fmt: skip
+        self.waiting_nodes = waiting
+
+    def _report_pending(self, now: float) -> None:
+        for node in self.nodes.values():
+            if (
+                node.pending
+                and not node.pending_reported
+                and now - node.started_at > self.options.pending_report_s
+            ):
+                node.pending_reported = True
+                self._emit("pending", node.host, f"Slurm job {node.job_id} pending for more than "
+                           f"{self.options.pending_report_s:g}s ({node.reason})", reason=node.reason)  # fmt: skip
+
+    # -- acting -----------------------------------------------------------------------------------------
+
+    def _scale(self, state: RunState) -> None:
+        target = self.target(state)
+        live = [n for n in self.nodes.values() if not n.stopping]
+        ours = [n.node_id for n in self.nodes.values() if n.slurm_node]
+        foreign = sum(1 for i in state.node_ids if not any(same_node(o, i) for o in ours))
+        why = (
+            f"demand {state.demand.target_nodes} ({state.demand.reason})"
+            if state.demand is not None and state.demand.target_nodes > 0
+            else f"no demand from the leader: up to --nnodes MAX {self._cfg.max_nodes}"
+        )
+        while len(live) + foreign < target:
+            node = self._submit(state, f"{len(live) + foreign} of {target} node(s) running or pending; {why}")
+            if node is None:
+                return
+            live.append(node)
+        surplus = len(live) + foreign - target
+        if surplus <= 0:
+            return
+        for node in sorted((n for n in live if n.pending), key=lambda n: n.started_at, reverse=True)[
+            :surplus
+        ]:
+            self._stop(node, f"{len(live) + foreign} node job(s), {target} wanted; {why}")
+            surplus -= 1
+        if surplus <= 0 or state.round is None:
+            return
+        keep = set(state.round.members) | set(state.round.standby)
+        spare = [n for n in live if n.registered and not n.stopping and not _among(n.node_id, keep)]
+        for node in sorted(spare, key=lambda n: n.started_at, reverse=True)[:surplus]:
+            self._stop(node, f"{len(live) + foreign} node(s), {target} wanted; round {state.round.round} "
+                       f"neither uses nor keeps {node.node_id} as standby; {why}")  # fmt: skip
+
+    def _exclusions(self, state: RunState) -> list[str]:
+        """Hosts a new node job must not land on: blacklisted ones, ours already, and Slurm nodes whose
+        node id is still registered in etcd (a previous agent's lease has not expired)."""
+        out = {n for n in self._pool.names() if self._pool.blacklisted(n)}
+        out |= {n.slurm_node for n in self.nodes.values() if n.slurm_node}
+        if self._node_names is None:
+            try:
+                self._node_names = set(self.slurm.node_states())
+            except SlurmError:
+                return sorted(out)
+        return sorted(out | (set(state.node_ids) & self._node_names))
+
+    def _submit(self, state: RunState, reason: str) -> SlurmNode | None:
+        options = self.options.sbatch_options(self._exclusions(state))
+        try:
+            job_id = self.slurm.submit(options, self.options.batch_script())
+        except SlurmError as exc:
+            self._warn(f"sbatch:{exc}", f"{exc}; trying again at the next poll")
+            return None
+        self.submitted += 1
+        node = SlurmNode(job_id)
+        self.nodes[job_id] = node
+        self._emit("submit", node.host, f"submitted Slurm job {job_id}: {reason}", reason=reason, job=job_id)
+        return node
+
+    def _stop(self, node, reason: str) -> None:
+        if node.stopping:
+            return
+        node.stop_requested_at = self._clock()
+        node.stop_reason = reason
+        try:
+            if node.pending:
+                self.slurm.cancel(node.job_id)
+            else:
+                self.slurm.signal(node.job_id, "TERM")
+        except SlurmError as exc:
+            self._say(f"could not stop Slurm job {node.job_id}: {exc}")
+        self._emit("stop", node.host, f"stopping node {node.node_id} (Slurm job {node.job_id}): {reason}",
+                   reason=reason, job=node.job_id)  # fmt: skip
+
+    def _enforce_stop_deadlines(self, now: float) -> None:
+        for node in self.nodes.values():
+            asked = node.stop_requested_at
+            if asked is not None and not node.killed and now - asked > self._cfg.stop_grace_s:
+                node.killed = True
+                self._say(f"node {node.node_id} did not stop within {self._cfg.stop_grace_s:g}s; scancel")
+                self._cancel([node.job_id])
+
+    def _cancel(self, job_ids: list[str]) -> None:
+        try:
+            self.slurm.cancel(*job_ids)
+        except SlurmError as exc:
+            self._say(f"scancel failed: {exc}")
+
+    def stop_all(self, reason: str) -> None:
+        """Every node job: SIGTERM to ermrun (pending ones cancelled), then scancel after the stop grace;
+        returns once squeue lists none of them (bounded)."""
+        for node in list(self.nodes.values()):
+            self._stop(node, reason)
+        deadline = self._clock() + self._cfg.stop_grace_s
+        cancelled = False
+        while self.nodes:
+            if self._clock() > deadline + 10:
+                self._say(f"Slurm jobs {', '.join(self.nodes)} still listed by squeue; giving up waiting")
+                break
+            if not cancelled and self._clock() > deadline:
+                cancelled = True
+                self._cancel(list(self.nodes))
+            try:
+                by_id = {j.job_id: j for j in self.slurm.jobs()}
+            except SlurmError:
+                by_id = {}
+                self._cancel(list(self.nodes))
+            for job_id, node in list(self.nodes.items()):
+                job = by_id.get(job_id)
+                if job is None or job.ended:
+                    del self.nodes[job_id]
+                    self._emit("stopped", node.host, f"node {node.node_id} (Slurm job {job_id}) ended",
+                               job=job_id)  # fmt: skip
+            time.sleep(0.2)
+        self.nodes.clear()
+
+    def _check_idle(self, now: float) -> int | None:
+        return None

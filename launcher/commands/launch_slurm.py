@@ -1,0 +1,145 @@
+"""`erm launch --slurm`: the run's nodes are one-node Slurm jobs; the logic is elastic_rm.launch.slurm_nodes."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+
+
+def add_slurm_arguments(p: argparse.ArgumentParser, source) -> None:
+    """``--slurm`` joins the host sources (``source``: --hostfile, --discovery-script); its options."""
+    source.add_argument(
+        "--slurm", action="store_true", help="take the nodes from Slurm: one one-node job per node (below)"
+    )
+    g = p.add_argument_group("slurm", "with --slurm: every node is a one-node Slurm job named erm-<rdzv-id>")
+    g.add_argument(
+        "--partition", help="Slurm partition(s) of the node jobs, comma-separated (default: Slurm's)"
+    )
+    g.add_argument(
+        "--slurm-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="an sbatch option for every node job, e.g. --slurm-arg=--time=4:00:00 --slurm-arg=--gres=gpu:8 "
+        "(repeatable)",
+    )
+    g.add_argument(
+        "--exclude", default="", metavar="HOSTS", help="Slurm nodes never to use (comma-separated)"
+    )
+    g.add_argument(
+        "--slurm-output",
+        metavar="PATTERN",
+        help="each node job's output file, in sbatch's --output pattern (default: WORKDIR/%%x-%%j.out: erm-RUN-JOBID.out)",
+    )
+    g.add_argument(
+        "--pending-report",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="report a node job still pending after S seconds, with Slurm's reason (default 60)",
+    )
+
+
+def _partitions(slurm, wanted: str | None) -> tuple[str, ...]:
+    """The partitions the node jobs go to, checked against sinfo's list before anything is submitted."""
+    from elastic_rm.launch.slurm_cli import SlurmError
+
+    names, default = slurm.partitions()
+    if not wanted:
+        if default is None:
+            raise SlurmError(f"Slurm has no default partition; pass --partition (one of {', '.join(names)})")
+        return (default,)
+    chosen = tuple(x.strip() for x in wanted.split(",") if x.strip())
+    unknown = [x for x in chosen if x not in names]
+    if unknown:
+        raise SlurmError(
+            f"Slurm has no partition {', '.join(unknown)} (sinfo lists: {', '.join(names) or 'none'})"
+        )
+    return chosen
+
+
+def _options(args: argparse.Namespace, run_id: str, flags: list[str], script: list[str]):
+    from elastic_rm.launch.command import parse_env
+    from elastic_rm.launch.slurm_job import SlurmOptions
+
+    env = parse_env(args.env)
+    return SlurmOptions(
+        run_id=run_id,
+        partition=args.partition,
+        sbatch_args=tuple(args.slurm_arg),
+        exclude=tuple(h.strip() for h in args.exclude.split(",") if h.strip()),
+        output=args.slurm_output or os.path.join(args.workdir, "%x-%j.out"),
+        workdir=args.workdir,
+        python=args.python,
+        ermrun_flags=tuple(flags),
+        script=tuple(script),
+        env=tuple(env.items()),
+        pending_report_s=args.pending_report,
+    )
+
+
+def check_slurm(args: argparse.Namespace, run_id: str, flags: list[str], script: list[str]):
+    """Slurm is there, the partitions exist, and sbatch accepts the node job (``--test-only``: nothing
+    submitted); SlurmError with Slurm's own words otherwise. Returns (slurm, options, partitions)."""
+    from elastic_rm.launch.slurm_cli import Slurm
+
+    options = _options(args, run_id, flags, script)
+    slurm = Slurm()
+    slurm.check_installed()
+    partitions = _partitions(slurm, args.partition)
+    slurm.submit(options.sbatch_options([]), options.batch_script(), test_only=True)
+    return slurm, options, partitions
+
+
+def execute_slurm(args, ns, settings, checked, nnodes, client) -> int:
+    """Run the Slurm executor until the job ends (or Ctrl-C, SIGTERM: every node job is stopped)."""
+    from elastic_rm.launch.executor import ExecutorConfig
+    from elastic_rm.launch.pool import HostPool
+    from elastic_rm.launch.slurm_cli import SlurmError
+    from elastic_rm.launch.slurm_nodes import SlurmExecutor
+    from elastic_rm.obs.events import EventLog
+
+    slurm, options, partitions = checked
+    run_id, keys = ns.rdzv_id, settings.keys
+    lock = threading.Lock()
+
+    def say(message: str) -> None:
+        with lock:
+            sys.stderr.write(f"[erm launch] {message}\n")
+            sys.stderr.flush()
+
+    events = EventLog(run_id, "erm-launch", path=args.events_file, client=client, keys=keys)
+    config = ExecutorConfig(nnodes[0], nnodes[1], poll_s=args.poll_interval, stop_grace_s=args.stop_grace,
+                            exit_grace_s=args.exit_grace, idle_timeout_s=args.idle_timeout)  # fmt: skip
+    pool = HostPool(args.host_failures, args.blacklist_cooldown, args.max_cooldown)
+    executor = SlurmExecutor(client, keys, pool, slurm, options, events, config, say, partitions=partitions)
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        try:
+            adopted = executor.adopt()
+        except SlurmError as exc:
+            say(f"cannot list Slurm's jobs: {exc}")
+            return 2
+        say(
+            f"run {run_id}: Slurm partition(s) {','.join(partitions)}, {nnodes[0]}-{nnodes[1]} node(s), "
+            f"etcd {ns.rdzv_endpoint}; node jobs are named {options.job_name}"
+            + (f"; adopted {len(adopted)} job(s) of the run: {', '.join(adopted)}" if adopted else "")
+        )
+        events.emit("launch", f"erm launch --slurm started run {run_id}", action="begin", slurm=True,
+                    partitions=list(partitions), adopted=adopted, min_nodes=nnodes[0], max_nodes=nnodes[1])  # fmt: skip
+        return executor.run()
+    except KeyboardInterrupt:
+        say("interrupted: every node job was stopped")
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        events.flush()
+        events.close()
+        client.close()

@@ -1,0 +1,60 @@
+"""Starting `erm launch --slurm` against the test cluster, and reading what it did."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import psutil
+
+from elastic_rm.etcd.client import EtcdClient
+from elastic_rm.obs.events import read_etcd
+from elastic_rm.wire.keyspace import Keyspace
+from tests.conftest import BIN, REPO, Proc
+from tests.launcher.helpers import records
+
+WORKER = os.path.join("tests", "launch", "worker.py")  # relative to --workdir (the repository)
+CONF = "lease_ttl=2,last_call_timeout=0.5,join_timeout=60"
+
+
+def launch(tmp_path, cluster, etcd, run_id, nnodes: str, steps_max: int = 0, extra=(), log="launch.log") -> Proc:
+    argv = [
+        os.path.join(BIN, "erm"), "launch", "--slurm", "--slurm-output", str(tmp_path / "%x-%j.out"),
+        "--env", f"STEPS_DIR={tmp_path}", "--env", f"STEPS_MAX={steps_max}", "--workdir", REPO,
+        "--poll-interval", "0.3", "--stop-grace", "15", "--exit-grace", "60", *extra,
+        "--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id,
+        "--rdzv-conf", CONF, "--monitor-interval", "0.1", WORKER,
+    ]  # fmt: skip
+    return Proc(argv, str(tmp_path / log), env=cluster.env(), cwd=str(tmp_path))
+
+
+def launch_events(etcd, run_id) -> list:
+    with EtcdClient(etcd.endpoint) as client:
+        events, errors, _ = read_etcd(client, Keyspace("/elastic-rm", run_id))
+    assert errors == []
+    return [e for e in events if e.kind == "launch"]
+
+
+def actions(events, action: str) -> list:
+    return [e.data for e in events if e.data.get("action") == action]
+
+
+def run_jobs(cluster, run_id) -> list[dict]:
+    return [j for j in cluster.jobs() if j["name"] == f"erm-{run_id}"]
+
+
+def agents_pids(tmp_path, nodes) -> list[int]:
+    return [r["pid"] for n in nodes for r in records(tmp_path, n) if r.get("start")]
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def queue_record(etcd, run_id) -> dict | None:
+    with EtcdClient(etcd.endpoint) as client:
+        kv = client.get(Keyspace("/elastic-rm", run_id).queue)
+    return json.loads(kv.value) if kv is not None else None

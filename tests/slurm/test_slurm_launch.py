@@ -1,0 +1,111 @@
+"""`erm launch --slurm` against a real local Slurm (tests/slurm/cluster.py): the run's nodes are Slurm jobs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+
+import pytest
+
+from elastic_rm.etcd.client import EtcdClient
+from elastic_rm.wire.keyspace import Keyspace
+from tests.conftest import BIN
+from tests.launcher.helpers import steps_at_world, wait_until
+from tests.slurm.helpers import actions, agents_pids, gone, launch, launch_events, queue_record, run_jobs
+
+
+def test_grows_to_the_wanted_count_reports_the_queue_and_ctrl_c_leaves_nothing(
+    etcd, run_id, tmp_path, procs, slurm
+):
+    p = launch(tmp_path, slurm, etcd, run_id, "2:3")
+    procs.append(p)
+    in_flight = []
+
+    def three_training():
+        in_flight.append(len(run_jobs(slurm, run_id)))
+        return sum(steps_at_world(tmp_path, n, 3) > 3 for n in slurm.node_names) == 3
+
+    wait_until(three_training, 120, "3 nodes training", [p])
+    events = launch_events(etcd, run_id)
+    submits = actions(events, "submit")
+    assert len(submits) == 3 and max(in_flight) == 3  # no demand yet: --nnodes MAX, never more
+    running = {e["host"] for e in actions(events, "running")}
+    assert len(running) == 3 and running <= set(slurm.node_names)
+    assert {j["comment"] for j in run_jobs(slurm, run_id)} == {f"erm launch run {run_id}"}
+
+    # another user's job that cannot start (it wants every node): its nodes wait, ours do not count
+    r = slurm.cmd("sbatch", "--parsable", "-N", str(len(slurm.node_names)), "-J", "other", "-o", "/dev/null",
+                  "--wrap", "sleep 60")  # fmt: skip
+    other = r.stdout.strip()
+    wait_until(
+        lambda: (queue_record(etcd, run_id) or {}).get("waiting_nodes") == len(slurm.node_names),
+        30, "the other job's nodes in the queue key", [p],
+    )  # fmt: skip
+    status = subprocess.run(
+        [os.path.join(BIN, "erm"), "status", "--endpoint", etcd.endpoint, "--run-id", run_id, "--json"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert json.loads(status.stdout)["waiting_nodes"] == len(slurm.node_names), status.stderr
+    slurm.cmd("scancel", other)
+
+    pids = agents_pids(tmp_path, running)
+    os.kill(p.pid, signal.SIGINT)  # the launcher alone, as a terminal's Ctrl-C would
+    assert p.wait(120) == 130, p.output()[-3000:]
+    assert "interrupted: every node job was stopped" in p.output()
+    assert run_jobs(slurm, run_id) == []  # nothing of the run left in squeue
+    with EtcdClient(etcd.endpoint) as client:
+        keys = Keyspace("/elastic-rm", run_id)
+        assert client.get_prefix(keys.nodes)[0] == []  # every agent left (revoked its lease)
+    wait_until(lambda: all(gone(pid) for pid in pids), 30, "the workers stopped too", [p])
+
+
+def test_a_restarted_launcher_adopts_the_runs_jobs_and_erm_stop_ends_them(etcd, run_id, tmp_path, procs, slurm):
+    a = launch(tmp_path, slurm, etcd, run_id, "2")
+    procs.append(a)
+    wait_until(lambda: len([j for j in run_jobs(slurm, run_id) if j["state"] == "RUNNING"]) == 2, 60,
+               "2 node jobs running", [a])  # fmt: skip
+    before = {j["id"] for j in run_jobs(slurm, run_id)}
+    os.kill(a.pid, signal.SIGKILL)  # the launcher dies; its node jobs are Slurm's and keep running
+    a.wait(30)
+    b = launch(tmp_path, slurm, etcd, run_id, "2", log="launch-b.log")
+    procs.append(b)
+    wait_until(lambda: "adopted 2 job(s)" in b.output(), 60, "the adoption", [b])
+    nodes = [j["node"] for j in run_jobs(slurm, run_id)]
+    wait_until(lambda: all(steps_at_world(tmp_path, n, 2) > 3 for n in nodes), 120, "2 nodes training", [b])
+    assert {j["id"] for j in run_jobs(slurm, run_id)} == before  # no duplicate submitted
+    assert len(actions(launch_events(etcd, run_id), "submit")) == 2  # the first launcher's only
+    stop = subprocess.run([os.path.join(BIN, "erm"), "stop", run_id, "--endpoint", etcd.endpoint],
+                          capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert b.wait(120) == 0, b.output()[-3000:]
+    wait_until(lambda: run_jobs(slurm, run_id) == [], 30, "no job of the run in squeue", [b])
+
+
+@pytest.mark.slow
+def test_a_node_set_down_is_replaced_on_another_node_and_excluded(etcd, run_id, tmp_path, procs, slurm):
+    p = launch(tmp_path, slurm, etcd, run_id, "2", extra=["--blacklist-cooldown", "300"])
+    procs.append(p)
+    wait_until(lambda: len({j["node"] for j in run_jobs(slurm, run_id) if j["state"] == "RUNNING"}) == 2, 60,
+               "2 node jobs running", [p])  # fmt: skip
+    first = sorted(j["node"] for j in run_jobs(slurm, run_id))
+    wait_until(lambda: all(steps_at_world(tmp_path, n, 2) > 3 for n in first), 120, "2 nodes training", [p])
+    down, survivor = first
+    slurm.cmd("scontrol", "update", f"NodeName={down}", "State=DOWN", "Reason=erm-test")
+
+    def replaced() -> list[str]:
+        return [j["node"] for j in run_jobs(slurm, run_id) if j["state"] == "RUNNING" and j["node"] != survivor]
+
+    wait_until(lambda: replaced() and replaced()[0] != down, 120, "a replacement node job", [p])
+    new = replaced()[0]
+    wait_until(lambda: steps_at_world(tmp_path, new, 2) > 3 and steps_at_world(tmp_path, survivor, 2) > 6,
+               120, "the survivor and the replacement training", [p])  # fmt: skip
+    events = launch_events(etcd, run_id)
+    assert [e["host"] for e in actions(events, "blacklist")] == [down]
+    job = next(j["id"] for j in run_jobs(slurm, run_id) if j["node"] == new)
+    excluded = next(w for w in slurm.cmd("scontrol", "show", "job", job).stdout.split() if w.startswith("ExcNode"))
+    hosts = slurm.cmd("scontrol", "show", "hostnames", excluded.split("=", 1)[1]).stdout.split()
+    assert down in hosts  # the replacement was submitted excluding the DOWN node
+    (tmp_path / "stop").write_text("")
+    assert p.wait(120) == 0, p.output()[-3000:]
