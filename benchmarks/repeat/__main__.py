@@ -40,9 +40,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--venv",
         choices=("link", "setup"),
         default="link",
-        help="link: reuse --venv-from through a symlink (default); setup: `make setup` in every clone",
+        help="link: a thin venv over --venv-from's packages (default); setup: `make setup` in every clone",
     )
-    p.add_argument("--venv-from", type=Path, default=REPO / ".venv", help="the virtualenv that link reuses")
+    p.add_argument("--venv-from", type=Path, default=REPO / ".venv", help="the installed venv link builds on")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds one run may take (default 3600)")
     p.add_argument(
         "--work-dir", type=Path, help="where logs and results go (default: a new directory in /tmp)"

@@ -2,11 +2,7 @@
 
 The clone is of the repository's committed HEAD (what a new user gets), in a directory of its own that is
 removed afterwards; the run's log and its record (record.py) stay. Its virtualenv is either a fresh
-``make setup`` in the clone (minutes) or this checkout's ``.venv`` through a symlink. The symlink is
-sound because ``PYTHONPATH`` puts the clone first, for pytest and for every process the suite starts (the
-venv's editable install of ``elastic_rm`` points at the original checkout), and ``make -o`` keeps
-``make test`` from re-running setup, which would re-point that install at the clone. It stays sound while
-the clone's dependencies and entry points are the venv's: a commit that changes them needs ``setup``.
+``make setup`` in the clone or a thin venv over an installed one (venv.py).
 """
 
 from __future__ import annotations
@@ -23,15 +19,15 @@ from typing import Any
 from elastic_rm.proc import kill_tree
 
 from .record import ENV_RECORD
+from .venv import overlay
 
 PLUGIN = "erm_repeat_record"  # record.py under the name it is copied to beside each clone
-STAMP = ".venv/.installed"  # the Makefile's setup stamp
 
 
 @dataclass(frozen=True)
 class RunSettings:
     repo: Path  # the repository whose HEAD is cloned
-    venv: Path | None  # a virtualenv reused through a symlink; None: `make setup` in the clone
+    venv: Path | None  # an installed virtualenv the clone's venv builds on; None: `make setup` in the clone
     pytest_args: str  # more arguments for pytest (PYTEST_ARGS of `make test`)
     hog_cpus: int  # `stress-ng --cpu K` beside the run; 0: none
     timeout_s: float  # the run's bound: past it the run is stopped and counted as failed
@@ -96,13 +92,12 @@ def run_once(index: int, settings: RunSettings, seed: int | None, work: Path) ->
     plugin_dir.mkdir(parents=True)
     shutil.copy(Path(__file__).with_name("record.py"), plugin_dir / f"{PLUGIN}.py")
     commit = clone(settings.repo, repo)
-    make = ["make", "--no-print-directory", "test", f"PYTEST_ARGS={pytest_args(settings, seed)}"]
     if settings.venv is not None:
-        (repo / ".venv").symlink_to(settings.venv)
-        make[1:1] = ["-o", STAMP]
+        overlay(settings.venv, repo / ".venv", [repo])
+    make = ["make", "--no-print-directory", "test", f"PYTEST_ARGS={pytest_args(settings, seed)}"]
     record, log_path = run_dir / "record.jsonl", run_dir / "pytest.log"
-    path = os.pathsep.join([str(repo), str(plugin_dir), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env = {**os.environ, "PYTHONPATH": path, ENV_RECORD: str(record)}
+    # the plugin, and nothing inherited: a PYTHONPATH naming another checkout would come before the clone
+    env = {**os.environ, "PYTHONPATH": str(plugin_dir), ENV_RECORD: str(record)}
     load_start = list(os.getloadavg())
     hog = start_hog(settings.hog_cpus, settings.timeout_s)
     started = time.monotonic()

@@ -12,7 +12,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 MAKEFILE = "BIN := .venv/bin\nPYTEST_ARGS ?=\n\ntest:\n\t$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)\n"
 TESTS = (
+    "import os, subprocess, sys\n\n\n"
     "def test_passes():\n    pass\n\n\n"
+    "def test_every_process_imports_the_clone():  # with no environment and from elsewhere\n"
+    "    argv = [sys.executable, '-c', 'import elastic_rm; print(elastic_rm.__file__)']\n"
+    "    out = subprocess.run(argv, env={}, cwd='/', capture_output=True, text=True, check=True)\n"
+    "    assert out.stdout.startswith(os.getcwd() + '/elastic_rm/'), out.stdout\n\n\n"
     "def test_fails():\n    assert 1 == 2, 'deliberately'\n\n\n"
     "def test_also_passes():\n    pass\n"
 )
@@ -23,10 +28,12 @@ def tiny_repo(path: Path) -> Path:
     (path / "Makefile").write_text(MAKEFILE)
     (path / "pytest.ini").write_text("[pytest]\naddopts = -p no:randomly -p no:cacheprovider\n")
     (path / "test_tiny.py").write_text(TESTS)
+    (path / "elastic_rm").mkdir()
+    (path / "elastic_rm" / "__init__.py").write_text("")  # the clone's, not the installed one
     git = ["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@localhost"]
     for args in (
         ["init", "-q"],
-        ["add", "Makefile", "pytest.ini", "test_tiny.py"],
+        ["add", "Makefile", "pytest.ini", "test_tiny.py", "elastic_rm"],
         ["commit", "-q", "-m", "t"],
     ):
         subprocess.run(git + args, check=True, capture_output=True, timeout=60)
@@ -46,10 +53,10 @@ def test_a_failing_test_is_reported_with_its_id_and_seed(tmp_path):
     assert result["runs_failed"] == 1 and len(result["wall_s"]) == 1
     assert {"commit", "date", "machine", "command"} <= result.keys()
     (run,) = result["runs"]
-    assert run["counts"] == {"passed": 2, "failed": 1}
+    assert run["counts"] == {"passed": 3, "failed": 1}
     (failure,) = run["failures"]
     assert failure["seed"] == 4242 and len(failure["load_avg"]) == 3
     assert "deliberately" in failure["message"]
     log = Path(failure["log"]).read_text()
-    assert "--randomly-seed=4242" in log and "1 failed, 2 passed" in log  # run in that order
+    assert "--randomly-seed=4242" in log and "1 failed, 3 passed" in log  # run in that order
     assert not (work / "run-01" / "repo").exists()  # the clone is removed, the log kept
