@@ -62,14 +62,16 @@ class WorldTopology:
         return cls(world, local, memory_bytes_per_rank, dev)
 
     def to_torchrec(self) -> Topology:
+        """TorchRec's Topology, made by its TopologyFactory (a Topology built directly warns, at every
+        round's planning, that the job will fail)."""
+        from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig
+
         cap: dict[str, int] = {}
         if self.memory_bytes_per_rank is not None:
-            cap["hbm_cap" if self.device == "cuda" else "ddr_cap"] = self.memory_bytes_per_rank
-        return Topology(
-            world_size=self.world_size,
-            local_world_size=self.local_world_size,
-            compute_device=self.device,
-            **cap,
+            cap["hbm_cap_bytes" if self.device == "cuda" else "ddr_cap_bytes"] = self.memory_bytes_per_rank
+        trainer = TrainerConfig(world_size=self.world_size, local_world_size=self.local_world_size, **cap)
+        return TopologyFactory.create_topology(
+            trainer, kernel_config=KernelConfig(compute_device=self.device)
         )
 
 

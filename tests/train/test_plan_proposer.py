@@ -4,6 +4,8 @@ must be the very plan the default proposers give, at every world size a run of i
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 import torchrec.optim as trec_optim
@@ -47,3 +49,12 @@ def test_greedy_gives_the_default_plan_for_the_example(world, local):
     assert plan_digest(greedy) == plan_digest(default)
     ranks = {s[4] for tables in plan_summary(greedy).values() for t in tables.values() for s in t["shards"]}
     assert ranks <= set(range(world))  # a plan for this world
+
+
+def test_planning_says_nothing_about_a_directly_built_topology(caplog):
+    """The project's own planning call builds TorchRec's Topology through its factory: no warning that
+    "the job will fail" at every round."""
+    with caplog.at_level(logging.WARNING):
+        plan_sharding(_example_model(), WorldTopology(2, 1), check_same_on_all_ranks=False,
+                      proposer=GreedyProposer())  # fmt: skip
+    assert not [r for r in caplog.records if "job will fail" in r.getMessage()], caplog.text
