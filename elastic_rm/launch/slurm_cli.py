@@ -85,7 +85,7 @@ def parse_jobs(text: str) -> list[SlurmJob]:
             for j in jobs
         ]
     except (ValueError, KeyError, TypeError) as exc:
-        raise SlurmError(f"squeue --json printed something else than its job list ({exc})") from None
+        raise SlurmError(f"squeue --json printed something other than its job list ({exc})") from None
 
 
 class Slurm:

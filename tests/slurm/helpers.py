@@ -17,13 +17,23 @@ WORKER = os.path.join("tests", "launch", "worker.py")  # relative to --workdir (
 CONF = "lease_ttl=2,last_call_timeout=0.5,join_timeout=60"
 
 
-def launch(tmp_path, cluster, etcd, run_id, nnodes: str, steps_max: int = 0, extra=(), log="launch.log") -> Proc:
+def launch(
+    tmp_path,
+    cluster,
+    etcd,
+    run_id,
+    nnodes: str,
+    steps_max: int = 0,
+    extra=(),
+    log="launch.log",
+    script=(WORKER,),
+) -> Proc:
     argv = [
         os.path.join(BIN, "erm"), "launch", "--slurm", "--slurm-output", str(tmp_path / "%x-%j.out"),
         "--env", f"STEPS_DIR={tmp_path}", "--env", f"STEPS_MAX={steps_max}", "--workdir", REPO,
         "--poll-interval", "0.3", "--stop-grace", "15", "--exit-grace", "60", *extra,
         "--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id,
-        "--rdzv-conf", CONF, "--monitor-interval", "0.1", WORKER,
+        "--rdzv-conf", CONF, "--monitor-interval", "0.1", *script,
     ]  # fmt: skip
     return Proc(argv, str(tmp_path / log), env=cluster.env(), cwd=str(tmp_path))
 

@@ -6,12 +6,13 @@ import json
 import os
 import signal
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.wire.keyspace import Keyspace
-from tests.conftest import BIN
+from tests.conftest import BIN, REPO
 from tests.launcher.helpers import steps_at_world, wait_until
 from tests.slurm.helpers import actions, agents_pids, gone, launch, launch_events, queue_record, run_jobs
 
@@ -61,7 +62,9 @@ def test_grows_to_the_wanted_count_reports_the_queue_and_ctrl_c_leaves_nothing(
     wait_until(lambda: all(gone(pid) for pid in pids), 30, "the workers stopped too", [p])
 
 
-def test_a_restarted_launcher_adopts_the_runs_jobs_and_erm_stop_ends_them(etcd, run_id, tmp_path, procs, slurm):
+def test_a_restarted_launcher_adopts_the_runs_jobs_and_erm_stop_ends_them(
+    etcd, run_id, tmp_path, procs, slurm
+):
     a = launch(tmp_path, slurm, etcd, run_id, "2")
     procs.append(a)
     wait_until(lambda: len([j for j in run_jobs(slurm, run_id) if j["state"] == "RUNNING"]) == 2, 60,
@@ -95,7 +98,9 @@ def test_a_node_set_down_is_replaced_on_another_node_and_excluded(etcd, run_id, 
     slurm.cmd("scontrol", "update", f"NodeName={down}", "State=DOWN", "Reason=erm-test")
 
     def replaced() -> list[str]:
-        return [j["node"] for j in run_jobs(slurm, run_id) if j["state"] == "RUNNING" and j["node"] != survivor]
+        return [
+            j["node"] for j in run_jobs(slurm, run_id) if j["state"] == "RUNNING" and j["node"] != survivor
+        ]
 
     wait_until(lambda: replaced() and replaced()[0] != down, 120, "a replacement node job", [p])
     new = replaced()[0]
@@ -104,8 +109,41 @@ def test_a_node_set_down_is_replaced_on_another_node_and_excluded(etcd, run_id, 
     events = launch_events(etcd, run_id)
     assert [e["host"] for e in actions(events, "blacklist")] == [down]
     job = next(j["id"] for j in run_jobs(slurm, run_id) if j["node"] == new)
-    excluded = next(w for w in slurm.cmd("scontrol", "show", "job", job).stdout.split() if w.startswith("ExcNode"))
+    excluded = next(
+        w for w in slurm.cmd("scontrol", "show", "job", job).stdout.split() if w.startswith("ExcNode")
+    )
     hosts = slurm.cmd("scontrol", "show", "hostnames", excluded.split("=", 1)[1]).stdout.split()
     assert down in hosts  # the replacement was submitted excluding the DOWN node
     (tmp_path / "stop").write_text("")
     assert p.wait(120) == 0, p.output()[-3000:]
+
+
+@pytest.mark.slow
+def test_the_planners_smaller_demand_gives_the_spare_nodes_back_to_slurm(
+    etcd, run_id, tmp_path, procs, slurm
+):
+    job = json.loads((Path(REPO) / "examples" / "emulated" / "job.json").read_text())
+    job["name"] = run_id  # a name of its own: no warm start from another test's run of the same job
+    (tmp_path / "job.json").write_text(json.dumps(job))  # request: 2 nodes
+    emulated = ["examples/emulated/train.py", "--samples", "1000000000", "--step-s", "0.2", "--state",
+                str(tmp_path / "state")]  # fmt: skip
+    p = launch(
+        tmp_path, slurm, etcd, run_id, "2:4", extra=["--job", str(tmp_path / "job.json")], script=emulated
+    )
+    procs.append(p)
+    # no demand yet: up to MAX (4); the planner's cold start wants 2, so 2 node jobs end
+    wait_until(lambda: len(actions(launch_events(etcd, run_id), "stopped")) == 2, 120, "2 released", [p])
+    events = launch_events(etcd, run_id)
+    assert len(actions(events, "submit")) == 4
+    released = {e["host"] for e in actions(events, "stopped")}
+    assert all("demand 2" in e["reason"] for e in actions(events, "stop"))
+    wait_until(
+        lambda: all(slurm.node_states()[h] == "idle" for h in released), 30, "released nodes idle", [p]
+    )
+    kept = {j["node"] for j in run_jobs(slurm, run_id)}
+    assert len(kept) == 2 and kept.isdisjoint(released)
+    progress = tmp_path / "state" / "progress.json"
+    wait_until(lambda: progress.exists(), 60, "the emulated job's progress", [p])
+    os.kill(p.pid, signal.SIGINT)
+    assert p.wait(120) == 130, p.output()[-3000:]
+    assert run_jobs(slurm, run_id) == []
