@@ -7,6 +7,7 @@ work directory. Arguments after the options go to `erm demo` (e.g. ``--hold 8``)
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -19,16 +20,18 @@ ERM = Path(sys.executable).parent / "erm"
 
 def main(argv: list[str] | None = None) -> int:
     extra = sys.argv[1:] if argv is None else argv
-    with tempfile.TemporaryDirectory(prefix="erm-demo-bench-") as work:
-        done = subprocess.run([str(ERM), "demo", "--no-live", "--workdir", work, *extra])
-        figures = Path(work) / "demo.json"
-        if done.returncode != 0 or not figures.is_file():
-            print(
-                f"erm demo failed (exit {done.returncode}): benchmarks/results/demo.json left as it was",
-                file=sys.stderr,
-            )
-            return done.returncode or 1
-        print("wrote", copy_result(figures, "demo"))
+    work = tempfile.mkdtemp(prefix="erm-demo-bench-")
+    done = subprocess.run([str(ERM), "demo", "--no-live", "--workdir", work, *extra])
+    figures = Path(work) / "demo.json"
+    if done.returncode != 0 or not figures.is_file():
+        print(
+            f"erm demo failed (exit {done.returncode}): benchmarks/results/demo.json left as it was; "
+            f"its logs are in {work}",
+            file=sys.stderr,
+        )
+        return done.returncode or 1
+    print("wrote", copy_result(figures, "demo"))
+    shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

@@ -8,6 +8,7 @@ checked. The soak itself writes only into its work directory ($ERM_SOAK_OUT).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -17,18 +18,19 @@ from benchmarks.common import REPO, copy_result
 
 
 def main() -> int:
-    with tempfile.TemporaryDirectory(prefix="erm-soak-bench-") as work:
-        env = {**os.environ, "ERM_SOAK": "1", "ERM_SOAK_OUT": work}
-        test = "tests/chaos/test_soak.py"
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "", test], cwd=REPO, env=env)
-        figures = Path(work) / "soak.json"
-        if done.returncode != 0 or not figures.is_file():
-            print(
-                f"the soak failed (exit {done.returncode}): benchmarks/results/soak.json left as it was",
-                file=sys.stderr,
-            )
-            return done.returncode or 1
-        print("wrote", copy_result(figures, "soak"))
+    work = tempfile.mkdtemp(prefix="erm-soak-bench-")
+    env = {**os.environ, "ERM_SOAK": "1", "ERM_SOAK_OUT": work}
+    test = "tests/chaos/test_soak.py"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "", test], cwd=REPO, env=env)
+    figures = Path(work) / "soak.json"
+    if done.returncode != 0 or not figures.is_file():
+        print(
+            f"the soak failed (exit {done.returncode}): benchmarks/results/soak.json left as it was",
+            file=sys.stderr,
+        )
+        return done.returncode or 1
+    print("wrote", copy_result(figures, "soak"))
+    shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
