@@ -59,6 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
             action.help = (
                 f"Rendezvous backend (default: {BACKEND}; torch's c10d, static and etcd-v2 also work)."
             )
+        elif action.dest == "standalone":
+            action.help = (
+                "Start an embedded etcd on a free loopback port for a single-node job (the elastic-rm "
+                "rendezvous, as with no --rdzv-endpoint). An --rdzv-id is kept (a re-run finds its node "
+                "memory); an --rdzv-endpoint with it is an error."
+            )
     group = parser.add_argument_group("elastic-rm", "Options that torchrun does not have.")
     group.add_argument("--node-id", help="This node's id in etcd (default: <host>-<pid>-<random>).")
     group.add_argument(

@@ -308,8 +308,8 @@ class ElasticRMAgent(LocalElasticAgent):
             )
             self.events.emit("drain", f"drain skipped: {why}; {then}", skipped=True, reason=why,
                              console=not held)  # held: the recovery's own line follows  # fmt: skip
-            # after a loss, workers that hold their failed round move into the new one in place (a frozen
-            # peer fails no collective: workers still blocked in one are restarted after a short wait)
+            self.restores.mark_change()  # the old workers' newest step: the restore's downtime, steps redone
+            # after a loss, held workers move into the new round in place (a frozen peer fails no collective)
             if (held or not keeps_peers) and self.in_place.run_after_loss(self, worker_group):
                 return
         if drain:

@@ -93,3 +93,11 @@ def test_malformed_round_value_is_reported_with_its_key(etcd, run_id, tmp_path):
     result = run(["--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, STEPS], tmp_path, timeout=60)
     assert result.returncode != 0
     assert f"/elastic-rm/{run_id}/round" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_standalone_help_says_what_ermrun_does():
+    from launcher.ermrun import build_parser
+
+    (standalone,) = [a for a in build_parser()._actions if a.dest == "standalone"]
+    assert "embedded etcd" in standalone.help and "C10d" not in standalone.help, standalone.help
+    assert "ignored" not in standalone.help  # ermrun refuses an --rdzv-endpoint with it
