@@ -83,6 +83,13 @@ def test_survivors_of_a_sigkill_keep_their_processes_and_restore_the_committed_s
     kept = [e for e in in_place_events(etcd.endpoint, demo.run_id) if e.data.get("after_loss")]
     assert {e.node for e in kept} == set(survivors), kept
     assert all(e.data["in_place"] and e.data["world"] == 2 for e in kept), kept
+    # each survivor's restore after the loss says its downtime and the steps it trained again
+    rounds = {e.data["round"] for e in kept}
+    restores = [e for e in events_of(etcd.endpoint, demo.run_id, "restore") if e.data["round"] in rounds]
+    assert {e.node for e in restores} == set(survivors), restores
+    for e in restores:
+        assert e.data["downtime_s"] is not None and e.data["redone_steps"] is not None, e
+        assert e.data["redone_steps"] == e.data["last_step_before"] - step, e
 
 
 @pytest.mark.slow
