@@ -272,7 +272,8 @@ def check(
 
 
 def update(repo: Path = REPO, results: Path = RESULTS, docs: tuple[str, ...] = DOCS) -> int:
-    """Rewrite every marked number from its file, with the precision the doc uses; returns how many."""
+    """Rewrite every marked number from its file, with the precision the doc uses, and every run's date
+    and commit; returns how many."""
     changed = 0
     for doc in docs:
         path = repo / doc
@@ -280,10 +281,31 @@ def update(repo: Path = REPO, results: Path = RESULTS, docs: tuple[str, ...] = D
         stale = [f for f in figures(doc, text, results) if f.error is None and not f.ok]
         for f in reversed(stale):  # from the end, so that earlier offsets stay valid
             text = text[: f.start] + f.expected() + text[f.start + len(f.text) :]
-        if stale:
+        text, runs_changed = _update_runs(text, results)
+        if stale or runs_changed:
             path.write_text(text)
-            changed += len(stale)
+            changed += len(stale) + runs_changed
     return changed
+
+
+def _update_runs(text: str, results: Path) -> tuple[str, int]:
+    """Each run marker's date and commit rewritten from its file (code blocks hold examples: left)."""
+    code = [m.span() for m in FENCE.finditer(text)]
+    changed = 0
+
+    def stamp(m: re.Match) -> str:
+        nonlocal changed
+        file = results / m.group(3)
+        if any(a <= m.start() < b for a, b in code) or not file.is_file():
+            return m.group(0)
+        data = json.loads(file.read_text())
+        date, commit = str(data.get("date", ""))[:10], str(data.get("commit", ""))[:7]
+        if not date or not commit or (date, commit) == (m.group(1), m.group(2)):
+            return m.group(0)
+        changed += 1
+        return f"{date}, {commit}<!-- run: {m.group(3)} -->"
+
+    return RUN.sub(stamp, text), changed
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -157,3 +157,16 @@ def test_a_named_spec_is_used_by_its_name_and_a_missing_name_fails(tmp_path):
     assert problems(tmp_path, doc.replace("8.33", "8.6").replace("5.7x<!-- fig: @ratio -->\n", "")) == [
         "doc.md:1: 8.6 s (r.json results.ermrun/SIGKILL.median): the file says 8.3 s"
     ]
+
+
+def test_update_rewrites_a_run_s_date_and_commit_from_its_file(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "r.json").write_text(
+        json.dumps(dict(RESULT, date="2026-12-05T10:00:00Z", commit="abcdef0123"))
+    )
+    doc = "run 2026-12-01, 79126fa<!-- run: r.json -->, 8.33 s<!-- fig: r.json results.ermrun/SIGKILL.median -->\n"
+    (tmp_path / "doc.md").write_text(doc)
+    assert update(tmp_path, results, ("doc.md",)) == 1
+    assert (tmp_path / "doc.md").read_text() == doc.replace("2026-12-01, 79126fa", "2026-12-05, abcdef0")
+    assert check(tmp_path, results, ("doc.md",), ()) == []
