@@ -1,11 +1,10 @@
 """The cluster's queue for the planner's snapshot: ``queue`` (a QueueRecord), read at most every few seconds.
 
 Who knows whether other jobs wait for the nodes this run grows into is whatever places the run's nodes on
-a shared pool (a cluster scheduler). None of this project's executors does: `erm launch` runs a run's
-nodes on its own hostfile's hosts (no other run waits for them: several launchers on one host
-oversubscribe it, nobody queues), and a Slurm allocation is fixed. So the key is absent unless such a
-scheduler writes it, and the snapshot then says None (unknown): the planner keeps its rule for nodes past
-the request as without a queue (docs/planner.md, "The cluster's queue").
+a shared pool: `erm launch --slurm` writes the key from squeue (elastic_rm.launch.slurm_nodes). `erm launch`
+over a hostfile (no other run waits for its hosts) and a fixed Slurm allocation write none, so the key is
+absent and the snapshot says None (unknown): the planner keeps its rule for nodes past the request as
+without a queue (docs/planner.md, "The cluster's queue").
 """
 
 from __future__ import annotations
