@@ -9,11 +9,11 @@ import sys
 import threading
 import time
 
-from ..interrupt import wait_interruptibly
 from .status import UsageError, add_connection_arguments, connect, resolve_run
 
 HELP = "Print or follow a run's event log (rounds, decisions, failures, drains, job start/end)."
 FILE_POLL_S = 0.5  # --follow --file: how often to look for new lines (a file has no watch)
+RUN_OVER_POLL_S = 0.5  # --follow: how often to look whether the run is closed and every node left
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -104,10 +104,18 @@ def _from_etcd(args, show, bad) -> int:
 
         cancel = follow_etcd(client, keys, revision + 1, on_event, on_error)
         try:
-            wait_interruptibly(threading.Event())  # until Ctrl-C
+            while not _run_over(client, keys):  # or Ctrl-C (KeyboardInterrupt)
+                time.sleep(RUN_OVER_POLL_S)  # timed: a Ctrl-C on any thread ends it
+            time.sleep(RUN_OVER_POLL_S)  # the watch delivers what came before the last node left
         finally:
             cancel()
+        print(f"erm events: run {keys.run_id} closed and every node left", file=sys.stderr, flush=True)
     return 0
+
+
+def _run_over(client, keys) -> bool:
+    """The run is closed and no node is in it any more: no event will come."""
+    return client.get(keys.closed) is not None and not client.get_prefix(keys.nodes)[0]
 
 
 def _from_files(args, show, bad) -> int:

@@ -317,3 +317,29 @@ def test_status_shows_the_mirrored_sample_ledger(etcd, run_id):
         c.put(keys.ledger, b'{"v": 1, "step": "x"}')
         s = json.loads(erm("status", "--endpoint", etcd.endpoint, "--run-id", run_id, "--json").stdout)
     assert s["data"] is None and any(keys.ledger in e for e in s["errors"])
+
+
+def test_erm_events_follow_ends_when_the_run_is_closed_and_every_node_left(etcd, run_id):
+    keys = Keyspace("/elastic-rm", run_id)
+    with EtcdClient(etcd.endpoint) as c:
+        log = EventLog(run_id, "n0", client=c, keys=keys)
+        log.emit("job", "started", status="started")
+        assert log.flush()
+        c.put(keys.nodes + "n0", b"{}")  # a node still in the run
+        p = subprocess.Popen([ERM, "events", "--endpoint", etcd.endpoint, "--run-id", run_id, "--follow"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ, PYTHONFAULTHANDLER="1"))  # fmt: skip
+        try:
+            assert "started" in p.stdout.readline()
+            c.put(keys.closed, json.dumps({"by": "erm stop"}).encode())
+            log.emit("job", "node n0: job stopped by erm stop", status="stopped by erm stop")
+            assert log.flush()
+            assert p.poll() is None  # closed, but a node is still there: its last events may come
+            c.delete(keys.nodes + "n0")
+            assert exit_code_after(p, 30) == 0
+            assert "job stopped by erm stop" in p.stdout.read()  # written before the node left
+            assert "closed and every node left" in p.stderr.read()
+        finally:
+            if p.poll() is None:
+                p.kill()
+            p.wait(10)
