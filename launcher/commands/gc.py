@@ -12,6 +12,7 @@ HELP = "Remove node memory that runs with no live owner left on this machine (cr
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="say what would be removed, remove nothing")
+    parser.add_argument("--run", metavar="RUN", help="this run's node memory only (its --rdzv-id)")
     parser.add_argument(
         "--root",
         help="node-memory root (default: $ELASTIC_RM_MEMORY_ROOT, else /dev/shm/elastic-rm)",
@@ -31,6 +32,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"erm gc: error: --root {root} is not a directory", file=sys.stderr)
         return 2
     runs = scan(root)
+    if args.run is not None:
+        runs = [r for r in runs if r.path.name == args.run]
+        if not runs:
+            print(f"erm gc: no node memory of run {args.run!r} under {root}")
+            return 0
     if not runs:
         print(f"erm gc: no node memory under {root}")
         return 0

@@ -105,3 +105,16 @@ def test_a_claim_by_a_dead_process_is_not_live(tmp_path):
     while live_owners(tmp_path / "run") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert live_owners(tmp_path / "run") == []
+
+
+def test_erm_gc_run_removes_that_runs_memory_only(tmp_path):
+    root = tmp_path / "shm"
+    for run in ("job-a", "job-b"):  # what killed runs left: no owner
+        (root / run / "n0" / "step-5").mkdir(parents=True)
+        (root / run / "n0" / "step-5" / "shard").write_bytes(b"0" * 4096)
+    done = _erm("gc", "--root", str(root), "--run", "job-a")
+    assert done.returncode == 0, done.stderr
+    assert f"removed {root / 'job-a'}" in done.stdout and "job-b" not in done.stdout, done.stdout
+    assert not (root / "job-a").exists() and (root / "job-b" / "n0" / "step-5" / "shard").exists()
+    none = _erm("gc", "--root", str(root), "--run", "job-c")
+    assert none.returncode == 0 and "no node memory of run 'job-c'" in none.stdout, none.stdout
