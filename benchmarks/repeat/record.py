@@ -1,4 +1,4 @@
-"""A pytest plugin the repeat harness loads into each run: every failure, and the run's counts, as JSON lines.
+"""A pytest plugin the repeat harness loads into each run: every failure, the test running, the run's counts.
 
 Why a plugin: pytest's terminal summary is for people (its ``-r`` flags decide what it lists); this
 records every failed phase with its test id, its message and the load average at that moment, which is
@@ -46,6 +46,14 @@ def _failure(test: str, report: pytest.TestReport | pytest.CollectReport, when: 
             "time": time.time(),
         }
     )
+
+
+def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:
+    _write({"kind": "start", "test": nodeid})  # a run that ends inside a test (a hang, a crash) names it
+
+
+def pytest_runtest_logfinish(nodeid: str, location: tuple) -> None:
+    _write({"kind": "finish", "test": nodeid})
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

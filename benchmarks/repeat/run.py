@@ -71,18 +71,27 @@ def pytest_args(settings: RunSettings, seed: int | None) -> str:
     return " ".join(a for a in args if a)
 
 
-def read_record(path: Path) -> tuple[list[dict], dict]:
-    """The failures and the session line (counts, exit status) that record.py wrote; {} without one (the
-    run was stopped, or pytest never started)."""
-    failures, session = [], {}
+def read_record(path: Path) -> tuple[list[dict], dict, str | None]:
+    """What record.py wrote: the failures, the session line (counts, exit status; {} when the run ended
+    before pytest did) and the test that started and did not finish (None when every one finished)."""
+    failures, session, running = [], {}, None
     if path.exists():
         for line in path.read_text(encoding="utf-8").splitlines():
             entry = json.loads(line)
-            if entry.get("kind") == "failure":
+            kind = entry.get("kind")
+            if kind == "failure":
                 failures.append(entry)
-            elif entry.get("kind") == "session":
+            elif kind == "session":
                 session = entry
-    return failures, session
+            elif kind == "start":
+                running = entry["test"]
+            elif kind == "finish" and running == entry["test"]:
+                running = None
+    return failures, session, running
+
+
+def run_failure(test: str, message: str) -> dict:
+    return {"test": test, "when": "run", "message": message, "load_avg": list(os.getloadavg())}
 
 
 def run_once(index: int, settings: RunSettings, seed: int | None, work: Path) -> dict[str, Any]:
@@ -117,17 +126,16 @@ def run_once(index: int, settings: RunSettings, seed: int | None, work: Path) ->
         if hog is not None:
             stop(hog)
     wall_s = time.monotonic() - started
-    failures, session = read_record(record)
+    failures, session, running = read_record(record)
     if timed_out:
         message = f"the run did not end within {settings.timeout_s:.0f} s and was stopped"
-        failures.append(
-            {"test": "<run timed out>", "when": "run", "message": message, "load_avg": list(os.getloadavg())}
-        )
+        failures.append(run_failure(running or "<run timed out>", message))
+    elif running is not None:
+        message = "the run ended inside this test (the hang guard's stacks, or a crash: see the log)"
+        failures.append(run_failure(running, message))
     elif returncode != 0 and not failures:
         message = f"make test exited with {returncode} and no test failed (setup, or a crash: see the log)"
-        failures.append(
-            {"test": "<run>", "when": "run", "message": message, "load_avg": list(os.getloadavg())}
-        )
+        failures.append(run_failure("<run>", message))
     for failure in failures:
         failure.update(seed=seed, log=str(log_path))
         failure.pop("kind", None)

@@ -1,5 +1,5 @@
 """The repeat harness (benchmarks/repeat) on a tiny repository: a failing test is reported with its id,
-its seed, the load average and the log."""
+its seed, the load average and the log; a run that ends inside a test names that test."""
 
 from __future__ import annotations
 
@@ -22,32 +22,39 @@ TESTS = (
     "def test_also_passes():\n    pass\n"
 )
 
+CRASH = "import os, signal\n\n\ndef test_ends_its_session():\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+
 
 def tiny_repo(path: Path) -> Path:
     path.mkdir()
     (path / "Makefile").write_text(MAKEFILE)
     (path / "pytest.ini").write_text("[pytest]\naddopts = -p no:randomly -p no:cacheprovider\n")
     (path / "test_tiny.py").write_text(TESTS)
+    (path / "test_crash.py").write_text(CRASH)
     (path / "elastic_rm").mkdir()
     (path / "elastic_rm" / "__init__.py").write_text("")  # the clone's, not the installed one
     git = ["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@localhost"]
     for args in (
         ["init", "-q"],
-        ["add", "Makefile", "pytest.ini", "test_tiny.py", "elastic_rm"],
+        ["add", "Makefile", "pytest.ini", "test_tiny.py", "test_crash.py", "elastic_rm"],
         ["commit", "-q", "-m", "t"],
     ):
         subprocess.run(git + args, check=True, capture_output=True, timeout=60)
     return path
 
 
+def repeat(repo: Path, work: Path, *args: str) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "benchmarks.repeat", "--runs", "1", "--repo", str(repo), "--work-dir"]
+    argv += [str(work), "--venv-from", sys.prefix, "--timeout", "120", *args]
+    return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
 def test_a_failing_test_is_reported_with_its_id_and_seed(tmp_path):
     repo, work = tiny_repo(tmp_path / "tiny"), tmp_path / "work"
-    argv = [sys.executable, "-m", "benchmarks.repeat", "--runs", "1", "--seed", "4242", "--repo", str(repo)]
-    argv += ["--work-dir", str(work), "--venv-from", sys.prefix, "--timeout", "120"]
-    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
+    done = repeat(repo, work, "--seed", "4242", "--pytest-args", "test_tiny.py")
     assert done.returncode == 1, done.stdout + done.stderr
     assert "FAILED test_tiny.py::test_fails (call), seed 4242" in done.stdout
-    assert "replay: make test PYTEST_ARGS='-p randomly --randomly-seed=4242'" in done.stdout
+    assert "replay: make test PYTEST_ARGS='test_tiny.py -p randomly --randomly-seed=4242'" in done.stdout
     result = json.loads((work / "repeat.json").read_text())
     assert result["failures_per_test"] == {"test_tiny.py::test_fails": 1}
     assert result["runs_failed"] == 1 and len(result["wall_s"]) == 1
@@ -60,3 +67,12 @@ def test_a_failing_test_is_reported_with_its_id_and_seed(tmp_path):
     log = Path(failure["log"]).read_text()
     assert "--randomly-seed=4242" in log and "1 failed, 3 passed" in log  # run in that order
     assert not (work / "run-01" / "repo").exists()  # the clone is removed, the log kept
+
+
+def test_a_run_that_ends_inside_a_test_names_that_test(tmp_path):
+    repo, work = tiny_repo(tmp_path / "tiny"), tmp_path / "work"
+    done = repeat(repo, work, "--pytest-args", "test_crash.py")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FAILED test_crash.py::test_ends_its_session (run), seed None" in done.stdout
+    (failure,) = json.loads((work / "repeat.json").read_text())["runs"][0]["failures"]
+    assert "the run ended inside this test" in failure["message"]
