@@ -4,6 +4,7 @@ the screen is redrawn when something changed (at most 5 times a second), never b
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import threading
 import time
@@ -83,6 +84,10 @@ class WatchedRun:
             self._cancel = None
 
 
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.live import Live
@@ -107,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
 
             try:
                 with Live(frame(), console=console, auto_refresh=False, vertical_overflow="crop") as live:
+                    # SIGTERM ends it as Ctrl-C does: piped, the last frame is printed as Live stops
+                    signal.signal(signal.SIGTERM, _interrupt)
                     while True:
                         wait_interruptibly(watched.changed)
                         watched.changed.clear()

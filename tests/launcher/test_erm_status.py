@@ -343,3 +343,30 @@ def test_erm_events_follow_ends_when_the_run_is_closed_and_every_node_left(etcd,
             if p.poll() is None:
                 p.kill()
             p.wait(10)
+
+
+def _catches_sigterm(pid: int) -> bool:
+    with open(f"/proc/{pid}/status") as f:
+        caught = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt"))
+    return bool(caught & (1 << (signal.SIGTERM - 1)))
+
+
+def test_piped_top_stopped_by_sigterm_prints_its_last_frame(etcd, run_id):
+    keys = Keyspace("/elastic-rm", run_id)
+    with EtcdClient(etcd.endpoint) as c:
+        log = EventLog(run_id, "n0", client=c, keys=keys)
+        log.emit("job", "started on n0", status="started")
+        assert log.flush()
+        p = subprocess.Popen([ERM, "top", "--endpoint", etcd.endpoint, "--run-id", run_id],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ, PYTHONFAULTHANDLER="1"))  # fmt: skip
+        try:
+            wait_until(lambda: p.poll() is not None or _catches_sigterm(p.pid), 60, "erm top's live view")
+            p.send_signal(signal.SIGTERM)
+            assert exit_code_after(p, 30) == 0
+            out = p.stdout.read()
+            assert f"run {run_id}" in out and "started on n0" in out, out
+        finally:
+            if p.poll() is None:
+                p.kill()
+            p.wait(10)
