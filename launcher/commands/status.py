@@ -159,11 +159,14 @@ def render(s: dict, title: str = "", max_members: int = MAX_MEMBERS) -> Any:
             f"{d['epoch_samples']:,}), as of the checkpoint of step {d['step']}"
         ))  # fmt: skip
     if s["decisions"]:
+        # the figures in a table whose cells never wrap; each reason on its own line under it, the whole
+        # width for it (a reason column got some 8 characters of an 80-column terminal)
         dec = Table(title="decisions", title_justify="left", expand=False, pad_edge=False)
-        for col, just in (("round", "right"), ("time", "left"), ("world", "right"), ("reason", "left"),
-                          ("pred.", "right"), ("measured", "right"), ("error", "right"), ("down", "right"),
+        for col, just in (("round", "right"), ("time", "left"), ("world", "right"), ("pred.", "right"),
+                          ("measured", "right"), ("error", "right"), ("down", "right"),
                           ("redone", "right")):  # fmt: skip
-            dec.add_column(col, justify=just, overflow="fold")
+            dec.add_column(col, justify=just, no_wrap=True)
+        reasons = []
         for d in s["decisions"]:
             when = time.strftime("%H:%M:%S", time.localtime(d["time"])) if d.get("time") else "-"
             measured = _pct(d.get("measured_gain"))
@@ -171,9 +174,10 @@ def render(s: dict, title: str = "", max_members: int = MAX_MEMBERS) -> Any:
                 measured += f" (vs r{d['compared_to_round']})"
             down = f"{d['downtime_s']:.1f}s" if d.get("downtime_s") is not None else "-"
             redone = str(d["redone_steps"]) if d.get("redone_steps") is not None else "-"
-            dec.add_row(str(d["round"]), when, str(len(d["members"])), d["reason"] or "-",
-                        _pct(d.get("predicted_gain")), measured, _pct(d.get("prediction_error")), down, redone)  # fmt: skip
-        parts += [dec, Text(MEASURED_SHORT, style="dim")]
+            dec.add_row(str(d["round"]), when, str(len(d["members"])), _pct(d.get("predicted_gain")), measured,
+                        _pct(d.get("prediction_error")), down, redone)  # fmt: skip
+            reasons.append(Text.assemble((f"round {d['round']}: ", "bold"), d["reason"] or "-"))
+        parts += [dec, *reasons, Text(MEASURED_SHORT, style="dim")]
     if s.get("events"):
         ev = Table(title="recent events", title_justify="left", show_header=False, box=None, pad_edge=False)
         ev.add_column("time", no_wrap=True)
