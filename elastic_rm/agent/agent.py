@@ -110,6 +110,7 @@ class ElasticRMAgent(LocalElasticAgent):
         self._handler = self._worker_group.spec.rdzv_handler
         self._services = services
         self.node_id = services.node_id if services is not None else self.options.node_id or "node"
+        self.node_ids_used = [self.node_id]  # each id this node had (a rejoin gets a new one): node memory
         if services is None:
             log.warning(
                 "rendezvous backend %r has no elastic-rm node services; running without %s",
@@ -308,8 +309,7 @@ class ElasticRMAgent(LocalElasticAgent):
             )
             self.events.emit("drain", f"drain skipped: {why}; {then}", skipped=True, reason=why,
                              console=not held)  # held: the recovery's own line follows  # fmt: skip
-            self.restores.mark_change()  # the old workers' newest step: the restore's downtime, steps redone
-            # after a loss, held workers move into the new round in place (a frozen peer fails no collective)
+            self.restores.mark_change()  # the old workers' newest step; held workers then move in place:
             if (held or not keeps_peers) and self.in_place.run_after_loss(self, worker_group):
                 return
         if drain:

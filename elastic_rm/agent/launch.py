@@ -64,9 +64,11 @@ def _claim_node_memory(agent: ElasticRMAgent, run_id: str) -> None:
 def free_node_memory(run_id: str, agent: ElasticRMAgent, why: str) -> None:
     """The run ended for this node: its in-memory checkpoint copies only hold RAM now (durable copies
     stay)."""
-    node = os.environ.get("ERM_NODE_ID") or agent.node_id
-    if remove_node_memory(run_id, node):
-        agent.events.emit("job", f"node {agent.node_id}: node memory freed ({why})", status="memory freed")
+    freed = [node for node in agent.node_ids_used if remove_node_memory(run_id, node)]
+    if freed:  # every id this node had: a rejoin (lease lost) wrote under a new one
+        names = ", ".join(freed)
+        agent.events.emit("job", f"node {agent._node_id_now()}: node memory freed ({why}; of {names})",
+                          status="memory freed", nodes=freed)  # fmt: skip
 
 
 def launch_agent(
@@ -172,7 +174,7 @@ def launch_agent(
         events.record(agent.get_event_failed(), config.event_log_handler)
         raise
     finally:
-        agent.events.emit("job", f"node {agent.node_id}: job {status}", status=status)
+        agent.events.emit("job", f"node {agent._node_id_now()}: job {status}", status=status)
         agent.events.flush()  # the etcd copy is written without waiting: let the last event land
         agent.close()
         agent.events.close()

@@ -12,6 +12,7 @@ import pytest
 
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.etcd.server import EtcdCluster
+from elastic_rm.train.paths import memory_root
 from elastic_rm.wire.keyspace import Keyspace
 from elastic_rm.wire.records import RoundRecord
 from tests.conftest import BIN, Proc
@@ -211,6 +212,9 @@ def test_node_paused_past_its_lease_rejoins_as_a_new_member(etcd, run_id, tmp_pa
         "3 nodes training",
         nodes.values(),
     )
+    shard = memory_root() / run_id / "c" / "step-5" / "shard"  # what a flash checkpoint leaves under c
+    shard.parent.mkdir(parents=True)
+    shard.write_bytes(b"0" * 4096)
     nodes["c"].signal(signal.SIGSTOP)  # agent and workers frozen: its lease (2 s) expires
     stopped = time.time()
     wait_until(
@@ -237,3 +241,8 @@ def test_node_paused_past_its_lease_rejoins_as_a_new_member(etcd, run_id, tmp_pa
         )
         members = json.loads(client.get(f"/elastic-rm/{run_id}/round").value)["members"]
         assert "c-r1" in members and "c" not in members
+    (tmp_path / "stop").touch()  # the job ends: node c frees the memory of both its ids
+    assert nodes["c"].wait(120) == 0, nodes["c"].output()[-3000:]
+    assert not (memory_root() / run_id / "c").exists()
+    out = nodes["c"].output()
+    assert "node c-r1: node memory freed (succeeded; of c" in out and "node c-r1: job succeeded" in out, out
