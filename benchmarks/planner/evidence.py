@@ -12,7 +12,11 @@ CAUSES = (
     ("start below the request (warm start)", lambda j, s, d: _first(d) < s.trace.req_nodes and "warm start" in d),
     ("start below the request (cold start)", lambda j, s, d: _first(d) < s.trace.req_nodes and "warm start" not in d),
     ("OOM", lambda j, s, d: "OOM happened" in d),
-    ("scale-down", lambda j, s, d: "scale down" in d),
+    ("scale-down", lambda j, s, d: "scale down" in d and "probe:" not in d),
+    ("one-node probe", lambda j, s, d: "probe:" in d),
+    ("stage-2 scale-up", lambda j, s, d: "scale up" in d and "toward the start size" not in d),
+    ("stop-loss", lambda j, s, d: "stop-loss" in d),
+    ("resize round (budgets)", lambda j, s, d: "resize to" in d),
     ("straggler round", lambda j, s, d: "straggler" in d),
     ("queued longer", lambda j, s, d: j.start_s > s.start_s),
 )  # fmt: skip

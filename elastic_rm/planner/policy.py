@@ -32,9 +32,10 @@ from .memory_model import estimate_node_memory, rescale_observed
 from .memory_rules import oom_check
 from .perf_model import Sample
 from .probe import one_node_probe
+from .promise import error_bound, measured_rate, pays, stop_loss
 from .resize_rules import resize_check
 from .runtime import memory_growth, update_stragglers
-from .scaling import budgets, choose_world, fit_configs, memory_floor, observed_cap, user_floor
+from .scaling import Target, budgets, choose_world, fit_configs, memory_floor, observed_cap, user_floor
 from .state import Advice, PlannerState, node_capacity, observe
 
 
@@ -170,7 +171,9 @@ class PlannerPolicy:
                 ), state
         ids = [n.node_id for n in nodes]
         members = ids[:target]
-        state = replace(state, last_round_at=snapshot.now)
+        state = replace(
+            state, last_round_at=snapshot.now, first_round_at=min(state.first_round_at, snapshot.now)
+        )
         if state.decisions == 0 and len(members) != start.world and start.mem_per_node_bytes > 0:
             job = parse_job(snapshot.job)  # the start budget was for start.world nodes
             oh = self.config.cold_overhead_bytes
@@ -304,14 +307,21 @@ class PlannerPolicy:
         waiting = snapshot.waiting_nodes or 0  # the cluster's queue (None: unknown, as none)
         queues = snapshot.now - state.queued_at < cfg.queue_memory_s
         args = (cfg, measured, floor, floor_why, request, waiting, queues)
+        rate_now = measured_rate(state, cur.number, job.global_batch)
+        back, state = stop_loss(state, cur.number, w, job.global_batch)
         t = choose_world(f, job, cap, w, lo_up, hi, *args)
         strict = replace(cfg, oom_threshold=cfg.oom_threshold * 0.85)
         if t.world < w:  # scaling down needs memory headroom too (hysteresis against OOM-driven scale-ups)
             lo_down = max(lo_up, memory_floor(job, strict, w, per_node, growth, node_mem, lo, hi))
             t = choose_world(f, job, cap, w, min(lo_down, w), hi, *args)
+        probe = False
         if lo == 1 and t.world > 1:  # one node measured once, when it may be faster (probe.py)
             fits = memory_floor(job, strict, w, per_node, growth, node_mem, 1, hi) == 1
-            t = one_node_probe(cfg, state, job, f, cap, w, t, ready) if fits else t
+            p = one_node_probe(cfg, state, job, f, cap, w, t, ready) if fits else t
+            gain = p.throughput / max(p.current_throughput, 1e-9) - 1
+            probe = p is not t and pays(cfg, state, snapshot.now, f, 0, gain, rounds=2)
+            t = p if probe else t
+        t = self._promise(state, snapshot.now, f, t, w, back, max(request, lo_up), waiting or queues)
         est_w = estimate_node_memory(job, w, cfg.cold_overhead_bytes)
         est_t = estimate_node_memory(job, t.world, cfg.cold_overhead_bytes)
         per_target = max(per_node, rescale_observed(per_node, est_w, est_t))  # budget for both sizes
@@ -338,7 +348,8 @@ class PlannerPolicy:
                 ), state
             pred = f.throughput(self._shape(job), target, cap)
             gain = pred / t.current_throughput - 1
-            if gain * cfg.gain_horizon_s <= cfg.round_cost_s * (1 + gain):
+            forced = back is not None or w < lo_up  # a stop-loss or the memory floor: no payback asked
+            if not forced and not pays(cfg, state, snapshot.now, f, target, gain):
                 return None, state
             rest = healthy[target - w :]
             reason = f"scale up {w} -> {target}: {t.why}"
@@ -346,9 +357,27 @@ class PlannerPolicy:
             new = list(members)[:target]
             rest = [m for m in members[target:]] + healthy
             reason = f"scale down {w} -> {target}: {t.why}"
-        state = replace(state, last_round_at=snapshot.now)
+        expect = back is None and rate_now is not None and (gain or 0.0) > 0  # a move for speed: judged next
+        moved = (w, rate_now, error_bound(f)) if expect else ()
+        state = replace(state, last_round_at=snapshot.now, moved_from=moved)
         spare = self._standby(rest, state.flagged)
         return decide(state, cur.number, new, spare, reason, gain, t.confidence)
+
+    def _promise(self, state, now, f, t, w, back, floor, others_wait) -> Target:
+        """promise.py on stage 2's target: a stop-loss goes back; a refuted size is not tried again; below
+        the request (or the memory floor) while nobody waits, only a move that pays."""
+        if back is not None:
+            why = f"stop-loss: {w} node(s) measured below the rate before the move; back to {back}"
+            return Target(back, t.current_throughput, t.current_throughput, 1.0, why)
+        if t.world != w and t.world in state.bad_worlds:
+            return Target(w, t.current_throughput, t.current_throughput, 1.0, f"{t.world} node(s) refuted")
+        if t.world < min(w, floor) and not others_wait:
+            gain = t.throughput / max(t.current_throughput, 1e-9) - 1
+            sigma_world = 0 if t.world == 1 and t.confidence == 0.0 else t.world  # the probe: optimistic
+            if not pays(self.config, state, now, f, sigma_world, gain, rounds=1 + (sigma_world == 0)):
+                why = "below the request, nobody waits, and the gain does not repay a round"
+                return Target(w, t.current_throughput, t.current_throughput, 1.0, why)
+        return t
 
     def _user_floor(self, state, job, f, cap, lo, hi, points) -> tuple[int, str]:
         """The user's rule (scaling.user_floor) around the requested node count, or the warm start's

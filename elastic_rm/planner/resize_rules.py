@@ -1,7 +1,8 @@
 """Stage 3's resize rule: a same-members round that applies new per-node budgets (only where rounds resize).
 
 Why apart from policy.py: it weighs the advice against what the nodes hold, in both directions: budgets
-that shrink by ``resize_when_saving`` free a share of the cluster, and starved nodes (budgets: 1.5x the
+that shrink by ``resize_when_saving`` free a share of the cluster (only while other jobs wait for it: the
+round costs this job a restart), and starved nodes (budgets: 1.5x the
 cores of a node that uses them all) get cores. A warm start's CPU from runs at another size, or a model's
 estimate, can leave a node's input pipeline short of cores for the whole run otherwise (the simulator's
 right-sized family: a job at 2.3x its run time on about a quarter of the cores it had asked for). Pure.
@@ -38,6 +39,9 @@ def resize_check(
         state.growth_total is not None and 0 < a.mem_per_node_bytes < (1 - cfg.resize_when_saving) * alloc_mem
     )
     cpu_grow = a.cpu_per_node >= (1 + cfg.resize_when_saving) * alloc_cpu and a.cpu_per_node > state.cpu_asked
+    queues = (snapshot.waiting_nodes or 0) > 0 or snapshot.now - state.queued_at < cfg.queue_memory_s
+    if not queues:  # a saving round costs this job a restart; what it frees, nobody waits for (promise.py)
+        cpu_save = mem_save = False
     if not (cpu_save or mem_save or cpu_grow):
         return None, state
     state = replace(

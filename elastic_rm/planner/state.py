@@ -85,6 +85,13 @@ class PlannerState:
     # the fewest nodes the job's memory fits on, learnt from an OOM after a memory raise the node took only
     # in part, with no node to add (memory_rules.py): the run is suspended until that many are there; 0: none
     fit_nodes: int = 0
+    # the promise (promise.py): when the first round was decided; the last measured round downtimes (from
+    # a round's decision to every member stepping); the size and rate before our last stage-2 move, until
+    # the new size is judged; the sizes a stop-loss refuted
+    first_round_at: float = float("inf")
+    downtimes: tuple[float, ...] = ()
+    moved_from: tuple = ()
+    bad_worlds: frozenset[int] = frozenset()
 
 
 def node_capacity(node: NodeView) -> float:
@@ -151,8 +158,10 @@ def observe(
     alive = {n.node_id: n for n in snapshot.nodes}
     new = replace(state, nodes={k: v for k, v in state.nodes.items() if k in alive})
     if cur and cur.number != state.last_round_number:
+        began = cur.decided_at if cur.decided_at > 0 else now  # the first round this planner knows of
         new = replace(
             new,
+            first_round_at=min(new.first_round_at, began),
             last_round_number=cur.number,
             round_seen_at=now,
             round_active_at=float("inf"),
@@ -174,7 +183,8 @@ def observe(
     new = replace(new, nodes=nodes, peak_mem=peak_mem, peak_cpu=peak_cpu, last_sample_at=now)
     if cur and cur.members and new.round_active_at == float("inf"):
         if all(m in nodes and nodes[m][-1].t == now for m in cur.members):
-            new = replace(new, round_active_at=now)
+            began = cur.decided_at if cur.decided_at > 0 else new.round_seen_at
+            new = replace(new, round_active_at=now, downtimes=(new.downtimes + (max(now - began, 0.0),))[-4:])
     if cur and cur.members and now - new.round_seen_at >= sample_interval_s and warmed_up(new, now, warmup_s):
         latest = [nodes[m][-1] for m in cur.members if m in nodes]
         if len(latest) == len(cur.members) and all(s.t == now for s in latest):
