@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
+import time
 
 import psutil
 import pytest
@@ -119,3 +122,51 @@ def test_erm_stop_of_a_plain_script_terminates_its_workers_and_every_agent_exits
     assert workers and not [pid for pid in workers if psutil.pid_exists(pid) and
                             psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]  # fmt: skip
     assert not (memory_root() / run_id).exists(), sorted((memory_root() / run_id).rglob("*"))
+
+
+SHORT_FORM = os.path.join(REPO, "tests", "workers", "short_form.py")
+
+
+def _api_node(etcd, run_id: str, tmp_path, name: str) -> Proc:
+    """A node whose workers use the API (elastic_run: rounds in place, drained at a step boundary)."""
+    argv = [os.path.join(BIN, "ermrun"), "--nnodes", "1:3", "--nproc-per-node", "1", "--monitor-interval", "0.1",
+            "--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, "--rdzv-conf", CONF, "--node-id", name,
+            SHORT_FORM]  # fmt: skip
+    return Proc(argv, str(tmp_path / f"{name}.log"), env={"STEPS_DIR": str(tmp_path), "STEPS_NODE": name})
+
+
+def _rows_at(tmp_path, node: str, world: int, since: float = 0.0) -> int:
+    return sum(1 for r in records(tmp_path, node) if r.get("world") == world and r["t"] >= since)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attempt", [1, 2, 3])
+def test_erm_stop_after_the_leader_was_killed_and_replaced_drains_every_node(
+    etcd, run_id, tmp_path, procs, attempt
+):
+    nodes = {n: _api_node(etcd, run_id, tmp_path, n) for n in ("a", "b", "c")}
+    procs.extend(nodes.values())
+    wait_until(lambda: all(_rows_at(tmp_path, n, 3) >= 5 for n in nodes), 180, "3 nodes training",
+               nodes.values())  # fmt: skip
+    with EtcdClient(etcd.endpoint) as c:
+        leader = c.get(f"/elastic-rm/{run_id}/leader").value.decode()
+    nodes[leader].signal(signal.SIGKILL)
+    killed = time.time()
+    survivors = [n for n in nodes if n != leader]
+    wait_until(lambda: all(_rows_at(tmp_path, n, 2, killed) >= 5 for n in survivors), 120,
+               "survivors at world 2", nodes.values())  # fmt: skip
+    new = _api_node(etcd, run_id, tmp_path, "d")  # the replacement
+    procs.append(new)
+    live = {**{n: nodes[n] for n in survivors}, "d": new}
+    joined = time.time()
+    wait_until(lambda: all(_rows_at(tmp_path, n, 3, joined) >= 5 for n in live), 180, "back at world 3",
+               live.values())  # fmt: skip
+
+    result = _erm("stop", run_id, "--endpoint", etcd.endpoint)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for p in live.values():
+        assert p.wait(120) == 0, p.output()[-3000:]
+        out = p.output()
+        assert re.search(r"erm stop: drained 1 worker\(s\) at step \d+, 0 without the API", out), out[-3000:]
+        assert "stopped by erm stop" in out and "Unknown worker" not in out, out[-3000:]
+    assert not [n for n in live if (memory_root() / run_id / n).exists()]  # every live node freed its memory
