@@ -71,6 +71,18 @@ def free_node_memory(run_id: str, agent: ElasticRMAgent, why: str) -> None:
                           status="memory freed", nodes=freed)  # fmt: skip
 
 
+def mirror_final_ledger(agent: ElasticRMAgent) -> None:
+    """The leader's etcd copy of the sample ledger as of the final checkpoint (the job's end, or `erm
+    stop`'s drain), which the metrics loop, stopped by then, would have written a second later: `erm
+    status`' data line then ends where training ended."""
+    if agent.ledger_mirror is None:
+        return
+    try:
+        agent.ledger_mirror.poll()
+    except Exception as exc:  # noqa: BLE001 - a finished job must not fail on its epilogue
+        log.warning("could not mirror the final sample ledger: %r", exc)
+
+
 def launch_agent(
     config: LaunchConfig,
     entrypoint: Callable | str | None,
@@ -161,6 +173,7 @@ def launch_agent(
                 services.record_history("completed")
             except Exception as exc:  # noqa: BLE001 - a finished job must not fail on its epilogue
                 log.warning("could not record the run in history/: %s", exc)
+        mirror_final_ledger(agent)  # before the node memory (its checkpoints) goes
         free_node_memory(config.run_id, agent, status)
         return result.return_values
     except ChildFailedError:

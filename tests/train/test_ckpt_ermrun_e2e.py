@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,29 @@ def test_lost_node_restored_from_replica_over_http(etcd, run_id, tmp_path: Path,
             assert nodes[n].wait(120) == 0, nodes[n].output()[-3000:]
     finally:
         shutil.rmtree(memory, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_the_ledger_in_etcd_ends_at_the_drained_step_after_erm_stop(
+    etcd, run_id, tmp_path: Path, procs
+) -> None:
+    """`erm status`' data line reads the ledger the leader mirrors; after `erm stop` it is the one of the
+    drain's final checkpoint, not of the periodic checkpoint before it."""
+    from elastic_rm.etcd.client import EtcdClient
+    from elastic_rm.wire.keyspace import Keyspace
+
+    argv = [os.path.join(BIN, "ermrun"), "--nnodes", "1", "--nproc-per-node", "1", "--rdzv-endpoint", etcd.endpoint,
+            "--rdzv-id", run_id, "--node-id", "a", "--monitor-interval", "0.1", "--rdzv-conf", "lease_ttl=2",
+            TRAIN, "--progress-dir", str(tmp_path), "--checkpoint-every", "50", "--tables", "2", "--rows", "1000",
+            "--global-batch", "60"]  # fmt: skip
+    a = Proc(argv, str(tmp_path / "a.agent.log"), env={"OMP_NUM_THREADS": "1"})
+    procs.append(a)
+    wait_until(lambda: sum("step" in r for r in records(tmp_path, "a")) >= 60, 300, "60 steps", [a])
+    stop = subprocess.run([os.path.join(BIN, "erm"), "stop", run_id, "--endpoint", etcd.endpoint],
+                          capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert a.wait(120) == 0, a.output()[-3000:]
+    (drained,) = [r["drained_step"] for r in records(tmp_path, "a") if "drained_step" in r]
+    with EtcdClient(etcd.endpoint) as c:
+        ledger = json.loads(c.get(Keyspace("/elastic-rm", run_id).ledger).value)
+    assert ledger["step"] == drained, (ledger["step"], drained)
