@@ -101,18 +101,17 @@ class SlurmExecutor(Executor):
     def tick(self) -> int | None:
         now = self._clock()
         try:
-            jobs = self.slurm.jobs()
-        except SlurmError as exc:
-            self._warn("squeue", f"{exc}; node jobs keep running, the queue key keeps its last value")
-            return None
-        self._warned.discard("squeue")
-        by_id = {j.job_id: j for j in jobs}
-        ended = self._follow(by_id)
-        try:
             state = self._read()
         except EtcdError as exc:
             self._warn("etcd", f"cannot read the run from etcd ({exc}); nodes keep running, retrying")
             return None
+        try:
+            jobs = self.slurm.jobs()
+        except SlurmError as exc:
+            self._warn("squeue", f"{exc}; node jobs keep running, the queue key keeps its last value")
+            return None
+        by_id = {j.job_id: j for j in jobs}
+        ended = self._follow(by_id)
         for node in ended:
             self._on_job_end(node, by_id.get(node.job_id), state)
         self._note_registrations(state)

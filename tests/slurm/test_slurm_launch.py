@@ -62,6 +62,7 @@ def test_grows_to_the_wanted_count_reports_the_queue_and_ctrl_c_leaves_nothing(
     wait_until(lambda: all(gone(pid) for pid in pids), 30, "the workers stopped too", [p])
 
 
+@pytest.mark.slow
 def test_a_restarted_launcher_adopts_the_runs_jobs_and_erm_stop_ends_them(
     etcd, run_id, tmp_path, procs, slurm
 ):
@@ -147,3 +148,22 @@ def test_the_planners_smaller_demand_gives_the_spare_nodes_back_to_slurm(
     os.kill(p.pid, signal.SIGINT)
     assert p.wait(120) == 130, p.output()[-3000:]
     assert run_jobs(slurm, run_id) == []
+
+
+def test_a_node_job_pending_too_long_is_reported_with_slurms_reason(etcd, run_id, tmp_path, procs, slurm):
+    r = slurm.cmd("sbatch", "--parsable", "-N", str(len(slurm.node_names)), "-J", "other", "-o", "/dev/null",
+                  "--wrap", "sleep 120")  # fmt: skip
+    other = r.stdout.strip()
+    wait_until(
+        lambda: any(j["id"] == other and j["state"] == "RUNNING" for j in slurm.jobs()), 30, "the blocker"
+    )
+    p = launch(tmp_path, slurm, etcd, run_id, "1", extra=["--pending-report", "1"])
+    procs.append(p)
+    wait_until(lambda: actions(launch_events(etcd, run_id), "pending"), 60, "the pending report", [p])
+    pending = actions(launch_events(etcd, run_id), "pending")
+    assert len(pending) == 1 and pending[0]["reason"] in ("Resources", "Priority"), pending
+    assert len(run_jobs(slurm, run_id)) == 1  # one wanted, one in flight: no more submitted while it waits
+    os.kill(p.pid, signal.SIGINT)
+    assert p.wait(60) == 130, p.output()[-3000:]
+    assert run_jobs(slurm, run_id) == []  # the pending node job was cancelled
+    slurm.cmd("scancel", other)
