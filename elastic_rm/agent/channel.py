@@ -350,9 +350,11 @@ class AgentChannel:
                 with self._cond:
                     self._acks[pid] = (step, status)
                     self._cond.notify_all()
-            elif kind == KIND_HELLO:
+            elif kind == KIND_HELLO:  # a new round of this process: what it said in the last one is over
                 with self._cond:
                     self._workers[pid] = WorkerInfo(pid, rank, local_rank)
+                    self._acks.pop(pid, None)
+                    self._byes.discard(pid)
             elif kind == KIND_BYE:
                 with self._cond:
                     self._workers.pop(pid, None)

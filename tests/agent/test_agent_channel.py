@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from pathlib import Path
@@ -241,3 +242,30 @@ def test_a_worker_stopped_by_its_peers_before_its_agent_asks_counts_as_drained(
     finally:
         a.close()
         b.close()
+
+
+def test_a_late_goodbye_of_the_last_round_does_not_count_in_the_next_drain():
+    # A worker kept in place drained (ack, then goodbye); the agent went on at the ack, cleared the drain
+    # for the new round, and only then read the goodbye. The worker's hello of the new round ends what it
+    # said in the old one: at the next drain it is a live worker to wait for, not one that left.
+    from elastic_rm.wire.channel import ACK, ACK_OK, HEADER, KIND_ACK, KIND_BYE, KIND_HELLO, MAGIC, VERSION
+
+    pid = os.getpid()  # a live process
+
+    def datagram(kind: int, body: bytes = b"") -> bytes:
+        return HEADER.pack(MAGIC, VERSION, kind, pid, 0, 0) + body
+
+    ch = AgentChannel(window_s=5)
+    try:
+        ch.handle_datagram(datagram(KIND_HELLO))
+        ch.request_drain()
+        ch.handle_datagram(datagram(KIND_ACK, ACK.pack(40, ACK_OK)))
+        assert ch.wait_for_acks(timeout_s=0, pids=[pid]).acked == {pid: 40}
+        ch.clear_drain()  # the new round, before the goodbye was read
+        ch.handle_datagram(datagram(KIND_BYE))
+        ch.handle_datagram(datagram(KIND_HELLO))  # the worker's new round
+        ch.request_drain()
+        result = ch.wait_for_acks(timeout_s=0, pids=[pid])
+        assert result.missing == (pid,) and result.exited == () and result.acked == {}, result
+    finally:
+        ch.close()
