@@ -1,0 +1,72 @@
+"""The run's queue key from squeue: what counts as waiting, and a failing squeue."""
+
+from __future__ import annotations
+
+import json
+
+from elastic_rm.etcd.client import EtcdClient
+from elastic_rm.launch.executor import ExecutorConfig
+from elastic_rm.launch.pool import HostPool
+from elastic_rm.launch.slurm_cli import Slurm, parse_jobs
+from elastic_rm.launch.slurm_job import SlurmOptions
+from elastic_rm.launch.slurm_nodes import SlurmExecutor
+from elastic_rm.obs.events import EventLog
+from elastic_rm.wire.keyspace import Keyspace
+from elastic_rm.wire.records import QueueRecord
+from launcher.commands.status import render
+from tests.launcher.test_status_render import status_of, text
+
+
+def _executor(client, run_id: str, slurm: Slurm, said: list[str]) -> SlurmExecutor:
+    keys = Keyspace("/elastic-rm", run_id)
+    options = SlurmOptions(run_id=run_id, partition="debug", sbatch_args=(), exclude=(), output="/dev/null",
+                           workdir="/", python="/usr/bin/python3", ermrun_flags=(), script=("train.py",))  # fmt: skip
+    events = EventLog(run_id, "erm-launch", client=client, keys=keys)
+    return SlurmExecutor(client, keys, HostPool(), slurm, options, events, ExecutorConfig(1, 1), said.append,
+                         partitions=("debug",))  # fmt: skip
+
+
+def _job(job_id: int, name: str, state: str, partition: str, nodes: int) -> dict:
+    return {"job_id": job_id, "name": name, "comment": f"erm launch run {name[4:]}", "job_state": state,
+            "nodes": "", "state_reason": "Priority", "partition": partition, "node_count": nodes,
+            "user_name": "bob", "exit_code": 0}  # fmt: skip
+
+
+def test_waiting_nodes_are_other_pending_jobs_of_the_runs_partitions(etcd, run_id):
+    jobs = parse_jobs(json.dumps({"jobs": [
+        _job(1, f"erm-{run_id}", "PENDING", "debug", 1),  # this run's own pending node job: not waiting
+        _job(2, "train", "PENDING", "debug", 4),
+        _job(3, "train2", "PENDING", "other,debug", 2),  # may run in either: it waits for ours too
+        _job(4, "train3", "PENDING", "other", 8),  # another partition's queue
+        _job(5, "train4", "RUNNING", "debug", 3),
+    ]}))  # fmt: skip
+    with EtcdClient(etcd.endpoint) as client:
+        executor = _executor(client, run_id, Slurm(), [])
+        executor._write_queue(jobs, now=100.0)
+        kv = client.get(Keyspace("/elastic-rm", run_id).queue)
+        rec = QueueRecord.parse("queue", kv.value)
+        assert rec.waiting_nodes == 6 and "debug" in rec.source
+        executor._write_queue(jobs[1:2], now=101.0)  # within the refresh interval: not rewritten
+        assert QueueRecord.parse("queue", client.get(kv.key).value).waiting_nodes == 6
+
+
+def test_a_failing_squeue_keeps_the_last_value_and_is_reported_once(etcd, run_id, tmp_path):
+    broken = Slurm(env={"PATH": str(tmp_path)})  # squeue gone from PATH: every call fails
+    said: list[str] = []
+    with EtcdClient(etcd.endpoint) as client:
+        keys = Keyspace("/elastic-rm", run_id)
+        client.put(keys.queue, QueueRecord(waiting_nodes=3, source="before").to_json())
+        executor = _executor(client, run_id, broken, said)
+        assert executor.tick() is None and executor.tick() is None
+        assert QueueRecord.parse("queue", client.get(keys.queue).value).waiting_nodes == 3
+        assert executor.nodes == {} and executor.submitted == 0
+    warnings = [s for s in said if "squeue" in s]
+    assert len(warnings) == 1 and "keeps its last value" in warnings[0], said
+
+
+def test_erm_status_prints_the_clusters_queue_when_an_executor_wrote_it():
+    base = status_of(2)
+    assert "cluster queue" not in text(render({**base, "waiting_nodes": None}))
+    assert "cluster queue: other pending jobs wait for 6 node(s)" in text(
+        render({**base, "waiting_nodes": 6})
+    )
