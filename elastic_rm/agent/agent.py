@@ -170,7 +170,7 @@ class ElasticRMAgent(LocalElasticAgent):
         """torch's state of this node's worker group."""
         return self._worker_group.state
 
-    def _node_id_now(self) -> str:
+    def node_id_now(self) -> str:
         """This node's id now: it changes when the node rejoins after losing its lease."""
         return self._services.node_id if self._services is not None else self.node_id
 
@@ -250,7 +250,7 @@ class ElasticRMAgent(LocalElasticAgent):
             emit_sample(self.events, self.node_id, record, completed)
 
     def _note_checkpoints(self) -> None:
-        node_dir = run_memory_dir(self._handler.get_run_id()) / self._node_id_now()
+        node_dir = run_memory_dir(self._handler.get_run_id()) / self.node_id_now()
         self._last_checkpoint = emit_new_checkpoints(self.events, node_dir, self._last_checkpoint)
 
     # -- torch hooks ------------------------------------------------------------------------------------

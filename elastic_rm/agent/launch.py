@@ -67,7 +67,7 @@ def free_node_memory(run_id: str, agent: ElasticRMAgent, why: str) -> None:
     freed = [node for node in agent.node_ids_used if remove_node_memory(run_id, node)]
     if freed:  # every id this node had: a rejoin (lease lost) wrote under a new one
         names = ", ".join(freed)
-        agent.events.emit("job", f"node {agent._node_id_now()}: node memory freed ({why}; of {names})",
+        agent.events.emit("job", f"node {agent.node_id_now()}: node memory freed ({why}; of {names})",
                           status="memory freed", nodes=freed)  # fmt: skip
 
 
@@ -187,7 +187,7 @@ def launch_agent(
         events.record(agent.get_event_failed(), config.event_log_handler)
         raise
     finally:
-        agent.events.emit("job", f"node {agent._node_id_now()}: job {status}", status=status)
+        agent.events.emit("job", f"node {agent.node_id_now()}: job {status}", status=status)
         agent.events.flush()  # the etcd copy is written without waiting: let the last event land
         agent.close()
         agent.events.close()

@@ -49,7 +49,7 @@ def set_worker_environment(agent: Any, round_id: int) -> None:
     checkpoint peers and id, and the workers' thread count."""
     agent._start_side_services()
     os.environ.update(agent.channel.env())
-    os.environ["ERM_NODE_ID"] = node = agent._node_id_now()
+    os.environ["ERM_NODE_ID"] = node = agent.node_id_now()
     if node not in agent.node_ids_used:  # the workers' node memory goes under this id from now on
         agent.node_ids_used.append(node)
     ckpt_hooks.set_worker_env(agent.services)  # this round's peers' checkpoint servers

@@ -93,10 +93,12 @@ def stop_workers(agent: Any, group: Any) -> Any:
         + f", {len(plain)} without the API; workers {ended} in {time.monotonic() - t0:.2f}s"
     )
     if late:  # which workers did not drain, and why
-        hooks = [p for p in late if p in drained.failed]
-        message += f"; worker pid(s) {late} did not drain: " + (
-            f"the final hook raised in {hooks}" if hooks else f"no step boundary within {grace:g}s"
-        )
+        why = {
+            "the final hook raised": [p for p in late if p in drained.failed],
+            "exited without an ack": [p for p in late if p in drained.exited],
+            f"no step boundary within {grace:g}s": [p for p in late if p in drained.missing],
+        }
+        message += "; did not drain: " + "; ".join(f"pid(s) {ps} ({w})" for w, ps in why.items() if ps)
     log.info("%s", message)
     agent.events.emit("drain", message, steps=steps, acked=len(drained.acked), stop=True,
                       missing=len(drained.missing), unregistered=len(plain),

@@ -28,7 +28,6 @@ KNOWN = {
     },
     "elastic_rm.agent.prepared": {
         "_start_side_services",
-        "_node_id_now",
         "_threads",
         "_orphan_guard",
         "_pid_alive",
