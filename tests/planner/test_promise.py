@@ -11,14 +11,15 @@ from elastic_rm.planner.interface import ClusterSnapshot, Decision, RoundView
 from elastic_rm.planner.perf_model import Fit
 from elastic_rm.planner.policy import PlannerPolicy
 from elastic_rm.planner.promise import pays, round_cost
+from elastic_rm.planner.resize_rules import resize_check
 from elastic_rm.planner.scaling import Target
 from elastic_rm.planner.sim.cluster import ClusterSpec
 from elastic_rm.planner.sim.engine import Instability, Simulator
 from elastic_rm.planner.sim.tracegen import generate
-from elastic_rm.planner.state import PlannerState
+from elastic_rm.planner.state import Advice, PlannerState
 
 from . import helpers
-from .helpers import JOB, node
+from .helpers import GIB, JOB, node, running
 
 CFG = PlannerConfig(
     sample_interval_s=10, profile_window_s=30, min_profile_samples=2, cooldown_s=60, round_warmup_s=0
@@ -109,3 +110,22 @@ def test_a_well_sized_job_alone_on_an_idle_cluster_keeps_its_request_and_ends_wi
         assert sizes and sizes[0] >= job.req_nodes, ours.decisions
         assert not any("scale down" in d for d in ours.decisions), ours.decisions
         assert ours.end_s <= static.end_s * (1 + BOUND), (ours.end_s / static.end_s, ours.decisions)
+
+
+def test_a_round_that_only_saves_resources_waits_for_someone_to_want_them():
+    """Budgets far below what the nodes hold: a same-members resize round frees them, which costs this job
+    a restart; it is made only while other jobs wait (or waited within queue_memory_s)."""
+    cfg = replace(CFG, resize_rounds=True)
+    members = ["a", "b"]
+    state = PlannerState(
+        advice=Advice(2, 2.0, 16 * GIB, "observed peak + margins"), growth_total=0.0, queued_at=float("-inf")
+    )
+    alone = replace(running(4000.0, members), waiting_nodes=0)
+    answer, _ = resize_check(cfg, alone, state, tuple(members), [], list(alone.nodes))
+    assert answer is None  # nobody waits: the job keeps running
+    queued = replace(alone, waiting_nodes=3)
+    answer, _ = resize_check(cfg, queued, state, tuple(members), [], list(queued.nodes))
+    assert isinstance(answer, Decision) and answer.members == tuple(members) and "resize to" in answer.reason
+    recently = replace(state, queued_at=4000.0 - cfg.queue_memory_s / 2)  # the queue was seen lately
+    answer, _ = resize_check(cfg, alone, recently, tuple(members), [], list(alone.nodes))
+    assert isinstance(answer, Decision)
