@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 STOP_BY = "erm stop"  # the closed record's "by" (node ids cannot contain a space)
 EXIT_LIMIT_S = 30.0  # how long drained workers get to exit on their own before they are stopped
 POLL_S = 0.05
+TORCH_PROCESS_LOG = "torch.distributed.elastic.multiprocessing.api"  # torch's worker processes' logger
 
 
 def requested(services: NodeServices | None) -> bool:
@@ -46,15 +47,29 @@ def terminate(pids: list[int], sig: int) -> None:
                 pass
 
 
+class _SignalledExits(logging.Filter):
+    """torch logs a worker that ends by the stop's own SIGTERM as an error ("failed (exitcode: -15)"):
+    at `erm stop` that is the expected end, said in the drain event instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("failed (exitcode: ")
+
+
 def wait_exit(agent: Any, limit_s: float) -> Any:
     """torch's process context's result once every worker exited; None when some still run at the limit."""
     deadline = time.monotonic() + limit_s
-    while agent._pcontext is not None:
-        result = agent._pcontext.wait(0)
-        if result is not None or time.monotonic() >= deadline:
-            return result
-        time.sleep(POLL_S)
-    return None
+    quiet = _SignalledExits()
+    torch_log = logging.getLogger(TORCH_PROCESS_LOG)
+    torch_log.addFilter(quiet)
+    try:
+        while agent._pcontext is not None:
+            result = agent._pcontext.wait(0)
+            if result is not None or time.monotonic() >= deadline:
+                return result
+            time.sleep(POLL_S)
+        return None
+    finally:
+        torch_log.removeFilter(quiet)
 
 
 def stop_workers(agent: Any, group: Any) -> Any:
