@@ -13,6 +13,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 def plot_demo(rows: list[dict], events: list[dict], path: str, window_s: float = 2.0) -> str:
     """``rows``: worker progress lines (t, rank, world, samples); ``events``: {t, kind, text}."""
+    fig = demo_figure(rows, events, window_s)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def demo_figure(rows: list[dict], events: list[dict], window_s: float = 2.0):
+    """The demo's picture: each marked event numbered at its line, and named in a list under the panels
+    (labels written along the lines overlapped when phases came seconds apart)."""
     steps = sorted((r for r in rows if "step" in r and r.get("rank") == 0), key=lambda r: r["t"])
     if not steps:
         raise ValueError("no training progress to plot")
@@ -29,26 +38,33 @@ def plot_demo(rows: list[dict], events: list[dict], path: str, window_s: float =
         samples = sum(x.get("samples", 0) for x in all_steps if lo < x["t"] <= r["t"])
         rate_t.append(r["t"] - t0)
         rate.append(samples / window_s)
-    fig, (ax_w, ax_r) = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True)
+    colors = {"fault": "tab:red", "node": "tab:orange", "round": "tab:purple", "stop": "gray"}
+    marked = [e for e in events if e["kind"] in colors]
+    footer_in = 0.22 * (len(marked) + 1)
+    fig, (ax_w, ax_r) = plt.subplots(2, 1, figsize=(10, 5.5 + footer_in), sharex=True)
     ax_w.step(times, worlds, where="post", color="tab:blue")
     ax_w.set_ylabel("world size (nodes)")
     ax_w.set_ylim(0, max(worlds) + 1)
     ax_r.plot(rate_t, rate, color="tab:green")
     ax_r.set_ylabel(f"samples/s ({window_s:.0f}s window)")
     ax_r.set_xlabel("seconds")
-    colors = {"fault": "tab:red", "node": "tab:orange", "round": "tab:purple", "stop": "gray"}
-    for e in events:
-        if e["kind"] not in colors:
-            continue
+    lines = []
+    for number, e in enumerate(marked, start=1):
         x = e["t"] - t0
         for ax in (ax_w, ax_r):
             ax.axvline(x, color=colors[e["kind"]], linestyle="--", linewidth=0.8)
-        ax_w.annotate(e["text"][:32], (x, 0.1), rotation=90, fontsize=7, va="bottom", ha="right")
+        # numbers of events close in time stack upwards instead of covering each other
+        close = sum(
+            1 for other in marked[: number - 1] if abs(other["t"] - e["t"]) < 0.02 * (max(times) or 1)
+        )
+        ax_w.annotate(str(number), (x, 1.0), xycoords=("data", "axes fraction"), xytext=(2, 2 + 9 * close),
+                      textcoords="offset points", fontsize=7, color=colors[e["kind"]])  # fmt: skip
+        lines.append(f"{number}  {x:6.1f} s  {e['kind']}: {e['text'][:100]}")
     fig.suptitle("elastic-rm: world size and throughput")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    fig.tight_layout(rect=(0, footer_in / (5.5 + footer_in), 1, 1))
+    if lines:
+        fig.text(0.01, 0.01, "\n".join(lines), fontsize=7, family="monospace", va="bottom")
+    return fig
 
 
 MAX_LISTED = 12  # decisions named under the picture (the HTML page has them all)
