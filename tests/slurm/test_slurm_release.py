@@ -1,0 +1,71 @@
+"""`srun ermrun --slurm-release` inside a fixed allocation: a node the run no longer uses goes back to Slurm."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from elastic_rm.launch.slurm_release import should_release
+from elastic_rm.wire.records import DemandRecord, RoundRecord
+from tests.conftest import REPO
+from tests.launcher.helpers import wait_until
+from tests.slurm.helpers import CONF
+
+
+def test_the_spares_beyond_the_demand_release_themselves_the_last_by_name_first():
+    rnd = RoundRecord(round=1, members=("b1", "b2"), standby=("b3",), sealed=True)
+    registered = {"b1", "b2", "b3", "b4", "b5"}
+    want = DemandRecord(target_nodes=4)
+    assert [n for n in sorted(registered) if should_release(n, want, rnd, registered)] == ["b5"]
+    three = DemandRecord(target_nodes=3)
+    assert [n for n in sorted(registered) if should_release(n, three, rnd, registered)] == ["b4", "b5"]
+    assert not any(should_release(n, DemandRecord(target_nodes=5), rnd, registered) for n in registered)
+    unsealed = RoundRecord(round=1, members=("b1", "b2"), sealed=False)
+    assert not any(should_release(n, want, unsealed, registered) for n in registered)
+    assert not any(should_release(n, None, rnd, registered) for n in registered)
+
+
+@pytest.mark.slow
+def test_a_spare_node_of_the_allocation_is_given_back_and_training_goes_on(etcd, run_id, tmp_path, slurm):
+    job = json.loads((Path(REPO) / "examples" / "emulated" / "job.json").read_text())
+    job["name"] = run_id
+    (tmp_path / "job.json").write_text(json.dumps(job))  # request: 2 nodes
+    state = tmp_path / "state"
+    script = (
+        "#!/bin/sh\n"
+        f"srun --kill-on-bad-exit=0 {sys.executable} -m launcher.ermrun --slurm-release --nnodes 2:3 "
+        f"--nproc-per-node 1 --rdzv-endpoint {etcd.endpoint} --rdzv-id {run_id} --rdzv-conf {CONF} "
+        f"--job {tmp_path / 'job.json'} --monitor-interval 0.1 examples/emulated/train.py --samples 1000000000 "
+        f"--step-s 0.2 --state {state}\n"
+    )
+    (tmp_path / "job.sh").write_text(script)
+    r = slurm.cmd("sbatch", "--parsable", "-N", "3", "-J", "fixed", f"--chdir={REPO}",
+                  f"--output={tmp_path / 'job.out'}", str(tmp_path / "job.sh"))  # fmt: skip
+    job_id = r.stdout.strip()
+
+    def nodes() -> list[str]:
+        listed = [j["node"] for j in slurm.jobs() if j["id"] == job_id]
+        return slurm.cmd("scontrol", "show", "hostnames", listed[0]).stdout.split() if listed else []
+
+    wait_until(lambda: len(nodes()) == 3, 60, "the allocation of 3 nodes")
+    first = nodes()
+    log = tmp_path / "job.out"
+    try:
+        wait_until(lambda: len(nodes()) == 2, 180, f"the allocation shrunk to 2 nodes\n{_tail(log)}")
+        released = sorted(set(first) - set(nodes()))
+        assert len(released) == 1
+        wait_until(lambda: slurm.node_states()[released[0]] == "idle", 30, "the given-back node idle")
+        progress = state / "progress.json"
+        wait_until(progress.exists, 60, "training")
+        done = json.loads(progress.read_text())["samples_done"]
+        wait_until(lambda: json.loads(progress.read_text())["samples_done"] > done, 60, "training goes on")
+        assert f"gives {released[0]} back to Slurm" in log.read_text()
+    finally:
+        slurm.cmd("scancel", job_id, check=False)
+
+
+def _tail(path: Path) -> str:
+    return path.read_text()[-3000:] if path.exists() else ""
