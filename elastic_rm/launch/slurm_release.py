@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import subprocess
+import tempfile
 import threading
 
 from ..etcd.client import EtcdClient
@@ -38,8 +39,8 @@ def should_release(node_id: str, demand: DemandRecord | None, rnd: RoundRecord |
     return surplus > 0 and node_id in spares[len(spares) - min(surplus, len(spares)) :]
 
 
-def _run(argv: list[str]) -> str:
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+def _run(argv: list[str], cwd: str | None = None) -> str:
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL, cwd=cwd)
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed: {(r.stderr or r.stdout).strip()[-300:]}")
     return r.stdout
@@ -100,10 +101,15 @@ class AllocationRelease(threading.Thread):
     def give_back(self) -> None:
         """After the agent left: shrink the allocation by this node (Slurm then ends this task)."""
         if self.keep:
-            try:
-                _run(["scontrol", "update", f"JobId={self.job_id}", f"NodeList={','.join(self.keep)}"])
-            except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
-                log.warning("--slurm-release: %s; the node stays in the allocation, idle", exc)
+            # scontrol writes slurm_job_<id>_resize.{sh,csh} into its working directory: not the job's
+            with tempfile.TemporaryDirectory(prefix="erm-slurm-release-") as scratch:
+                try:
+                    _run(
+                        ["scontrol", "update", f"JobId={self.job_id}", f"NodeList={','.join(self.keep)}"],
+                        scratch,
+                    )
+                except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+                    log.warning("--slurm-release: %s; the node stays in the allocation, idle", exc)
 
 
 def start_release(settings, node_id: str | None, environ=os.environ) -> AllocationRelease:

@@ -63,6 +63,9 @@ def test_a_spare_node_of_the_allocation_is_given_back_and_training_goes_on(etcd,
         done = json.loads(progress.read_text())["samples_done"]
         wait_until(lambda: json.loads(progress.read_text())["samples_done"] > done, 60, "training goes on")
         assert f"gives {released[0]} back to Slurm" in log.read_text()
+        assert not list(
+            Path(REPO).glob("slurm_job_*_resize.*")
+        )  # scontrol's resize scripts not in the job's cwd
     finally:
         slurm.cmd("scancel", job_id, check=False)
 
