@@ -19,6 +19,7 @@ executor (elastic_rm.launch.executor), over jobs instead of hosts:
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 
@@ -30,6 +31,13 @@ from .slurm_cli import BAD_NODE_STATES, NODE_LOST, Slurm, SlurmError, SlurmJob
 from .slurm_job import SlurmOptions
 
 QUEUE_EVERY_S = 5.0  # the queue key is rewritten at most this often
+
+
+def stragglers_of(reason: str) -> set[str]:
+    """The nodes a round's reason names as stragglers (the planner's "straggler(s) b3, b4 replaced by ..."
+    or "straggler(s) b3 removed")."""
+    found = re.search(r"straggler\(s\) (.+?) (?:replaced by|removed)", reason)
+    return {n.strip() for n in found.group(1).split(",")} if found else set()
 
 
 class SlurmNode:
@@ -257,9 +265,12 @@ class SlurmExecutor(Executor):
             return
         keep = set(state.round.members) | set(state.round.standby)
         spare = [n for n in live if n.registered and not n.stopping and not _among(n.node_id, keep)]
-        for node in sorted(spare, key=lambda n: n.started_at, reverse=True)[:surplus]:
+        slow = stragglers_of(state.round.reason)  # released first, and their hosts not used again soon
+        for node in sorted(spare, key=lambda n: (n.node_id not in slow, -n.started_at))[:surplus]:
             self._stop(node, f"{len(live) + foreign} node(s), {target} wanted; round {state.round.round} "
                        f"neither uses nor keeps {node.node_id} as standby; {why}")  # fmt: skip
+            if node.node_id in slow and node.slurm_node:
+                self._blacklist(node.slurm_node, f"a straggler in round {state.round.round}", at_once=True)
 
     def _exclusions(self, state: RunState) -> list[str]:
         """Hosts a new node job must not land on: blacklisted ones, ours already, and Slurm nodes whose

@@ -82,3 +82,11 @@ def test_the_batch_script_execs_ermrun_with_the_slurm_node_as_node_id(tmp_path):
     options = opts.sbatch_options(["b2", "b1"])
     assert "--exclude=b1,b2,b9" in options and "--job-name=erm-r1" in options
     assert "--partition=gpu" in options and options[-1] == "--time=1:00:00"  # the user's last: they win
+
+
+def test_the_stragglers_a_round_drops_are_read_from_its_reason():
+    from elastic_rm.launch.slurm_nodes import stragglers_of
+
+    assert stragglers_of("straggler(s) b3, b4 replaced by b7, b8") == {"b3", "b4"}
+    assert stragglers_of("straggler(s) b3 removed; no standby node") == {"b3"}
+    assert stragglers_of("first round of 2 node(s)") == set()
