@@ -3,7 +3,8 @@ renders in an 80-column terminal and follows changes, the event log (file, etcd,
 malformed record is reported and not fatal, the report of the run names each decision.
 
 One job for the module (it takes most of the time): node a starts alone (round 1, world 1), node b joins
-(round 2, world 2: a is drained at a step boundary), and the job ends when the workers see a stop file.
+(round 2, world 2: a is drained at a step boundary); it stays live for every test, in any order. The end
+of a job (the workers see a stop file) is a one-node job of its own.
 """
 
 from __future__ import annotations
@@ -67,6 +68,15 @@ def status(job: Job) -> dict:
     return json.loads(out.stdout)
 
 
+def start_node(endpoint: str, run_id: str, tmp: Path, name: str, *extra: str) -> Proc:
+    """A node of the job: ermrun with the reporting worker, which stops when ``tmp/stop`` exists."""
+    argv = [os.path.join(BIN, "ermrun"), "--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-endpoint",
+            endpoint, "--rdzv-id", run_id, "--rdzv-conf", "lease_ttl=2", "--node-id", name,
+            "--event-log", str(tmp / f"{name}.events.jsonl"), "--event-sample-interval", "1", *extra,
+            REPORTING]  # fmt: skip
+    return Proc(argv, str(tmp / f"{name}.log"), env={"STEPS_DIR": str(tmp), "STEPS_NODE": name})
+
+
 @pytest.fixture(scope="module")
 def job(etcd, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("job")
@@ -74,11 +84,7 @@ def job(etcd, tmp_path_factory):
     procs: dict[str, Proc] = {}
 
     def start(name: str, *extra: str) -> Proc:
-        argv = [os.path.join(BIN, "ermrun"), "--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-endpoint",
-                etcd.endpoint, "--rdzv-id", run_id, "--rdzv-conf", "lease_ttl=2", "--node-id", name,
-                "--event-log", str(tmp / f"{name}.events.jsonl"), "--event-sample-interval", "1", *extra,
-                REPORTING]  # fmt: skip
-        procs[name] = Proc(argv, str(tmp / f"{name}.log"), env={"STEPS_DIR": str(tmp), "STEPS_NODE": name})
+        procs[name] = start_node(etcd.endpoint, run_id, tmp, name, *extra)
         return procs[name]
 
     j = Job(run_id, etcd.endpoint, tmp, procs)
@@ -232,17 +238,27 @@ def test_event_log_in_files_etcd_and_ermrun_output(job):
 
 def test_malformed_records_are_reported_not_fatal(job):
     keys = Keyspace("/elastic-rm", job.run_id)
+    broken = [
+        (keys.metric("zz"), b"{broken"),
+        (keys.events + "00000000000000000001-zz-000000", b'{"v": 1, "kind": "nope"}'),
+    ]
     with EtcdClient(job.endpoint) as c:
-        c.put(keys.metric("zz"), b"{broken")
-        c.put(keys.events + "00000000000000000001-zz-000000", b'{"v": 1, "kind": "nope"}')
-    s = status(job)
-    assert any("metrics/zz" in e for e in s["errors"]) and s["world_size"] == 2
-    assert any("00000000000000000001-zz-000000" in e for e in s["errors"])
-    out = erm("events", "--endpoint", job.endpoint, "--run-id", job.run_id)
-    assert out.returncode == 0 and "malformed" in out.stderr and "00000000000000000001-zz" in out.stderr
-    assert "decision" in out.stdout
-    text = erm("status", "--endpoint", job.endpoint, "--run-id", job.run_id)
-    assert text.returncode == 0 and "malformed" in text.stdout and "metrics/zz" in text.stdout
+        for key, value in broken:
+            c.put(key, value)
+        try:
+            s = status(job)
+            assert any("metrics/zz" in e for e in s["errors"]) and s["world_size"] == 2
+            assert any("00000000000000000001-zz-000000" in e for e in s["errors"])
+            out = erm("events", "--endpoint", job.endpoint, "--run-id", job.run_id)
+            assert (
+                out.returncode == 0 and "malformed" in out.stderr and "00000000000000000001-zz" in out.stderr
+            )
+            assert "decision" in out.stdout
+            text = erm("status", "--endpoint", job.endpoint, "--run-id", job.run_id)
+            assert text.returncode == 0 and "malformed" in text.stdout and "metrics/zz" in text.stdout
+        finally:  # the module's job, as the tests after this one (in any order) expect it
+            for key, _ in broken:
+                c.delete(key)
 
 
 def test_report_of_the_live_run_names_each_decision(job, tmp_path):
@@ -257,13 +273,16 @@ def test_report_of_the_live_run_names_each_decision(job, tmp_path):
     assert (tmp_path / f"{job.run_id}.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_job_end_is_logged_and_status_says_closed(job):
-    (job.dir / "stop").touch()
-    for p in job.procs.values():
-        assert p.wait(120) == 0, p.output()[-3000:]
-    for node in "ab":
-        last = job.file_events(node)[-1]
-        assert (last["kind"], last["data"]["status"]) == ("job", "succeeded")
+def test_job_end_is_logged_and_status_says_closed(etcd, run_id, tmp_path, procs):
+    """A job of its own: the module's job stays live for the tests that run after this one, in any order."""
+    p = start_node(etcd.endpoint, run_id, tmp_path, "c")
+    procs.append(p)
+    job = Job(run_id, etcd.endpoint, tmp_path, {"c": p})
+    wait_until(lambda: any("step" in r for r in records(tmp_path, "c")), 120, "node c training", [p])
+    (tmp_path / "stop").touch()
+    assert p.wait(120) == 0, p.output()[-3000:]
+    last = job.file_events("c")[-1]
+    assert (last["kind"], last["data"]["status"]) == ("job", "succeeded")
     assert status(job)["closed"]
 
 
