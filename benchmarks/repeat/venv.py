@@ -20,6 +20,7 @@ STAMP = ".installed"  # the Makefile's setup stamp: `make test` does not re-run 
 
 
 def site_packages(python: Path) -> Path:
+    """Where ``python`` installs packages (its venv's site-packages)."""
     out = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True,
@@ -28,6 +29,14 @@ def site_packages(python: Path) -> Path:
         timeout=60,
     )
     return Path(out.stdout.strip())
+
+
+def package_dirs(python: Path) -> list[Path]:
+    """Every site-packages directory ``python`` imports from, in order: its own, and for a venv made by
+    :func:`overlay` (the suite's harness test runs the harness inside a run) the ones it lists."""
+    code = "import sys; print('\\n'.join(p for p in sys.path if p.endswith('site-packages')))"
+    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    return [Path(line) for line in out.stdout.splitlines() if line]
 
 
 def overlay(installed: Path, target: Path, first: list[Path]) -> None:
@@ -39,7 +48,7 @@ def overlay(installed: Path, target: Path, first: list[Path]) -> None:
         capture_output=True,
         timeout=120,
     )
-    paths = [*first, site_packages(installed / "bin" / "python")]
+    paths = [*first, *package_dirs(installed / "bin" / "python")]
     (site_packages(target / "bin" / "python") / "erm_repeat.pth").write_text("".join(f"{p}\n" for p in paths))
     shebang = f"#!{target / 'bin' / 'python'}\n".encode()
     for script in sorted((installed / "bin").iterdir()):
