@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -27,11 +28,14 @@ log = logging.getLogger(__name__)
 CHECK_EVERY_S = 2.0
 
 
-def should_release(node_id: str, demand: DemandRecord | None, rnd: RoundRecord | None, registered) -> bool:
-    """Whether this node is one of the spares beyond the demand (the same answer on every node)."""
+def should_release(
+    node_id: str, demand: DemandRecord | None, rnd: RoundRecord | None, registered, stays=frozenset()
+) -> bool:
+    """Whether this node is one of the spares beyond the demand (the same answer on every node); nodes in
+    ``stays`` (the batch script's, which Slurm cannot take from the job) are never given back."""
     if demand is None or demand.target_nodes <= 0 or rnd is None or not rnd.sealed:
         return False
-    keep = set(rnd.members) | set(rnd.standby)
+    keep = set(rnd.members) | set(rnd.standby) | set(stays)
     if node_id in keep or node_id not in registered:
         return False
     spares = sorted(n for n in registered if n not in keep)
@@ -54,6 +58,7 @@ class AllocationRelease(threading.Thread):
         self.job_id, self.slurm_node, self.every_s = job_id, slurm_node, every_s
         self._stop = threading.Event()
         self._warned = ""
+        self.batch_host: str | None = None
         self.keep: list[str] = []  # the allocation's nodes without this one, once it decided to leave
 
     def stop(self) -> None:
@@ -81,8 +86,10 @@ class AllocationRelease(threading.Thread):
 
         nodes, _ = self._client.get_prefix(keys.nodes)
         registered = {keys.node_of(kv.key) for kv in nodes}
+        if self.batch_host is None:  # Slurm refuses to take the batch script's node from the job
+            self.batch_host = _run(["squeue", "-h", "-j", self.job_id, "-o", "%B"]).strip()
         if not should_release(self.node_id, parsed(keys.demand, DemandRecord), parsed(keys.round, RoundRecord),
-                              registered):  # fmt: skip
+                              registered, stays={self.batch_host}):  # fmt: skip
             return False
         listed = _run(["squeue", "-h", "-j", self.job_id, "-o", "%N"]).strip()
         hosts = _run(["scontrol", "show", "hostnames", listed]).split()
@@ -101,15 +108,17 @@ class AllocationRelease(threading.Thread):
     def give_back(self) -> None:
         """After the agent left: shrink the allocation by this node (Slurm then ends this task)."""
         if self.keep:
-            # scontrol writes slurm_job_<id>_resize.{sh,csh} into its working directory: not the job's
-            with tempfile.TemporaryDirectory(prefix="erm-slurm-release-") as scratch:
-                try:
-                    _run(
-                        ["scontrol", "update", f"JobId={self.job_id}", f"NodeList={','.join(self.keep)}"],
-                        scratch,
-                    )
-                except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
-                    log.warning("--slurm-release: %s; the node stays in the allocation, idle", exc)
+            # scontrol writes slurm_job_<id>_resize.{sh,csh} into its working directory: not the job's. Slurm
+            # may end this task before the directory is removed: it stays in $TMPDIR then.
+            scratch = tempfile.mkdtemp(prefix="erm-slurm-release-")
+            try:
+                _run(
+                    ["scontrol", "update", f"JobId={self.job_id}", f"NodeList={','.join(self.keep)}"], scratch
+                )
+            except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+                log.warning("--slurm-release: %s; the node stays in the allocation, idle", exc)
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
 
 
 def start_release(settings, node_id: str | None, environ=os.environ) -> AllocationRelease:
