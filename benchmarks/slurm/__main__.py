@@ -210,22 +210,24 @@ def main() -> int:
         print(f"cannot run: {reason}", file=sys.stderr)
         return 2
     root = Path(tempfile.mkdtemp(prefix="erm-bench-slurm-"))
-    t_up = time.monotonic()
-    with EtcdServer() as etcd, SlurmCluster(args.nodes) as cluster:
-        up_s = time.monotonic() - t_up
-        parts = {}
-        for name, direct in (("slurm", False), ("direct", True)):
-            work = root / f"up-{name}"
-            work.mkdir()
-            parts[name] = scale_up(cluster, etcd, work, args.grow_to, direct)
-            cluster.reset()
-        releases = []
-        for i in range(args.release_runs):
-            work = root / f"release-{i}"
-            work.mkdir()
-            releases += release(cluster, etcd, work)
-            cluster.reset()
-    shutil.rmtree(root, ignore_errors=True)
+    try:
+        t_up = time.monotonic()
+        with EtcdServer() as etcd, SlurmCluster(args.nodes) as cluster:
+            up_s = time.monotonic() - t_up
+            parts = {}
+            for name, direct in (("slurm", False), ("direct", True)):
+                work = root / f"up-{name}"
+                work.mkdir()
+                parts[name] = scale_up(cluster, etcd, work, args.grow_to, direct)
+                cluster.reset()
+            releases = []
+            for i in range(args.release_runs):
+                work = root / f"release-{i}"
+                work.mkdir()
+                releases += release(cluster, etcd, work)
+                cluster.reset()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
     keys = ("total_s", "decision_to_submit_s", "submit_to_running_s", "decision_to_running_s",
             "running_to_ermrun_up_s", "ermrun_up_to_training_s")  # fmt: skip
     up = {k: summarize([r[k] for r in parts["slurm"] if r.get(k) is not None]) for k in keys}
