@@ -1,4 +1,5 @@
 import csv
+import random
 import statistics
 
 import pytest
@@ -200,3 +201,17 @@ def test_results_keep_numpy_scalars_as_the_python_values_they_hold(tmp_path):
     for name in ("a.json", "b.json"):
         data = json.loads((tmp_path / name).read_text())
         assert data["met"] is True and data["value"] == 1.5 and data["n"] == 3, data
+
+
+def test_a_whole_machine_fits_again_after_float_sums_of_slices():
+    spec = ClusterSpec(machines=1, cores=96.0, mem_gib=768.0, gpus=8)
+    rng = random.Random(1)
+    for _ in range(20):  # slices of odd sizes come and go in another order, as the simulated jobs' do
+        c = Cluster(spec)
+        slices = [(rng.uniform(1, 20), rng.uniform(1, 150) * GIB) for _ in range(5)]
+        for cpu, mem in slices:
+            assert c.allocate(cpu, mem, 1) == 0
+        rng.shuffle(slices)
+        for cpu, mem in slices:
+            c.release(0, cpu, mem, 1)
+        assert c.can_fit_count(spec.cores, spec.mem_gib * GIB, spec.gpus) == 1

@@ -60,8 +60,13 @@ class Cluster:
         return False
 
     def can_fit_count(self, cpu: float, mem: float, gpus: int) -> int:
+        """Slices of this size that fit, with ``fits``'s tolerance: freed capacity comes back through float
+        sums, so an empty machine can hold a few bytes less than its size, and a slice of a whole machine
+        would never fit again."""
         n = 0
         for f in self.free:
-            k = min(f[0] // max(cpu, 1e-9), f[1] // max(mem, 1), f[2] // gpus if gpus else 1 << 30)
+            k = min(
+                (f[0] + 1e-9) // max(cpu, 1e-9), (f[1] + 1) // max(mem, 1), f[2] // gpus if gpus else 1 << 30
+            )
             n += int(max(k, 0))
         return n
