@@ -171,15 +171,13 @@ def test_without_agent_dir_the_api_is_a_cheap_no_op(pyprocs, step_worker, tmp_pa
     assert rep.completed_steps == n and not rep.should_stop()
 
 
-def test_reporting_call_costs_well_under_one_percent_of_a_10ms_step(channel):
+def test_a_burst_of_reports_is_delivered_or_counted_as_dropped(channel):
+    """What a reporting call costs is benchmarks/agent_overhead's figure, not a timed assertion here."""
     rep = StepReporter(agent_dir=channel.directory)
     n = 50_000
-    t0 = time.perf_counter()
     for _ in range(n):
         rep.step(samples=8)
-    per_call_us = (time.perf_counter() - t0) / n * 1e6
     rep.close()
-    assert per_call_us < 20.0, per_call_us  # < 0.2% of 10 ms even on a loaded 2-core machine
     # Sub-microsecond "steps" in the agent's own process starve its receiver thread of the GIL, so some
     # batches may overflow and be dropped; every step is either delivered or counted as dropped.
     wait_for(lambda: channel.steps_total + rep._dropped == n, 5, "every step delivered or counted")
