@@ -126,6 +126,23 @@ def copy_result(source: Path, name: str, results_dir: str = RESULTS) -> str:
     return write_json(os.path.join(results_dir, f"{name}.json"), {**body, **stamp})
 
 
+def keep_run_result(returncode: int, work: str, name: str, what: str) -> int:
+    """After a run that wrote its figures to ``<work>/<name>.json``: copy them into benchmarks/results/ and
+    remove the work directory; a failed run leaves the results file as it was and keeps its work directory
+    (its logs) for a look. The exit status for the benchmark."""
+    figures = Path(work) / f"{name}.json"
+    if returncode != 0 or not figures.is_file():
+        print(
+            f"{what} failed (exit {returncode}): benchmarks/results/{name}.json left as it was; "
+            f"its logs are in {work}",
+            file=sys.stderr,
+        )
+        return returncode or 1
+    print("wrote", copy_result(figures, name))
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
 def _plain(value: Any) -> Any:
     """A numpy scalar (a simulator's float64, or the bool of comparing one) as the Python value it holds."""
     item = getattr(value, "item", None)

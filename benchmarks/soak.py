@@ -8,13 +8,11 @@ checked. The soak itself writes only into its work directory ($ERM_SOAK_OUT).
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
-from benchmarks.common import REPO, copy_result
+from benchmarks.common import REPO, keep_run_result
 
 
 def main() -> int:
@@ -22,16 +20,7 @@ def main() -> int:
     env = {**os.environ, "ERM_SOAK": "1", "ERM_SOAK_OUT": work}
     test = "tests/chaos/test_soak.py"
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "", test], cwd=REPO, env=env)
-    figures = Path(work) / "soak.json"
-    if done.returncode != 0 or not figures.is_file():
-        print(
-            f"the soak failed (exit {done.returncode}): benchmarks/results/soak.json left as it was",
-            file=sys.stderr,
-        )
-        return done.returncode or 1
-    print("wrote", copy_result(figures, "soak"))
-    shutil.rmtree(work, ignore_errors=True)
-    return 0
+    return keep_run_result(done.returncode, work, "soak", "the soak")
 
 
 if __name__ == "__main__":

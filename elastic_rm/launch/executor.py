@@ -64,7 +64,8 @@ def same_node(node_id: str, seen: str) -> bool:
     return seen == node_id or (seen.startswith(node_id + "-r") and seen[len(node_id) + 2 :].isdigit())
 
 
-def _among(node_id: str, ids) -> bool:
+def among(node_id: str, ids) -> bool:
+    """Whether ``node_id`` (or a re-incarnation of it) is one of ``ids``."""
     return any(same_node(node_id, i) for i in ids)
 
 
@@ -163,23 +164,30 @@ class Executor:
         want = d.target_nodes if d is not None and d.target_nodes > 0 else self._cfg.max_nodes
         return max(self._cfg.min_nodes, min(want, self._cfg.max_nodes))
 
+    def demand_reason(self, state: RunState) -> str:
+        """Why the target is what it is, for the reason of a start or a stop."""
+        d = state.demand
+        if d is not None and d.target_nodes > 0:
+            return f"demand {d.target_nodes} ({d.reason})"
+        return f"no demand from the leader: up to --nnodes MAX {self._cfg.max_nodes}"
+
+    @staticmethod
+    def foreign(state: RunState, ours: list[str]) -> int:
+        """Registered nodes that this launcher did not start (given its own node ids ``ours``)."""
+        return sum(1 for i in state.node_ids if not any(same_node(o, i) for o in ours))
+
     def _scale(self, state: RunState) -> None:
         target = self.target(state)
         running = [n for n in self.nodes.values() if not n.stopping]
         # Nodes registered that we did not start (another erm launch, ermrun by hand) count as running:
         # several launchers of one run then add up to the demand instead of each filling it.
-        ours = [n.node_id for n in self.nodes.values()]
-        foreign = sum(1 for i in state.node_ids if not any(same_node(o, i) for o in ours))
-        why = (
-            f"demand {state.demand.target_nodes} ({state.demand.reason})"
-            if state.demand is not None and state.demand.target_nodes > 0
-            else f"no demand from the leader: up to --nnodes MAX {self._cfg.max_nodes}"
-        )
+        foreign = self.foreign(state, [n.node_id for n in self.nodes.values()])
+        why = self.demand_reason(state)
         if len(running) + foreign < target:
             for host in self._pool.free():
                 if len(running) + foreign >= target:
                     break
-                if _among(host.node_id, state.node_ids):
+                if among(host.node_id, state.node_ids):
                     self._warn(
                         f"stale-{host.name}",
                         f"node {host.node_id} is still registered in etcd (its "
@@ -190,7 +198,7 @@ class Executor:
                 running.append(self._start(host, f"{count} of {target} node(s) running; {why}"))
         elif len(running) + foreign > target and state.round is not None:
             keep = set(state.round.members) | set(state.round.standby)
-            spare = [n for n in running if n.registered and not _among(n.node_id, keep)]
+            spare = [n for n in running if n.registered and not among(n.node_id, keep)]
             surplus = len(running) + foreign - target
             for node in sorted(spare, key=lambda n: n.started_at, reverse=True)[:surplus]:
                 self._stop(
@@ -248,7 +256,7 @@ class Executor:
 
     def _note_registrations(self, state: RunState) -> None:
         for name, node in self.nodes.items():
-            if not node.registered and _among(node.node_id, state.node_ids):
+            if not node.registered and among(node.node_id, state.node_ids):
                 node.registered = True
                 self._ever_registered = True
                 self._pool.succeeded(name)

@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from ..etcd.errors import EtcdError
 from ..wire.records import QueueRecord
-from .executor import Executor, RunState, _among, same_node
+from .executor import Executor, RunState, among
 from .hostfile import Host
 from .slurm_cli import BAD_NODE_STATES, NODE_LOST, Slurm, SlurmError, SlurmJob
 from .slurm_job import SlurmOptions
@@ -241,13 +241,8 @@ class SlurmExecutor(Executor):
     def _scale(self, state: RunState) -> None:
         target = self.target(state)
         live = [n for n in self.nodes.values() if not n.stopping]
-        ours = [n.node_id for n in self.nodes.values() if n.slurm_node]
-        foreign = sum(1 for i in state.node_ids if not any(same_node(o, i) for o in ours))
-        why = (
-            f"demand {state.demand.target_nodes} ({state.demand.reason})"
-            if state.demand is not None and state.demand.target_nodes > 0
-            else f"no demand from the leader: up to --nnodes MAX {self._cfg.max_nodes}"
-        )
+        foreign = self.foreign(state, [n.node_id for n in self.nodes.values() if n.slurm_node])
+        why = self.demand_reason(state)
         while len(live) + foreign < target:
             node = self._submit(state, f"{len(live) + foreign} of {target} node(s) running or pending; {why}")
             if node is None:
@@ -264,7 +259,7 @@ class SlurmExecutor(Executor):
         if surplus <= 0 or state.round is None:
             return
         keep = set(state.round.members) | set(state.round.standby)
-        spare = [n for n in live if n.registered and not n.stopping and not _among(n.node_id, keep)]
+        spare = [n for n in live if n.registered and not n.stopping and not among(n.node_id, keep)]
         slow = stragglers_of(state.round.reason)  # released first, and their hosts not used again soon
         for node in sorted(spare, key=lambda n: (n.node_id not in slow, -n.started_at))[:surplus]:
             self._stop(node, f"{len(live) + foreign} node(s), {target} wanted; round {state.round.round} "
