@@ -5,7 +5,9 @@ Each worker reports after its first step that follows a restore (:mod:`elastic_r
 over the worker channel). The agent knows what the workers cannot: the newest step its old workers
 completed and when. Downtime is from that step's end to the end of the first step after the restore (the
 node's slowest worker), the same span `erm demo` measures from rank 0's progress lines; steps trained
-again are the old workers' newest step minus the restored one (0 after a drain).
+again are the old workers' newest step minus the restored one (0 after a drain). A worker that stays in
+place across the change sends its newest step in its report; the agent's own view (the last batch of step
+times, :attr:`AgentChannel.last_step`) can lag it by a batch, so the newer of the two counts.
 """
 
 from __future__ import annotations
@@ -61,6 +63,9 @@ class RestoreTracker:
         reports, self._pending = self._pending, []
         before, self._before = self._before, None  # one change, one downtime
         first = reports[0][1]
+        for _, r in reports:  # a worker that lived through the change knows its newest step exactly
+            if r.step_before is not None and (before is None or r.step_before[0] > before[0]):
+                before = r.step_before
         sources: dict[str, str] = {}
         for _, r in reports:
             sources.update(r.sources)

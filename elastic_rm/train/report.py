@@ -108,6 +108,8 @@ class StepReporter:
         self._samples = 0
         self._dropped = 0
         self._last = self._flushed = self._reconnect_at = time.perf_counter()
+        # (global step, perf_counter at its end) of this process's newest step: newest_step()
+        self._newest: tuple[int, float] | None = None
         self._flag: Any = None  # the all_reduce tensor, made on first use
         self._warned_unsynced = False
         self._warned_unreachable = False
@@ -155,6 +157,14 @@ class StepReporter:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be an int >= 0 (the global step restored), got {step!r}")
         self._base = step - self._steps
+
+    def newest_step(self) -> tuple[int, float] | None:
+        """(global step, unix time of its end) of the newest step this process completed; None before its
+        first. A restore report carries it: the agent's own view lags by up to one batch of step times."""
+        if self._newest is None:
+            return None
+        step, at = self._newest
+        return step, time.time() - (time.perf_counter() - at)
 
     def send_after_next_step(self, kind: int, body: bytes) -> None:
         """One datagram for the agent right after the next step (a restore report ends the downtime)."""
@@ -218,6 +228,7 @@ class StepReporter:
             wall if busy is None or self._last_busy is None else min(busy - self._last_busy, wall)
         )
         self._last, self._last_busy = now, busy
+        self._newest = (self.global_step, now)
         self._samples += samples
         if not len(self._durs) % MAX_BATCH or now - self._flushed >= self._flush_interval:
             self._flush(now)

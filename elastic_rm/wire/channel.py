@@ -20,7 +20,7 @@ SOCKET_NAME = "agent.sock"
 CONTROL_NAME = "control"
 
 MAGIC = 0xE7A1
-VERSION = 2  # 2: each step carries its busy time next to its wall time
+VERSION = 3  # 2: each step carries its busy time next to its wall time; 3: restores carry the step before
 KIND_HELLO, KIND_STEPS, KIND_ACK, KIND_BYE = 1, 2, 3, 4
 ACK_OK, ACK_HOOK_FAILED = 0, 1
 HEADER = struct.Struct("<HBBiii")  # magic, version, kind, pid, rank, local_rank
@@ -43,7 +43,9 @@ MAX_TEXT = 2048
 # Worker -> agent, once after the first step that follows a restore: RESTORED_HEAD, then UTF-8 JSON
 # {file: source} (at most MAX_TEXT bytes; "{}" when it would not fit): where this rank read each file.
 KIND_RESTORED = 8
-RESTORED_HEAD = struct.Struct("<qqiid")  # round id, restored (global) step, world saved at, world now, load s
+# round id, restored (global) step, world saved at, world now, load s, then this process's newest step
+# before the restore (-1: a new process, it trained none) and that step's end (unix seconds)
+RESTORED_HEAD = struct.Struct("<qqiidqd")
 
 # Agent -> worker: a file ``round-<pid>`` in the channel directory (written whole, then renamed) holding
 # ROUND and then the new environment as UTF-8 "KEY=VALUE" entries separated by NUL bytes.

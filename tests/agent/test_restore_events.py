@@ -6,13 +6,24 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 
 import pytest
 
 from elastic_rm.agent.channel import AgentChannel
 from elastic_rm.agent.restores import RestoreTracker
 from elastic_rm.obs.events import Event, EventLog, read_file
-from elastic_rm.wire.channel import HEADER, KIND_RESTORED, MAGIC, VERSION
+from elastic_rm.train.report import StepReporter
+from elastic_rm.wire.channel import (
+    HEADER,
+    KIND_HELLO,
+    KIND_RESTORED,
+    KIND_STEPS,
+    MAGIC,
+    RESTORED_HEAD,
+    STEPS,
+    VERSION,
+)
 from elastic_rm.wire.restore import decode_restored, encode_restored
 
 from .test_agent_channel import wait_for
@@ -97,6 +108,45 @@ def test_malformed_restore_reports_are_dropped_by_the_channel_and_emit_nothing(t
 def test_malformed_restore_reports_are_refused():
     good = encode_restored(3, 100, 4, 2, {"a": "durable"}, 1.5)
     assert decode_restored(good).sources == {"a": "durable"}
-    for bad in (good[:10], good[:-1], good.replace(b"durable", b'dur"ble'), good[:33] + b"[1, 2]"):
+    for bad in (
+        good[:10],
+        good[:-1],
+        good.replace(b"durable", b'dur"ble'),
+        good[: RESTORED_HEAD.size + 1] + b"[1, 2]",
+    ):
         with pytest.raises(ValueError):
             decode_restored(bad)
+
+
+def test_a_worker_kept_in_place_counts_from_its_own_newest_step_when_the_agent_lags(tracked):
+    # A round in place after a loss: the worker trained steps whose times it had not sent yet (they go in
+    # batches), then restores the checkpoint of step 3. Its report carries its newest step, so the event
+    # says the steps trained again and the downtime although the agent never heard of steps past 2.
+    ch, tracker, log = tracked
+    reporter = StepReporter(ch.directory, flush_interval_s=3600.0)  # sends no step times in this test
+    try:
+        reporter.send(KIND_HELLO)
+        heard = HEADER.pack(MAGIC, VERSION, KIND_STEPS, os.getpid(), 0, 0) + STEPS.pack(2, 0, 1)
+        ch.handle_datagram(heard + struct.pack("<2d", 0.01, 0.01))  # the agent's view: 2 steps
+        for _ in range(5):
+            reporter.step()
+        assert ch.last_step[0] == 2 and reporter.newest_step()[0] == 5
+        tracker.mark_change()
+        body = encode_restored(4, 3, 2, 2, {}, 0.1, step_before=reporter.newest_step())
+        reporter.set_step(3)
+        reporter.send_after_next_step(KIND_RESTORED, body)
+        reporter.step()
+        event = wait_for(lambda: restores(log), 5, "the restore event")[0]
+    finally:
+        reporter.close()
+    assert (event.data["step"], event.data["last_step_before"], event.data["redone_steps"]) == (3, 5, 2)
+    assert event.data["downtime_s"] is not None and event.data["downtime_s"] >= 0
+
+
+def test_a_restore_report_round_trips_the_step_before_and_refuses_a_bad_one():
+    assert decode_restored(encode_restored(1, 5, 1, 1, {}, 0.0)).step_before is None
+    kept = decode_restored(encode_restored(1, 5, 1, 1, {}, 0.0, step_before=(7, 1_800_000_000.5)))
+    assert kept.step_before == (7, 1_800_000_000.5)
+    for bad in ((-2, 1.0), (7, float("nan")), (7, 0.0)):
+        with pytest.raises(ValueError, match="step before"):
+            decode_restored(encode_restored(1, 5, 1, 1, {}, 0.0, step_before=bad))
