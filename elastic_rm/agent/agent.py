@@ -12,7 +12,7 @@ What it adds:
   elastic_rm.agent.inplace), else restarted.
 
 Extension points: ``_start_workers``, ``_monitor_workers`` and ``_restart_workers``
-are private torch methods (``_shutdown`` is not ours to hook: torch calls it on every worker stop); ``tests/launcher/test_torch_contract.py`` pins them so that a
+are private torch methods (``_shutdown`` is not ours to hook: torch calls it on every worker stop); ``tests/e2e/test_torch_contract.py`` pins them so that a
 torch upgrade that changes them fails loudly instead of silently skipping our hooks.
 """
 

@@ -270,7 +270,7 @@ class SpareContext(SubprocessContext):
 
 def worker_envs(agent: Any, worker_group: Any) -> tuple[dict[int, tuple], dict[int, dict[str, str]], Any]:
     """The args, environments and log prefixes of torch's ``LocalElasticAgent._start_workers`` (torch
-    2.13, pinned by tests/launcher/test_torch_contract.py), line for line, without its side effects."""
+    2.13, pinned by tests/e2e/test_torch_contract.py), line for line, without its side effects."""
     spec = worker_group.spec
     restart_count = spec.max_restarts - agent._remaining_restarts
     use_agent_store: bool = spec.rdzv_handler.use_agent_store

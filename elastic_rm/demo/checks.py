@@ -1,7 +1,7 @@
 """Exactly-once checks on rank 0's progress lines (as examples/dlrm/train.py writes them): at every
 restart the restored state, the steps and, by sample identity from the ledger's ranges, the samples that
 reached the model; and `lineage`, the world-size schedule the final state holds. The demo, the
-closed-loop tests and the soak rely on them; tests/launcher/test_demo_checks.py shows they catch a
+closed-loop tests and the soak rely on them; tests/e2e/test_demo_checks.py shows they catch a
 skipped or repeated batch."""
 
 from __future__ import annotations

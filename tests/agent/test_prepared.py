@@ -3,7 +3,7 @@ workers from the proposed round (member order, the members' ``nproc``) are the r
 ``_assign_worker_ranks`` gives them once the round is sealed, with nodes of different sizes; the master is
 rank 0's advertised address and port unless the command line names one (as in torch's ``_rendezvous``).
 The end-to-end case (a scale-up whose joiner starts before the seal, and the fallback when the sealed
-round differs) is in tests/launcher/test_inplace_rounds.py."""
+round differs) is in tests/e2e/test_inplace_rounds.py."""
 
 from __future__ import annotations
 

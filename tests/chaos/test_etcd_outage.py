@@ -32,7 +32,7 @@ from tests.chaos.helpers import (
     round_record,
     round_records,
 )
-from tests.launcher.helpers import ermrun, records, steps_at_world, wait_until
+from tests.e2e.helpers import ermrun, records, steps_at_world, wait_until
 
 OUTAGE_S = 30.0
 CONF = "lease_ttl=5,last_call_timeout=0.5,join_timeout=120,etcd_timeout=3"

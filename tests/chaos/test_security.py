@@ -18,7 +18,7 @@ from elastic_rm.etcd.server import EtcdServer, find_etcd_binary
 from elastic_rm.rendezvous.registration import create_handler
 from tests.conftest import BIN, REPO, Proc
 from tests.etcd.test_fork import _run
-from tests.launcher.helpers import STEPS, records
+from tests.e2e.helpers import STEPS, records
 
 ERMRUN = os.path.join(BIN, "ermrun")
 ROOT_PW, USER_PW = "root-pw-1", "alice-pw-2"
@@ -78,7 +78,7 @@ def test_client_with_a_prefix_role_reads_and_writes_only_its_prefix(auth_etcd):
 def test_erm_commands_with_etcd_user_read_their_run(auth_etcd, monkeypatch):
     """erm status/events take ermrun's --etcd-user (password from $ELASTIC_RM_ETCD_PASSWORD)."""
     from elastic_rm.wire.records import RoundRecord, dumps
-    from tests.launcher.test_erm_status import erm
+    from tests.e2e.test_erm_status import erm
 
     with EtcdClient(auth_etcd.endpoint, timeout=3, user="alice", password=USER_PW) as c:
         c.put("/elastic-rm/job-a-9/round", dumps(RoundRecord(round=3, members=("n0",), sealed=True)))

@@ -102,7 +102,7 @@ def test_erm_commands_read_a_run_over_tls_with_client_certificates(
     from elastic_rm.obs.events import EventLog
     from elastic_rm.wire.keyspace import Keyspace
     from elastic_rm.wire.records import NodeRecord, RoundRecord, dumps
-    from tests.launcher.test_erm_status import erm
+    from tests.e2e.test_erm_status import erm
 
     keys = Keyspace("/elastic-rm", run_id)
     tls = TlsOptions(ca_cert=str(pki / "ca.pem"), cert=str(pki / "client.pem"), key=str(pki / "client.key"))

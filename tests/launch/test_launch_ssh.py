@@ -20,7 +20,7 @@ from elastic_rm.wire.keyspace import Keyspace
 from elastic_rm.wire.records import DemandRecord, RoundRecord
 from tests.conftest import BIN, REPO, Proc
 from tests.launch.sshd import closed_port
-from tests.launcher.helpers import records, steps_at_world, wait_until
+from tests.e2e.helpers import records, steps_at_world, wait_until
 
 WORKER = os.path.join("tests", "launch", "worker.py")  # relative to --workdir (the repository)
 CONF = "lease_ttl=2,last_call_timeout=0.5,join_timeout=60"

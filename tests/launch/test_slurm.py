@@ -11,7 +11,7 @@ from elastic_rm.launch.slurm import SlurmError, apply_slurm, expand_hostlist, no
 from elastic_rm.wire.keyspace import Keyspace
 from elastic_rm.wire.records import RoundRecord
 from launcher.ermrun import build_parser
-from tests.launcher.helpers import ermrun, records
+from tests.e2e.helpers import ermrun, records
 
 SRUN = {
     "SLURM_JOB_ID": "4242",

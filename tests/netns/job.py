@@ -30,8 +30,8 @@ from elastic_rm.wire.records import RoundRecord
 from tests.chaos.helpers import round_record, round_records
 from tests.chaos.test_soak import replay
 from tests.conftest import BIN, Proc
-from tests.launcher.exits import exit_codes
-from tests.launcher.helpers import STEPS, wait_until
+from tests.e2e.exits import exit_codes
+from tests.e2e.helpers import STEPS, wait_until
 from tests.netns.hosts import Host, Network
 
 

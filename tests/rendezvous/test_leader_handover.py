@@ -94,7 +94,7 @@ def test_a_node_that_handed_over_waits_the_grace_though_it_campaigned_long_befor
     """The grace before a node left out campaigns counts from its hand-over. It once counted from the
     first time the node saw the run without a leader (its own first campaign, long before), so a straggler
     that had led since the start campaigned at once after handing over, and on a loaded machine won the
-    leadership back from the members (tests/launcher/test_inplace_rounds.py failed so)."""
+    leadership back from the members (tests/e2e/test_inplace_rounds.py failed so)."""
     from dataclasses import replace
 
     h = make(etcd, run_id, 1, 1)

@@ -11,7 +11,7 @@ from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.obs.events import read_etcd
 from elastic_rm.wire.keyspace import Keyspace
 from tests.conftest import BIN, REPO, Proc
-from tests.launcher.helpers import records
+from tests.e2e.helpers import records
 
 WORKER = os.path.join("tests", "launch", "worker.py")  # relative to --workdir (the repository)
 CONF = "lease_ttl=2,last_call_timeout=0.5,join_timeout=60"

@@ -13,7 +13,7 @@ import pytest
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.wire.keyspace import Keyspace
 from tests.conftest import BIN, REPO
-from tests.launcher.helpers import steps_at_world, wait_until
+from tests.e2e.helpers import steps_at_world, wait_until
 from tests.slurm.helpers import actions, agents_pids, gone, launch, launch_events, queue_record, run_jobs
 
 

@@ -14,7 +14,7 @@ from elastic_rm.obs.events import EventLog
 from elastic_rm.wire.keyspace import Keyspace
 from elastic_rm.wire.records import QueueRecord
 from launcher.commands.status import render
-from tests.launcher.test_status_render import status_of, text
+from tests.e2e.test_status_render import status_of, text
 
 
 def _executor(client, run_id: str, slurm: Slurm, said: list[str]) -> SlurmExecutor:

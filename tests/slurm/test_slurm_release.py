@@ -11,7 +11,7 @@ import pytest
 from elastic_rm.launch.slurm_release import should_release
 from elastic_rm.wire.records import DemandRecord, RoundRecord
 from tests.conftest import REPO
-from tests.launcher.helpers import wait_until
+from tests.e2e.helpers import wait_until
 from tests.slurm.helpers import CONF
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from elastic_rm.train.paths import run_memory_dir
 from tests.conftest import BIN, REPO, Proc
-from tests.launcher.helpers import records, wait_until
+from tests.e2e.helpers import records, wait_until
 
 TRAIN = os.path.join(REPO, "examples", "dlrm", "train.py")
 

@@ -9,7 +9,7 @@ import signal
 
 from elastic_rm.train.rounds import OUTSIDE_WARNING
 from tests.conftest import BIN, REPO, Proc
-from tests.launcher.helpers import records, wait_until
+from tests.e2e.helpers import records, wait_until
 
 SCRIPT = os.path.join(REPO, "tests", "workers", "short_form.py")
 CONF = "lease_ttl=2,last_call_timeout=0.5,join_timeout=60"

@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from tests.launcher.test_closed_loop import (
+from tests.e2e.test_closed_loop import (
     cleanup,  # noqa: F401 - a fixture
     events_of,
     make_demo,
@@ -20,7 +20,7 @@ from tests.launcher.test_closed_loop import (
     stop_job,
     wait_for,
 )
-from tests.launcher.test_inplace_rounds import assert_ledger_ok, assert_state_carried, pids_of
+from tests.e2e.test_inplace_rounds import assert_ledger_ok, assert_state_carried, pids_of
 
 
 def waiting_spares(demo, name: str) -> set[int]:

@@ -16,7 +16,7 @@ import pytest
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.train.paths import memory_root
 from tests.conftest import BIN, REPO, Proc
-from tests.launcher.helpers import records, wait_until
+from tests.e2e.helpers import records, wait_until
 
 ERM = os.path.join(BIN, "erm")
 REPORTING = os.path.join(REPO, "tests", "workers", "reporting.py")

@@ -12,7 +12,7 @@ import pytest
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.wire.metrics import parse_record
 from tests.conftest import BIN, REPO, Proc
-from tests.launcher.helpers import records, wait_until
+from tests.e2e.helpers import records, wait_until
 
 REPORTING = os.path.join(REPO, "tests", "workers", "reporting.py")
 DDP = os.path.join(REPO, "tests", "workers", "ddp_linear.py")

@@ -15,7 +15,7 @@ import pytest
 from elastic_rm.train.owners import OWNERS, live_owners
 from elastic_rm.train.paths import memory_root
 from tests.conftest import BIN, Proc
-from tests.launcher.helpers import wait_until
+from tests.e2e.helpers import wait_until
 
 ERMRUN = os.path.join(BIN, "ermrun")
 ERM = os.path.join(BIN, "erm")

@@ -11,7 +11,7 @@ import time
 import psutil
 
 from tests.conftest import BIN
-from tests.launcher.helpers import STEPS, records
+from tests.e2e.helpers import STEPS, records
 
 
 def _gone_within(pids: list[int], seconds: float) -> list[int]:

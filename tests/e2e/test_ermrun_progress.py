@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests.conftest import BIN
-from tests.launcher.helpers import STEPS
+from tests.e2e.helpers import STEPS
 
 ERMRUN = os.path.join(BIN, "ermrun")
 

@@ -16,7 +16,7 @@ import pytest
 
 from elastic_rm.demo.checks import checks
 from elastic_rm.train.paths import remove_node_memory
-from tests.launcher.test_closed_loop import (
+from tests.e2e.test_closed_loop import (
     cleanup,  # noqa: F401 - a fixture
     current_round,
     events_of,
@@ -25,7 +25,7 @@ from tests.launcher.test_closed_loop import (
     stop_job,
     wait_for,
 )
-from tests.launcher.test_inplace_rounds import assert_ledger_ok, in_place_events, pids_of
+from tests.e2e.test_inplace_rounds import assert_ledger_ok, in_place_events, pids_of
 
 ARGS = ["--in-place", "--checksum-every", "10"]  # the state digest at every checkpoint step (every 10)
 

@@ -20,7 +20,7 @@ from elastic_rm.demo.checks import checks, drained_checksum
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.wire.keyspace import DEFAULT_PREFIX, Keyspace
 from elastic_rm.wire.records import NodeRecord
-from tests.launcher.test_closed_loop import (
+from tests.e2e.test_closed_loop import (
     cg,
     cleanup,  # noqa: F401 - a fixture
     current_round,

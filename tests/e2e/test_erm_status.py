@@ -33,7 +33,7 @@ from elastic_rm.obs.events import EventLog
 from elastic_rm.wire.keyspace import Keyspace
 from launcher.erm import main as erm_main
 from tests.conftest import BIN, REPO, Proc
-from tests.launcher.helpers import exit_code_after, records, wait_until
+from tests.e2e.helpers import exit_code_after, records, wait_until
 
 REPORTING = os.path.join(REPO, "tests", "workers", "reporting.py")
 ERM = os.path.join(BIN, "erm")

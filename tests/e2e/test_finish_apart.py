@@ -11,7 +11,7 @@ import os
 
 from elastic_rm.etcd.client import EtcdClient
 from tests.conftest import BIN, REPO, Proc
-from tests.launcher.exits import exit_codes
+from tests.e2e.exits import exit_codes
 
 FINISH_APART = os.path.join(REPO, "tests", "workers", "finish_apart.py")
 

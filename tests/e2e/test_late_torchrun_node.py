@@ -9,7 +9,7 @@ import os
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.wire.keyspace import Keyspace
 from tests.conftest import BIN, Proc
-from tests.launcher.helpers import STEPS, records, steps_at_world, wait_until
+from tests.e2e.helpers import STEPS, records, steps_at_world, wait_until
 
 
 def torchrun(tmp_path, etcd, run_id: str, node: str, steps: int = 3) -> Proc:

@@ -16,7 +16,7 @@ from elastic_rm.train.paths import memory_root
 from elastic_rm.wire.keyspace import Keyspace
 from elastic_rm.wire.records import RoundRecord
 from tests.conftest import BIN, Proc
-from tests.launcher.helpers import STEPS, ermrun, records, steps_at_world, wait_until
+from tests.e2e.helpers import STEPS, ermrun, records, steps_at_world, wait_until
 
 CONF = "lease_ttl=2,last_call_timeout=0.5,join_timeout=60"
 

@@ -10,7 +10,7 @@ import pytest
 
 from elastic_rm.etcd.client import EtcdClient
 from tests.conftest import BIN
-from tests.launcher.helpers import STEPS, records
+from tests.e2e.helpers import STEPS, records
 from tests.leftovers import ENV_SESSION, marked_processes
 
 ERMRUN = os.path.join(BIN, "ermrun")

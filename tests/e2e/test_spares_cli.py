@@ -7,7 +7,7 @@ import glob
 
 import pytest
 
-from tests.launcher.test_ermrun_cli import run
+from tests.e2e.test_ermrun_cli import run
 
 SCRIPT = """
 import os, sys

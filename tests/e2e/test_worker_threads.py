@@ -9,7 +9,7 @@ import pytest
 
 from elastic_rm.agent.threads import choose, usable_cores
 from tests.conftest import BIN
-from tests.launcher.helpers import STEPS, ermrun, records
+from tests.e2e.helpers import STEPS, ermrun, records
 
 CONF = "lease_ttl=2,last_call_timeout=0.5,join_timeout=60"
 

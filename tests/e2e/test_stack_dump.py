@@ -6,7 +6,7 @@ from __future__ import annotations
 import signal
 import time
 
-from tests.launcher.helpers import ermrun, steps_at_world, wait_until
+from tests.e2e.helpers import ermrun, steps_at_world, wait_until
 
 
 def test_sigusr1_prints_the_agents_stacks_and_the_job_goes_on(tmp_path, procs):

@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from elastic_rm.train.ledger import RangeLedger
 from elastic_rm.train.paths import run_memory_dir
 from tests.conftest import BIN, REPO, Proc
-from tests.launcher.helpers import wait_until
+from tests.e2e.helpers import wait_until
 
 SCRIPT = os.path.join(REPO, "examples", "golden", "train_dlrm.py")
 GLOBAL_BATCH = 16
