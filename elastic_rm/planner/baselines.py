@@ -45,6 +45,18 @@ class OptimusPolicy:
         a = self.state.advice
         return (a.target_nodes, a.reason) if a.target_nodes > 0 else None
 
+    def model_coef(self) -> tuple[float, ...]:
+        """RoundPolicy: its coefficients are of another model than the planner's, so none are recorded."""
+        return ()
+
+    @property
+    def flagged(self) -> frozenset[str]:
+        """RoundPolicy: Optimus-style handles no stragglers."""
+        return frozenset()
+
+    def adopt_flagged(self, nodes: frozenset[str]) -> None:
+        """RoundPolicy: Optimus-style handles no stragglers."""
+
     def step(self, snapshot: ClusterSnapshot, state: PlannerState) -> tuple[Decision | Wait, PlannerState]:
         cfg = self.config
         state = observe(snapshot, state, cfg.sample_interval_s, cfg.window, float("inf"), clean_apart=False)

@@ -123,3 +123,17 @@ class RoundPolicy(Protocol):
         """The node count this policy would like (target, reason), for executors that can add or release
         nodes (the leader writes it to ``demand``); None when it has no opinion."""
         ...
+
+    def model_coef(self) -> tuple[float, ...]:
+        """The model coefficients fitted on this run so far, () without a model: the leader writes them
+        into each round's outcome, and the run's history record carries them to the next warm start."""
+        ...
+
+    @property
+    def flagged(self) -> frozenset[str]:
+        """The nodes this policy holds for stragglers: the leader writes them into every round."""
+        ...
+
+    def adopt_flagged(self, nodes: frozenset[str]) -> None:
+        """Take over the straggler flags a previous leader recorded in the current round."""
+        ...

@@ -35,6 +35,18 @@ class MembershipPolicy:
         """RoundPolicy: membership has no opinion on the node count (it takes the nodes that come)."""
         return None
 
+    def model_coef(self) -> tuple[float, ...]:
+        """RoundPolicy: membership fits no model."""
+        return ()
+
+    @property
+    def flagged(self) -> frozenset[str]:
+        """RoundPolicy: membership flags no stragglers."""
+        return frozenset()
+
+    def adopt_flagged(self, nodes: frozenset[str]) -> None:
+        """RoundPolicy: membership has no use for a predecessor's flags."""
+
     def decide(self, snapshot: ClusterSnapshot) -> Decision | Wait:
         nodes = eligible_nodes(snapshot)
         alive = {n.node_id for n in nodes}

@@ -45,6 +45,7 @@ class PlannerPolicy:
     def __init__(self, config: PlannerConfig | None = None) -> None:
         self.config = config or PlannerConfig()
         self.state = PlannerState()
+        self._job: dict = {}
 
     def decide(self, snapshot: ClusterSnapshot) -> Answer:
         """RoundPolicy: same as :meth:`step`, keeping the state in this object."""
@@ -56,10 +57,10 @@ class PlannerPolicy:
         """The model's coefficients fitted on this run's measurements so far (() before any): the leader
         records them so that the run's history record carries them to the next run's warm start."""
         try:
-            job = parse_job(getattr(self, "_job", {})) if getattr(self, "_job", {}).get("tables") else None
+            job = parse_job(self._job) if self._job.get("tables") else None
         except JobSpecError:
             return ()
-        f = self._fit(self.state, job) if job is not None else None
+        f = self.fit(self.state, job) if job is not None else None
         return tuple(f.coef) if f is not None else ()
 
     @property
@@ -206,7 +207,9 @@ class PlannerPolicy:
         spare = self._standby(rest, state.flagged)
         return decide(state, snapshot.current.number, members, spare, reason, gain, 0.9)
 
-    def _fit(self, state: PlannerState, job: JobSpec):
+    def fit(self, state: PlannerState, job: JobSpec):
+        """The model fitted on the clean samples of ``state``, with the warm start's coefficients as its
+        prior (None before any sample): what stage 2 decides on and what a finished run records."""
         samples = [Sample(c.world, c.capacity, c.step_s) for c in state.configs if c.clean]
         if not samples:
             return None
@@ -229,7 +232,7 @@ class PlannerPolicy:
         bad = [m for m in members if m in state.flagged]
         if not bad:
             return None, state
-        f = self._fit(state, job)
+        f = self.fit(state, job)
         by_id = {n.node_id: n for n in nodes}
         w = len(members)
         obs = [c for c in state.configs if c.round == snapshot.current.number]
@@ -288,7 +291,7 @@ class PlannerPolicy:
             return Wait(
                 f"profiling {len(members)} node(s) ({len(ready)} sample(s))", until=max(until, snapshot.now)
             ), state
-        f = self._fit(state, job)
+        f = self.fit(state, job)
         by_id = {n.node_id: n for n in nodes}
         w = len(members)
         cap = sum(node_capacity(by_id[m]) for m in members) / w

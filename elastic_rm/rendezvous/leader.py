@@ -226,7 +226,7 @@ class RoundLeader:
             self._outcome = None  # superseded before it could be measured
             return
         throughput = self._job_throughput(r.members) if r.sealed else None
-        outcome = o.measured(r, throughput, list(getattr(self._policy, "model_coef", tuple)()))
+        outcome = o.measured(r, throughput, list(self._policy.model_coef()))
         if outcome is None:
             return
         assert self._election is not None

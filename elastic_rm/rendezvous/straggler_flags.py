@@ -10,22 +10,21 @@ carries the flags (``extra.flagged``), and a leader that takes over adopts those
 from __future__ import annotations
 
 import logging
-from typing import Any
 
+from ..planner.interface import RoundPolicy
 from ..wire.records import RoundRecord
 
 log = logging.getLogger(__name__)
 
 
-def recorded(policy: Any) -> list[str]:
+def recorded(policy: RoundPolicy) -> list[str]:
     """The flags to write into a round (none for a policy without stragglers)."""
-    return sorted(getattr(policy, "flagged", ()))
+    return sorted(policy.flagged)
 
 
-def adopt(policy: Any, current: RoundRecord | None, node_id: str) -> None:
+def adopt(policy: RoundPolicy, current: RoundRecord | None, node_id: str) -> None:
     """Seed ``policy`` with the flags of ``current`` (a malformed value is logged and ignored)."""
-    adopt_flagged = getattr(policy, "adopt_flagged", None)
-    if current is None or adopt_flagged is None or "flagged" not in current.extra:
+    if current is None or "flagged" not in current.extra:
         return
     flagged = current.extra["flagged"]
     if not isinstance(flagged, list) or not all(isinstance(n, str) for n in flagged):
@@ -33,4 +32,4 @@ def adopt(policy: Any, current: RoundRecord | None, node_id: str) -> None:
         return
     if flagged:
         log.info("node %s: straggler flags of round %d taken over: %s", node_id, current.round, flagged)
-    adopt_flagged(frozenset(flagged))
+    policy.adopt_flagged(frozenset(flagged))

@@ -35,7 +35,6 @@ KNOWN = {
     "elastic_rm.agent.spares": {"_pid_alive"},
     "elastic_rm.agent.stop": {"_tell"},
     "elastic_rm.agent.threads": {"_handler"},
-    "elastic_rm.planner.sim.engine": {"_fit"},
 }
 
 

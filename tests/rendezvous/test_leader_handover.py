@@ -9,6 +9,7 @@ import threading
 import time
 
 from elastic_rm.planner.interface import Decision, Wait
+from elastic_rm.planner.membership import MembershipPolicy
 from elastic_rm.rendezvous import leader as leader_mod
 from elastic_rm.rendezvous.outcome import BEFORE, OUTCOME_WINDOW_S, PendingOutcome
 from elastic_rm.wire.records import RoundRecord
@@ -16,8 +17,9 @@ from elastic_rm.wire.records import RoundRecord
 from .test_handler import join_all, make, wait_for
 
 
-class LeaveTheLeaderOut:
-    """Once the round has three members, the node this policy runs on (the leader) leaves itself out."""
+class LeaveTheLeaderOut(MembershipPolicy):
+    """Once the round has three members, the node this policy runs on (the leader) leaves itself out
+    (the other RoundPolicy hooks: membership's)."""
 
     def __init__(self, me: str) -> None:
         self.me = me
@@ -28,9 +30,6 @@ class LeaveTheLeaderOut:
             others = tuple(m for m in r.members if m != self.me)
             return Decision(others, (self.me,), "test: the leader leaves itself out")
         return Wait("nothing to change")
-
-    def wanted_nodes(self):
-        return None
 
 
 def test_a_leader_that_leaves_itself_out_hands_over_to_a_member_which_seals_the_round(etcd, run_id):

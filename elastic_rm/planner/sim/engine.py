@@ -353,7 +353,7 @@ class Simulator:
         t0, m0, t1, m1 = job.round_mem
         growth = (m1 - m0) / (t1 - t0) if t1 > t0 else 0.0
         spec = parse_job(job.trace.job_dict())
-        f = job.policy._fit(job.pstate, spec)
+        f = job.policy.fit(job.pstate, spec)
         rec = {
             "v": 1, "signature": "", "run_id": job.trace.job_id, "finished_at": job.end_s,
             "status": {"completed": "completed", "failed": "oom" if job.reason.startswith("OOM") else "failed"}.get(job.status, "failed"),
