@@ -5,10 +5,12 @@
     GET  /v1/steps/<step>/files/<name>              a file the manifest lists, streamed (sendfile); one
                                                     `Range: bytes=a-b` gives that span only (206)
     POST /v1/replicas/<src>/<step>/begin            start a replica upload (clears a stale one)
-    PUT  /v1/replicas/<src>/<step>/files/<name>     upload one file (Content-Length required; hashed as it arrives)
-    POST /v1/replicas/<src>/<step>/commit?keep=N    body: the manifest. Every file of `src` is checked against it
-                                                    (size, checksum); then replicas/<src>/step-N is published
-                                                    atomically and all but the newest N replica steps pruned.
+    PUT  /v1/replicas/<src>/<step>/files/<name>     upload one file (Content-Length required; hashed as
+                                                    it arrives)
+    POST /v1/replicas/<src>/<step>/commit?keep=N    body: the manifest. Every file of `src` is checked
+                                                    against it (size, checksum); then replicas/<src>/step-N
+                                                    is published atomically and all but the newest N
+                                                    replica steps pruned.
 
 Every request needs ``Authorization: Bearer <token>``; without it: 401. Steps are integers, node ids and
 file names plain names (no separators, no '..', no escapes): nothing can leave the node's directory.

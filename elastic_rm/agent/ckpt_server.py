@@ -8,8 +8,8 @@ The parts: ckpt_store.py (what is served and accepted), ckpt_http.py (the routes
 this module (bind, serve on one daemon thread, stop) and ckpt_hooks.py (what the agent does with it).
 Every request needs the server's bearer token (a random one per agent, published with the node's record
 in etcd). With TLS (train/peer_tls.py: the node's etcd certificates) it serves HTTPS and requires a
-client certificate of the job's CA. Stdlib only; one daemon thread plus one short-lived thread per request, each bounded by a
-socket timeout.
+client certificate of the job's CA. Stdlib only; one daemon thread plus one short-lived thread per
+request, each bounded by a socket timeout.
 """
 
 from __future__ import annotations

@@ -2,8 +2,10 @@
 for Criteo's TSV format, both addressed by sample index so that ledger ranges map to samples exactly.
 
 Synthetic samples are a pure function of (seed, index): no state, any range in any order, on any rank.
-Sparse ids follow a Zipf-like law (P(id) ~ 1/(id+1), hot ids are the low ones), dense features are
-heavy-tailed counts, and the label depends on a few features so that a model can learn something.
+Sparse ids follow a power law, P(id) ~ (id+1)^-s with a configurable exponent s (1 by default; 1.05-1.2
+is the range reported for click logs, where a few percent of the rows take most lookups; 0 is uniform),
+hot ids are the low ones. Dense features are heavy-tailed counts, and the label depends on a few
+features so that a model can learn something.
 """
 
 from __future__ import annotations
@@ -64,8 +66,34 @@ def _uniform(seed: int, idx: np.ndarray, stream: np.ndarray) -> np.ndarray:
     return ((key >> np.uint64(11)).astype(np.float64) + 0.5) * (1.0 / (1 << 53))
 
 
+def power_law_ids(u: np.ndarray, vocab: np.ndarray, exponent: float) -> np.ndarray:
+    """Ids in [0, vocab) from uniforms `u` in (0, 1) by inverting the continuous law (x+1)^-s on
+    [0, vocab), floored: P(id = k) ~ (k+1)^-s in the tail, a closed form per draw (no table of the
+    vocabulary, which can hold millions of rows). Written with expm1/log1p so that an exponent near 1
+    stays exact; s = 1 is the log-uniform law, s = 0 the uniform one."""
+    log_v = np.log(np.asarray(vocab, dtype=np.float64) + 1.0)
+    if exponent == 1.0:
+        ids = np.exp(u * log_v)
+    else:
+        a = 1.0 - exponent
+        ids = np.exp(np.log1p(u * np.expm1(a * log_v)) / a)
+    return np.minimum(np.floor(ids).astype(np.int64) - 1, np.asarray(vocab, dtype=np.int64) - 1)
+
+
+def check_zipf_exponent(exponent: float) -> float:
+    """The exponent as a float; a clear error for one the generator cannot use."""
+    value = float(exponent)
+    if not math.isfinite(value) or not 0.0 <= value <= 4.0:
+        raise ValueError(
+            f"zipf exponent {exponent!r}: use a number from 0 (uniform ids) to 4; click logs are "
+            "about 1.05-1.2, and 1 is the default"
+        )
+    return value
+
+
 class SyntheticClickData:
-    """`num_samples` Criteo-like samples; `vocab_sizes` per sparse feature (an int for all)."""
+    """`num_samples` Criteo-like samples; `vocab_sizes` per sparse feature (an int for all);
+    `zipf_exponent`: the power law of the sparse ids (module docstring)."""
 
     def __init__(
         self,
@@ -74,15 +102,17 @@ class SyntheticClickData:
         seed: int = 0,
         num_dense: int = NUM_DENSE,
         num_sparse: int = NUM_SPARSE,
+        zipf_exponent: float = 1.0,
     ) -> None:
         self.num_samples = num_samples
         self.seed = seed
+        self.zipf_exponent = check_zipf_exponent(zipf_exponent)
         self.num_dense, self.num_sparse = num_dense, num_sparse
         sizes = [vocab_sizes] * num_sparse if isinstance(vocab_sizes, int) else list(vocab_sizes)
         if len(sizes) != num_sparse or min(sizes) < 1:
             raise ValueError(f"need {num_sparse} vocab sizes >= 1, got {sizes}")
         self.vocab_sizes = sizes
-        self._log_vocab = np.log(np.asarray(sizes, dtype=np.float64) + 1.0)
+        self._vocab = np.asarray(sizes, dtype=np.int64)
         self._dense_scale = np.asarray([2.0 + 7.0 * i for i in range(num_dense)])
 
     def __len__(self) -> int:
@@ -96,8 +126,7 @@ class SyntheticClickData:
         nd, ns = self.num_dense, self.num_sparse
         u = _uniform(self.seed, idx, np.arange(nd + ns + 1))
         dense = np.floor(-np.log(u[:, :nd]) * self._dense_scale).astype(np.int64)
-        sparse = np.floor(np.exp(u[:, nd : nd + ns] * self._log_vocab)).astype(np.int64) - 1
-        sparse = np.minimum(sparse, np.asarray(self.vocab_sizes) - 1)
+        sparse = power_law_ids(u[:, nd : nd + ns], self._vocab, self.zipf_exponent)
         z = -1.6 + 0.35 * np.log1p(dense[:, 0]) - 0.25 * np.log1p(dense[:, 1])
         z = z + 1.2 * (sparse[:, 0] % 7 == 0) + 0.8 * (sparse[:, 1] < 5)
         labels = (u[:, -1] < 1.0 / (1.0 + np.exp(-z))).astype(np.int64)

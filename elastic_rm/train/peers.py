@@ -125,8 +125,8 @@ class PeerClient:
             return http.client.HTTPConnection(host, port, timeout=self.timeout_s, blocksize=1 << 20)
         if self._tls is None:
             raise PeerError(
-                f"{self.peer.node} ({self.peer.url}) serves HTTPS but this node has no TLS files: give "
-                "its agent the etcd CA and a client certificate and key (--etcd-cacert/--etcd-cert/--etcd-key)"
+                f"{self.peer.node} ({self.peer.url}) serves HTTPS but this node has no TLS files: give its "
+                "agent the etcd CA and a client certificate and key (--etcd-cacert/--etcd-cert/--etcd-key)"
             )
         if self._context is None:
             self._context = self._tls.client_context()

@@ -15,9 +15,10 @@ DEFAULT_NUM_SAMPLES = 10_000_000
 
 class IndexedRandomRecDataset:
     """Random click batches with ``RandomRecDataset``'s arguments; ``batch(start, end)`` gives TorchRec's
-    ``Batch`` of samples [start, end) (Zipf-like ids below ``hash_size``, see SyntheticClickData).
-    Iterating it yields ``batch_size`` samples at a time from sample 0, as RandomRecDataset does; under
-    ``ElasticTraining.batches`` the global batch of the job counts instead."""
+    ``Batch`` of samples [start, end) (power-law ids below ``hash_size``, see SyntheticClickData;
+    ``zipf_exponent`` sets the law's exponent, 0 for uniform ids). Iterating it yields ``batch_size``
+    samples at a time from sample 0, as RandomRecDataset does; under ``ElasticTraining.batches`` the
+    global batch of the job counts instead."""
 
     def __init__(
         self,
@@ -29,6 +30,7 @@ class IndexedRandomRecDataset:
         num_dense: int = 50,
         manual_seed: int | None = None,
         num_batches: int | None = None,
+        zipf_exponent: float = 1.0,
     ) -> None:
         if ids_per_feature != 1:
             raise ValueError(
@@ -43,7 +45,12 @@ class IndexedRandomRecDataset:
         self.keys, self.batch_size = list(keys), batch_size
         num = num_batches * batch_size if num_batches is not None else DEFAULT_NUM_SAMPLES
         self.data = SyntheticClickData(
-            num, sizes, seed=manual_seed or 0, num_dense=num_dense, num_sparse=len(self.keys)
+            num,
+            sizes,
+            seed=manual_seed or 0,
+            num_dense=num_dense,
+            num_sparse=len(self.keys),
+            zipf_exponent=zipf_exponent,
         )
 
     def __len__(self) -> int:

@@ -51,6 +51,7 @@ from elastic_rm.train import (
     plan_sharding,
     wrap_model,
 )
+from elastic_rm.train.data import check_zipf_exponent
 from elastic_rm.train.report import get_reporter
 from elastic_rm.train.rounds import Round, rounds
 from elastic_rm.train.snapshot import local_pieces
@@ -89,6 +90,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--progress-dir", default=None, help="write one JSON line per step here (for erm demo)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
+        "--zipf",
+        type=float,
+        default=1.0,
+        help="exponent of the power law of the synthetic sparse ids: 1.05-1.2 is like click logs "
+        "(few rows change between checkpoints), 0 uniform (default: 1)",
+    )
+    p.add_argument(
         "--pace",
         type=float,
         default=0.0,
@@ -117,7 +125,12 @@ def parse_args() -> argparse.Namespace:
         default=0,
         help="log the state checksum every n steps to the progress file (0: only at start, drain and end)",
     )
-    return p.parse_args()
+    args = p.parse_args()
+    try:
+        check_zipf_exponent(args.zipf)
+    except ValueError as exc:
+        p.error(f"--zipf: {exc}")
+    return args
 
 
 def build_model(args: argparse.Namespace) -> tuple[DLRMTrain, list[EmbeddingBagConfig]]:
@@ -192,8 +205,8 @@ def state_checksum(dmp: torch.nn.Module, dense_opt: torch.optim.Optimizer) -> di
     dist.all_reduce(sums)
     dist.all_reduce(digests)  # int64 sums wrap: exact in any order
     values = [float(v) for v in sums]
-    return dict(zip(("checksum_value", "optim_value", "dense_value"), values, strict=True),
-                checksum=digest_hex(digests))  # fmt: skip
+    named = dict(zip(("checksum_value", "optim_value", "dense_value"), values, strict=True))
+    return {**named, "checksum": digest_hex(digests)}
 
 
 def main() -> None:
@@ -284,7 +297,9 @@ def train(
     if restored is None:
         init_tables(dmp, tables, args.seed)
     phases["restored"] = time.time()
-    data = SyntheticClickData(num_samples=10_000_000, vocab_sizes=args.rows, seed=args.seed)
+    data = SyntheticClickData(
+        num_samples=10_000_000, vocab_sizes=args.rows, seed=args.seed, zipf_exponent=args.zipf
+    )
     range_size = args.range_steps * args.global_batch
     if restored is not None and "ledger" in restored.position:
         ledger = RangeLedger.from_checkpoint(restored.position["ledger"])
@@ -325,7 +340,7 @@ def train(
             for f, src in restored.file_sources.items()
         }
         if restored
-        else None,  # fmt: skip
+        else None,
         ledger_samples_done=batches.ledger.samples_done(),
         epoch_samples=batches.ledger.num_samples,
         **checksum,
@@ -348,8 +363,11 @@ def train(
         # kept ranks would wait here for a throttled straggler's share before their drain is done (the
         # checks add every rank's part: elastic_rm.demo.checks.drained_checksum)
         _, digests = checksum_part(dmp, dense_opt)
-        emit(drained_step=done, phases={"hook": hook_at, **save_phases, "saved": saved_at},
-             checksum_part=[int(v) for v in digests])  # fmt: skip
+        emit(
+            drained_step=done,
+            phases={"hook": hook_at, **save_phases, "saved": saved_at},
+            checksum_part=[int(v) for v in digests],
+        )
 
     def position() -> dict:
         return {"step": step, "ledger": batches.ledger.checkpoint_state()}
@@ -376,8 +394,14 @@ def train(
         dense_opt.step()
         batches.consumed()  # the batch is in the model: the ledger marks it
         step += 1
-        emit(step=step, samples=local_batch, loss=float(loss.detach()), epoch=batches.ledger.epoch,
-             sample_start=lo, sample_end=hi)  # fmt: skip
+        emit(
+            step=step,
+            samples=local_batch,
+            loss=float(loss.detach()),
+            epoch=batches.ledger.epoch,
+            sample_start=lo,
+            sample_end=hi,
+        )
         if step == args.raise_at_step and rank == 1 and restored is None:
             raise RuntimeError(f"--raise-at-step {step}: a failure that is no member's loss")
         if args.checksum_every and step % args.checksum_every == 0:
