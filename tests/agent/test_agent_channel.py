@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import struct
 import time
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 
 from elastic_rm.agent.channel import AgentChannel
 from elastic_rm.train.report import StepReporter
-from elastic_rm.wire.channel import ENV_AGENT_DIR, SOCKET_NAME
+from elastic_rm.wire.channel import ENV_AGENT_DIR, HEADER, KIND_STEPS, MAGIC, SOCKET_NAME, STEPS, VERSION
 
 
 def wait_for(pred, timeout_s: float, what: str, every: float = 0.05):
@@ -34,16 +35,35 @@ def channel():
         ch.close()
 
 
+def steps_datagram(pid: int, completed: int, samples: int, durs: list[float], busy: list[float]) -> bytes:
+    """A STEPS datagram as a worker sends it (elastic_rm.wire.channel's format)."""
+    head = HEADER.pack(MAGIC, VERSION, KIND_STEPS, pid, 0, 0) + STEPS.pack(completed, samples, len(durs))
+    return head + struct.pack(f"<{2 * len(durs)}d", *durs, *busy)
+
+
+def test_summary_pools_the_workers_step_times_into_quantiles_and_rates(channel):
+    # 4 steps of 10 ms, then one of 30 ms, twice; a second worker: 4 steps of 20 ms
+    channel.handle_datagram(steps_datagram(11, 5, 5 * 32, [0.01] * 4 + [0.03], [0.001] * 5))
+    channel.handle_datagram(steps_datagram(11, 10, 5 * 32, [0.01] * 4 + [0.03], [0.002] * 5))
+    channel.handle_datagram(steps_datagram(12, 4, 4 * 8, [0.02] * 4, [0.02] * 4))
+    s = channel.summary()
+    assert (s.steps, s.workers) == (14, 2), s
+    assert s.p50_s == pytest.approx(0.01) and s.p90_s == pytest.approx(0.027), s  # numpy's quantiles
+    assert s.busy_p50_s == pytest.approx(0.002), s
+    assert s.samples_per_s == pytest.approx(320 / 0.14 + 32 / 0.08), s  # each worker's samples / its time
+    assert channel.steps_total == 14 and channel.last_step[0] == 4
+    assert set(channel.workers()) == {11, 12}
+
+
 def test_step_times_reach_agent_as_quantiles_and_age_out(channel, pyprocs, step_worker, tmp_path):
-    # 4 steps of 10 ms, then one of 30 ms: p50 ~ 10 ms, p90 ~ 30 ms, 32 samples / 14 ms mean.
+    # 4 steps of 10 ms, then one of 30 ms: a step lasts at least its sleep, and one in five is slow.
     proc = pyprocs.python(
         step_worker, "--out", str(tmp_path), "--steps", "150", "--slow-every", "5", env=channel.env()
     )
     s = wait_for(lambda: (x := channel.summary()) and x.steps >= 40 and x, 10, "step reports")
-    assert 0.009 <= s.p50_s <= 0.02, s
-    assert 0.028 <= s.p90_s <= 0.05, s
-    assert 0.6 * 32 / 0.014 <= s.samples_per_s <= 1.05 * 32 / 0.014, s
-    assert s.workers == 1 and s.age_s < 0.5
+    assert s.p50_s >= 0.01 and s.p90_s >= 0.03, s
+    assert 0 < s.samples_per_s <= 32 / 0.01, s  # 32 samples a step, every step at least 10 ms
+    assert s.workers == 1
     assert proc.pid in channel.workers()
     assert proc.wait(timeout=15) == 0
     assert channel.steps_total == 150  # every step arrived, none lost or doubled
@@ -75,9 +95,10 @@ def test_drain_stops_at_step_boundary_after_final_hook(channel, pyprocs, step_wo
 def test_drain_does_not_wait_for_scripts_without_the_api(channel, pyprocs):
     proc = pyprocs.python("-c", "import time; time.sleep(30)", env=channel.env())
     channel.request_drain()
-    result = channel.wait_for_acks(timeout_s=5, pids=[proc.pid])
+    polled = []
+    result = channel.wait_for_acks(timeout_s=600, pids=[proc.pid], alive=lambda p: polled.append(p) or True)
     assert result.unregistered == (proc.pid,) and result.complete
-    assert result.elapsed_s < 1.0
+    assert polled == [] and proc.poll() is None  # nothing to wait for: not one look at the running script
 
 
 def test_drain_grace_period_bounds_the_wait_for_a_stuck_worker(channel, pyprocs, step_worker, tmp_path):
@@ -87,7 +108,9 @@ def test_drain_grace_period_bounds_the_wait_for_a_stuck_worker(channel, pyprocs,
     channel.request_drain()
     result = channel.wait_for_acks(timeout_s=0.5)
     assert result.missing == (proc.pid,) and not result.complete
-    assert 0.5 <= result.elapsed_s < 1.5
+    assert result.elapsed_s >= 0.5  # it gave the worker its whole grace period...
+    log = tmp_path / "log-0.txt"
+    assert proc.poll() is None and not (log.exists() and log.read_text())  # ...and not its 20 s step
     proc.kill()  # what the agent then does, as torchrun would
     proc.wait(timeout=5)
     assert channel.wait_for_acks(timeout_s=2).exited == (proc.pid,)
@@ -161,14 +184,13 @@ def test_without_agent_dir_the_api_is_a_cheap_no_op(pyprocs, step_worker, tmp_pa
         "active": False,
     }
     assert not (tmp_path / "ckpt-0.json").exists()
+    # What a call costs is benchmarks/agent_overhead's figure; here: it returns before reading a clock.
     rep = StepReporter(agent_dir=None)
     n = 100_000
-    t0 = time.perf_counter()
     for _ in range(n):
         rep.step(samples=8)
-    per_call_us = (time.perf_counter() - t0) / n * 1e6
-    assert per_call_us < 2.0, per_call_us  # ~0.1 us; 2 us is 0.02% of a 10 ms step
-    assert rep.completed_steps == n and not rep.should_stop()
+    assert rep.completed_steps == n and not rep.should_stop() and not rep.active
+    assert rep.newest_step() is None  # no step was timed
 
 
 def test_a_burst_of_reports_is_delivered_or_counted_as_dropped(channel):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import subprocess
+import threading
 import time
 
 import psutil
@@ -47,13 +48,11 @@ def test_busy_worker_uses_a_core_and_idle_one_none(pyprocs):
     sample = mon.sample_once()
     s1, t1 = _schedstat(busy.pid), time.monotonic()
     util = {w.pid: w.cpu_util for w in sample.workers}
-    ran, waited, wall = s1[0] - s0[0], s1[1] - s0[1], t1 - t0
-    # The monitor agrees with the kernel's own account of the spinner's CPU time...
+    ran, wall = s1[0] - s0[0], t1 - t0
+    # The monitor agrees with the kernel's own account of the spinner's CPU time (a whole core only when
+    # the machine had one free)
     assert util[busy.pid] == pytest.approx(ran / wall, abs=0.1), (util, ran, wall)
-    assert util[idle.pid] < 0.05, util
-    # ...which is one full core whenever the machine had one free (another test run can load it).
-    if waited < 0.2 * wall:
-        assert 0.75 < util[busy.pid] < 1.1, (util, waited)
+    assert util[idle.pid] < 0.05, util  # a sleeping process uses no CPU, however loaded the machine
     n_cores = psutil.cpu_count()
     assert sample.cpu_util is not None and sample.cpu_util >= 0.9 * util[busy.pid] / n_cores, sample
     s = mon.summary()
@@ -77,15 +76,11 @@ def test_memory_grows_when_a_worker_allocates_1gib(pyprocs):
     proc.kill()
     proc.wait(timeout=5)
     freed = mon.sample_once()
-    # Node-wide memory also moves with everything else on the machine; the GiB shows in the step up or in
-    # the step down when the worker dies (other processes rarely cancel both).
-    grew = max(after.mem_used_bytes - before.mem_used_bytes, after.mem_used_bytes - freed.mem_used_bytes)
-    shrank = max(
-        before.mem_available_bytes - after.mem_available_bytes,
-        freed.mem_available_bytes - after.mem_available_bytes,
-    )
-    assert grew >= 0.7 * GIB and shrank >= 0.7 * GIB, (before, after, freed)
-    assert after.mem_total_bytes == before.mem_total_bytes > after.mem_used_bytes
+    # The machine's memory moves with everything else that runs on it; the node's own (the agent's and its
+    # workers' resident memory) moves with the worker: up by its GiB, and down by it when the worker dies.
+    assert after.mem_node_bytes - before.mem_node_bytes >= 0.95 * GIB, (before, after)
+    assert after.mem_node_bytes - freed.mem_node_bytes >= 0.95 * GIB, (after, freed)
+    assert after.mem_total_bytes == before.mem_total_bytes > after.mem_used_bytes >= rss[1][proc.pid]
 
 
 def test_a_worker_that_exits_drops_out(pyprocs):
@@ -102,17 +97,16 @@ def test_a_worker_that_exits_drops_out(pyprocs):
 
 def test_thread_lifecycle_is_bounded():
     mon = ResourceMonitor(interval_s=0.05, window_s=0.2, gpu_probe=None)
+    before = set(threading.enumerate())
     mon.start()
+    (sampler,) = set(threading.enumerate()) - before
     with pytest.raises(RuntimeError, match="already started"):
         mon.start()
     time.sleep(0.3)
-    t0 = time.monotonic()
     mon.stop()
-    assert time.monotonic() - t0 < 1.0
-    n = len(mon._samples)
-    assert 2 <= n <= 6  # the window keeps ~0.2 s of 0.05 s samples, not everything
-    time.sleep(0.15)
-    assert len(mon._samples) == n  # no sampling after stop
+    assert not sampler.is_alive()  # stopped, so no sample comes after
+    kept = [s.mono for s in mon._samples]
+    assert kept and all(t >= kept[-1] - 0.2 for t in kept), kept  # the window's 0.2 s, not everything
 
 
 class _TwoGpus:

@@ -20,9 +20,9 @@ CONF = "lease_ttl=2,last_call_timeout=0.5,join_timeout=60"
 
 
 def node(tmp_path, etcd, run_id, name, nnodes="2:3", script=REPORTING, nproc=1, extra=()):
-    argv = [os.path.join(BIN, "ermrun"), "--nnodes", nnodes, "--nproc-per-node", str(nproc), "--rdzv-endpoint",
-            etcd.endpoint, "--rdzv-id", run_id, "--rdzv-conf", CONF, "--node-id", name, "--monitor-interval", "0.1",
-            *extra, script]  # fmt: skip
+    argv = [os.path.join(BIN, "ermrun"), "--nnodes", nnodes, "--nproc-per-node", str(nproc)]
+    argv += ["--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, "--rdzv-conf", CONF, "--node-id", name]
+    argv += ["--monitor-interval", "0.1", *extra, script]
     return Proc(
         argv, str(tmp_path / f"{name}.agent.log"), env={"STEPS_DIR": str(tmp_path), "STEPS_NODE": name}
     )
@@ -49,7 +49,7 @@ def test_metrics_reach_etcd_with_cpu_and_step_times(etcd, run_id, tmp_path, proc
         wait_until(busy_record, 10, "a metrics record with step times and the worker's CPU", [p])
     rec = found[0]
     assert rec.t >= first_step  # sampled after the worker's first step, which it reports
-    assert 0.015 < rec.steps.p50_s < 0.5 and rec.steps.samples_per_s > 0
+    assert rec.steps.p50_s >= 0.02 and rec.steps.samples_per_s > 0  # a step computes for 20 ms at least
     assert rec.mem_total_bytes > 0 and rec.workers[0].rss_bytes > 10 * 2**20
 
 
@@ -87,23 +87,11 @@ def test_new_round_drains_workers_at_a_step_boundary(etcd, run_id, tmp_path, pro
 def test_unmodified_ddp_script_matches_torchrun(etcd, run_id, tmp_path, procs):
     outs = {}
     for name in ("x", "y"):
+        argv = [os.path.join(BIN, "ermrun"), "--nnodes", "2", "--nproc-per-node", "2"]
+        argv += ["--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, "--rdzv-conf", CONF]
+        argv += ["--node-id", name]
         p = Proc(
-            [
-                os.path.join(BIN, "ermrun"),
-                "--nnodes",
-                "2",
-                "--nproc-per-node",
-                "2",
-                "--rdzv-endpoint",
-                etcd.endpoint,
-                "--rdzv-id",
-                run_id,
-                "--rdzv-conf",
-                CONF,
-                "--node-id",
-                name,
-                DDP,
-            ],  # fmt: skip
+            [*argv, DDP],
             str(tmp_path / f"{name}.log"),
             env={"DDP_OUT": str(tmp_path / "ermrun.out")},
         )

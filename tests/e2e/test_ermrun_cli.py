@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 
 import pytest
 
@@ -51,12 +50,11 @@ def test_worker_failure_exits_non_zero_like_torchrun(tmp_path):
     assert result.returncode != 0 and "fail.py" in result.stderr
 
 
-def test_unreachable_endpoint_fails_fast_and_names_it(tmp_path):
-    t0 = time.monotonic()
+def test_unreachable_endpoint_fails_before_any_worker_and_names_it(tmp_path):
     result = run(["--rdzv-endpoint", "127.0.0.1:9", "--rdzv-conf", "etcd_timeout=1", STEPS], tmp_path)
     assert result.returncode != 0 and "127.0.0.1:9" in result.stderr
     assert "Traceback" not in result.stderr
-    assert time.monotonic() - t0 < 30
+    assert records(tmp_path, "e") == []  # it stopped at the rendezvous: no worker started
 
 
 @pytest.mark.parametrize(

@@ -173,11 +173,9 @@ def test_election_fences_a_deposed_leader(etcd, run_id):
         l2.revoke()
 
 
-def test_unreachable_endpoint_fails_within_timeout_and_names_it():
-    t0 = time.monotonic()
-    with pytest.raises(EtcdConnectionError, match="127.0.0.1:9"):
+def test_unreachable_endpoint_is_an_error_naming_it_and_what_to_check():
+    with pytest.raises(EtcdConnectionError, match="127.0.0.1:9 is unreachable.*Check that etcd runs there"):
         EtcdClient("127.0.0.1:9", timeout=1).ping()
-    assert time.monotonic() - t0 < 5
 
 
 @pytest.mark.parametrize(

@@ -277,10 +277,8 @@ def test_bad_parameters_are_clear_errors(etcd, lo, hi, run, conf, message):
 
 
 def test_unreachable_endpoint_is_a_connection_error_naming_it():
-    t0 = time.monotonic()
     with pytest.raises(RendezvousConnectionError, match="127.0.0.1:9"):
         create_handler(RendezvousParameters("elastic-rm", "127.0.0.1:9", "r", 1, 1, etcd_timeout="1"))
-    assert time.monotonic() - t0 < 5
 
 
 def test_a_lease_that_expired_unnoticed_rejoins_as_a_new_member(etcd, run_id):
