@@ -40,7 +40,7 @@ REPEAT_ARGS ?=
 test-repeat: setup
 	$(BIN)/python -m benchmarks.repeat --runs $(N) --hog $(HOG) $(if $(filter 1,$(RANDOM)),--random) \
 		$(if $(SEED),--seed $(SEED)) $(if $(RESULTS),--results $(RESULTS)) \
-		$(if $(PYTEST_ARGS),--pytest-args "$(PYTEST_ARGS)") $(REPEAT_ARGS)
+		$(if $(PYTEST_ARGS),--pytest-args="$(PYTEST_ARGS)") $(REPEAT_ARGS)
 
 BENCHMARKS ?= rendezvous agent_overhead reshard planner recovery lease keepalive scale
 # Every benchmark run is bounded: one still running after BENCH_TIMEOUT seconds gets SIGABRT, on which

@@ -4,9 +4,12 @@ its seed, the load average and the log; a run that ends inside a test names that
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
+
+from benchmarks.repeat.__main__ import parse_args
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -76,3 +79,14 @@ def test_a_run_that_ends_inside_a_test_names_that_test(tmp_path):
     assert "FAILED test_crash.py::test_ends_its_session (run), seed None" in done.stdout
     (failure,) = json.loads((work / "repeat.json").read_text())["runs"][0]["failures"]
     assert "the run ended inside this test" in failure["message"]
+
+
+def test_make_passes_pytest_options_that_start_with_a_dash():
+    """``make test-repeat PYTEST_ARGS=--durations=40`` reaches the harness as one value, not as an option
+    of its own that argparse refuses."""
+    made = ["make", "-s", "-n", "-o", "setup", "test-repeat", "PYTEST_ARGS=--durations=40 -x tests/etcd"]
+    line = subprocess.run(made, cwd=REPO, capture_output=True, text=True, timeout=60, check=True).stdout
+    argv = shlex.split(line.strip().replace("\\\n", " "))
+    start = argv.index("benchmarks.repeat") + 1
+    args = parse_args([*argv[start:], "--repo", str(REPO)])
+    assert args.pytest_args == "--durations=40 -x tests/etcd"
