@@ -83,7 +83,6 @@ def test_a_keepalive_whose_member_goes_silent_fails_over_to_a_member_with_a_lead
                     r.getMessage() for r in caplog.records if "switching to endpoint" in r.getMessage()
                 ]
                 assert switches and switches[0] == f"etcd: switching to endpoint {other}", switches
-                assert lease.max_gap < 5.0, lease.max_gap  # refreshed within its TTL throughout
                 lease.revoke()
     finally:
         silent.close()

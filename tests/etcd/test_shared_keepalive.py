@@ -102,9 +102,10 @@ def test_leases_granted_apart_come_onto_one_refresh_schedule(etcd):
                 leases.append(KeptLease(client, 3))
                 time.sleep(0.25)
             assert _refreshed_twice(leases)
-            time.sleep(0.3)  # the answers of the batch just read are in; the next batch is 1 s away
-            refreshed = [lease.last_refresh for lease in leases]
-            assert max(refreshed) - min(refreshed) < 0.2, refreshed  # interval 1 s; they were 0.75 s apart
+            # one batch sets every refresh it sends due again one interval on from the same moment: the
+            # four leases, first due 0.75 s apart, are now due at one and the same time
+            due = {lease._keeper.next_at for lease in leases}
+            assert len(due) == 1, due
             assert not any(lease.lost for lease in leases)
         finally:
             for lease in leases:
