@@ -4,13 +4,16 @@
     GET  /v1/steps/<step>/manifest                  the step's manifest.json (own copy, else a replica's)
     GET  /v1/steps/<step>/files/<name>              a file the manifest lists, streamed (sendfile); one
                                                     `Range: bytes=a-b` gives that span only (206)
+    GET  /v1/replicas/<src>/links                   {"links": [{"step", "sha", "kind", "parent", ...}]}: the
+                                                    chain fields of the steps held for `src`
     POST /v1/replicas/<src>/<step>/begin            start a replica upload (clears a stale one)
     PUT  /v1/replicas/<src>/<step>/files/<name>     upload one file (Content-Length required; hashed as
                                                     it arrives)
     POST /v1/replicas/<src>/<step>/commit?keep=N    body: the manifest. Every file of `src` is checked
                                                     against it (size, checksum); then replicas/<src>/step-N
-                                                    is published atomically and all but the newest N
-                                                    replica steps pruned.
+                                                    is published atomically and the replica steps pruned
+                                                    to the newest N and the chains they need. A delta
+                                                    step whose chain is not held here: 424.
 
 Every request needs ``Authorization: Bearer <token>``; without it: 401. Steps are integers, node ids and
 file names plain names (no separators, no '..', no escapes): nothing can leave the node's directory.
@@ -141,6 +144,9 @@ class CheckpointRequestHandler(BaseHTTPRequestHandler):
             return self._send_bytes(path.read_bytes(), "application/json")
         if method == "GET" and len(p) == 4 and p[0] == "steps" and p[2] == "files":
             return self._send_file(store.file_path(_step(p[1]), _name(p[3])))
+        if method == "GET" and len(p) == 3 and p[0] == "replicas" and p[2] == "links":
+            links = store.replica_links(_name(p[1]))
+            return self._send_bytes(json.dumps({"v": 1, "links": links}).encode(), "application/json")
         if len(p) >= 4 and p[0] == "replicas":
             src, step = _name(p[1]), _step(p[2])
             if method == "POST" and p[3:] == ["begin"]:

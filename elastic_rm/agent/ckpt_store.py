@@ -4,7 +4,9 @@ Why apart from the HTTP: these are the rules that keep a node's memory directory
 them. A node directory holds its own committed steps (``step-<N>/``) and the replicas it keeps for
 peers (``replicas/<src>/step-<N>/``). Reads see committed steps only (a manifest is present). A replica
 arrives file by file into ``step-<N>.tmp/``, hashed as it arrives, and is published by one rename only
-when every file matches the manifest; a node pushes one step at a time. Uploads are size-limited and
+when every file matches the manifest; a node pushes one step at a time. A delta step (the rows changed
+since its parent step) is accepted only on top of its chain (its parent, back to its base, each the
+checkpoint it names), and pruning keeps whole chains (train/retention.py). Uploads are size-limited and
 refused when the memory file system lacks the room. A refusal is a :class:`Refused` with the HTTP status
 that says what went wrong.
 """
@@ -19,6 +21,7 @@ import shutil
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -31,12 +34,12 @@ from ..train.manifest import (
     file_digest,
     new_hasher,
     parse_manifest,
-    prune_steps,
     publish_dir,
     step_dirname,
     write_file,
 )
 from ..train.peers import safe_name
+from ..train.retention import chain, link_of, prune_chains, read_links
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +141,10 @@ class CheckpointStore:
                 return d / name
         raise Refused(404, f"no copy of {name} of step {step} here (not held, or not in its manifest)")
 
+    def replica_links(self, src: str) -> list[dict[str, Any]]:
+        """The chain fields of the steps held for `src` (a pusher finds what a delta's chain lacks)."""
+        return [asdict(link) for link in read_links(self._replica_root(src)).values()]
+
     # ---- replica uploads -------------------------------------------------------------------------------
     def _replica_root(self, src: str) -> Path:
         return self.node_dir / "replicas" / src
@@ -198,18 +205,30 @@ class CheckpointStore:
             if pending is None:
                 raise Refused(409, f"no upload of step {step} from {src} in progress: POST .../begin first")
             try:
-                self._check(src, step, body, pending, tmp)
+                manifest = self._check(src, step, body, pending, tmp)
             except CorruptCheckpointError as e:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise Refused(422, f"replica refused: {e}") from None
+            link = link_of(manifest)
+            if link.kind == "delta" and chain({**read_links(root), step: link}, step) is None:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise Refused(
+                    424,
+                    f"step {step} of {src} is a delta of step {link.parent} (base {link.base}), and this "
+                    f"node does not hold that chain for {src} (or holds another checkpoint of it): push "
+                    "the chain's missing steps, base first",
+                )
             write_file(tmp / MANIFEST, body, sync=False)
             publish_dir(tmp, root / step_dirname(step), sync=False)
-            prune_steps(root, keep)
-        log.info("replica of step %d from %s committed (%d files)", step, src, len(pending))
+            prune_chains(root, keep)
+        log.info("replica of step %d (%s) from %s committed (%d files)", step, link.kind, src, len(pending))
 
     @staticmethod
-    def _check(src: str, step: int, body: bytes, pending: dict[str, tuple[int, str]], tmp: Path) -> None:
-        """CorruptCheckpointError unless the uploaded files of `src` are exactly the manifest's."""
+    def _check(
+        src: str, step: int, body: bytes, pending: dict[str, tuple[int, str]], tmp: Path
+    ) -> dict[str, Any]:
+        """The parsed manifest; CorruptCheckpointError unless the uploaded files of `src` are exactly
+        the manifest's."""
         manifest = parse_manifest(body, f"replica of step {step} from {src}")
         if manifest["step"] != step:
             raise CorruptCheckpointError(f"the manifest is of step {manifest['step']}, not {step}")
@@ -227,3 +246,4 @@ class CheckpointStore:
                 )
         if problems:
             raise CorruptCheckpointError("; ".join(problems))
+        return manifest

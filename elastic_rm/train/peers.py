@@ -20,12 +20,20 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from .manifest import MANIFEST, step_dirname
 from .peer_tls import PeerTls, tls_from_env
+from .retention import Link, missing_from, read_links
 
 PEERS_ENV = "ELASTIC_RM_CKPT_PEERS"  # JSON: {"v": 1, "peers": [{"node", "url", "token"}]}, set by the agent
 API = "/v1"
 SAFE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")  # node ids and checkpoint file names on the wire
 CHUNK = 4 << 20
+CHAIN_MISSING = 424  # the server's answer to a delta step whose chain it does not hold
+
+
+def _own_files(manifest: dict[str, Any], node: str) -> list[str]:
+    """The files of `node` in a step's manifest, and the files every node shares (node "*")."""
+    return sorted(n for n, e in manifest["files"].items() if e.get("node") in (node, "*"))
 
 
 def safe_name(name: str) -> bool:
@@ -261,7 +269,43 @@ class PeerClient:
         self, src: str, step: int, step_dir: Path, files: list[str], manifest: bytes, keep: int
     ) -> int:
         """Upload `files` of `step_dir` as `src`'s replica of `step`, then commit it with `manifest`
-        (the server checks every file against it and publishes atomically). Returns the bytes sent."""
+        (the server checks every file against it and publishes atomically). Returns the bytes sent.
+
+        A delta step is accepted only on top of its chain. When the peer lacks part of it (a new ring
+        peer after a change of the world, a restarted one), it answers 424: the chain's missing steps
+        are then pushed from this node's memory (the directory holding `step_dir`), base first, and the
+        delta again. Only this node's files of each step go (and the step's shared ``.metadata``)."""
+        try:
+            return self._push_step(src, step, step_dir, files, manifest, keep)
+        except PeerError as e:
+            if e.status != CHAIN_MISSING:
+                raise
+        node_dir = step_dir.parent
+        links = read_links(node_dir)
+        held = self.replica_links(src)
+        try:
+            missing = missing_from(links, held, step)
+        except ValueError as e:
+            raise PeerError(f"{self.peer.node} ({self.peer.url}): replica of step {step}: {e}") from None
+        sent = 0
+        for s in missing:
+            d = node_dir / step_dirname(s)
+            body = (d / MANIFEST).read_bytes()
+            mine = _own_files(json.loads(body), src) if s != step else files
+            sent += self._push_step(src, s, d, mine, body, keep)
+        return sent
+
+    def replica_links(self, src: str) -> dict[int, Link]:
+        """The steps this peer holds for `src`, with their manifests' chain fields."""
+        doc = json.loads(self._request("GET", f"/replicas/{src}/links"))
+        try:
+            return {int(d["step"]): Link(**d) for d in doc["links"]}
+        except (KeyError, TypeError, ValueError):
+            raise PeerError(f"{self.peer.node} ({self.peer.url}): malformed replica links of {src}") from None
+
+    def _push_step(
+        self, src: str, step: int, step_dir: Path, files: list[str], manifest: bytes, keep: int
+    ) -> int:
         base = f"/replicas/{src}/{step}"
         self._request("POST", base + "/begin", body=b"")
         sent = 0

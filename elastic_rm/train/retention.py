@@ -1,0 +1,129 @@
+"""Which checkpoint steps a directory keeps when steps form chains: a full step (the base), then delta
+steps whose manifest names their ``parent`` and ``base`` with the manifests' own checksums
+(``parent_sha256``, ``base_sha256``). A delta is worth keeping only with every step it leads back to.
+
+Why apart from the writers: node memory, a peer's replicas and the durable copy prune by the same rule,
+and the agent's checkpoint server (which must not import torch) applies it too. Only manifests are read;
+a manifest without ``kind`` is a full step.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .manifest import MANIFEST, committed_steps, step_dirname
+
+
+@dataclass(frozen=True)
+class Link:
+    """What retention needs of one committed step's manifest."""
+
+    step: int
+    sha: str
+    kind: str  # "full" or "delta"
+    parent: int | None = None
+    parent_sha: str | None = None
+    base: int | None = None
+    base_sha: str | None = None
+
+
+def link_of(manifest: dict[str, Any]) -> Link:
+    """The chain fields of a parsed manifest (a manifest without ``kind`` is a full step)."""
+    step, sha = int(manifest["step"]), str(manifest.get("manifest_sha256", ""))
+    if manifest.get("kind", "full") != "delta":
+        return Link(step, sha, "full")
+    try:
+        return Link(
+            step,
+            sha,
+            "delta",
+            int(manifest["parent"]),
+            str(manifest["parent_sha256"]),
+            int(manifest["base"]),
+            str(manifest["base_sha256"]),
+        )
+    except (KeyError, TypeError, ValueError):
+        return Link(step, sha, "delta")  # names no parent: it can never be restored
+
+
+def read_links(directory: Path) -> dict[int, Link]:
+    """The committed steps of `directory` (a manifest that reads as JSON with a step) by step."""
+    links = {}
+    for step in committed_steps(directory):
+        try:
+            doc = json.loads((directory / step_dirname(step) / MANIFEST).read_bytes())
+            link = link_of(doc)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # uncommitted or unreadable: restore reports it, retention skips it
+        if link.step == step:
+            links[step] = link
+    return links
+
+
+def chain(links: dict[int, Link], step: int) -> list[int] | None:
+    """The steps `step` needs, base first, or None when a link is missing or names another checkpoint
+    than the one present (another run's step, a replaced one)."""
+    out: list[int] = []
+    cur = links.get(step)
+    while cur is not None and cur.kind == "delta":
+        out.append(cur.step)
+        parent = links.get(cur.parent) if cur.parent is not None and cur.parent < cur.step else None
+        if parent is None or parent.sha != cur.parent_sha:
+            return None
+        cur = parent
+    if cur is None:
+        return None
+    out.append(cur.step)
+    top = links[step]
+    if top.kind == "delta" and (cur.step != top.base or cur.sha != top.base_sha):
+        return None
+    return out[::-1]
+
+
+def steps_to_keep(links: dict[int, Link], keep: int) -> set[int]:
+    """The newest `keep` restorable steps and every step their chains need. With full steps only this
+    is the newest `keep` steps; a chain of deltas keeps its base and all its deltas."""
+    kept: set[int] = set()
+    points = 0
+    for step in sorted(links, reverse=True):
+        if points >= max(1, keep):
+            break
+        steps = chain(links, step)
+        if steps is not None:
+            kept.update(steps)
+            points += 1
+    return kept
+
+
+def prune_chains(directory: Path, keep: int) -> list[int]:
+    """Remove the step directories older than the newest kept step that no kept chain needs, and stale
+    ``.tmp`` directories older than it; returns the steps removed. Steps newer than every restorable
+    one stay (a writer may be completing their chain)."""
+    links = read_links(directory)
+    kept = steps_to_keep(links, keep)
+    if not kept:
+        return []
+    newest = max(kept)
+    removed = [s for s in committed_steps(directory) if s < newest and s not in kept]
+    for s in removed:
+        shutil.rmtree(directory / step_dirname(s), ignore_errors=True)
+    for p in directory.iterdir():
+        m = re.match(r"^step-(\d{8,})\.tmp", p.name)
+        if m and int(m.group(1)) < newest:
+            shutil.rmtree(p, ignore_errors=True)
+    return removed
+
+
+def missing_from(links: dict[int, Link], present: dict[int, Link], step: int) -> list[int]:
+    """The steps of `step`'s chain (in `links`) that `present` lacks or holds as another checkpoint,
+    base first: what a copy (a durable directory, a peer's replicas) needs so that `step` restores
+    there. Raises ValueError when `step`'s own chain is incomplete."""
+    steps = chain(links, step)
+    if steps is None:
+        raise ValueError(f"step {step}: its chain of checkpoints is incomplete here; it cannot be copied")
+    return [s for s in steps if s not in present or present[s].sha != links[s].sha]
