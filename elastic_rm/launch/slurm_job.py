@@ -19,6 +19,9 @@ class SlurmOptions:
     script: tuple[str, ...]  # the training script (or module) and its arguments
     env: tuple[tuple[str, str], ...] = ()
     pending_report_s: float = 60.0
+    # the job description's requested nodes (None: no description or no request): what the run asks for
+    # before its leader's first demand, as the planner's cold start does, instead of --nnodes MAX
+    requested_nodes: int | None = None
 
     @property
     def job_name(self) -> str:

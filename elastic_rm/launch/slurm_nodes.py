@@ -85,6 +85,7 @@ class SlurmExecutor(Executor):
         self.waiting_nodes: int | None = None
         self.submitted = 0
         self._node_names: set[str] | None = None  # every Slurm node's name
+        self._ended_ids: set[str] = set()  # our ended nodes' ids, while etcd still lists them (lease)
 
     @staticmethod
     def _no_host_start(host: Host):
@@ -156,6 +157,7 @@ class SlurmExecutor(Executor):
     def _on_job_end(self, node: SlurmNode, job: SlurmJob | None, state: RunState) -> None:
         if node.slurm_node:
             self._pool.release(node.slurm_node)
+            self._ended_ids.add(node.node_id)
         final = node.state if job is not None else "gone from squeue"
         self.exit_codes[node.node_id] = node.exit_code if node.exit_code is not None else 0
         if node.stopping:
@@ -238,10 +240,29 @@ class SlurmExecutor(Executor):
 
     # -- acting -----------------------------------------------------------------------------------------
 
+    def target(self, state: RunState) -> int:
+        """The leader's demand; before its first one, the job description's request (the planner's cold
+        start) rather than MAX, so that a run on a shared cluster does not queue MAX node jobs first."""
+        if self._before_demand(state):
+            return max(self._cfg.min_nodes, min(self.options.requested_nodes, self._cfg.max_nodes))
+        return super().target(state)
+
+    def demand_reason(self, state: RunState) -> str:
+        if self._before_demand(state):
+            return f"no demand from the leader yet: the job description's request of {self.options.requested_nodes}"
+        return super().demand_reason(state)
+
+    def _before_demand(self, state: RunState) -> bool:
+        d = state.demand
+        return bool(self.options.requested_nodes) and (d is None or d.target_nodes <= 0)
+
     def _scale(self, state: RunState) -> None:
         target = self.target(state)
         live = [n for n in self.nodes.values() if not n.stopping]
-        foreign = self.foreign(state, [n.node_id for n in self.nodes.values() if n.slurm_node])
+        # an ended node of ours stays registered until its agent's lease expires: not someone else's node
+        self._ended_ids &= set(state.node_ids)
+        ours = [n.node_id for n in self.nodes.values() if n.slurm_node] + sorted(self._ended_ids)
+        foreign = self.foreign(state, ours)
         why = self.demand_reason(state)
         while len(live) + foreign < target:
             node = self._submit(state, f"{len(live) + foreign} of {target} node(s) running or pending; {why}")

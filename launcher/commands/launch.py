@@ -337,7 +337,7 @@ def _run_slurm(args: argparse.Namespace) -> int:
         ns, flags, script = _ermrun_command_line(args)
         nnodes = _nnodes(ns)
         settings = _settings(ns, *nnodes)
-        checked = check_slurm(args, ns.rdzv_id, flags, script)
+        checked = check_slurm(args, ns.rdzv_id, flags, script, ns.job)
         client = _connect(settings, ns.rdzv_id)
     except SystemExit as exc:
         return int(exc.code or 2)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -61,7 +62,7 @@ def _partitions(slurm, wanted: str | None) -> tuple[str, ...]:
     return chosen
 
 
-def _options(args: argparse.Namespace, run_id: str, flags: list[str], script: list[str]):
+def _options(args: argparse.Namespace, run_id: str, flags: list[str], script: list[str], ns_job=None):
     from elastic_rm.launch.command import parse_env
     from elastic_rm.launch.slurm_job import SlurmOptions
 
@@ -78,15 +79,29 @@ def _options(args: argparse.Namespace, run_id: str, flags: list[str], script: li
         script=tuple(script),
         env=tuple(env.items()),
         pending_report_s=args.pending_report,
+        requested_nodes=_requested_nodes(ns_job, args.workdir),
     )
 
 
-def check_slurm(args: argparse.Namespace, run_id: str, flags: list[str], script: list[str]):
+def _requested_nodes(job_file: str | None, workdir: str) -> int | None:
+    """The nodes the job description requests, read here as the nodes will (relative to --workdir); None
+    when there is none or it cannot be read here (the nodes' leader then reports what is wrong with it)."""
+    if not job_file:
+        return None
+    try:
+        with open(os.path.join(workdir, job_file)) as fh:
+            nodes = json.load(fh).get("request", {}).get("nodes")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return nodes if isinstance(nodes, int) and nodes > 0 else None
+
+
+def check_slurm(args: argparse.Namespace, run_id: str, flags: list[str], script: list[str], job_file=None):
     """Slurm is there, the partitions exist, and sbatch accepts the node job (``--test-only``: nothing
     submitted); SlurmError with Slurm's own words otherwise. Returns (slurm, options, partitions)."""
     from elastic_rm.launch.slurm_cli import Slurm
 
-    options = _options(args, run_id, flags, script)
+    options = _options(args, run_id, flags, script, job_file)
     slurm = Slurm()
     slurm.check_installed()
     partitions = _partitions(slurm, args.partition)

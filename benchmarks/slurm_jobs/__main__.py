@@ -1,0 +1,392 @@
+"""Run the live multi-job benchmark (benchmarks/slurm_jobs/__init__.py): python -m benchmarks.slurm_jobs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from benchmarks.common import write_result
+from benchmarks.slurm_jobs.trace import NODES, STEP_S, TRACE, TraceJob, requested_load
+from elastic_rm.etcd.server import EtcdServer
+from elastic_rm.proc import kill_tree
+from tests.slurm.cluster import SlurmCluster, why_not
+
+REPO = Path(__file__).resolve().parents[2]
+PY = sys.executable
+BIN = os.path.dirname(PY)
+CONF = "lease_ttl=5,last_call_timeout=1,join_timeout=600"
+POLL_S = 0.25
+TARGET_MEAN, TARGET_PER_JOB = 0.8, 1.10
+POLICIES = ("static", "elastic")
+EMULATION_OFF = {"oom_horizon_s": 1.0, "straggler_k": 1000.0, "straggler_clear_k": 999.0}
+
+
+def training_args(job: TraceJob, state: Path) -> list[str]:
+    return [
+        "examples/emulated/train.py",
+        "--samples",
+        str(job.samples),
+        "--step-s",
+        str(STEP_S),
+        "--curve",
+        job.curve,
+        "--noise",
+        "0.05",
+        "--state",
+        str(state),
+    ]
+
+
+def job_description(job: TraceJob, run_id: str) -> dict:
+    desc = json.loads((REPO / "examples" / "emulated" / "job.json").read_text())
+    desc["name"] = run_id
+    desc["request"] = {"nodes": job.nodes}
+    # the emulated nodes share one machine: its memory and CPU are every node's, so the planner's memory
+    # trend and busy-time straggler rules would read the other jobs' load; they are off here
+    desc["planner"].update(EMULATION_OFF)
+    return desc
+
+
+def static_script(job: TraceJob, etcd, run_id: str, work: Path) -> str:
+    """``srun ermrun`` at the requested size, as users run torchrun in an allocation; the end time and exit
+    status go to ``done``."""
+    ermrun = [
+        PY,
+        "-m",
+        "launcher.ermrun",
+        "--nnodes",
+        f"{job.nodes}:{job.nodes}",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-endpoint",
+        etcd.endpoint,
+        "--rdzv-id",
+        run_id,
+        "--rdzv-conf",
+        CONF,
+        *training_args(job, work / "state"),
+    ]
+    return (
+        "#!/bin/sh\n"
+        f"srun --kill-on-bad-exit=1 {shlex.join(ermrun)}\n"
+        f'echo "$? $(date +%s.%N)" > {shlex.quote(str(work / "done"))}\n'
+    )
+
+
+def elastic_command(job: TraceJob, etcd, run_id: str, work: Path) -> str:
+    argv = [
+        os.path.join(BIN, "erm"),
+        "launch",
+        "--slurm",
+        "--slurm-output",
+        str(work / "%x-%j.out"),
+        "--workdir",
+        str(REPO),
+        "--poll-interval",
+        "1",
+        "--stop-grace",
+        "15",
+        "--pending-report",
+        "600",
+        "--job",
+        str(work / "job.json"),
+        "--nnodes",
+        f"1:{NODES}",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-endpoint",
+        etcd.endpoint,
+        "--rdzv-id",
+        run_id,
+        "--rdzv-conf",
+        CONF,
+        *training_args(job, work / "state"),
+    ]
+    log, done = shlex.quote(str(work / "launch.log")), shlex.quote(str(work / "done"))
+    return f'{shlex.join(argv)} > {log} 2>&1; echo "$? $(date +%s.%N)" > {done}'
+
+
+class PolicyRun:
+    """One policy over the trace on its own cluster: submits each job at its arrival, records its first
+    step, its end, and the nodes Slurm gives it (sampled from squeue)."""
+
+    def __init__(self, policy: str, cluster: SlurmCluster, etcd, root: Path, tag: str):
+        self.policy, self.cluster, self.etcd, self.root = policy, cluster, etcd, root
+        self.tag = tag
+        self.jobs: dict[str, dict] = {}
+        self.procs: list[subprocess.Popen] = []
+        self.slurm_ids: list[str] = []
+
+    def submit(self, job: TraceJob, t0: float) -> None:
+        run_id = f"{self.policy[:2]}{self.tag}-{job.name}-{uuid.uuid4().hex[:4]}"
+        work = self.root / job.name
+        work.mkdir(parents=True)
+        row = {
+            "run_id": run_id,
+            "work": work,
+            "arrival": time.time(),
+            "trace_submit_s": job.submit_s,
+            "start": None,
+            "end": None,
+            "rc": None,
+            "node_s": 0.0,
+            "max_nodes": 0,
+            "submit_lag_s": time.time() - t0 - job.submit_s,
+        }
+        if self.policy == "static":
+            (work / "job.sh").write_text(static_script(job, self.etcd, run_id, work))
+            r = self.cluster.cmd(
+                "sbatch",
+                "--parsable",
+                "-N",
+                str(job.nodes),
+                "--exclusive",
+                "-J",
+                run_id,
+                f"--chdir={REPO}",
+                f"--output={work / 'job.out'}",
+                str(work / "job.sh"),
+                check=False,
+            )
+            if r.returncode != 0:
+                raise RuntimeError(f"sbatch of {job.name} failed: {r.stderr.strip()}")
+            self.slurm_ids.append(r.stdout.strip().split(";")[0])
+        else:
+            (work / "job.json").write_text(json.dumps(job_description(job, run_id)))
+            p = subprocess.Popen(
+                ["sh", "-c", elastic_command(job, self.etcd, run_id, work)],
+                env=self.cluster.env(),
+                cwd=work,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            self.procs.append(p)
+        self.jobs[job.name] = row
+
+    def observe(self, dt: float) -> None:
+        """First steps and ends from the jobs' files; node-seconds from squeue's running jobs."""
+        now = time.time()
+        for row in self.jobs.values():
+            if row["start"] is None and (row["work"] / "state" / "progress.json").exists():
+                row["start"] = now
+            done = row["work"] / "done"
+            if row["end"] is None and done.exists():
+                parts = done.read_text().split()
+                if len(parts) == 2:
+                    row["rc"], row["end"] = int(parts[0]), float(parts[1])
+        r = self.cluster.cmd("squeue", "-h", "-t", "R", "-o", "%j %D", check=False)
+        held: dict[str, int] = {}
+        for line in r.stdout.splitlines():
+            name, _, count = line.partition(" ")
+            held[name] = held.get(name, 0) + int(count or 0)
+        for row in self.jobs.values():
+            n = held.get(row["run_id"], 0) + held.get(f"erm-{row['run_id']}", 0)
+            row["node_s"] += n * dt
+            row["max_nodes"] = max(row["max_nodes"], n)
+
+    def finished(self) -> bool:
+        return len(self.jobs) == len(TRACE) and all(r["end"] is not None for r in self.jobs.values())
+
+    def stop(self) -> None:
+        """Every erm launch by its pid (SIGTERM: it stops its node jobs), then anything Slurm still has."""
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                kill_tree(p.pid)
+        self.cluster.reset(60)
+        for row in self.jobs.values():
+            shutil.rmtree(Path("/dev/shm/elastic-rm") / row["run_id"], ignore_errors=True)
+
+    def rows(self) -> dict[str, dict]:
+        out = {}
+        for name, row in self.jobs.items():
+            jct = row["end"] - row["arrival"] if row["end"] is not None else None
+            queue = row["start"] - row["arrival"] if row["start"] is not None else None
+            out[name] = {
+                "jct_s": jct,
+                "queue_s": queue,
+                "node_s": row["node_s"],
+                "max_nodes": row["max_nodes"],
+                "rc": row["rc"],
+                "submit_lag_s": row["submit_lag_s"],
+            }
+        return out
+
+
+def run_round(etcd, clusters: dict[str, SlurmCluster], root: Path, tag: str, timeout_s: float, trace) -> dict:
+    """Both policies at once over the trace; returns per policy its job rows, and the load averages."""
+    runs = {p: PolicyRun(p, clusters[p], etcd, root / p, tag) for p in POLICIES}
+    pending = sorted(trace, key=lambda j: j.submit_s)
+    loads: list[float] = []
+    t0 = last = time.time()
+    deadline = time.monotonic() + timeout_s
+    timed_out = False
+    try:
+        while not all(r.finished() for r in runs.values()):
+            if time.monotonic() > deadline:
+                timed_out = True
+                break
+            now = time.time()
+            while pending and now - t0 >= pending[0].submit_s:
+                job = pending.pop(0)
+                for run in runs.values():
+                    run.submit(job, t0)
+                print(f"  [{now - t0:6.0f} s] {job.name} arrives ({job.kind}, asks {job.nodes})", flush=True)
+            for run in runs.values():
+                run.observe(now - last)
+            last = now
+            if not loads or len(loads) < (now - t0) / 10:
+                loads.append(os.getloadavg()[0])
+            time.sleep(POLL_S)
+    finally:
+        for run in runs.values():
+            run.stop()
+    return {
+        "jobs": {p: r.rows() for p, r in runs.items()},
+        "load_avg_1m": loads,
+        "timed_out": timed_out,
+        "wall_s": time.time() - t0,
+    }
+
+
+def mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def summary(rounds: list[dict], trace) -> dict:
+    """Per job: its JCT under each policy (mean over rounds) and the ratio; means and queueing per policy."""
+    per_job = {}
+    for job in trace:
+        row = {"kind": job.kind, "asks": job.nodes}
+        for p in POLICIES:
+            jcts = [r["jobs"][p][job.name]["jct_s"] for r in rounds if job.name in r["jobs"][p]]
+            done = [j for j in jcts if j is not None]
+            row[f"{p}_jct_s"] = mean(done) if len(done) == len(rounds) else None
+            row[f"{p}_queue_s"] = mean([r["jobs"][p][job.name]["queue_s"] or 0.0 for r in rounds])
+            row[f"{p}_node_s"] = mean([r["jobs"][p][job.name]["node_s"] for r in rounds])
+        s, e = row["static_jct_s"], row["elastic_jct_s"]
+        row["ratio"] = e / s if s and e else None
+        row["ratios_per_round"] = [
+            (r["jobs"]["elastic"][job.name]["jct_s"] or float("nan")) / r["jobs"]["static"][job.name]["jct_s"]
+            for r in rounds
+            if r["jobs"]["static"][job.name]["jct_s"]
+        ]
+        per_job[job.name] = row
+    out = {"per_job": per_job}
+    for p in POLICIES:
+        jcts = [row[f"{p}_jct_s"] for row in per_job.values()]
+        complete = all(j is not None for j in jcts)
+        out[p] = {
+            "mean_jct_s": mean(jcts) if complete else None,
+            "median_jct_s": statistics.median(jcts) if complete else None,
+            "mean_queue_s": mean([row[f"{p}_queue_s"] for row in per_job.values()]),
+            "node_hours": sum(row[f"{p}_node_s"] for row in per_job.values()) / 3600,
+            "completed_all": complete,
+        }
+    ratios = [row["ratio"] for row in per_job.values() if row["ratio"] is not None]
+    if out["static"]["mean_jct_s"] and out["elastic"]["mean_jct_s"]:
+        out["mean_jct_ratio"] = out["elastic"]["mean_jct_s"] / out["static"]["mean_jct_s"]
+    else:
+        out["mean_jct_ratio"] = None
+    out["max_job_ratio"] = max(ratios) if ratios else None
+    out["jobs_over_target"] = sorted(n for n, row in per_job.items() if (row["ratio"] or 0) > TARGET_PER_JOB)
+    out["meets_target"] = bool(
+        out["mean_jct_ratio"] is not None
+        and out["mean_jct_ratio"] <= TARGET_MEAN
+        and not out["jobs_over_target"]
+        and len(ratios) == len(per_job)
+    )
+    return out
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--rounds", type=int, default=2, help="times the comparison runs (default 2)")
+    ap.add_argument("--timeout-s", type=float, default=1800, help="bound on each round's wall time")
+    ap.add_argument("--jobs", type=int, default=len(TRACE), help="only the first N jobs of the trace (a try)")
+    ap.add_argument("--name", default="slurm-jobs", help="results file benchmarks/results/<name>.json")
+    args = ap.parse_args()
+    reason = why_not()
+    if reason:
+        print(f"cannot run: {reason}", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _interrupt)  # a stopped benchmark stops its jobs and clusters too
+    # every process of the run imports this checkout (a copy of the tree stays the same for the whole run)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    trace = TRACE[: args.jobs]
+    print(f"{len(trace)} jobs, requested load {requested_load(trace):.2f} of {NODES} nodes", flush=True)
+    root = Path(tempfile.mkdtemp(prefix="erm-bench-slurm-jobs-"))
+    rounds = []
+    try:
+        with EtcdServer() as etcd, SlurmCluster(NODES) as a, SlurmCluster(NODES) as b:
+            clusters = {"static": a, "elastic": b}
+            for i in range(args.rounds):
+                print(f"round {i + 1} of {args.rounds}", flush=True)
+                rounds.append(run_round(etcd, clusters, root / f"round{i}", str(i), args.timeout_s, trace))
+                clusters = {"static": clusters["elastic"], "elastic": clusters["static"]}  # swap clusters
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    result = summary(rounds, trace)
+    result["rounds"] = rounds
+    loads = [x for r in rounds for x in r["load_avg_1m"]]
+    result["load_avg_1m"] = {"mean": mean(loads), "max": max(loads, default=None)}
+    result["config"] = {
+        "nodes": NODES,
+        "jobs": len(trace),
+        "rounds": args.rounds,
+        "step_s": STEP_S,
+        "requested_load": requested_load(trace),
+        "rdzv_conf": CONF,
+        "targets": {"mean_jct_ratio": TARGET_MEAN, "per_job_ratio": TARGET_PER_JOB},
+        "trace": [
+            {
+                "name": j.name,
+                "submit_s": j.submit_s,
+                "nodes": j.nodes,
+                "kind": j.kind,
+                "curve": j.curve,
+                "minutes_at_request": j.minutes_at_request,
+            }
+            for j in trace
+        ],
+    }
+    print(f"{'job':5} {'kind':6} {'asks':>4} {'static':>8} {'elastic':>8} {'ratio':>6}")
+    for name, row in result["per_job"].items():
+        s, e, q = row["static_jct_s"], row["elastic_jct_s"], row["ratio"]
+        print(f"{name:5} {row['kind']:6} {row['asks']:>4} {s or 0:8.0f} {e or 0:8.0f} {q or 0:6.2f}")
+    for p in POLICIES:
+        x = result[p]
+        print(
+            f"{p}: mean JCT {x['mean_jct_s'] or 0:.0f} s, median {x['median_jct_s'] or 0:.0f} s, "
+            f"mean queueing {x['mean_queue_s']:.0f} s, {x['node_hours']:.2f} node-hours"
+        )
+    print(
+        f"mean JCT elastic / static: {result['mean_jct_ratio'] or 0:.2f}x (target {TARGET_MEAN}x); "
+        f"worst job {result['max_job_ratio'] or 0:.2f}x (target {TARGET_PER_JOB}x); "
+        f"load average {result['load_avg_1m']}"
+    )
+    print("wrote", write_result(args.name, result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
