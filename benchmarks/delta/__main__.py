@@ -1,0 +1,219 @@
+"""Benchmark: differential flash checkpoints against today's full flash checkpoint, in one run.
+
+    nice .venv/bin/python -m benchmarks.delta [--gib 2] [--zipf 1.1] [--modes full,delta]
+
+A DLRM (8 tables, fused row-wise Adagrad, power-law ids) over 2 ranks (gloo, real processes, one
+simulated node each, a checkpoint server process per node as ermrun's agents run). For each mode
+(`full`: every save copies the whole state; `delta`: FlashConfig(differential=True), when the core
+has it) and a checkpoint every 1, 10 and 100 steps: the touched fraction, bytes copied / replicated /
+written per checkpoint, the step pause, the training throughput against training without checkpoints,
+node memory; then one save alone (its background time), a restore at the same world and one into
+world 3. Every restore is checked bit for bit. Prints the ratios delta / full and writes
+benchmarks/results/<name>.json.
+
+Memory: the full mode holds about 6x the state at its peak (the model, the snapshot buffers, the old
+and the new step in node memory, the same for the peer's replica); the run refuses to start when the
+machine's available memory is short of that, and says what --gib fits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import fmt, write_result
+from elastic_rm.agent.local_ckpt_servers import node_servers, peer_lists
+
+REPO = Path(__file__).resolve().parents[2]
+PEAK_FACTOR = 6  # peak memory of the full mode, in multiples of the state (module docstring)
+
+
+def launch(spec: dict[str, Any], nprocs: int, timeout: float) -> list[list[dict[str, Any]]]:
+    work = Path(spec["workdir"])
+    path = work / f"spec-{spec['mode']}.json"
+    path.write_text(json.dumps(spec))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    logs = [open(work / f"log-{spec['mode']}-{r}.txt", "w") for r in range(nprocs)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.delta.worker", str(path), str(r)],
+            cwd=REPO,
+            env=env,
+            stdout=logs[r],
+            stderr=subprocess.STDOUT,
+        )
+        for r in range(nprocs)
+    ]
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            codes = [p.poll() for p in procs]
+            if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
+                break
+            time.sleep(0.5)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+        for f in logs:
+            f.close()
+    bad = [r for r, p in enumerate(procs) if p.returncode != 0]
+    if bad:
+        tail = (work / f"log-{spec['mode']}-{bad[0]}.txt").read_text()[-4000:]
+        raise SystemExit(
+            f"{spec['mode']}: ranks {bad} failed (rc {[procs[r].returncode for r in bad]}):\n{tail}"
+        )
+    return [json.loads((work / f"result-{spec['mode']}-{r}.json").read_text()) for r in range(nprocs)]
+
+
+def available_bytes() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def compare(full: dict[str, Any], delta: dict[str, Any]) -> dict[str, Any]:
+    """full / delta (how many times less the differential mode costs) per interval, and the targets."""
+    out: dict[str, Any] = {"intervals": []}
+    for f, d in zip(full["train"]["intervals"], delta["train"]["intervals"], strict=True):
+        out["intervals"].append(
+            {
+                "interval": f["interval"],
+                "touched_mean": d["touched"]["mean"],
+                "replicated_less": ratio(f.get("bytes_replicated_mean"), d.get("bytes_replicated_mean")),
+                "written_less": ratio(f.get("bytes_written_mean"), d.get("bytes_written_mean")),
+                "copied_less": ratio(f["bytes_copied_mean"], d["bytes_copied_mean"]),
+                "pause_shorter": ratio(f["pause_median_s"], d["pause_median_s"]),
+                "throughput_full": f["throughput_ratio"],
+                "throughput_delta": d["throughput_ratio"],
+            }
+        )
+    out["restore_same_world_over_full"] = ratio(
+        delta["train"]["restore_same_world_s"], full["train"]["restore_same_world_s"]
+    )
+    out["restore_2to3_over_full"] = ratio(delta["restore"]["restore_s"], full["restore"]["restore_s"])
+    out["background_shorter"] = ratio(
+        full["train"]["alone"]["background_s"], delta["train"]["alone"]["background_s"]
+    )
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gib", type=float, default=2.0, help="embedding weights + optimizer state, GiB")
+    ap.add_argument("--tables", type=int, default=8)
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--zipf", type=float, default=1.1, help="exponent of the ids' power law")
+    ap.add_argument("--global-batch", type=int, default=4096)
+    ap.add_argument("--modes", default="full,delta", help="comma-separated: full, delta")
+    ap.add_argument("--intervals", default="1:12,10:60,100:200", help="interval:steps, comma-separated")
+    ap.add_argument("--timeout", type=float, default=1500, help="seconds per mode")
+    ap.add_argument("--name", default="delta", help="results file benchmarks/results/<name>.json")
+    args = ap.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    if not modes or set(modes) - {"full", "delta"}:
+        raise SystemExit(f"--modes {args.modes!r}: a comma-separated list of 'full' and 'delta'")
+    state = args.gib * 2**30
+    need = PEAK_FACTOR * state + (1 << 30)
+    if need > available_bytes():
+        fits = (available_bytes() - (1 << 30)) / PEAK_FACTOR / 2**30
+        raise SystemExit(
+            f"--gib {args.gib:g} needs about {need / 2**30:.1f} GiB of memory at its peak and "
+            f"{available_bytes() / 2**30:.1f} GiB are available: use --gib {max(fits, 0):.1f} or less"
+        )
+    rows = int(state / (args.tables * (args.dim * 4 + 4)))  # fp32 rows + one Adagrad value per row
+    intervals = [tuple(int(x) for x in item.split(":")) for item in args.intervals.split(",")]
+    work = Path(tempfile.mkdtemp(prefix="erm-delta-bench-"))
+    print(
+        f"delta benchmark: {args.tables} tables x {rows} rows x {args.dim} dim (~{args.gib:g} GiB with "
+        f"row-wise Adagrad), zipf {args.zipf}, global batch {args.global_batch}; "
+        f"load avg {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
+    report: dict[str, Any] = {
+        "config": {
+            "gib": args.gib,
+            "tables": args.tables,
+            "dim": args.dim,
+            "rows": rows,
+            "zipf": args.zipf,
+            "global_batch": args.global_batch,
+            "intervals": intervals,
+        },
+        "modes": {},
+    }
+    try:
+        for mode in modes:
+            shm = Path(tempfile.mkdtemp(prefix="erm-delta-bench-", dir="/dev/shm"))
+            spec = {
+                **report["config"],
+                "mode": mode,
+                "workdir": str(work),
+                "shm": str(shm),
+                "warmup_steps": 3,
+                "baseline_steps": 40,
+                "alone_gap_steps": 5,
+                "phases": [{"kind": "train", "world": 2}, {"kind": "restore", "world": 3}],
+            }
+            try:
+                with node_servers(shm, ["n0", "n1", "n2"]) as servers:
+                    spec["phases"][0]["peers"] = peer_lists(servers, ["n0", "n1"])
+                    spec["phases"][1]["peers"] = peer_lists(servers, ["n0", "n1", "n2"])
+                    per_rank = launch(spec, 3, args.timeout)
+            finally:
+                shutil.rmtree(shm, ignore_errors=True)
+            train, restore = per_rank[0][0], per_rank[0][1]
+            restore["exact"] = (
+                restore["digest"] == train["saved_digest"] and restore["step"] == train["saved_step"]
+            )
+            report["modes"][mode] = {"train": train, "restore": restore}
+            print_mode(mode, train, restore)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if {"full", "delta"} <= set(report["modes"]):
+        report["ratios"] = compare(report["modes"]["full"], report["modes"]["delta"])
+        print(json.dumps(report["ratios"], indent=1))
+    print("wrote", write_result(args.name, report))
+
+
+def print_mode(mode: str, train: dict[str, Any], restore: dict[str, Any]) -> None:
+    gib = 2**30
+    base = train["no_checkpoint"]["steps_per_s"]
+    print(f"== {mode}: state {train['state_bytes'] / gib:.2f} GiB, no checkpoint {base:.2f} steps/s")
+    for r in train["intervals"]:
+        print(
+            f"  every {r['interval']:>3}: touched {100 * r['touched']['mean']:.2f}%"
+            f"  pause {fmt(r['pause_median_s'])}"
+            f"  copied {r['bytes_copied_mean'] / gib:.3f} GiB"
+            f"  replicated {r.get('bytes_replicated_mean', 0) / gib:.3f} GiB"
+            f"  written {r.get('bytes_written_mean', 0) / gib:.3f} GiB"
+            f"  throughput x{r['throughput_ratio']:.2f}"
+            f"  node memory {r['node_memory_max_bytes'] / gib:.2f} GiB  kinds {r['kinds']}"
+        )
+    a = train["alone"]
+    print(f"  one save alone ({a['kind']}): pause {fmt(a['pause_s'])}, background {fmt(a['background_s'])}")
+    print(
+        f"  restore: same world {fmt(train['restore_same_world_s'])}"
+        f" (exact: {train['restore_same_world_exact']}),"
+        f" 2->3 {fmt(restore['restore_s'])} (exact: {restore['exact']});"
+        f" max RSS {train['max_rss_gib']:.2f} GiB per rank",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()

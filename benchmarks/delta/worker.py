@@ -1,0 +1,369 @@
+"""One rank of the differential-checkpoint benchmark (started by `python -m benchmarks.delta`).
+
+Phase "train" (world 2): a DLRM with fused row-wise Adagrad on power-law (Zipf) ids trains without
+checkpoints (the throughput baseline), then with a flash checkpoint every 1, 10 and 100 steps, in the
+mode of this launch (full copies, or differential when the core supports it); then one save alone (its
+background time) and a restore at the same world. Phase "restore" (world 3): the newest step restored
+into another plan. Every restore is checked bit for bit against the state digest saved with it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import json
+import os
+import resource
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torchrec.optim as trec_optim
+from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
+from torchrec.datasets.utils import Batch
+from torchrec.models.dlrm import DLRM, DLRMTrain
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+from elastic_rm.train import (
+    FlashCheckpointer,
+    FlashConfig,
+    SyntheticClickData,
+    WorldTopology,
+    dense_parameters,
+    plan_sharding,
+    wrap_model,
+)
+from elastic_rm.train.manifest import MANIFEST, committed_steps, step_dirname
+from elastic_rm.train.peers import PEERS_ENV
+from elastic_rm.train.snapshot import local_pieces
+from elastic_rm.train.state_digest import digest_hex, piece_digest
+
+FILL_ROWS = 1 << 16
+
+
+def differential_supported() -> bool:
+    return any(f.name == "differential" for f in fields(FlashConfig))
+
+
+def build(spec: dict[str, Any], world: int) -> tuple[Any, Any, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    tables = [
+        EmbeddingBagConfig(
+            name=f"t{i}", embedding_dim=spec["dim"], num_embeddings=spec["rows"], feature_names=[f"cat_{i}"]
+        )
+        for i in range(spec["tables"])
+    ]
+    ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    model = DLRMTrain(
+        DLRM(
+            embedding_bag_collection=ebc,
+            dense_in_features=13,
+            dense_arch_layer_sizes=[64, spec["dim"]],
+            over_arch_layer_sizes=[64, 1],
+            dense_device=torch.device("cpu"),
+        )
+    )
+    apply_optimizer_in_backward(trec_optim.RowWiseAdagrad, model.model.sparse_arch.parameters(), {"lr": 0.02})
+    plan = plan_sharding(model, WorldTopology(world, world))
+    dmp = wrap_model(model, plan)
+    dense_opt = torch.optim.Adagrad([p for _, p in dense_parameters(dmp)], lr=0.02)
+    return dmp, plan, dense_opt
+
+
+@torch.no_grad()
+def fill_tables(dmp: Any) -> None:
+    """Deterministic rows (a function of table, row and column), whatever the sharding."""
+    for key, value in dmp.state_dict().items():
+        if "embedding_bags" not in key:
+            continue
+        salt = sum(map(ord, key))
+        for off, t in local_pieces(value):
+            for lo in range(0, t.shape[0], FILL_ROWS):
+                hi = min(lo + FILL_ROWS, t.shape[0])
+                r = torch.arange(off[0] + lo, off[0] + hi, dtype=torch.int64)[:, None]
+                c = torch.arange(off[1], off[1] + t.shape[1], dtype=torch.int64)[None, :]
+                t[lo:hi].copy_((((r * 131 + c * 7 + salt) % 1009) - 504).to(torch.float32) * 1e-4)
+
+
+def state_digest(dmp: Any, dense_opt: torch.optim.Optimizer) -> str:
+    """The whole training state's exact digest (embeddings, fused and dense optimizer state, dense
+    weights), the same at any world size. Collective."""
+    total = torch.zeros(1, dtype=torch.int64)
+    rank = dist.get_rank()
+
+    def add(name: str, value: Any) -> None:
+        if not isinstance(value, torch.Tensor):
+            return
+        if "ShardedTensor" not in type(value).__name__ and rank != 0:
+            return  # replicated: rank 0's copy counts
+        for off, t in local_pieces(value):
+            total.add_(piece_digest(name, off, t))
+
+    for key, value in dmp.state_dict().items():
+        add(key, value)
+    for param, per in dmp.fused_optimizer.state_dict()["state"].items():
+        for name, value in per.items():
+            add(f"{param}/{name}", value)
+    for g, group in enumerate(dense_opt.param_groups):
+        for n, p in enumerate(group["params"]):
+            for name, value in dense_opt.state.get(p, {}).items():
+                add(f"dense/{g}/{n}/{name}", value)
+    dist.all_reduce(total)
+    return digest_hex(total)
+
+
+class Trainer:
+    def __init__(self, spec: dict[str, Any], dmp: Any, dense_opt: torch.optim.Optimizer) -> None:
+        self.spec, self.dmp, self.dense_opt = spec, dmp, dense_opt
+        self.data = SyntheticClickData(
+            100_000_000, spec["rows"], seed=1, num_sparse=spec["tables"], zipf_exponent=spec["zipf"]
+        )
+        self.features = [f"cat_{i}" for i in range(spec["tables"])]
+        self.step = 0
+        self.local = spec["global_batch"] // dist.get_world_size()
+
+    def batch_range(self, step: int) -> tuple[int, int]:
+        lo = step * self.spec["global_batch"] + dist.get_rank() * self.local
+        return lo, lo + self.local
+
+    def train_step(self) -> None:
+        b = self.data.batch(*self.batch_range(self.step))
+        kjt = KeyedJaggedTensor.from_lengths_sync(
+            keys=self.features,
+            values=b.sparse.t().contiguous().view(-1),
+            lengths=torch.ones(len(self.features) * len(b), dtype=torch.int64),
+        )
+        loss, _ = self.dmp(Batch(dense_features=b.dense, sparse_features=kjt, labels=b.labels))
+        self.dense_opt.zero_grad()
+        loss.backward()
+        self.dense_opt.step()
+        self.step += 1
+
+
+def touched_fraction(spec: dict[str, Any], first: int, steps: int, interval: int) -> dict[str, float]:
+    """Rows looked up (so updated by the fused optimizer, weights and state) per window of `interval`
+    steps of the global batches [first, first + steps), as a share of all rows: mean and max."""
+    data = SyntheticClickData(
+        100_000_000, spec["rows"], seed=1, num_sparse=spec["tables"], zipf_exponent=spec["zipf"]
+    )
+    gb, rows = spec["global_batch"], spec["rows"] * spec["tables"]
+    shares = []
+    for w in range(first, first + steps - interval + 1, interval):
+        ids = data.raw(np.arange(w * gb, (w + interval) * gb))[1]
+        shares.append(sum(np.unique(ids[:, t]).size for t in range(ids.shape[1])) / rows)
+    return {"mean": float(np.mean(shares)), "max": float(np.max(shares)), "windows": len(shares)}
+
+
+def slowest(x: float) -> float:
+    t = torch.tensor([x], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
+def total(x: float) -> float:
+    t = torch.tensor([x], dtype=torch.float64)
+    dist.all_reduce(t)
+    return float(t)
+
+
+def shm_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
+
+
+def step_bytes(node_dir: Path, step: int, node: str) -> dict[str, int] | None:
+    """(written: every file of the step; replicated: this node's files and the shared ones) from the
+    step's manifest in this node's memory, or None once pruned."""
+    try:
+        m = json.loads((node_dir / step_dirname(step) / MANIFEST).read_bytes())
+    except OSError:
+        return None
+    files = m["files"]
+    return {
+        "kind": m.get("kind", "full"),
+        "written": sum(e["size"] for e in files.values()),
+        "replicated": sum(e["size"] for e in files.values() if e.get("node") in (node, "*")),
+    }
+
+
+def run_interval(tr: Trainer, ckpt: FlashCheckpointer | None, interval: int, steps: int) -> dict[str, Any]:
+    """`steps` training steps with a save every `interval` (none without a checkpointer): the loop's
+    wall time, each save's pause and stats, the node memory after each save."""
+    node_dir = ckpt.node_dir if ckpt is not None else None
+    saves: list[dict[str, Any]] = []
+    shm_max = 0
+    first = tr.step
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        tr.train_step()
+        if ckpt is not None and tr.step % interval == 0:
+            stats = ckpt.save(tr.step, {"step": tr.step})
+            row = {k: v for k, v in vars(stats).items() if isinstance(v, int | float | str | list)}
+            saves.append(row)
+            if ckpt.leader and node_dir is not None:
+                shm_max = max(shm_max, shm_bytes(node_dir))
+    loop_s = time.perf_counter() - t0
+    if ckpt is not None:
+        ckpt.wait()
+        if ckpt.leader and node_dir is not None:
+            shm_max = max(shm_max, shm_bytes(node_dir))
+    out: dict[str, Any] = {"interval": interval, "steps": steps, "first_step": first}
+    out["loop_s"] = slowest(loop_s)
+    out["steps_per_s"] = steps / out["loop_s"]
+    if ckpt is None:
+        return out
+    pauses = [s["pause_s"] for s in saves]
+    out["saves"] = len(saves)
+    out["pause_median_s"] = slowest(float(np.median(pauses)))
+    out["pause_max_s"] = slowest(float(np.max(pauses)))
+    copied = [s.get("bytes_copied", s["bytes"]) for s in saves]
+    out["bytes_copied_mean"] = total(float(np.mean(copied)))
+    out["kinds"] = sorted({s.get("kind", "full") for s in saves})
+    per_step = []
+    for s in saves:
+        got = step_bytes(node_dir, s["step"], ckpt.node) if ckpt.leader else None
+        per_step.append(got)
+    kept = [p for p in per_step if p is not None]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, {"kept": kept, "shm_max": shm_max, "saves": saves})
+    leaders = [g for g in gathered if g["kept"]]
+    if leaders:  # every node's share: written is the whole step (the same manifest on each node)
+        deltas = [p for p in leaders[0]["kept"] if p["kind"] == "delta"] or leaders[0]["kept"]
+        out["bytes_written_mean"] = float(np.mean([p["written"] for p in deltas]))
+        out["bytes_replicated_mean"] = float(
+            sum(
+                np.mean([p["replicated"] for p in g["kept"] if p["kind"] == deltas[0]["kind"]])
+                for g in leaders
+            )
+        )
+        out["steps_measured_for_bytes"] = len(deltas)
+    out["node_memory_max_bytes"] = max(g["shm_max"] for g in gathered)
+    out["save_stats_rank0"] = saves[:3] + saves[-2:] if len(saves) > 5 else saves
+    return out
+
+
+def phase_train(spec: dict[str, Any], rank: int) -> dict[str, Any]:
+    dmp, plan, dense_opt = build(spec, 2)
+    fill_tables(dmp)
+    res: dict[str, Any] = {"mode": spec["mode"]}
+    res["state_bytes"] = total(
+        sum(
+            t.numel() * t.element_size()
+            for v in list(dmp.state_dict().values())
+            + [x for per in dmp.fused_optimizer.state_dict()["state"].values() for x in per.values()]
+            if isinstance(v, torch.Tensor)
+            for _, t in local_pieces(v)
+        )
+    )
+    tr = Trainer(spec, dmp, dense_opt)
+    for _ in range(spec["warmup_steps"]):
+        tr.train_step()
+    res["no_checkpoint"] = run_interval(tr, None, 1, spec["baseline_steps"])
+    extra = {"differential": True} if spec["mode"] == "delta" else {}
+    cfg = FlashConfig(
+        run_id="bench",
+        node_id=f"n{rank}",
+        memory_root=Path(spec["shm"]),
+        keep_memory=1,
+        replicate=True,
+        **extra,
+    )
+    ckpt = FlashCheckpointer(dmp, plan, dense_opt, cfg)
+    res["prepare_s"] = slowest(ckpt.prepare())
+    runs = []
+    for interval, steps in spec["intervals"]:
+        if rank == 0:
+            print(f"[{spec['mode']}] checkpoint every {interval} steps, {steps} steps", flush=True)
+        run = run_interval(tr, ckpt, interval, steps)
+        run["touched"] = touched_fraction(spec, run["first_step"], steps, interval) if rank == 0 else None
+        run["throughput_ratio"] = run["steps_per_s"] / res["no_checkpoint"]["steps_per_s"]
+        runs.append(run)
+    res["intervals"] = runs
+    # one save alone: its pause and the background time until every copy is committed
+    for _ in range(spec["alone_gap_steps"]):
+        tr.train_step()
+    dist.barrier()
+    t0 = time.perf_counter()
+    stats = ckpt.save(tr.step, {"step": tr.step})
+    ckpt.wait()
+    res["alone"] = {
+        "step": tr.step,
+        "kind": getattr(stats, "kind", "full"),
+        "pause_s": slowest(stats.pause_s),
+        "background_s": slowest(time.perf_counter() - t0),
+        "bytes_copied": total(getattr(stats, "bytes_copied", stats.bytes)),
+    }
+    res["saved_step"] = tr.step
+    res["saved_digest"] = state_digest(dmp, dense_opt)
+    chain = committed_steps(ckpt.node_dir)
+    res["memory_steps_n0"] = chain if rank == 0 else None
+    # restore at the same world, into a model that is zeroed first (so nothing stale can pass)
+    with torch.no_grad():
+        for v in dmp.state_dict().values():
+            if isinstance(v, torch.Tensor):
+                for _, t in local_pieces(v):
+                    t.zero_()
+    dist.barrier()
+    t0 = time.perf_counter()
+    got = ckpt.restore()
+    res["restore_same_world_s"] = slowest(time.perf_counter() - t0)
+    res["restore_same_world_step"] = got.step if got else None
+    res["restore_same_world_exact"] = state_digest(dmp, dense_opt) == res["saved_digest"]
+    res["max_rss_gib"] = slowest(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
+    ckpt.close()
+    return res
+
+
+def phase_restore(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
+    dmp, plan, dense_opt = build(spec, world)
+    cfg = FlashConfig(run_id="bench", node_id=f"n{rank}", memory_root=Path(spec["shm"]), keep_memory=1)
+    ckpt = FlashCheckpointer(dmp, plan, dense_opt, cfg)
+    dist.barrier()
+    t0 = time.perf_counter()
+    got = ckpt.restore()
+    res: dict[str, Any] = {"world": world, "restore_s": slowest(time.perf_counter() - t0)}
+    res["step"] = got.step if got else None
+    res["digest"] = state_digest(dmp, dense_opt)
+    res["sources"] = sorted(set(got.file_sources.values())) if got else []
+    ckpt.close()
+    return res
+
+
+def main() -> None:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    rank = int(sys.argv[2])
+    out = []
+    for k, ph in enumerate(spec["phases"]):
+        if rank >= ph["world"]:
+            continue
+        import torchrec.distributed.collective_utils as trec_cu
+
+        trec_cu._INITIALIZED = False  # once-per-process handshake; each phase is a new world
+        store = dist.FileStore(str(Path(spec["workdir"]) / f"store-{spec['mode']}-{k}"), ph["world"])
+        dist.init_process_group(
+            "gloo", store=store, rank=rank, world_size=ph["world"], timeout=datetime.timedelta(seconds=900)
+        )
+        peers = ph.get("peers", {}).get(f"n{rank}")
+        if peers is None:
+            os.environ.pop(PEERS_ENV, None)
+        else:
+            os.environ[PEERS_ENV] = json.dumps(peers)
+        if ph["kind"] == "train":
+            res = phase_train(spec, rank)
+        else:
+            res = phase_restore(spec, rank, ph["world"])
+        res["phase"] = k
+        out.append(res)
+        gc.collect()
+        dist.barrier()
+        dist.destroy_process_group()
+    Path(spec["workdir"], f"result-{spec['mode']}-{rank}.json").write_text(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
