@@ -29,7 +29,10 @@ from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.types import ShardingPlan
 
 from elastic_rm.train import owners
+from elastic_rm.train.chain import DeltaTake, take_delta
 from elastic_rm.train.collectives import all_gather_json, broadcast_bytes
+from elastic_rm.train.delta_file import write_delta
+from elastic_rm.train.delta_tracker import TouchedRows
 from elastic_rm.train.manifest import (
     DCP_METADATA,
     MANIFEST,
@@ -82,6 +85,15 @@ class FlashConfig:
     timeout_s: float = 600.0
     peers: dict[str, PeerEndpoint] | None = field(default_factory=peers_from_env)
     peer_timeout_s: float = 30.0  # per socket operation with a peer's checkpoint server
+    differential: bool = False  # a save copies only the table rows touched since the previous save
+    compact_ratio: float = 1.0  # a chain's deltas past this many times its base's bytes: next save is full
+
+    def __post_init__(self) -> None:
+        if not self.compact_ratio > 0:
+            raise ValueError(
+                f"FlashConfig.compact_ratio must be > 0 (got {self.compact_ratio}); 1.0 starts a new base once "
+                "a chain's deltas hold as many bytes as its base"
+            )
 
     def root(self) -> Path:
         return Path(self.memory_root) if self.memory_root is not None else run_memory_dir(self.run_id)
@@ -92,7 +104,12 @@ class SaveStats:
     step: int
     pause_s: float  # time the step loop was held (snapshot, plus any wait for the previous save)
     waited_s: float  # part of the pause spent waiting for the previous background save
-    bytes: int
+    bytes: int  # bytes copied on this rank (= bytes_copied)
+    kind: str = "full"  # "full" (a base) or "delta" (rows touched since the previous save)
+    bytes_copied: int = 0
+    rows_touched: int = 0  # of a delta: table rows touched since the previous save, over all ranks
+    rows_total: int = 0  # rows of the tables taken by rows (rows_touched / rows_total: the touched fraction)
+    tables_full: list[str] = field(default_factory=list)  # tables a delta copied whole (state not by row)
 
 
 class FlashCheckpointer:
@@ -130,6 +147,9 @@ class FlashCheckpointer:
         # committed), "replicated" (its replica pushed to the ring peer), "barrier" (every rank's done)
         self.last_phases: dict[str, float] = {}
         self._warned_no_peer = False
+        # differential saves: the rows looked up since the last save, and the chain the next delta extends
+        self._touched = TouchedRows(dmp) if self.cfg.differential else None
+        self._chain: dict[str, Any] | None = None
 
     # ---- saving -------------------------------------------------------------------------------
     def prepare(self) -> float:
@@ -151,9 +171,31 @@ class FlashCheckpointer:
         self.wait()
         waited = time.perf_counter() - t0
         pos_json = json.dumps(position if position is not None else {"step": step})
-        self._snap.bytes_copied = 0
-        snap = self._snap.snapshot(app_state(self.dmp, self.dense_optimizer))
-        stats = SaveStats(step, time.perf_counter() - t0, waited, self._snap.bytes_copied)
+        snap: dict | DeltaTake
+        if self._touched is not None and self._delta_due():
+            touched = self._touched.take(self.pg)
+            snap = take_delta(
+                app_state(self.dmp, self.dense_optimizer), touched, self._touched.tables, self.rank
+            )
+            stats = SaveStats(
+                step,
+                time.perf_counter() - t0,
+                waited,
+                snap.bytes,
+                "delta",
+                snap.bytes,
+                snap.rows_touched,
+                snap.rows_total,
+                snap.tables_full,
+            )
+        else:
+            if self._touched is not None:
+                self._touched.forget()  # a full save holds every row
+            self._snap.bytes_copied = 0
+            snap = self._snap.snapshot(app_state(self.dmp, self.dense_optimizer))
+            pause = time.perf_counter() - t0
+            copied = self._snap.bytes_copied
+            stats = SaveStats(step, pause, waited, copied, "full", copied)
         self._saves += 1
         persist = self.cfg.durable_dir is not None and self._saves % max(1, self.cfg.persist_every) == 0
         self._thread = threading.Thread(
@@ -178,11 +220,20 @@ class FlashCheckpointer:
             err, self._error = self._error, None
             raise RuntimeError(f"background flash checkpoint failed: {err}") from err
 
-    def _run(self, step: int, snap: dict, pos_json: str, persist: bool) -> None:
+    def _delta_due(self) -> bool:
+        """A delta extends the chain of the previous save unless there is none (the first save, or the
+        previous one failed) or the chain's deltas passed the bound: then this save is a new base. The
+        fold of a chain is that full save (its pause is a full snapshot's); every rank decides alike
+        from the same committed manifests."""
+        c = self._chain
+        return c is not None and c["delta_bytes"] <= self.cfg.compact_ratio * c["base_bytes"]
+
+    def _run(self, step: int, snap: dict | DeltaTake, pos_json: str, persist: bool) -> None:
         phases: dict[str, float] = {}
         self.last_phases = phases
+        chain, self._chain = self._chain, None  # set again once this step is committed
         try:
-            manifest = self._commit_memory(step, snap, pos_json)
+            manifest = self._commit_memory(step, snap, pos_json, chain)
             phases["memory"] = time.time()
             if self.cfg.replicate:
                 self._replicate(step, manifest)
@@ -190,21 +241,71 @@ class FlashCheckpointer:
             dist.barrier(group=self.pg)
             phases["barrier"] = time.time()
             self.last_committed = step
+            chain = self._extended(chain, manifest)
             if persist:
-                self._persist(step, manifest)
+                for s in self._durable_missing(chain["steps"]):
+                    self._persist(s, manifest if s == step else self._memory_manifest(s))
                 self.last_persisted = step
+            if self._touched is not None:
+                self._chain = chain
         except BaseException as e:  # surfaced by wait()
             log.exception("flash checkpoint of step %d failed", step)
             self._error = e
 
-    def _commit_memory(self, step: int, snap: dict, pos_json: str) -> dict[str, Any]:
+    @staticmethod
+    def _extended(chain: dict[str, Any] | None, manifest: dict[str, Any]) -> dict[str, Any]:
+        """The chain after committing `manifest`: a new one for a full step."""
+        size = sum(e["size"] for e in manifest["files"].values())
+        link = {"parent": manifest["step"], "parent_sha256": manifest["manifest_sha256"]}
+        if manifest.get("kind") != "delta" or chain is None:
+            return {
+                **link,
+                "base": manifest["step"],
+                "base_sha256": manifest["manifest_sha256"],
+                "base_bytes": size,
+                "delta_bytes": 0,
+                "steps": [manifest["step"]],
+            }
+        return {
+            **chain,
+            **link,
+            "delta_bytes": chain["delta_bytes"] + size,
+            "steps": [*chain["steps"], manifest["step"]],
+        }
+
+    def _memory_manifest(self, step: int) -> dict[str, Any]:
+        return json.loads((self.node_dir / step_dirname(step) / MANIFEST).read_bytes())
+
+    def _durable_missing(self, steps: list[int]) -> list[int]:
+        """Steps of the chain the durable copy lacks (a delta is useless there without its chain);
+        rank 0 looks, so that every rank copies the same steps."""
+        assert self.cfg.durable_dir is not None
+        durable = Path(self.cfg.durable_dir)
+        missing = None
+        if self.rank == 0:
+            missing = json.dumps([s for s in steps if not (durable / step_dirname(s) / MANIFEST).is_file()])
+            missing = missing.encode()
+        return json.loads(broadcast_bytes(missing, 0, self.pg))
+
+    def _commit_memory(
+        self, step: int, snap: dict | DeltaTake, pos_json: str, chain: dict[str, Any] | None
+    ) -> dict[str, Any]:
         tmp = self.node_dir / (step_dirname(step) + ".tmp")
         if self.leader:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         dist.barrier(group=self.pg)
-        writer = FileSystemWriter(tmp, sync_files=False, thread_count=1, overwrite=True)
-        dcp.save(snap, storage_writer=writer, process_group=self.pg)
+        link: dict[str, Any] = {"kind": "full"}
+        if isinstance(snap, DeltaTake):
+            assert chain is not None
+            write_delta(tmp / f"__{self.rank}_delta.erm", snap.pieces)
+            link = {
+                "kind": "delta",
+                **{k: chain[k] for k in ("base", "base_sha256", "parent", "parent_sha256")},
+            }
+        else:
+            writer = FileSystemWriter(tmp, sync_files=False, thread_count=1, overwrite=True)
+            dcp.save(snap, storage_writer=writer, process_group=self.pg)
         mine = {
             p.name: file_entry(p, node=self.node, rank=self.rank)
             for p in sorted(tmp.glob(f"__{self.rank}_*"))
@@ -214,10 +315,12 @@ class FlashCheckpointer:
             files.update(part)
         meta = body = None
         if self.rank == 0:
-            meta = (tmp / DCP_METADATA).read_bytes()
-            files[DCP_METADATA] = file_entry(tmp / DCP_METADATA, node="*", rank=0)
+            if link["kind"] == "full":
+                meta = (tmp / DCP_METADATA).read_bytes()
+                files[DCP_METADATA] = file_entry(tmp / DCP_METADATA, node="*", rank=0)
             body = make_manifest(
                 {
+                    **link,
                     "step": step,
                     "world_size": self.world,
                     "nodes": self.rank_nodes,
@@ -231,7 +334,7 @@ class FlashCheckpointer:
         meta = broadcast_bytes(meta, 0, self.pg)
         body = broadcast_bytes(body, 0, self.pg)
         if self.leader:
-            if not (tmp / DCP_METADATA).exists():
+            if meta and not (tmp / DCP_METADATA).exists():
                 write_file(tmp / DCP_METADATA, meta, sync=False)
             write_file(tmp / MANIFEST, body, sync=False)
             publish_dir(tmp, self.node_dir / step_dirname(step), sync=False)
@@ -305,7 +408,8 @@ class FlashCheckpointer:
                     copy_file(src / name, tmp / name, sync=sync)
         dist.barrier(group=self.pg)
         if self.rank == 0:
-            copy_file(src / DCP_METADATA, tmp / DCP_METADATA, sync=sync)
+            if DCP_METADATA in manifest["files"]:
+                copy_file(src / DCP_METADATA, tmp / DCP_METADATA, sync=sync)
             copy_file(src / MANIFEST, tmp / MANIFEST, sync=sync)
             publish_dir(tmp, durable / step_dirname(step), sync=sync)
             prune_steps(durable, self.cfg.keep_durable)

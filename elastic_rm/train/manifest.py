@@ -5,6 +5,8 @@ Layout (one directory per simulated or real node, so nodes on one machine share 
     <memory_root>/<node>/replicas/<src>/step-<N>/  a peer's files, held for it
     <durable_dir>/step-<N>/                        all files, published by one atomic rename
 A step directory counts only once its manifest.json exists; writers fill `step-<N>.tmp` first.
+A full step holds DCP files; a delta step (manifest "kind": "delta") holds the rows touched since its
+"parent" step and needs every step down to its "base" (elastic_rm/train/chain.py).
 """
 
 from __future__ import annotations
@@ -163,6 +165,17 @@ def _check_fields(doc: dict[str, Any], where: str) -> None:
         raise bad("'step' and 'world_size' must be integers (>= 0, >= 1)")
     if not isinstance(doc.get("position"), dict):
         raise bad("'position' must be a JSON object")
+    kind = doc.get("kind", "full")
+    if kind not in ("full", "delta"):
+        raise bad('\'kind\' must be "full" or "delta"')
+    if kind == "delta":
+        for k in ("base", "parent"):
+            if not is_int(doc.get(k), 0) or doc[k] >= doc["step"]:
+                raise bad(f"a delta's {k!r} must be an earlier step")
+            if not isinstance(doc.get(f"{k}_sha256"), str):
+                raise bad(f"a delta needs '{k}_sha256' (its {k} manifest's digest)")
+        if doc["base"] > doc["parent"]:
+            raise bad("a delta's base must not come after its parent")
     files = doc.get("files")
     if not isinstance(files, dict):
         raise bad("'files' must be a JSON object")
@@ -267,11 +280,30 @@ def publish_dir(tmp: Path, final: Path, sync: bool) -> None:
         fsync_dir(final.parent)
 
 
+def chain_steps(directory: Path, step: int) -> list[int]:
+    """`step` and, for a delta, the steps it needs in `directory` (its parent, the parent's parent, ...
+    down to its base), as far as their manifests name them."""
+    out, cur = [step], step
+    while True:
+        try:
+            doc = json.loads((directory / step_dirname(cur) / MANIFEST).read_bytes())
+        except (OSError, ValueError, RecursionError):
+            return out
+        parent = doc.get("parent") if isinstance(doc, dict) and doc.get("kind") == "delta" else None
+        if not isinstance(parent, int) or isinstance(parent, bool) or not 0 <= parent < cur:
+            return out
+        out.append(parent)
+        cur = parent
+
+
 def prune_steps(directory: Path, keep: int) -> None:
-    """Keep the newest `keep` step directories; drop stale tmp directories older than those."""
+    """Keep the newest `keep` step directories and every step those need (the chain of a delta, down to
+    its base); drop stale tmp directories older than those."""
     steps = committed_steps(directory)
-    for s in steps[:-keep] if keep > 0 else steps:
-        shutil.rmtree(directory / step_dirname(s), ignore_errors=True)
+    kept = {d for s in (steps[-keep:] if keep > 0 else []) for d in chain_steps(directory, s)}
+    for s in steps:
+        if s not in kept:
+            shutil.rmtree(directory / step_dirname(s), ignore_errors=True)
     newest = steps[-1] if steps else None
     if directory.is_dir():
         for p in directory.iterdir():

@@ -15,6 +15,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torchrec.distributed.model_parallel import DistributedModelParallel
 
+from elastic_rm.train.chain import apply_chain, chain_of, delta_files
 from elastic_rm.train.collectives import all_gather_json
 from elastic_rm.train.manifest import CorruptCheckpointError
 from elastic_rm.train.snapshot import app_state, load_app_state
@@ -67,11 +68,33 @@ def restore_checkpoint(
                 log.warning("elastic-rm restore: %s; trying the previous checkpoint", reason)
             continue
         assert manifest is not None
-        resolver = FileResolver(step, manifest, sources, verify)
-        state = app_state(dmp, dense_optimizer)
         t0 = time.perf_counter()
+        deltas, chain, why = [], [manifest], None
+        try:  # a delta: its chain's manifests and every delta file, verified before anything is loaded
+            chain = chain_of(manifest, sources)
+            deltas = delta_files(chain, sources, verify)
+        except CorruptCheckpointError as e:
+            why = str(e)
+        whys = [w for w in all_gather_json(why, pg) if w]
+        if whys:
+            reason = f"step {step} unusable: {whys[0]}"
+            skipped.append(reason)
+            if rank == 0:
+                log.warning("elastic-rm restore: %s; trying the previous checkpoint", reason)
+            continue
+        base = chain[0]
+        resolver = FileResolver(base["step"], base, sources, verify)
+        state = app_state(dmp, dense_optimizer)
         try:
             dcp.load(state, storage_reader=ResolvingReader(resolver), process_group=pg)
+            why = None
+            try:
+                apply_chain(state, deltas)
+            except Exception as e:  # every rank must reach the gather below, whatever failed here
+                why = str(e) if isinstance(e, CorruptCheckpointError) else f"{type(e).__name__}: {e}"
+            whys = [w for w in all_gather_json(why, pg) if w]
+            if whys:
+                raise CorruptCheckpointError(whys[0])
         except (Exception, CheckpointException) as e:  # DCP gathers all ranks' errors (a BaseException)
             reason = f"step {step} unusable: {_short(e)}"
             skipped.append(reason)
@@ -81,11 +104,14 @@ def restore_checkpoint(
         load_app_state(dmp, state, dense_optimizer)
         load_s = time.perf_counter() - t0
         used = {f: src for f, (src, _) in resolver.resolved.items()}
+        for _, _, delta_used in deltas:
+            used.update(delta_used)
         if rank == 0:
             log.info(
-                "elastic-rm restore: step %d (saved at world %d) loaded into world %d in %.3fs",
+                "elastic-rm restore: step %d (saved at world %d%s) loaded into world %d in %.3fs",
                 step,
                 manifest["world_size"],
+                f", a chain of step {base['step']} and {len(deltas)} deltas" if deltas else "",
                 dist.get_world_size(pg),
                 load_s,
             )

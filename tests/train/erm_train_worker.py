@@ -134,6 +134,8 @@ class World:
             keep_memory=fc.get("keep_memory", 2),
             keep_durable=fc.get("keep_durable", 2),
             sync_durable=False,
+            differential=fc.get("differential", False),
+            compact_ratio=fc.get("compact_ratio", 1.0),
         )
         self.ckpt = FlashCheckpointer(self.dmp, self.plan, self.dense_opt, cfg)
         self.step = 0
@@ -255,7 +257,15 @@ def run_action(w: World, a: dict[str, Any], workdir: Path, res: dict[str, Any]) 
             a["step"], position=a.get("position", {"step": a["step"]}), block=a.get("block", True)
         )
         res.setdefault("saves", []).append(
-            {"step": a["step"], "pause_s": stats.pause_s, "bytes": stats.bytes}
+            {
+                "step": a["step"],
+                "pause_s": stats.pause_s,
+                "bytes": stats.bytes,
+                "kind": stats.kind,
+                "rows_touched": stats.rows_touched,
+                "rows_total": stats.rows_total,
+                "tables_full": stats.tables_full,
+            }
         )
     elif do == "ledger_train":
         w.ledger_train(a, res)

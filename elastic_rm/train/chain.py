@@ -1,0 +1,208 @@
+"""Differential checkpoints as a chain: a full step (the base), then delta steps that each hold the rows
+touched since the step before (their parent). What a delta takes from a state dict, how it is applied
+to a state dict of any plan, and which steps a delta needs at restore.
+
+A sharded table's tensors (its weight and its fused optimizer state) are taken by rows when their
+first dimension indexes the table's rows (a weight, a per-element state such as Adagrad's) or a whole
+number of copies of them (row-wise Adagrad's momentum of a column-wise table keeps one block of rows per
+column shard). Anything else of a table is copied whole and the table is named in `tables_full`.
+Dense tensors (dense layers, data-parallel tables, their optimizer state) are copied whole by rank 0:
+they are the same on every rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+from elastic_rm.train.delta_file import DeltaPiece, DeltaReader
+from elastic_rm.train.manifest import CorruptCheckpointError
+from elastic_rm.train.snapshot import local_pieces
+from elastic_rm.train.sources import CheckpointSource, FileResolver, find_manifest
+
+
+@dataclass
+class DeltaTake:
+    pieces: list[DeltaPiece] = field(default_factory=list)
+    bytes: int = 0
+    rows_touched: int = 0  # over all tables taken by rows (every rank counts the same)
+    rows_total: int = 0
+    tables_full: list[str] = field(default_factory=list)
+
+
+def _leaves(state: Any, path: list[str]) -> list[tuple[list[str], Any]]:
+    if isinstance(state, dict):
+        return [leaf for k, v in state.items() for leaf in _leaves(v, [*path, str(k)])]
+    return [(path, state)]
+
+
+def _table_of(path: list[str], tables: dict[str, int]) -> str | None:
+    """The table whose weight ("model", key) or fused optimizer state ("optim", key, ...) this is."""
+    if len(path) >= 2 and path[0] in ("model", "optim") and path[1] in tables:
+        return path[1]
+    return None
+
+
+def _row_space(rows: torch.Tensor, n: int, size0: int) -> torch.Tensor | None:
+    """Indices along dim 0 of a tensor of `size0` rows holding `size0 // n` blocks of a table's n rows."""
+    if n <= 0 or size0 % n:
+        return None
+    return torch.cat([rows + j * n for j in range(size0 // n)]) if size0 > n else rows
+
+
+@torch.no_grad()
+def take_delta(state: dict, touched: dict[str, torch.Tensor], tables: dict[str, int], rank: int) -> DeltaTake:
+    """Copy from `state` (live tensors) what a delta of the rows in `touched` holds on this rank."""
+    out = DeltaTake()
+    full: set[str] = set()  # tables a tensor of which is copied whole
+    sharded: set[str] = set()  # tables sharded over the ranks (data-parallel ones are dense)
+    for path, value in _leaves(state, []):
+        table = _table_of(path, tables)
+        if isinstance(value, ShardedTensor):
+            space = None
+            if table is not None and table in touched:
+                space = _row_space(touched[table], tables[table], value.size(0))
+            for off, t in local_pieces(value):
+                if space is None:
+                    out.pieces.append(DeltaPiece(path, off, t.detach().clone()))
+                    continue
+                sel = space[(space >= off[0]) & (space < off[0] + t.shape[0])]
+                out.pieces.append(DeltaPiece(path, off, t.index_select(0, sel - off[0]), sel))
+            if table is not None:
+                sharded.add(table)
+                if space is None:
+                    full.add(table)
+        elif isinstance(value, torch.Tensor):
+            if rank == 0:
+                out.pieces.append(DeltaPiece(path, [0] * value.dim(), value.detach().clone()))
+        else:
+            raise TypeError(f"{'.'.join(path)}: a {type(value).__name__} cannot go into a delta checkpoint")
+    out.tables_full = sorted(full & set(touched))
+    for table in sorted((sharded & set(touched)) - full):
+        out.rows_total += tables[table]
+        out.rows_touched += len(touched[table])
+    out.bytes = sum(
+        p.values.numel() * p.values.element_size() + (8 * len(p.rows) if p.rows is not None else 0)
+        for p in out.pieces
+    )
+    return out
+
+
+def _target(state: Any, key: list[str]) -> Any:
+    for k in key:
+        if not isinstance(state, dict) or k not in state:
+            return None
+        state = state[k]
+    return state
+
+
+def _overlap(
+    a_off: Sequence[int], a_shape: Sequence[int], b_off: Sequence[int], b_shape: Sequence[int]
+) -> tuple[tuple[slice, ...], tuple[slice, ...]] | None:
+    """Slices into a and into b of the box both cover, or None."""
+    sa, sb = [], []
+    for ao, an, bo, bn in zip(a_off, a_shape, b_off, b_shape, strict=True):
+        lo, hi = max(ao, bo), min(ao + an, bo + bn)
+        if hi <= lo:
+            return None
+        sa.append(slice(lo - ao, hi - ao))
+        sb.append(slice(lo - bo, hi - bo))
+    return tuple(sa), tuple(sb)
+
+
+@torch.no_grad()
+def apply_delta(state: dict, pieces: list[DeltaPiece]) -> int:
+    """Write the pieces' values into the parts of `state` this rank holds; returns elements written."""
+    written = 0
+    for p in pieces:
+        target = _target(state, p.key)
+        if not isinstance(target, torch.Tensor):  # a ShardedTensor is one too; absent: not on this rank
+            continue
+        for off, t in local_pieces(target):
+            if t.dim() != p.values.dim():
+                raise CorruptCheckpointError(
+                    f"{'.'.join(p.key)}: delta has {p.values.dim()} dims, state {t.dim()}"
+                )
+            if t.dim() == 0:
+                t.copy_(p.values)
+                written += 1
+                continue
+            if p.rows is None:
+                box = _overlap(off, t.shape, p.offsets, p.values.shape)
+                if box is not None:
+                    t[box[0]].copy_(p.values[box[1]])
+                    written += t[box[0]].numel()
+                continue
+            rest = _overlap(off[1:], t.shape[1:], p.offsets[1:], p.values.shape[1:])
+            if rest is None and t.dim() > 1:
+                continue
+            mask = (p.rows >= off[0]) & (p.rows < off[0] + t.shape[0])
+            if not bool(mask.any()):
+                continue
+            src = p.values[mask]
+            dst = t
+            if t.dim() > 1:
+                assert rest is not None
+                dst = t[(slice(None), *rest[0])]
+                src = src[(slice(None), *rest[1])]
+            dst.index_copy_(0, p.rows[mask] - off[0], src)
+            written += src.numel()
+    return written
+
+
+def chain_of(manifest: dict[str, Any], sources: Sequence[CheckpointSource]) -> list[dict[str, Any]]:
+    """The manifests a step needs, base first: itself for a full step, else its base and every delta up
+    to it, each link checked against the manifest digest its child was built on."""
+    chain = [manifest]
+    cur = manifest
+    while cur.get("kind") == "delta":
+        step, parent = cur["step"], cur["parent"]
+        pm, problems = find_manifest(parent, sources)
+        if pm is None:
+            raise CorruptCheckpointError(
+                f"step {step} is a delta of step {parent}, whose manifest.json is missing or corrupt "
+                f"({'; '.join(problems)})"
+            )
+        if pm["manifest_sha256"] != cur["parent_sha256"]:
+            raise CorruptCheckpointError(
+                f"step {step} is a delta of step {parent}, but step {parent}'s manifest.json is another "
+                "checkpoint than the one it was built on (another run's or a replaced step)"
+            )
+        chain.insert(0, pm)
+        cur = pm
+    if len(chain) > 1 and (
+        cur["step"] != manifest["base"] or cur["manifest_sha256"] != manifest["base_sha256"]
+    ):
+        raise CorruptCheckpointError(
+            f"step {manifest['step']}: its chain leads to step {cur['step']}, not to its base step "
+            f"{manifest['base']} (manifest.json of another chain)"
+        )
+    return chain
+
+
+def delta_files(
+    chain: list[dict[str, Any]], sources: Sequence[CheckpointSource], verify: bool = True
+) -> list[tuple[int, list[Path], dict[str, str]]]:
+    """For each delta of the chain, in order: (step, verified local paths of all its files, file ->
+    source name). Every rank reads every delta file: rows of any old rank may fall into its shards."""
+    out = []
+    for m in chain[1:]:
+        resolver = FileResolver(m["step"], m, sources, verify)
+        paths = [resolver.path(name) for name in sorted(m["files"])]
+        used = {f"{m['step']}/{f}": src for f, (src, _) in resolver.resolved.items()}
+        out.append((m["step"], paths, used))
+    return out
+
+
+def apply_chain(state: dict, deltas: list[tuple[int, list[Path], dict[str, str]]]) -> int:
+    """Apply each delta's files to `state`, in chain order."""
+    written = 0
+    for _, paths, _ in deltas:
+        for path in paths:
+            written += apply_delta(state, DeltaReader(path).pieces())
+    return written

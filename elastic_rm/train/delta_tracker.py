@@ -1,0 +1,139 @@
+"""Which embedding rows a model touched since the last checkpoint, as global row ids per table.
+
+A fused optimizer (TorchRec's optimizer in the backward pass) updates only the rows a batch looked up,
+so the rows looked up since a save are every row whose weight or optimizer state can have changed.
+The ids are recorded where each sharded embedding module receives its batch (``input_dist``: the
+global ids, before the all-to-all) and counted as touched once that module computes the batch
+(``compute_and_output_dist`` or ``compute``, in the same order): a pipeline that starts the input
+distribution of the next batches before the current step ends keeps those batches pending, so a
+save between the two neither misses them nor counts them early. A rank's shards are looked up by
+every rank's batch, so a save unites the ids of all ranks (one all-gather).
+
+TorchRec's ``ModelDeltaTrackerTrec`` is not used: it records the ids after the all-to-all, which are
+local to each shard in a way that depends on the sharding type (a row-wise shard's ids start at its own
+block), and it is wired in when the DMP is built (``model_tracker_configs``). A checkpoint that must
+restore into another plan needs global row ids, and the checkpointer is created after the DMP; the ids
+before the input distribution are global for every sharding type.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+_MERGE_EVERY = 64  # record calls between merges of a table's pending ids into one unique tensor
+
+
+def _table_configs(module: nn.Module) -> tuple[str, list[Any]] | None:
+    """(state-dict attribute, table configs) of a sharded embedding collection, else None."""
+    for attr, configs in (("embedding_bags", "_embedding_bag_configs"), ("embeddings", "_embedding_configs")):
+        tables = getattr(module, configs, None)
+        if isinstance(tables, list) and tables and callable(getattr(module, "input_dist", None)):
+            return attr, tables
+    return None
+
+
+class TouchedRows:
+    """Records the rows a DMP's sharded tables look up. Keys of `tables` are the tables' weight keys in
+    the DMP's state dict; values are their row counts."""
+
+    def __init__(self, dmp: nn.Module) -> None:
+        self.tables: dict[str, int] = {}
+        self._feature_table: dict[str, str] = {}
+        self._pending: list[list[tuple[str, torch.Tensor]]] = []  # per batch handed to input_dist
+        self._touched: dict[str, list[torch.Tensor]] = {}
+        self._calls = 0
+        for name, module in dmp.named_modules():
+            found = _table_configs(module)
+            if found is None or "Sharded" not in type(module).__name__:
+                continue
+            prefix = name.removeprefix("_dmp_wrapped_module.").removeprefix("module.")
+            attr, configs = found
+            for cfg in configs:
+                key = f"{prefix}.{attr}.{cfg.name}.weight"
+                self.tables[key] = int(cfg.num_embeddings)
+                for feature in cfg.feature_names:
+                    self._feature_table[feature] = key
+            self._wrap(module)
+
+    def _wrap(self, module: nn.Module) -> None:
+        dist_input = module.input_dist
+        busy = {"on": False}
+
+        @functools.wraps(dist_input)
+        def input_dist(ctx: Any, features: Any, *args: Any, **kwargs: Any) -> Any:
+            self._record(features)
+            return dist_input(ctx, features, *args, **kwargs)
+
+        module.input_dist = input_dist  # type: ignore[method-assign]
+        for name in ("compute_and_output_dist", "compute"):
+            inner = getattr(module, name, None)
+            if inner is None:
+                continue
+
+            def computed(*args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
+                outer = not busy["on"]
+                if outer:  # one batch counts once, whichever of the two the caller used
+                    busy["on"] = True
+                    self._consume()
+                try:
+                    return _inner(*args, **kwargs)
+                finally:
+                    if outer:
+                        busy["on"] = False
+
+            setattr(module, name, computed)
+
+    def _record(self, features: Any) -> None:
+        batch = []
+        for feature in features.keys():
+            key = self._feature_table.get(feature)
+            if key is not None:
+                batch.append((key, features[feature].values().detach().to("cpu", torch.int64)))
+        self._pending.append(batch)
+
+    def _consume(self) -> None:
+        if not self._pending:
+            return
+        for key, ids in self._pending.pop(0):
+            self._touched.setdefault(key, []).append(ids)
+        self._calls += 1
+        if self._calls % _MERGE_EVERY == 0:
+            for key, parts in self._touched.items():
+                self._touched[key] = [torch.unique(torch.cat(parts))]
+
+    def take(self, pg: dist.ProcessGroup | None = None) -> dict[str, torch.Tensor]:
+        """The sorted global row ids each table looked up on any rank since the last take (collective),
+        and forget them. Batches handed out but not computed yet stay pending."""
+        keys = sorted(self.tables)
+        mine = [
+            torch.unique(torch.cat(self._touched[k]))
+            if self._touched.get(k)
+            else torch.empty(0, dtype=torch.int64)
+            for k in keys
+        ]
+        self._touched = {}
+        counts = torch.tensor([len(m) for m in mine], dtype=torch.int64)
+        world = dist.get_world_size(pg)
+        all_counts = [torch.zeros_like(counts) for _ in range(world)]
+        dist.all_gather(all_counts, counts, group=pg)
+        longest = max(int(c.sum()) for c in all_counts)
+        flat = torch.zeros(max(longest, 1), dtype=torch.int64)
+        if mine:
+            joined = torch.cat(mine)
+            flat[: len(joined)] = joined
+        gathered = [torch.empty_like(flat) for _ in range(world)]
+        dist.all_gather(gathered, flat, group=pg)
+        per_table: dict[str, list[torch.Tensor]] = {k: [] for k in keys}
+        for c, g in zip(all_counts, gathered, strict=True):
+            for k, part in zip(keys, torch.split(g[: int(c.sum())], c.tolist()), strict=True):
+                per_table[k].append(part)
+        return {k: torch.unique(torch.cat(parts)) for k, parts in per_table.items()}
+
+    def forget(self) -> None:
+        """Drop what was computed so far (a full save copies everything anyway)."""
+        self._touched = {}
