@@ -10,8 +10,8 @@ completion at or above static. The table reports what was measured; the target l
 By default every family also runs the planner told nothing of the cluster's queue (``ours-no-queue``;
 ``--family-policies`` chooses), so that what the queue signal changes is measured in the same run
 (``lent_nodes``: queueing behind nodes lent past the request). ``--jobs 0`` runs the families only.
-``--perturb K`` runs every family K more times with every job's compute time changed by 1e-12 (``perturb.py``):
-how far its figures move when nothing a policy could measure changed (``perturbed``).
+``--perturb K`` runs every family K more times with every job's compute time changed by 1e-12
+(``perturb.py``): how far its figures move when nothing a policy could measure changed (``perturbed``).
 ``--same-jobs`` runs every family a second time on its trace without the jobs that any policy failed in
 the first run, so that the policies are compared on the same completed work (``same_jobs``; its misses
 are listed apart, ``same_jobs_targets_missed``, and the family targets stay those of the full trace).
@@ -108,7 +108,8 @@ def report(name: str, result: dict, header: str) -> dict:
         print(f"  {'met    ' if ok else 'NOT met'}  {label:<32} {value}")
     ev = slower_jobs(result["runs"])
     print(
-        f"  slower than static: {ev['jobs_slower']} of {ev['jobs_compared']} jobs; by cause (jobs, hours later):"
+        f"  slower than static: {ev['jobs_slower']} of {ev['jobs_compared']} jobs; "
+        "by cause (jobs, hours later):"
     )
     for cause, v in sorted(ev["by_cause"].items(), key=lambda kv: -kv[1]["hours"]):
         print(f"    {cause:<40} {v['jobs']:>4} {v['hours']:>8.1f}")
@@ -155,9 +156,11 @@ def run_family(
     split = completion_split(result["runs"])
     for p, v in split["by_policy"].items():
         gh = v["gpu_hours"]
-        print(f"  GPU-hours {p:<14} common {gh['common']:>8.0f}  completed, Optimus-style did not "
-              f"{gh['completed_not_by_optimus']:>7.0f} ({v['jobs_completed_not_by_optimus']} jobs)  other "
-              f"{gh['other']:>7.0f}; queueing over common jobs {(v['mean_queue_common_s'] or 0) / 3600:.2f} h")  # fmt: skip
+        print(
+            f"  GPU-hours {p:<14} common {gh['common']:>8.0f}  completed, Optimus-style did not "
+            f"{gh['completed_not_by_optimus']:>7.0f} ({v['jobs_completed_not_by_optimus']} jobs)  other "
+            f"{gh['other']:>7.0f}; queueing over common jobs {(v['mean_queue_common_s'] or 0) / 3600:.2f} h"
+        )
     out = {
         "about": FAMILIES[name].about,
         "jobs": n,
@@ -184,9 +187,11 @@ def generator_run(a: argparse.Namespace, spec: ClusterSpec, inst: Instability, t
     policies = ("static", "optimus", "ours") + (("ours-fixed-size",) if a.ablation else ())
     result = run_policies(jobs, spec, a.seed, policies, inst)
     s = result["summary"]
-    print(f"planner benchmark: {len(jobs)} jobs (seed {a.seed}, load {a.load}), {spec.machines} machines x "
-          f"({spec.cores:g} cores, {spec.mem_gib:g} GiB, {spec.gpus} GPUs); "
-          f"wall {time.perf_counter() - t0:.0f} s")  # fmt: skip
+    print(
+        f"planner benchmark: {len(jobs)} jobs (seed {a.seed}, load {a.load}), {spec.machines} machines x "
+        f"({spec.cores:g} cores, {spec.mem_gib:g} GiB, {spec.gpus} GPUs); "
+        f"wall {time.perf_counter() - t0:.0f} s"
+    )
     print(table(s))
     print()
     checks = targets(s)
@@ -215,9 +220,13 @@ def main(argv: list[str] | None = None) -> int:
         "--same-jobs", action="store_true", help="every family again without the jobs any policy failed"
     )
     p.add_argument(
-        "--perturb", type=int, default=0, metavar="K",
-        help="every family K more times, every job's compute time changed by 1e-12: the noise floor of a seed",
-    )  # fmt: skip
+        "--perturb",
+        type=int,
+        default=0,
+        metavar="K",
+        help="every family K more times, every job's compute time changed by 1e-12: "
+        "the noise floor of a seed",
+    )
     p.add_argument(
         "--family-policies",
         default="static,optimus,ours,ours-no-queue",
@@ -228,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     fam_policies = tuple(x for x in a.family_policies.split(",") if x)
     if not {"static", "optimus", "ours"} <= set(fam_policies):
-        p.error("--family-policies: static, optimus and ours are needed for the targets")  # fmt: skip
+        p.error("--family-policies: static, optimus and ours are needed for the targets")
     load_before = os.getloadavg()
     spec, inst = ClusterSpec(machines=a.machines), Instability()
     t0 = time.perf_counter()
@@ -246,9 +255,11 @@ def main(argv: list[str] | None = None) -> int:
     data["family_targets_missed"] = [f"{f}: {t}" for f, t in missed]
     if a.same_jobs:
         data["same_jobs_targets_missed"] = [
-            f"{f}: {t}" for f, v in data["families"].items() for t, r in v["same_jobs"]["targets"].items()
+            f"{f}: {t}"
+            for f, v in data["families"].items()
+            for t, r in v["same_jobs"]["targets"].items()
             if not r["met"]
-        ]  # fmt: skip
+        ]
         print(f"same-jobs targets missed: {len(data['same_jobs_targets_missed'])}")
     data["load_avg"] = {"before": load_before, "after": os.getloadavg()}
     print(f"\nfamily targets missed: {len(missed)}" + "".join(f"\n  {f}: {t}" for f, t in missed))

@@ -9,8 +9,14 @@ from collections import defaultdict
 from elastic_rm.planner.sim.report import completed_by_all
 
 CAUSES = (
-    ("start below the request (warm start)", lambda j, s, d: _first(d) < s.trace.req_nodes and "warm start" in d),
-    ("start below the request (cold start)", lambda j, s, d: _first(d) < s.trace.req_nodes and "warm start" not in d),
+    (
+        "start below the request (warm start)",
+        lambda j, s, d: _first(d) < s.trace.req_nodes and "warm start" in d,
+    ),
+    (
+        "start below the request (cold start)",
+        lambda j, s, d: _first(d) < s.trace.req_nodes and "warm start" not in d,
+    ),
     ("OOM", lambda j, s, d: "OOM happened" in d),
     ("scale-down", lambda j, s, d: "scale down" in d and "probe:" not in d),
     ("one-node probe", lambda j, s, d: "probe:" in d),
@@ -19,7 +25,7 @@ CAUSES = (
     ("resize round (budgets)", lambda j, s, d: "resize to" in d),
     ("straggler round", lambda j, s, d: "straggler" in d),
     ("queued longer", lambda j, s, d: j.start_s > s.start_s),
-)  # fmt: skip
+)
 
 
 def _first(decisions: str) -> int:

@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     jobs = {str(j): analyse(j, cfg, a.downtime_s, a.step_s) for j in NAMED}
     for j, r in jobs.items():
         print(
-            f"job {j} ({r['about']}): flagged {sorted(r['flagged_first_at'])} first at {r['flagged_first_at']}; "
+            f"job {j} ({r['about']}): flagged {sorted(r['flagged_first_at'])} "
+            f"first at {r['flagged_first_at']}; "
             f"delay {r['detection_delay_samples']} samples; false positives {r['false_positive_share']}; "
             f"replacement cost {r['replacement_cost_steps']:.0f} steps vs gain {r['gain_steps']:.0f} steps"
         )

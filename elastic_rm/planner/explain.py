@@ -120,7 +120,8 @@ def render(report: dict) -> str:
     if "request" in report:
         r = report["request"]
         lines.append(
-            f"user asked      {r['nodes']} node(s), {r['mem_per_node_gib']:.1f} GiB, {r['cpu_per_node']:g} cores per node"
+            f"user asked      {r['nodes']} node(s), {r['mem_per_node_gib']:.1f} GiB, "
+            f"{r['cpu_per_node']:g} cores per node"
         )
     cpu = f", {s1['cpu_per_node']:.1f} cores" if s1["cpu_per_node"] else ""
     lines.append(

@@ -215,7 +215,10 @@ def _cold_start(job: JobSpec, failed: list[HistoryRecord], lo: int, hi: int, cfg
         cpu_per_node=0.0,
         mem_per_node_bytes=est,
         coef=(),
-        reason=f"cold start: no finished run of {job.signature()}; {world} node(s), memory from the model +{cfg.cold_mem_margin:.0%}",
+        reason=(
+            f"cold start: no finished run of {job.signature()}; {world} node(s), "
+            f"memory from the model +{cfg.cold_mem_margin:.0%}"
+        ),
         confidence=0.3,
         from_history=len(failed),
     )

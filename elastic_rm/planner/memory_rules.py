@@ -45,9 +45,15 @@ def oom_check(
     # did not take at all may take later, when the machine has room again
     capped = resize_failed and state.mem_asked_from > 0 and node_mem > 1.01 * state.mem_asked_from
     ask = partial(
-        more_memory, cfg, snapshot, job=job, members=members, healthy=healthy, resize_failed=resize_failed,
+        more_memory,
+        cfg,
+        snapshot,
+        job=job,
+        members=members,
+        healthy=healthy,
+        resize_failed=resize_failed,
         node_mem=node_mem,
-    )  # fmt: skip
+    )
     ooms = int(snapshot.job.get("oom_count", 0) or 0)
     if ooms > state.ooms_seen:
         state = replace(state, ooms_seen=ooms)
@@ -157,5 +163,8 @@ def suspend_until_fit(
         reason=why,
     )
     state = replace(state, fit_nodes=floor, mem_asked=0.0, advice=advice)
-    reason = f"{why}; the node took the raise only in part and no node is free: suspended until {floor} node(s) are here"
+    reason = (
+        f"{why}; the node took the raise only in part and no node is free: "
+        f"suspended until {floor} node(s) are here"
+    )
     return decide(state, cur_number, (), members, reason, None, 0.7)

@@ -3,7 +3,8 @@
 One step of a fixed global batch B on w nodes of mean compute capacity c (GPUs, or cores/16 on CPU nodes):
 
     T(w) = a1 * B/(w*c)                      compute: each node runs B/w samples (fwd/bwd, lookups)
-         + a2 * B*S*(w-1)/(w^2 * bw)         embedding all-to-all: B/w pooled vectors of S bytes, (w-1)/w leave
+         + a2 * B*S*(w-1)/(w^2 * bw)         embedding all-to-all: B/w pooled vectors of S bytes,
+                                             (w-1)/w of them leave
          + a3 * 2*D*(w-1)/(w * bw)           dense all-reduce: ring, 2(w-1)/w of D bytes
          + a4                                fixed: optimizer step, data wait, launch overheads
 
@@ -146,8 +147,9 @@ def best_world(
 
     Starting from ``lo``, nodes are added while each brings at least ``min_gain`` x the average node's
     throughput at the accepted size (a group of nodes may clear the bar together: going from 1 to 2
-    nodes adds communication that later nodes amortise). That is the paper's/DLRover's 0.2 speed-ratio rule, applied to the
-    model instead of to the last scaling step. Churn is the caller's concern (see stage 2).
+    nodes adds communication that later nodes amortise). That is the paper's/DLRover's 0.2 speed-ratio
+    rule, applied to the model instead of to the last scaling step. Churn is the caller's concern (see
+    stage 2).
     """
     tp = marginal_gains(fit_, shape, capacity, lo, hi)
     w = max(lo, 1)

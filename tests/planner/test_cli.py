@@ -141,9 +141,23 @@ def test_simulate_family(tmp_path, capsys):
     rc, _, err = run(capsys, "simulate", "--family", "tiny-jobs")
     assert rc == 2 and "--family: unknown 'tiny-jobs'" in err and "right-sized" in err
     csv_path = tmp_path / "t.csv"
-    rc, _, err = run(capsys, "simulate", "--generate", "6", "--family", "comm-bound", "--machines", "8",
-                     "--policies", "static", "--no-plots", "--out", str(tmp_path / "o"),
-                     "--write-trace", str(csv_path))  # fmt: skip
+    rc, _, err = run(
+        capsys,
+        "simulate",
+        "--generate",
+        "6",
+        "--family",
+        "comm-bound",
+        "--machines",
+        "8",
+        "--policies",
+        "static",
+        "--no-plots",
+        "--out",
+        str(tmp_path / "o"),
+        "--write-trace",
+        str(csv_path),
+    )
     assert rc == 0, err
     from elastic_rm.planner.sim.trace import load_trace
 

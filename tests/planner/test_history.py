@@ -11,10 +11,20 @@ SIG = parse_job(JOB).signature()
 
 def rec(run: str, world: int, status: str = "completed", mem_gib: float = 10.0, t: float = 0.0, **kw) -> dict:
     d = {
-        "v": 1, "signature": SIG, "run_id": run, "finished_at": t, "status": status, "world_size": world,
-        "capacity": 1.0, "throughput": 1000.0 * world, "cpu_per_node_used": 6.0,
-        "mem_per_node_peak_bytes": mem_gib * GIB, "mem_growth_bytes_per_s": 0.0, "coef": [], "duration_s": 3600,
-    }  # fmt: skip
+        "v": 1,
+        "signature": SIG,
+        "run_id": run,
+        "finished_at": t,
+        "status": status,
+        "world_size": world,
+        "capacity": 1.0,
+        "throughput": 1000.0 * world,
+        "cpu_per_node_used": 6.0,
+        "mem_per_node_peak_bytes": mem_gib * GIB,
+        "mem_growth_bytes_per_s": 0.0,
+        "coef": [],
+        "duration_s": 3600,
+    }
     d.update(kw)
     return d
 

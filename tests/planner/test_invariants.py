@@ -13,9 +13,15 @@ from elastic_rm.planner.state import PlannerState
 from .helpers import JOB, node, step_s
 
 CFG = PlannerConfig(
-    sample_interval_s=10, profile_window_s=30, min_profile_samples=2, cooldown_s=60, straggler_enter=2,
-    straggler_exit=2, oom_horizon_s=300, mem_growth_horizon_s=600,
-)  # fmt: skip
+    sample_interval_s=10,
+    profile_window_s=30,
+    min_profile_samples=2,
+    cooldown_s=60,
+    straggler_enter=2,
+    straggler_exit=2,
+    oom_horizon_s=300,
+    mem_growth_horizon_s=600,
+)
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -42,8 +48,15 @@ class World:
         views = []
         for nid, d in self.nodes.items():
             busy = step_s(w) * d["slow"] if nid in members else None
-            v = node(nid, d["arrival"], busy=busy, tp=8192 / t / w, mem_gib=d["mem"], seen_at=d["seen"],
-                     state=NodeState.JOINING if d["joining"] else NodeState.ACTIVE)  # fmt: skip
+            v = node(
+                nid,
+                d["arrival"],
+                busy=busy,
+                tp=8192 / t / w,
+                mem_gib=d["mem"],
+                seen_at=d["seen"],
+                state=NodeState.JOINING if d["joining"] else NodeState.ACTIVE,
+            )
             views.append(v)
         return ClusterSnapshot(now, self.lo, self.hi, 20.0, tuple(views), self.current, self.job)
 

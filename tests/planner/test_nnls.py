@@ -62,11 +62,13 @@ from elastic_rm.planner.baselines import optimus_fit
 from elastic_rm.planner.perf_model import Sample, Shape, fit
 rng, out = random.Random(7), []
 for _ in range(300):
-    shape = Shape(rng.choice([8192.0, 65536.0]), rng.uniform(1e3, 1e5), rng.uniform(1e6, 1e8), rng.choice([1.25e9, 12.5e9]))
+    shape = Shape(rng.choice([8192.0, 65536.0]), rng.uniform(1e3, 1e5), rng.uniform(1e6, 1e8),
+                  rng.choice([1.25e9, 12.5e9]))
     samples = [Sample(w, rng.choice([1.0, 2.0, 4.0]), rng.uniform(0.05, 2.0))
                for w in rng.choices(range(1, 33), k=rng.randint(1, 24))]
     f = fit(shape, samples)
-    out.append(repr((f.coef, f.r2, f.rel_rmse, optimus_fit([(s.world, s.step_s) for s in samples], shape.batch))))
+    opt = optimus_fit([(s.world, s.step_s) for s in samples], shape.batch)
+    out.append(repr((f.coef, f.r2, f.rel_rmse, opt)))
 print(hashlib.sha256("\\n".join(out).encode()).hexdigest())
 """
 

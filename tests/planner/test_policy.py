@@ -12,9 +12,17 @@ from elastic_rm.planner.state import PlannerState
 from .helpers import JOB, node, running
 
 CFG = PlannerConfig(
-    sample_interval_s=10, profile_window_s=30, min_profile_samples=2, cooldown_s=60, straggler_enter=3,
-    straggler_exit=2, oom_horizon_s=300, mem_growth_horizon_s=600, round_warmup_s=0, min_trend_span_s=0,
-)  # fmt: skip
+    sample_interval_s=10,
+    profile_window_s=30,
+    min_profile_samples=2,
+    cooldown_s=60,
+    straggler_enter=3,
+    straggler_exit=2,
+    oom_horizon_s=300,
+    mem_growth_horizon_s=600,
+    round_warmup_s=0,
+    min_trend_span_s=0,
+)
 
 
 def feed(policy: PlannerPolicy, snaps, state: PlannerState | None = None):

@@ -85,12 +85,19 @@ class Simulator:
             now + r.exponential(3600.0 / i.straggler_per_node_h) if i.straggler_per_node_h > 0 else math.inf
         )
         node = SimNode(
-            id=f"{job.trace.job_id}-n{self.arrivals}", arrival=self.arrivals, machine=machine, cpu=cpu, mem=mem,
-            gpus=job.trace.gpus_per_node, seen_at=now,
+            id=f"{job.trace.job_id}-n{self.arrivals}",
+            arrival=self.arrivals,
+            machine=machine,
+            cpu=cpu,
+            mem=mem,
+            gpus=job.trace.gpus_per_node,
+            seen_at=now,
             fail_at=now + r.exponential(3600.0 / i.fail_per_node_h) if i.fail_per_node_h > 0 else math.inf,
-            strag_at=strag_at, strag_until=strag_at + r.exponential(i.straggler_mean_h * 3600.0),
-            strag_factor=float(r.uniform(*i.straggler_slowdown)), strag_throttle=bool(r.uniform() < i.throttle_share),
-        )  # fmt: skip
+            strag_at=strag_at,
+            strag_until=strag_at + r.exponential(i.straggler_mean_h * 3600.0),
+            strag_factor=float(r.uniform(*i.straggler_slowdown)),
+            strag_throttle=bool(r.uniform() < i.throttle_share),
+        )
         job.nodes[node.id] = node
         return True
 
@@ -268,14 +275,26 @@ class Simulator:
                     (0.0,) * n.gpus,
                 )
             metrics = NodeMetrics(
-                cpu_util=min(cpu / n.cpu, 1.0), mem_used_bytes=int(used), mem_available_bytes=int(max(n.mem - used, 0)),
-                mem_total_bytes=int(n.mem), gpu_util=gpu, gpu_throttled=n.strag_throttle and n.slowdown(now) > 1,
+                cpu_util=min(cpu / n.cpu, 1.0),
+                mem_used_bytes=int(used),
+                mem_available_bytes=int(max(n.mem - used, 0)),
+                mem_total_bytes=int(n.mem),
+                gpu_util=gpu,
+                gpu_throttled=n.strag_throttle and n.slowdown(now) > 1,
                 steps=steps,
-            )  # fmt: skip
+            )
             views.append(
-                NodeView(n.id, n.arrival, n.seen_at, NodeState.ACTIVE, cpu_count=max(int(n.cpu), 1),
-                         mem_total_bytes=int(n.mem), gpu_count=n.gpus, metrics=metrics)
-            )  # fmt: skip
+                NodeView(
+                    n.id,
+                    n.arrival,
+                    n.seen_at,
+                    NodeState.ACTIVE,
+                    cpu_count=max(int(n.cpu), 1),
+                    mem_total_bytes=int(n.mem),
+                    gpu_count=n.gpus,
+                    metrics=metrics,
+                )
+            )
         current = None
         if job.round >= 0:
             members = tuple(job.last_members)
@@ -339,8 +358,10 @@ class Simulator:
     def _release_surplus(self, job: SimJob) -> None:
         if job.round < 0:
             return
-        extra = sorted((n for n in job.nodes.values() if n.id not in job.members and n.id not in job.standby),
-                       key=lambda n: -n.arrival)  # fmt: skip
+        extra = sorted(
+            (n for n in job.nodes.values() if n.id not in job.members and n.id not in job.standby),
+            key=lambda n: -n.arrival,
+        )
         surplus = len(job.nodes) - max(self._target(job), len(job.members) + len(job.standby))
         for n in extra[: max(surplus, 0)]:
             self._drop_node(job, n.id)
@@ -355,13 +376,23 @@ class Simulator:
         spec = parse_job(job.trace.job_dict())
         f = job.policy.fit(job.pstate, spec)
         rec = {
-            "v": 1, "signature": "", "run_id": job.trace.job_id, "finished_at": job.end_s,
-            "status": {"completed": "completed", "failed": "oom" if job.reason.startswith("OOM") else "failed"}.get(job.status, "failed"),
-            "world_size": max(len(job.last_members), 1), "capacity": float(job.trace.gpus_per_node),
-            "throughput": job.last_tp, "cpu_per_node_used": job.peak_cpu,
-            "mem_per_node_peak_bytes": max(m1, m0), "mem_growth_bytes_per_s": growth,
-            "coef": list(f.coef) if f else [], "duration_s": job.end_s - job.start_s,
-        }  # fmt: skip
+            "v": 1,
+            "signature": "",
+            "run_id": job.trace.job_id,
+            "finished_at": job.end_s,
+            "status": {
+                "completed": "completed",
+                "failed": "oom" if job.reason.startswith("OOM") else "failed",
+            }.get(job.status, "failed"),
+            "world_size": max(len(job.last_members), 1),
+            "capacity": float(job.trace.gpus_per_node),
+            "throughput": job.last_tp,
+            "cpu_per_node_used": job.peak_cpu,
+            "mem_per_node_peak_bytes": max(m1, m0),
+            "mem_growth_bytes_per_s": growth,
+            "coef": list(f.coef) if f else [],
+            "duration_s": job.end_s - job.start_s,
+        }
         rec["signature"] = spec.signature()
         self.history.setdefault(job.trace.name, []).append(rec)
 

@@ -54,7 +54,7 @@ FAMILIES: dict[str, Family] = {
             cpu_over=(1.5, 0.15),
             mem_over=(1.5, 0.15),
             under_share=0.0,
-        ),  # fmt: skip
+        ),
         Family(
             "comm-bound",
             "communication-bound jobs (slow network, wide embeddings) with 3-6x too many nodes requested",

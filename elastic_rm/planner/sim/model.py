@@ -30,9 +30,14 @@ class Instability:
 def sim_planner_config() -> PlannerConfig:
     """The planner thresholds the simulator runs with (ticks are 60 s, samples every 120 s)."""
     return PlannerConfig(
-        sample_interval_s=120.0, profile_window_s=360.0, cooldown_s=600.0, straggler_enter=2,
-        straggler_exit=2, resize_rounds=True, standby_max=0,
-    )  # fmt: skip
+        sample_interval_s=120.0,
+        profile_window_s=360.0,
+        cooldown_s=600.0,
+        straggler_enter=2,
+        straggler_exit=2,
+        resize_rounds=True,
+        standby_max=0,
+    )
 
 
 @dataclass

@@ -66,8 +66,15 @@ def distribution(per_job: dict[str, float]) -> dict[str, float | int | None]:
     quantile that falls on a job the policy failed is None (JSON has no infinity): the job did not end."""
     xs = list(per_job.values())
     if not xs:
-        return {"jobs": 0, "p50": None, "p90": None, "p99": None, "share_slowed_5pct": None,
-                "share_slowed_25pct": None, "failed_only_here": 0}  # fmt: skip
+        return {
+            "jobs": 0,
+            "p50": None,
+            "p90": None,
+            "p99": None,
+            "share_slowed_5pct": None,
+            "share_slowed_25pct": None,
+            "failed_only_here": 0,
+        }
     out: dict[str, float | int | None] = {"jobs": len(xs)}
     for q in (0.5, 0.9, 0.99):
         v = quantile(xs, q)

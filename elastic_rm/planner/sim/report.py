@@ -15,7 +15,8 @@ def _jct(j: SimJob) -> float:
 
 
 def summarize(jobs: list[SimJob], common: set[str] | None = None) -> dict:
-    """Metrics of one policy's run. Utilisation is used / allocated over all node-seconds (the paper's CUR/MUR)."""
+    """Metrics of one policy's run. Utilisation is used / allocated over all node-seconds (the paper's
+    CUR/MUR)."""
     done = [j for j in jobs if j.status == "completed"]
     jct = [_jct(j) for j in done]
     usage = [sum(j.usage[i] for j in jobs) for i in range(6)]
@@ -95,7 +96,8 @@ def _value(s: dict, key: str):
 
 
 def table(summary: dict[str, dict], baseline: str = "static") -> str:
-    """Plain-text table: each policy's value and, for JCT, the ratio to the baseline; points for utilisation."""
+    """Plain-text table: each policy's value and, for JCT, the ratio to the baseline; points for
+    utilisation."""
     names = list(summary)
     lines = [f"{'metric':<28}" + "".join(f"{n:>22}" for n in names)]
     base = summary.get(baseline, {})

@@ -63,9 +63,17 @@ def _job(
     base = apply_run({k: t[k] for k in t if k not in habits}, fam, frng)
     growth = float(np.clip(t["mem_growth_frac"] * rng.uniform(0.8, 1.2), 0.0, 1.5))
     probe = TraceJob(
-        job_id=job_id, submit_s=0.0, **{**base, "mem_growth_frac": growth}, req_nodes=1, req_min_nodes=1,
-        req_max_nodes=1, req_cpu_per_node=1.0, req_mem_gib_per_node=1.0, work_samples=1.0, error_at_frac=0.0,
-    )  # fmt: skip
+        job_id=job_id,
+        submit_s=0.0,
+        **{**base, "mem_growth_frac": growth},
+        req_nodes=1,
+        req_min_nodes=1,
+        req_max_nodes=1,
+        req_cpu_per_node=1.0,
+        req_mem_gib_per_node=1.0,
+        work_samples=1.0,
+        error_at_frac=0.0,
+    )
     w_star = knee(probe, 1, 32)
     nodes = int(np.clip(round(w_star * t["user_bias"]), 1, 32))
     st = step(probe, [1.0] * nodes, [1e9] * nodes)
@@ -83,10 +91,17 @@ def _job(
     work = duration * probe.global_batch / ideal_step(probe, nodes)
     err = float(rng.uniform(0.05, 0.95)) if rng.uniform() < 0.04 else 0.0
     return TraceJob(
-        **{**probe.__dict__, "req_nodes": nodes, "req_min_nodes": max(1, nodes // 4),
-           "req_max_nodes": min(48, max(2 * nodes, nodes + 4)), "req_cpu_per_node": cpu_req,
-           "req_mem_gib_per_node": round(mem_req / GIB, 2), "work_samples": work, "error_at_frac": err},
-    )  # fmt: skip
+        **{
+            **probe.__dict__,
+            "req_nodes": nodes,
+            "req_min_nodes": max(1, nodes // 4),
+            "req_max_nodes": min(48, max(2 * nodes, nodes + 4)),
+            "req_cpu_per_node": cpu_req,
+            "req_mem_gib_per_node": round(mem_req / GIB, 2),
+            "work_samples": work,
+            "error_at_frac": err,
+        },
+    )
 
 
 def generate(
