@@ -323,6 +323,7 @@ def _launch(args: argparse.Namespace, options: AgentOptions, progress) -> int:
                 server.endpoint,
                 config.run_id,
             )
+        _sigterm_leaves()  # also before workers run: a spare stopped early leaves through the cleanup
         release = _slurm_release(args, config)
         cgroup = _apply_node_limits(args, config.run_id)
         try:
@@ -339,6 +340,15 @@ def _launch(args: argparse.Namespace, options: AgentOptions, progress) -> int:
 
         if isinstance(exc, RendezvousError):
             return _fail(f"rendezvous: {exc}")
+        from elastic_rm.agent.launch import LeftBeforeWorkers
+
+        if isinstance(exc, LeftBeforeWorkers):
+            print(
+                f"ermrun: stopped by {exc.sigval.name} before its workers started; the node left the "
+                "rendezvous and the run goes on without it",
+                file=sys.stderr,
+            )
+            return 0
         if isinstance(exc, SignalException):  # the node was taken down (docs/operate.md): no traceback
             print(f"ermrun: stopped by {exc.sigval.name}; the run goes on without this node", file=sys.stderr)
             return 128 + int(exc.sigval)
@@ -365,7 +375,6 @@ def _slurm_release(args: argparse.Namespace, config):
     params = RendezvousParameters(BACKEND, config.rdzv_endpoint, config.run_id, config.min_nodes,
                                   config.max_nodes, **config.rdzv_configs)  # fmt: skip
     settings = RendezvousSettings.from_parameters(params)
-    _sigterm_leaves()
     return start_release(settings, settings.node_id)
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from torch.distributed.elastic import events, metrics
-from torch.distributed.elastic.agent.server.api import WorkerSpec
+from torch.distributed.elastic.agent.server.api import WorkerSpec, WorkerState
 from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousParameters
@@ -59,6 +59,11 @@ def _claim_node_memory(agent: ElasticRMAgent, run_id: str) -> None:
     claim = owners.claim(run_dir)
     if claim is not None:
         agent.remove_on_exit(str(claim), prune=(str(claim.parent), str(run_dir)))
+
+
+class LeftBeforeWorkers(SignalException):
+    """A signal (SIGTERM: a launcher's or Slurm's stop) reached a node that never started its workers: it
+    left the rendezvous and freed what it held, and the run goes on without it; not a failure."""
 
 
 def free_node_memory(run_id: str, agent: ElasticRMAgent, why: str) -> None:
@@ -182,6 +187,10 @@ def launch_agent(
         status = f"stopped by {exc.sigval.name}"
         close_rendezvous = False  # as torch: a signalled agent must not close the run for the others
         events.record(agent.get_event_failed(), config.event_log_handler)
+        if agent.worker_state == WorkerState.INIT:  # a spare never needed: nothing of it to keep
+            status += " before its workers started"
+            free_node_memory(config.run_id, agent, status)
+            raise LeftBeforeWorkers(str(exc), exc.sigval) from exc
         raise
     except Exception:
         events.record(agent.get_event_failed(), config.event_log_handler)

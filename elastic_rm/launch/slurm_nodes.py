@@ -19,7 +19,6 @@ executor (elastic_rm.launch.executor), over jobs instead of hosts:
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 
@@ -31,13 +30,6 @@ from .slurm_cli import BAD_NODE_STATES, NODE_LOST, Slurm, SlurmError, SlurmJob
 from .slurm_job import SlurmOptions
 
 QUEUE_EVERY_S = 5.0  # the queue key is rewritten at most this often
-
-
-def stragglers_of(reason: str) -> set[str]:
-    """The nodes a round's reason names as stragglers (the planner's "straggler(s) b3, b4 replaced by ..."
-    or "straggler(s) b3 removed")."""
-    found = re.search(r"straggler\(s\) (.+?) (?:replaced by|removed)", reason)
-    return {n.strip() for n in found.group(1).split(",")} if found else set()
 
 
 class SlurmNode:
@@ -258,6 +250,7 @@ class SlurmExecutor(Executor):
 
     def _scale(self, state: RunState) -> None:
         target = self.target(state)
+        self._release_stragglers(state)
         live = [n for n in self.nodes.values() if not n.stopping]
         # an ended node of ours stays registered until its agent's lease expires: not someone else's node
         self._ended_ids &= set(state.node_ids)
@@ -272,21 +265,35 @@ class SlurmExecutor(Executor):
         surplus = len(live) + foreign - target
         if surplus <= 0:
             return
-        for node in sorted((n for n in live if n.pending), key=lambda n: n.started_at, reverse=True)[
-            :surplus
-        ]:
+        newest_pending = sorted((n for n in live if n.pending), key=lambda n: n.started_at, reverse=True)
+        for node in newest_pending[:surplus]:
             self._stop(node, f"{len(live) + foreign} node job(s), {target} wanted; {why}")
             surplus -= 1
         if surplus <= 0 or state.round is None:
             return
         keep = set(state.round.members) | set(state.round.standby)
         spare = [n for n in live if n.registered and not n.stopping and not among(n.node_id, keep)]
-        slow = stragglers_of(state.round.reason)  # released first, and their hosts not used again soon
-        for node in sorted(spare, key=lambda n: (n.node_id not in slow, -n.started_at))[:surplus]:
-            self._stop(node, f"{len(live) + foreign} node(s), {target} wanted; round {state.round.round} "
-                       f"neither uses nor keeps {node.node_id} as standby; {why}")  # fmt: skip
-            if node.node_id in slow and node.slurm_node:
-                self._blacklist(node.slurm_node, f"a straggler in round {state.round.round}", at_once=True)
+        for node in sorted(spare, key=lambda n: -n.started_at)[:surplus]:
+            self._stop(
+                node,
+                f"{len(live) + foreign} node(s), {target} wanted; round {state.round.round} neither uses nor "
+                f"keeps {node.node_id} as standby; {why}",
+            )
+
+    def _release_stragglers(self, state: RunState) -> None:
+        """The nodes the current round replaced or removed as stragglers (its ``stragglers`` field) leave
+        whatever the demand: their jobs end and their hosts are blacklisted for the cooldown, so a
+        replacement the demand still wants lands on another node."""
+        rnd = state.round
+        if rnd is None or not rnd.stragglers:
+            return
+        keep = set(rnd.members) | set(rnd.standby)
+        for node in list(self.nodes.values()):
+            if node.stopping or node.node_id not in rnd.stragglers or among(node.node_id, keep):
+                continue
+            self._stop(node, f"round {rnd.round} replaced {node.node_id} as a straggler ({rnd.reason})")
+            if node.slurm_node:
+                self._blacklist(node.slurm_node, f"a straggler in round {rnd.round}", at_once=True)
 
     def _exclusions(self, state: RunState) -> list[str]:
         """Hosts a new node job must not land on: blacklisted ones, ours already, and Slurm nodes whose

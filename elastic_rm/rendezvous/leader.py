@@ -22,7 +22,7 @@ from ..etcd.errors import EtcdError
 from ..etcd.lease import Election
 from ..obs.events import EventLog, ids_for_event
 from ..planner.interface import ClusterSnapshot, Decision, RoundPolicy
-from ..wire.records import DemandRecord, LedgerRecord, RoundRecord
+from ..wire.records import STRAGGLERS, DemandRecord, LedgerRecord, RoundRecord
 from . import straggler_flags
 from .outcome import BEFORE, PendingOutcome
 from .queue_signal import QueueSignal
@@ -330,6 +330,10 @@ class RoundLeader:
             alive = [
                 m for m in (current.members if current else ()) if m in self._view.nodes and m not in kept
             ]
+        flagged = straggler_flags.recorded(self._policy)
+        # the old members this round leaves out as stragglers: an executor releases them first and keeps
+        # their hosts out of its next nodes (the reason says it in words)
+        dropped = [m for m in (current.members if current else ()) if m in flagged and m not in kept]
         record = RoundRecord(
             round=(current.round if current else 0) + 1,
             members=tuple(decision.members),
@@ -339,7 +343,7 @@ class RoundLeader:
             predicted_gain=decision.predicted_gain,
             confidence=decision.confidence,
             time=time.time(),
-            extra={"alive": alive, "flagged": straggler_flags.recorded(self._policy), BEFORE: before},
+            extra={"alive": alive, "flagged": flagged, STRAGGLERS: dropped, BEFORE: before},
         )
         record = self._sealed_at_once(record)
         if self._fenced_write(record):

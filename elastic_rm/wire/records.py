@@ -174,6 +174,9 @@ class NodeRecord:
         )
 
 
+STRAGGLERS = "stragglers"  # the round record's extra field: the members it drops as stragglers
+
+
 @dataclass(frozen=True)
 class RoundRecord:
     """``round``: the current round, written only by the leader in a fenced transaction.
@@ -199,6 +202,14 @@ class RoundRecord:
     @property
     def world_size(self) -> int:
         return len(self.members)
+
+    @property
+    def stragglers(self) -> tuple[str, ...]:
+        """The old members this round leaves out as stragglers (``extra.stragglers``, the leader's); a
+        value that is not a list of node ids counts as none."""
+        found = self.extra.get(STRAGGLERS, [])
+        ok = isinstance(found, list) and all(isinstance(n, str) for n in found)
+        return tuple(found) if ok else ()
 
     @property
     def phase(self) -> RoundPhase:

@@ -11,6 +11,10 @@ no model, no data, no GPU. A step takes ``--step-s / speedup(world)`` seconds ti
 
 It exits 0 when ``--samples`` samples are done. The curve is piecewise linear between its points (world
 size: speed-up over one node) and flat past its last point; noise is a uniform factor in [1-n, 1+n].
+
+A slow node, for trying straggler handling: while the file ``--slow-file`` names this node (its node id,
+one per line), each of its steps also spins ``--slow-busy-s`` seconds on the CPU. Sleep is not busy time,
+spinning is, so the agent's busy-time measure tells that node from the others as it would a real one.
 """
 
 from __future__ import annotations
@@ -64,6 +68,21 @@ def write_done(path: str, done: int) -> None:
     os.replace(tmp, path)
 
 
+def is_slow(path: str, node_id: str) -> bool:
+    try:
+        with open(path) as fh:
+            return node_id in fh.read().split()
+    except FileNotFoundError:
+        return False
+
+
+def spin(seconds: float) -> None:
+    """Busy on the CPU (not asleep) for ``seconds``."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--samples", type=int, required=True, help="samples the job trains in all")
@@ -72,6 +91,8 @@ def main() -> None:
     p.add_argument("--curve", default="1:1,2:1.9,4:3.5,8:6,16:9", help="WORLD:SPEEDUP points")
     p.add_argument("--noise", type=float, default=0.05, help="uniform noise on each step's time (fraction)")
     p.add_argument("--state", required=True, help="directory every node sees: the progress file lives there")
+    p.add_argument("--slow-file", help="a file of node ids: while it names this node, its steps also spin")
+    p.add_argument("--slow-busy-s", type=float, default=0.2, help="seconds a slow node spins per step")
     args = p.parse_args()
     curve = parse_curve(args.curve)
     dist.init_process_group("gloo")
@@ -86,8 +107,11 @@ def main() -> None:
     rng = random.Random(f"{os.environ.get('TORCHELASTIC_RUN_ID')}-{rank}-{samples_done}")
     reporter = get_reporter(sync_every=1)
     reporter.reset_timer()
+    node_id = os.environ.get("ERM_NODE_ID", "")
     while samples_done < args.samples:
         time.sleep(step_s * rng.uniform(1 - args.noise, 1 + args.noise))
+        if args.slow_file and is_slow(args.slow_file, node_id):
+            spin(args.slow_busy_s)
         dist.all_reduce(torch.zeros(1))  # the step's collective: every rank finishes it together
         samples_done += args.global_batch
         if rank == 0:

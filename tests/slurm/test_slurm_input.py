@@ -84,9 +84,13 @@ def test_the_batch_script_execs_ermrun_with_the_slurm_node_as_node_id(tmp_path):
     assert "--partition=gpu" in options and options[-1] == "--time=1:00:00"  # the user's last: they win
 
 
-def test_the_stragglers_a_round_drops_are_read_from_its_reason():
-    from elastic_rm.launch.slurm_nodes import stragglers_of
+def test_the_stragglers_a_round_drops_are_its_records_field():
+    from elastic_rm.wire.records import STRAGGLERS, RoundRecord
 
-    assert stragglers_of("straggler(s) b3, b4 replaced by b7, b8") == {"b3", "b4"}
-    assert stragglers_of("straggler(s) b3 removed; no standby node") == {"b3"}
-    assert stragglers_of("first round of 2 node(s)") == set()
+    rnd = RoundRecord(
+        round=3, members=("b1", "b7"), reason="straggler(s) b3 replaced by b7", extra={STRAGGLERS: ["b3"]}
+    )
+    back = RoundRecord.parse("/r/round", rnd.to_json())
+    assert back.stragglers == ("b3",)
+    assert RoundRecord(round=1, members=("b1",)).stragglers == ()  # written by a leader without the field
+    assert RoundRecord(round=1, members=("b1",), extra={STRAGGLERS: "b3"}).stragglers == ()  # malformed

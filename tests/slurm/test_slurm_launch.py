@@ -12,6 +12,7 @@ import pytest
 
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.wire.keyspace import Keyspace
+from elastic_rm.wire.records import RoundRecord
 from tests.conftest import BIN, REPO
 from tests.e2e.helpers import steps_at_world, wait_until
 from tests.slurm.helpers import actions, agents_pids, gone, launch, launch_events, queue_record, run_jobs
@@ -125,9 +126,13 @@ def test_the_planners_smaller_demand_gives_the_spare_nodes_back_to_slurm(
 ):
     job = json.loads((Path(REPO) / "examples" / "emulated" / "job.json").read_text())
     job["name"] = run_id  # a name of its own: no warm start from another test's run of the same job
-    (tmp_path / "job.json").write_text(json.dumps(job))  # request: 2 nodes
-    emulated = ["examples/emulated/train.py", "--samples", "1000000000", "--step-s", "0.2", "--state",
-                str(tmp_path / "state")]  # fmt: skip
+    del job["request"]  # no request for the launcher to start from: it asks for MAX until the demand
+    job["planner"]["cold_start_nodes"] = 2
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    emulated = [
+        "examples/emulated/train.py", "--samples", "1000000000", "--step-s", "0.2", "--state",
+        str(tmp_path / "state"),
+    ]  # fmt: skip
     p = launch(
         tmp_path, slurm, etcd, run_id, "2:4", extra=["--job", str(tmp_path / "job.json")], script=emulated
     )
@@ -167,3 +172,57 @@ def test_a_node_job_pending_too_long_is_reported_with_slurms_reason(etcd, run_id
     assert p.wait(60) == 130, p.output()[-3000:]
     assert run_jobs(slurm, run_id) == []  # the pending node job was cancelled
     slurm.cmd("scancel", other)
+
+
+@pytest.mark.slow
+def test_a_straggler_is_replaced_by_a_new_node_job_and_its_own_ends(etcd, run_id, tmp_path, procs, slurm):
+    """One node of the run is slowed (the emulated job spins on it): the leader flags it, asks for a
+    spare, swaps it out, and names it in the round's ``stragglers`` field; the launcher submits the new
+    node job, then ends the straggler's job and blacklists its host."""
+    job = json.loads((Path(REPO) / "examples" / "emulated" / "job.json").read_text())
+    job["name"] = run_id
+    (tmp_path / "job.json").write_text(json.dumps(job))  # request: 2 nodes
+    slow_file, state = tmp_path / "slow", tmp_path / "state"
+    emulated = ["examples/emulated/train.py", "--samples", "1000000000", "--step-s", "0.2"]
+    emulated += ["--state", str(state), "--slow-file", str(slow_file), "--slow-busy-s", "0.15"]
+    extra = ["--job", str(tmp_path / "job.json"), "--blacklist-cooldown", "300"]
+    p = launch(tmp_path, slurm, etcd, run_id, "2:3", extra=extra, script=emulated)
+    procs.append(p)
+    keys = Keyspace("/elastic-rm", run_id)
+
+    def current_round():
+        with EtcdClient(etcd.endpoint) as client:
+            kv = client.get(keys.round)
+        return RoundRecord.parse(keys.round, kv.value) if kv is not None else None
+
+    wait_until(lambda: (state / "progress.json").exists(), 120, "2 nodes training", [p])
+    first = current_round()
+    assert first is not None and len(first.members) == 2
+    assert len(actions(launch_events(etcd, run_id), "submit")) == 2  # the request, not MAX, before a demand
+    slow = first.members[1]
+    slow_file.write_text(slow)
+
+    def swapped():
+        rnd = current_round()
+        return rnd is not None and slow in rnd.stragglers and slow not in rnd.members and rnd
+
+    wait_until(swapped, 180, f"a round that replaces {slow} as a straggler", [p])
+    rnd = current_round()
+    assert len(rnd.members) == 2 and rnd.reason.startswith(f"straggler(s) {slow} replaced by")
+    wait_until(
+        lambda: slow not in {j["node"] for j in run_jobs(slurm, run_id)}, 60, "the straggler's job ended", [p]
+    )
+    events = launch_events(etcd, run_id)
+    assert any(slow in e["reason"] and "as a straggler" in e["reason"] for e in actions(events, "stop"))
+    assert [e["host"] for e in actions(events, "blacklist")] == [slow]
+    assert len(actions(events, "submit")) >= 3  # the spare the leader asked for
+    done = json.loads((state / "progress.json").read_text())["samples_done"]
+
+    def trained_on() -> bool:
+        return json.loads((state / "progress.json").read_text())["samples_done"] > done + 20 * 1024
+
+    wait_until(trained_on, 120, "training goes on without the straggler", [p])
+    assert slow not in current_round().members
+    os.kill(p.pid, signal.SIGINT)
+    assert p.wait(120) == 130, p.output()[-3000:]
+    assert run_jobs(slurm, run_id) == []
