@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -124,6 +125,8 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=1500, help="seconds per mode")
     ap.add_argument("--name", default="delta", help="results file benchmarks/results/<name>.json")
     args = ap.parse_args()
+    # a SIGTERM unwinds like an error: the workers, the servers and node memory are cleaned up
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     modes = [m for m in args.modes.split(",") if m]
     if not modes or set(modes) - {"full", "delta"}:
         raise SystemExit(f"--modes {args.modes!r}: a comma-separated list of 'full' and 'delta'")
@@ -165,7 +168,7 @@ def main() -> None:
                 "workdir": str(work),
                 "shm": str(shm),
                 "warmup_steps": 3,
-                "baseline_steps": 40,
+                "baseline_steps": 60,
                 "alone_gap_steps": 5,
                 "phases": [{"kind": "train", "world": 2}, {"kind": "restore", "world": 3}],
             }

@@ -87,6 +87,12 @@ def parse_args() -> argparse.Namespace:
         default=5,
         help="persist every n-th flash checkpoint to --checkpoint-dir (the final one: when its count is due)",
     )
+    p.add_argument(
+        "--differential",
+        action="store_true",
+        help="differential flash checkpoints: a save copies only the table rows touched since the "
+        "previous one (docs/train.md)",
+    )
     p.add_argument("--progress-dir", default=None, help="write one JSON line per step here (for erm demo)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -290,6 +296,7 @@ def train(
         durable_dir=Path(args.checkpoint_dir) if args.checkpoint_dir else None,
         persist_every=args.persist_every,
         replicate=True,
+        differential=args.differential,
     )
     ckpt = FlashCheckpointer(dmp, plan, dense_opt, ckpt_cfg)
     restored = ckpt.restore()
