@@ -264,27 +264,35 @@ class FlashCheckpointer:
                 "base_sha256": manifest["manifest_sha256"],
                 "base_bytes": size,
                 "delta_bytes": 0,
-                "steps": [manifest["step"]],
+                "steps": [[manifest["step"], manifest["manifest_sha256"]]],
             }
         return {
             **chain,
             **link,
             "delta_bytes": chain["delta_bytes"] + size,
-            "steps": [*chain["steps"], manifest["step"]],
+            "steps": [*chain["steps"], [manifest["step"], manifest["manifest_sha256"]]],
         }
 
     def _memory_manifest(self, step: int) -> dict[str, Any]:
         return json.loads((self.node_dir / step_dirname(step) / MANIFEST).read_bytes())
 
-    def _durable_missing(self, steps: list[int]) -> list[int]:
-        """Steps of the chain the durable copy lacks (a delta is useless there without its chain);
-        rank 0 looks, so that every rank copies the same steps."""
+    def _durable_missing(self, steps: list[list[Any]]) -> list[int]:
+        """Steps of the chain ([step, manifest digest] pairs) the durable copy lacks or holds another
+        checkpoint of (a delta is useless there without its own chain); rank 0 looks, so that every
+        rank copies the same steps."""
         assert self.cfg.durable_dir is not None
         durable = Path(self.cfg.durable_dir)
+
+        def held(step: int, sha: str) -> bool:
+            try:
+                doc = json.loads((durable / step_dirname(step) / MANIFEST).read_bytes())
+            except (OSError, ValueError, RecursionError):
+                return False
+            return isinstance(doc, dict) and doc.get("manifest_sha256") == sha
+
         missing = None
         if self.rank == 0:
-            missing = json.dumps([s for s in steps if not (durable / step_dirname(s) / MANIFEST).is_file()])
-            missing = missing.encode()
+            missing = json.dumps([s for s, sha in steps if not held(s, sha)]).encode()
         return json.loads(broadcast_bytes(missing, 0, self.pg))
 
     def _commit_memory(

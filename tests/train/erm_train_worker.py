@@ -136,6 +136,7 @@ class World:
             sync_durable=False,
             differential=fc.get("differential", False),
             compact_ratio=fc.get("compact_ratio", 1.0),
+            persist_every=fc.get("persist_every", 1),
         )
         self.ckpt = FlashCheckpointer(self.dmp, self.plan, self.dense_opt, cfg)
         self.step = 0

@@ -4,9 +4,11 @@ previous save (weights and optimizer state), and a chain restores bit for bit at
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from erm_harness import assemble, assert_bit_exact, run_world
 
@@ -112,3 +114,123 @@ def test_tracker_misses_nothing_and_chain_restores_bit_exact(tmp_path: Path) -> 
     restored = results[0][1]["restores"][0]
     assert restored["step"] == 3 and restored["skipped"] == []
     assert assert_bit_exact(assemble(tmp_path, "s3"), assemble(tmp_path, "restored"), "chain 1+2+3") > 10_000
+
+
+def random_chain(rng: random.Random, first_step: int, saves: int) -> tuple[list[dict[str, Any]], int]:
+    """Train a random number of steps (random batches: random touched rows) between saves."""
+    actions: list[dict[str, Any]] = []
+    step = first_step
+    for _ in range(saves):
+        n = rng.randint(1, 3)
+        actions.append({"do": "train", "seeds": [rng.randrange(1 << 30) for _ in range(n)]})
+        step += n
+        actions.append({"do": "save", "step": step, "block": True})
+    return actions, step
+
+
+@pytest.mark.parametrize("seed", [7])
+def test_property_restored_equals_live_at_worlds_1_2_3(tmp_path: Path, seed: int) -> None:
+    """Chains with compactions saved at world 2, then 3, then 1, each restored into the next world
+    (2 -> 3 -> 1 -> 2): the restored state equals the saving world's state at its newest save, element
+    for element (weights, fused and dense optimizer state)."""
+    rng = random.Random(seed)
+    worlds = [2, 3, 1, 2]
+    phases, step = [], 0
+    for k, world in enumerate(worlds):
+        actions: list[dict[str, Any]] = (
+            [{"do": "init"}]
+            if k == 0
+            else [
+                {"do": "restore"},
+                {"do": "dump", "name": f"restored{k}"},
+            ]
+        )
+        if k < len(worlds) - 1:
+            chain, step = random_chain(rng, step, rng.randint(6, 9))
+            actions += [*chain, {"do": "dump", "name": f"saved{k}"}]
+        phases.append(phase(world, tmp_path, actions, compact_ratio=0.4))
+    results = run_world(max(worlds), spec(phases), tmp_path, timeout=400)
+    kinds = [[s["kind"] for s in results[0][k]["saves"]] for k in range(len(worlds) - 1)]
+    flat = [x for ks in kinds for x in ks]
+    assert flat.count("full") >= 4 and flat.count("delta") >= 6, kinds  # chains and compactions
+    for k in range(1, len(worlds)):
+        restored = results[0][k]["restores"][0]
+        last = results[0][k - 1]["saves"][-1]
+        assert restored["step"] == last["step"] and restored["skipped"] == [], restored
+        n = assert_bit_exact(
+            assemble(tmp_path, f"saved{k - 1}"),
+            assemble(tmp_path, f"restored{k}"),
+            f"world {worlds[k - 1]} -> {worlds[k]} (saves {kinds[k - 1]})",
+        )
+        assert n > 10_000
+
+
+def steps_in(root: Path) -> list[int]:
+    return sorted(int(p.name[5:]) for p in root.glob("step-*") if p.name[5:].isdigit())
+
+
+def test_refused_chains_fall_back_to_the_newest_complete_one(tmp_path: Path) -> None:
+    """A corrupt delta, a missing predecessor and a parent of another run are refused with an error
+    naming what is wrong, and the restore takes the newest step whose whole chain is good."""
+    roots = [str(tmp_path / "shm"), str(tmp_path / "durable")]
+    p0: list[dict[str, Any]] = [{"do": "init"}]
+    for step in (1, 2, 3, 4):
+        p0 += [
+            {"do": "train", "seeds": [10 + step]},
+            {"do": "save", "step": step, "block": True},
+            {"do": "dump", "name": f"s{step}"},
+        ]
+    corrupt = {"do": "corrupt", "roots": roots, "step": 4, "file": "__1_delta.erm", "how": "flip"}
+    rm_parent = [{"do": "rm_dir", "path": str(tmp_path / d / "step-00000002")} for d in ("shm/n0", "durable")]
+    other_run = [
+        {"do": "init"},
+        {"do": "train", "seeds": [99]},
+        {"do": "save", "step": 3, "block": True},
+        {"do": "dump", "name": "other3"},
+    ]
+    restore = [{"do": "restore"}, {"do": "dump", "name": "restored"}]
+    phases = [
+        phase(2, tmp_path, p0),
+        phase(2, tmp_path, [corrupt, *restore[:1], {"do": "dump", "name": "r1"}]),
+        phase(2, tmp_path, [*rm_parent, *restore[:1], {"do": "dump", "name": "r2"}]),
+        phase(2, tmp_path, other_run),
+        phase(2, tmp_path, [*restore[:1], {"do": "dump", "name": "r4"}]),
+    ]
+    results = run_world(2, spec(phases), tmp_path)
+    assert [s["kind"] for s in results[0][0]["saves"]] == ["full", "delta", "delta", "delta"]
+    r1 = results[0][1]["restores"][0]
+    assert r1["step"] == 3 and "step 4" in r1["skipped"][0] and "__1_delta.erm" in r1["skipped"][0], r1
+    assert "checksum mismatch" in r1["skipped"][0]
+    assert_bit_exact(assemble(tmp_path, "s3"), assemble(tmp_path, "r1"), "fallback from a corrupt delta")
+    r2 = results[0][2]["restores"][0]
+    assert r2["step"] == 1, r2
+    assert any("step 3 is a delta of step 2, whose manifest.json is missing" in s for s in r2["skipped"]), r2
+    assert_bit_exact(assemble(tmp_path, "s1"), assemble(tmp_path, "r2"), "fallback to the older base")
+    r4 = results[0][4]["restores"][0]
+    assert r4["step"] == 3, r4
+    assert "another checkpoint than the one it was built on" in r4["skipped"][0], r4
+    assert_bit_exact(assemble(tmp_path, "other3"), assemble(tmp_path, "r4"), "the other run's full step")
+
+
+def test_compaction_bounds_the_chain_and_prune_keeps_it_whole(tmp_path: Path) -> None:
+    """A chain whose deltas pass compact_ratio x its base is followed by a new base; node memory keeps
+    exactly the newest chain (keep_memory=1), the durable copy every step its persisted steps need."""
+    actions: list[dict[str, Any]] = [{"do": "init"}]
+    for step in range(1, 11):
+        actions += [{"do": "train", "seeds": [step]}, {"do": "save", "step": step, "block": True}]
+    actions += [{"do": "dump", "name": "s10"}]
+    extra = {"compact_ratio": 0.3, "keep_memory": 1, "keep_durable": 1, "persist_every": 3}
+    restore = [{"do": "restore"}, {"do": "dump", "name": "restored"}]
+    results = run_world(
+        1, spec([phase(1, tmp_path, actions, **extra), phase(1, tmp_path, restore, **extra)]), tmp_path
+    )
+    saves = results[0][0]["saves"]
+    kinds = [s["kind"] for s in saves]
+    bases = [s["step"] for s in saves if s["kind"] == "full"]
+    assert len(bases) >= 3 and kinds[-1] == "delta", kinds
+    assert steps_in(tmp_path / "shm" / "n0") == list(range(bases[-1], 11)), kinds
+    persisted = 9  # the third save of every three
+    newest_base = max(b for b in bases if b <= persisted)
+    assert steps_in(tmp_path / "durable") == list(range(newest_base, persisted + 1)), kinds
+    assert results[0][1]["restores"][0]["step"] == 10
+    assert_bit_exact(assemble(tmp_path, "s10"), assemble(tmp_path, "restored"), "after compactions")
