@@ -14,9 +14,20 @@ from dataclasses import dataclass
 
 TOOLS = ("sbatch", "squeue", "scancel", "sinfo")
 ENDED = frozenset(
-    {"COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY", "PREEMPTED",
-     "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT"}
-)  # fmt: skip
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "NODE_FAIL",
+        "TIMEOUT",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "REVOKED",
+        "SPECIAL_EXIT",
+    }
+)
 NODE_LOST = frozenset({"NODE_FAIL", "BOOT_FAIL", "CANCELLED", "PREEMPTED"})  # the node, not ermrun, ended it
 BAD_NODE_STATES = ("down", "drain", "fail")  # sinfo's %T: down, down*, drained, draining, failing...
 

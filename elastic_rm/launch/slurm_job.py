@@ -46,8 +46,16 @@ class SlurmOptions:
         )
 
     def sbatch_options(self, exclude: list[str]) -> list[str]:
-        opts = ["--nodes=1", "--ntasks=1", "--exclusive", "--no-requeue", f"--job-name={self.job_name}",
-                f"--comment={self.comment}", f"--output={self.output}", f"--chdir={self.workdir}"]  # fmt: skip
+        opts = [
+            "--nodes=1",
+            "--ntasks=1",
+            "--exclusive",
+            "--no-requeue",
+            f"--job-name={self.job_name}",
+            f"--comment={self.comment}",
+            f"--output={self.output}",
+            f"--chdir={self.workdir}",
+        ]
         if self.partition:
             opts.append(f"--partition={self.partition}")
         hosts = sorted(set(self.exclude) | set(exclude))

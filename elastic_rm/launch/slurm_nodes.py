@@ -68,8 +68,19 @@ class SlurmNode:
 class SlurmExecutor(Executor):
     """The executor over Slurm jobs; ``nodes`` is keyed by job id."""
 
-    def __init__(self, client, keys, pool, slurm: Slurm, options: SlurmOptions, events, config, say,
-                 partitions: tuple[str, ...], clock: Callable[[], float] = time.monotonic):  # fmt: skip
+    def __init__(
+        self,
+        client,
+        keys,
+        pool,
+        slurm: Slurm,
+        options: SlurmOptions,
+        events,
+        config,
+        say,
+        partitions: tuple[str, ...],
+        clock: Callable[[], float] = time.monotonic,
+    ):
         super().__init__(client, keys, pool, self._no_host_start, events, config, say)
         self.slurm, self.options, self.partitions = slurm, options, set(partitions)
         self._clock = clock
@@ -153,8 +164,13 @@ class SlurmExecutor(Executor):
         final = node.state if job is not None else "gone from squeue"
         self.exit_codes[node.node_id] = node.exit_code if node.exit_code is not None else 0
         if node.stopping:
-            self._emit("stopped", node.host, f"node {node.node_id} (Slurm job {node.job_id}) ended: {final}",
-                       reason=node.stop_reason, job=node.job_id)  # fmt: skip
+            self._emit(
+                "stopped",
+                node.host,
+                f"node {node.node_id} (Slurm job {node.job_id}) ended: {final}",
+                reason=node.stop_reason,
+                job=node.job_id,
+            )
             return
         if state.closed is not None:
             self._emit(
@@ -174,8 +190,12 @@ class SlurmExecutor(Executor):
             self._pool.add(Host(name=host_name, addr=host_name))
         cooldown = self._pool.blacklist(host_name, error) if at_once else self._pool.failed(host_name, error)
         if cooldown is not None:
-            self._emit("blacklist", self._pool.get(host_name).host,
-                       f"host {host_name} blacklisted for {cooldown:g}s: {error}", cooldown_s=cooldown)  # fmt: skip
+            self._emit(
+                "blacklist",
+                self._pool.get(host_name).host,
+                f"host {host_name} blacklisted for {cooldown:g}s: {error}",
+                cooldown_s=cooldown,
+            )
 
     def _check_node_health(self) -> None:
         """A node set DOWN or DRAIN under a running node job: stop the job, blacklist the host."""
@@ -205,7 +225,8 @@ class SlurmExecutor(Executor):
         )
         rec = QueueRecord(
             waiting_nodes=waiting,
-            source=f"erm launch --slurm: nodes that other pending jobs of {','.join(sorted(self.partitions))} "
+            source="erm launch --slurm: nodes that other pending jobs of "
+            f"{','.join(sorted(self.partitions))} "
             "ask for",
             time=time.time(),
         )
@@ -215,8 +236,12 @@ class SlurmExecutor(Executor):
             self._warn("queue", f"cannot write {self._keys.queue} ({exc})")
             return
         if waiting != self.waiting_nodes:
-            self._events.emit("launch", f"{waiting} node(s) wanted by other pending jobs", action="queue",
-                              waiting_nodes=waiting)  # fmt: skip
+            self._events.emit(
+                "launch",
+                f"{waiting} node(s) wanted by other pending jobs",
+                action="queue",
+                waiting_nodes=waiting,
+            )
         self.waiting_nodes = waiting
 
     def _report_pending(self, now: float) -> None:
@@ -227,8 +252,13 @@ class SlurmExecutor(Executor):
                 and now - node.started_at > self.options.pending_report_s
             ):
                 node.pending_reported = True
-                self._emit("pending", node.host, f"Slurm job {node.job_id} pending for more than "
-                           f"{self.options.pending_report_s:g}s ({node.reason})", reason=node.reason)  # fmt: skip
+                self._emit(
+                    "pending",
+                    node.host,
+                    f"Slurm job {node.job_id} pending for more than "
+                    f"{self.options.pending_report_s:g}s ({node.reason})",
+                    reason=node.reason,
+                )
 
     # -- acting -----------------------------------------------------------------------------------------
 
@@ -241,7 +271,8 @@ class SlurmExecutor(Executor):
 
     def demand_reason(self, state: RunState) -> str:
         if self._before_demand(state):
-            return f"no demand from the leader yet: the job description's request of {self.options.requested_nodes}"
+            wanted = self.options.requested_nodes
+            return f"no demand from the leader yet: the job description's request of {wanted}"
         return super().demand_reason(state)
 
     def _before_demand(self, state: RunState) -> bool:
@@ -332,8 +363,13 @@ class SlurmExecutor(Executor):
                 self.slurm.signal(node.job_id, "TERM")
         except SlurmError as exc:
             self._say(f"could not stop Slurm job {node.job_id}: {exc}")
-        self._emit("stop", node.host, f"stopping node {node.node_id} (Slurm job {node.job_id}): {reason}",
-                   reason=reason, job=node.job_id)  # fmt: skip
+        self._emit(
+            "stop",
+            node.host,
+            f"stopping node {node.node_id} (Slurm job {node.job_id}): {reason}",
+            reason=reason,
+            job=node.job_id,
+        )
 
     def _enforce_stop_deadlines(self, now: float) -> None:
         for node in self.nodes.values():
@@ -372,10 +408,19 @@ class SlurmExecutor(Executor):
                 job = by_id.get(job_id)
                 if job is None or job.ended:
                     del self.nodes[job_id]
-                    self._emit("stopped", node.host, f"node {node.node_id} (Slurm job {job_id}) ended",
-                               job=job_id)  # fmt: skip
+                    self._emit(
+                        "stopped", node.host, f"node {node.node_id} (Slurm job {job_id}) ended", job=job_id
+                    )
             time.sleep(0.2)
         self.nodes.clear()
+
+    def _closing(self, closed, now: float) -> int | None:
+        """Node jobs that never joined the run (still pending, or still starting) have nothing to finish:
+        they stop at once, and the launcher does not wait out --exit-grace for them."""
+        for node in list(self.nodes.values()):
+            if not node.registered and not node.stopping:
+                self._stop(node, f"the run was closed by {closed.by}; this node job never joined it")
+        return super()._closing(closed, now)
 
     def _check_idle(self, now: float) -> int | None:
         return None

@@ -51,8 +51,15 @@ def _run(argv: list[str], cwd: str | None = None) -> str:
 
 
 class AllocationRelease(threading.Thread):
-    def __init__(self, client: EtcdClient, keys: Keyspace, node_id: str, job_id: str, slurm_node: str,
-                 every_s: float = CHECK_EVERY_S):  # fmt: skip
+    def __init__(
+        self,
+        client: EtcdClient,
+        keys: Keyspace,
+        node_id: str,
+        job_id: str,
+        slurm_node: str,
+        every_s: float = CHECK_EVERY_S,
+    ):
         super().__init__(name="slurm-release", daemon=True)
         self._client, self._keys, self.node_id = client, keys, node_id
         self.job_id, self.slurm_node, self.every_s = job_id, slurm_node, every_s
@@ -88,17 +95,27 @@ class AllocationRelease(threading.Thread):
         registered = {keys.node_of(kv.key) for kv in nodes}
         if self.batch_host is None:  # Slurm refuses to take the batch script's node from the job
             self.batch_host = _run(["squeue", "-h", "-j", self.job_id, "-o", "%B"]).strip()
-        if not should_release(self.node_id, parsed(keys.demand, DemandRecord), parsed(keys.round, RoundRecord),
-                              registered, stays={self.batch_host}):  # fmt: skip
+        if not should_release(
+            self.node_id,
+            parsed(keys.demand, DemandRecord),
+            parsed(keys.round, RoundRecord),
+            registered,
+            stays={self.batch_host},
+        ):
             return False
         listed = _run(["squeue", "-h", "-j", self.job_id, "-o", "%N"]).strip()
         hosts = _run(["scontrol", "show", "hostnames", listed]).split()
         keep = [h for h in hosts if h != self.slurm_node]
         if not keep or len(keep) == len(hosts):
             return False
-        log.warning("--slurm-release: node %s is a spare beyond the run's demand; it leaves the run, then "
-                    "gives %s back to Slurm (job %s keeps %s)", self.node_id, self.slurm_node, self.job_id,
-                    ",".join(keep))  # fmt: skip
+        log.warning(
+            "--slurm-release: node %s is a spare beyond the run's demand; it leaves the run, then "
+            "gives %s back to Slurm (job %s keeps %s)",
+            self.node_id,
+            self.slurm_node,
+            self.job_id,
+            ",".join(keep),
+        )
         self.keep = keep
         os.kill(
             os.getpid(), signal.SIGTERM
@@ -128,8 +145,13 @@ def start_release(settings, node_id: str | None, environ=os.environ) -> Allocati
         raise ValueError(
             "--slurm-release works inside a Slurm job step (srun ermrun ...); without srun, drop it"
         )
-    client = EtcdClient(list(settings.endpoints), timeout=settings.etcd_timeout, tls=settings.tls,
-                        user=settings.user, password=settings.password)  # fmt: skip
+    client = EtcdClient(
+        list(settings.endpoints),
+        timeout=settings.etcd_timeout,
+        tls=settings.tls,
+        user=settings.user,
+        password=settings.password,
+    )
     release = AllocationRelease(client, settings.keys, node_id or slurm_node, job_id, slurm_node)
     release.start()
     return release

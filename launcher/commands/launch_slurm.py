@@ -1,4 +1,4 @@
-"""`erm launch --slurm`: the run's nodes are one-node Slurm jobs; the logic is elastic_rm.launch.slurm_nodes."""
+"""`erm launch --slurm`: the run's nodes are one-node Slurm jobs (logic: elastic_rm.launch.slurm_nodes)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ def add_slurm_arguments(p: argparse.ArgumentParser, source) -> None:
     g.add_argument(
         "--slurm-output",
         metavar="PATTERN",
-        help="each node job's output file, in sbatch's --output pattern (default: WORKDIR/%%x-%%j.out: erm-RUN-JOBID.out)",
+        help="each node job's output file, in sbatch's --output pattern "
+        "(default: WORKDIR/%%x-%%j.out: erm-RUN-JOBID.out)",
     )
     g.add_argument(
         "--pending-report",
@@ -127,8 +128,14 @@ def execute_slurm(args, ns, settings, checked, nnodes, client) -> int:
             sys.stderr.flush()
 
     events = EventLog(run_id, "erm-launch", path=args.events_file, client=client, keys=keys)
-    config = ExecutorConfig(nnodes[0], nnodes[1], poll_s=args.poll_interval, stop_grace_s=args.stop_grace,
-                            exit_grace_s=args.exit_grace, idle_timeout_s=args.idle_timeout)  # fmt: skip
+    config = ExecutorConfig(
+        nnodes[0],
+        nnodes[1],
+        poll_s=args.poll_interval,
+        stop_grace_s=args.stop_grace,
+        exit_grace_s=args.exit_grace,
+        idle_timeout_s=args.idle_timeout,
+    )
     pool = HostPool(args.host_failures, args.blacklist_cooldown, args.max_cooldown)
     executor = SlurmExecutor(client, keys, pool, slurm, options, events, config, say, partitions=partitions)
 
@@ -147,8 +154,16 @@ def execute_slurm(args, ns, settings, checked, nnodes, client) -> int:
             f"etcd {ns.rdzv_endpoint}; node jobs are named {options.job_name}"
             + (f"; adopted {len(adopted)} job(s) of the run: {', '.join(adopted)}" if adopted else "")
         )
-        events.emit("launch", f"erm launch --slurm started run {run_id}", action="begin", slurm=True,
-                    partitions=list(partitions), adopted=adopted, min_nodes=nnodes[0], max_nodes=nnodes[1])  # fmt: skip
+        events.emit(
+            "launch",
+            f"erm launch --slurm started run {run_id}",
+            action="begin",
+            slurm=True,
+            partitions=list(partitions),
+            adopted=adopted,
+            min_nodes=nnodes[0],
+            max_nodes=nnodes[1],
+        )
         return executor.run()
     except KeyboardInterrupt:
         say("interrupted: every node job was stopped")

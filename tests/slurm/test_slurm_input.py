@@ -16,8 +16,23 @@ from tests.slurm.helpers import CONF, WORKER, run_jobs
 
 
 def erm_launch(tmp_path, env, etcd_endpoint: str, run_id: str, *extra: str) -> subprocess.CompletedProcess:
-    argv = [os.path.join(BIN, "erm"), "launch", "--slurm", *extra, "--workdir", REPO, "--nnodes", "1",
-            "--rdzv-endpoint", etcd_endpoint, "--rdzv-id", run_id, "--rdzv-conf", CONF, WORKER]  # fmt: skip
+    argv = [
+        os.path.join(BIN, "erm"),
+        "launch",
+        "--slurm",
+        *extra,
+        "--workdir",
+        REPO,
+        "--nnodes",
+        "1",
+        "--rdzv-endpoint",
+        etcd_endpoint,
+        "--rdzv-id",
+        run_id,
+        "--rdzv-conf",
+        CONF,
+        WORKER,
+    ]
     return subprocess.run(argv, env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=120)
 
 
@@ -52,32 +67,71 @@ def test_an_sbatch_refusal_is_reported_in_slurms_words_before_anything_runs(
 
 
 def _job(**over) -> dict:
-    job = {"job_id": 7, "name": "erm-r1", "comment": "erm launch run r1", "job_state": "PENDING", "nodes": "",
-           "state_reason": "Resources", "partition": "debug,other", "node_count": 2, "user_name": "alice",
-           "exit_code": 256}  # fmt: skip
+    job = {
+        "job_id": 7,
+        "name": "erm-r1",
+        "comment": "erm launch run r1",
+        "job_state": "PENDING",
+        "nodes": "",
+        "state_reason": "Resources",
+        "partition": "debug,other",
+        "node_count": 2,
+        "user_name": "alice",
+        "exit_code": 256,
+    }
     return {**job, **over}
 
 
 def test_squeue_json_is_read_as_22_05_and_later_releases_print_it():
     old = parse_jobs(json.dumps({"jobs": [_job()]}))[0]
     assert (old.job_id, old.partitions, old.node_count, old.exit_code) == ("7", ("debug", "other"), 2, 1)
-    new = parse_jobs(json.dumps({"jobs": [_job(job_state=["RUNNING"], node_count={"set": True, "number": 3},
-                                               exit_code={"return_code": {"number": 0}})]}))[0]  # fmt: skip
+    new = parse_jobs(
+        json.dumps(
+            {
+                "jobs": [
+                    _job(
+                        job_state=["RUNNING"],
+                        node_count={"set": True, "number": 3},
+                        exit_code={"return_code": {"number": 0}},
+                    )
+                ]
+            }
+        )
+    )[0]
     assert (new.state, new.node_count, new.exit_code, new.ended) == ("RUNNING", 3, 0, False)
     with pytest.raises(SlurmError, match="other than its job list"):
         parse_jobs("sbatch: error: something")
 
 
 def test_the_batch_script_execs_ermrun_with_the_slurm_node_as_node_id(tmp_path):
-    opts = SlurmOptions(run_id="r1", partition="gpu", sbatch_args=("--time=1:00:00",), exclude=("b9",),
-                        output="/o/%j.out", workdir="/w d", python="/py", ermrun_flags=("--nnodes", "1:4"),
-                        script=("train.py", "--lr", "0.1"), env=(("A", "x y"),))  # fmt: skip
+    opts = SlurmOptions(
+        run_id="r1",
+        partition="gpu",
+        sbatch_args=("--time=1:00:00",),
+        exclude=("b9",),
+        output="/o/%j.out",
+        workdir="/w d",
+        python="/py",
+        ermrun_flags=("--nnodes", "1:4"),
+        script=("train.py", "--lr", "0.1"),
+        env=(("A", "x y"),),
+    )
     script = opts.batch_script()
     last = shlex.split(script.splitlines()[-1])
     assert last[:2] == ["exec", "env"] and "A=x y" in last and "ERM_SLURM=0" in last
     i = last.index("/py")
-    assert last[i:] == ["/py", "-m", "launcher.ermrun", "--nnodes", "1:4", "--node-id", "$SLURMD_NODENAME",
-                        "train.py", "--lr", "0.1"]  # fmt: skip
+    assert last[i:] == [
+        "/py",
+        "-m",
+        "launcher.ermrun",
+        "--nnodes",
+        "1:4",
+        "--node-id",
+        "$SLURMD_NODENAME",
+        "train.py",
+        "--lr",
+        "0.1",
+    ]
     assert "cd '/w d'" in script
     options = opts.sbatch_options(["b2", "b1"])
     assert "--exclude=b1,b2,b9" in options and "--job-name=erm-r1" in options

@@ -1,4 +1,4 @@
-"""`erm launch --slurm` against a real local Slurm (tests/slurm/cluster.py): the run's nodes are Slurm jobs."""
+"""`erm launch --slurm` on a real local Slurm (tests/slurm/cluster.py): the run's nodes are Slurm jobs."""
 
 from __future__ import annotations
 
@@ -38,17 +38,31 @@ def test_grows_to_the_wanted_count_reports_the_queue_and_ctrl_c_leaves_nothing(
     assert {j["comment"] for j in run_jobs(slurm, run_id)} == {f"erm launch run {run_id}"}
 
     # another user's job that cannot start (it wants every node): its nodes wait, ours do not count
-    r = slurm.cmd("sbatch", "--parsable", "-N", str(len(slurm.node_names)), "-J", "other", "-o", "/dev/null",
-                  "--wrap", "sleep 60")  # fmt: skip
+    r = slurm.cmd(
+        "sbatch",
+        "--parsable",
+        "-N",
+        str(len(slurm.node_names)),
+        "-J",
+        "other",
+        "-o",
+        "/dev/null",
+        "--wrap",
+        "sleep 60",
+    )
     other = r.stdout.strip()
     wait_until(
         lambda: (queue_record(etcd, run_id) or {}).get("waiting_nodes") == len(slurm.node_names),
-        30, "the other job's nodes in the queue key", [p],
-    )  # fmt: skip
+        30,
+        "the other job's nodes in the queue key",
+        [p],
+    )
     status = subprocess.run(
         [os.path.join(BIN, "erm"), "status", "--endpoint", etcd.endpoint, "--run-id", run_id, "--json"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert json.loads(status.stdout)["waiting_nodes"] == len(slurm.node_names), status.stderr
     slurm.cmd("scancel", other)
 
@@ -69,8 +83,12 @@ def test_a_restarted_launcher_adopts_the_runs_jobs_and_erm_stop_ends_them(
 ):
     a = launch(tmp_path, slurm, etcd, run_id, "2")
     procs.append(a)
-    wait_until(lambda: len([j for j in run_jobs(slurm, run_id) if j["state"] == "RUNNING"]) == 2, 60,
-               "2 node jobs running", [a])  # fmt: skip
+    wait_until(
+        lambda: len([j for j in run_jobs(slurm, run_id) if j["state"] == "RUNNING"]) == 2,
+        60,
+        "2 node jobs running",
+        [a],
+    )
     before = {j["id"] for j in run_jobs(slurm, run_id)}
     os.kill(a.pid, signal.SIGKILL)  # the launcher dies; its node jobs are Slurm's and keep running
     a.wait(30)
@@ -81,8 +99,12 @@ def test_a_restarted_launcher_adopts_the_runs_jobs_and_erm_stop_ends_them(
     wait_until(lambda: all(steps_at_world(tmp_path, n, 2) > 3 for n in nodes), 120, "2 nodes training", [b])
     assert {j["id"] for j in run_jobs(slurm, run_id)} == before  # no duplicate submitted
     assert len(actions(launch_events(etcd, run_id), "submit")) == 2  # the first launcher's only
-    stop = subprocess.run([os.path.join(BIN, "erm"), "stop", run_id, "--endpoint", etcd.endpoint],
-                          capture_output=True, text=True, timeout=180)  # fmt: skip
+    stop = subprocess.run(
+        [os.path.join(BIN, "erm"), "stop", run_id, "--endpoint", etcd.endpoint],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert stop.returncode == 0, stop.stdout + stop.stderr
     assert b.wait(120) == 0, b.output()[-3000:]
     wait_until(lambda: run_jobs(slurm, run_id) == [], 30, "no job of the run in squeue", [b])
@@ -92,8 +114,12 @@ def test_a_restarted_launcher_adopts_the_runs_jobs_and_erm_stop_ends_them(
 def test_a_node_set_down_is_replaced_on_another_node_and_excluded(etcd, run_id, tmp_path, procs, slurm):
     p = launch(tmp_path, slurm, etcd, run_id, "2", extra=["--blacklist-cooldown", "300"])
     procs.append(p)
-    wait_until(lambda: len({j["node"] for j in run_jobs(slurm, run_id) if j["state"] == "RUNNING"}) == 2, 60,
-               "2 node jobs running", [p])  # fmt: skip
+    wait_until(
+        lambda: len({j["node"] for j in run_jobs(slurm, run_id) if j["state"] == "RUNNING"}) == 2,
+        60,
+        "2 node jobs running",
+        [p],
+    )
     first = sorted(j["node"] for j in run_jobs(slurm, run_id))
     wait_until(lambda: all(steps_at_world(tmp_path, n, 2) > 3 for n in first), 120, "2 nodes training", [p])
     down, survivor = first
@@ -106,8 +132,12 @@ def test_a_node_set_down_is_replaced_on_another_node_and_excluded(etcd, run_id, 
 
     wait_until(lambda: replaced() and replaced()[0] != down, 120, "a replacement node job", [p])
     new = replaced()[0]
-    wait_until(lambda: steps_at_world(tmp_path, new, 2) > 3 and steps_at_world(tmp_path, survivor, 2) > 6,
-               120, "the survivor and the replacement training", [p])  # fmt: skip
+    wait_until(
+        lambda: steps_at_world(tmp_path, new, 2) > 3 and steps_at_world(tmp_path, survivor, 2) > 6,
+        120,
+        "the survivor and the replacement training",
+        [p],
+    )
     events = launch_events(etcd, run_id)
     assert [e["host"] for e in actions(events, "blacklist")] == [down]
     job = next(j["id"] for j in run_jobs(slurm, run_id) if j["node"] == new)
@@ -130,9 +160,14 @@ def test_the_planners_smaller_demand_gives_the_spare_nodes_back_to_slurm(
     job["planner"]["cold_start_nodes"] = 2
     (tmp_path / "job.json").write_text(json.dumps(job))
     emulated = [
-        "examples/emulated/train.py", "--samples", "1000000000", "--step-s", "0.2", "--state",
+        "examples/emulated/train.py",
+        "--samples",
+        "1000000000",
+        "--step-s",
+        "0.2",
+        "--state",
         str(tmp_path / "state"),
-    ]  # fmt: skip
+    ]
     p = launch(
         tmp_path, slurm, etcd, run_id, "2:4", extra=["--job", str(tmp_path / "job.json")], script=emulated
     )
@@ -156,8 +191,18 @@ def test_the_planners_smaller_demand_gives_the_spare_nodes_back_to_slurm(
 
 
 def test_a_node_job_pending_too_long_is_reported_with_slurms_reason(etcd, run_id, tmp_path, procs, slurm):
-    r = slurm.cmd("sbatch", "--parsable", "-N", str(len(slurm.node_names)), "-J", "other", "-o", "/dev/null",
-                  "--wrap", "sleep 120")  # fmt: skip
+    r = slurm.cmd(
+        "sbatch",
+        "--parsable",
+        "-N",
+        str(len(slurm.node_names)),
+        "-J",
+        "other",
+        "-o",
+        "/dev/null",
+        "--wrap",
+        "sleep 120",
+    )
     other = r.stdout.strip()
     wait_until(
         lambda: any(j["id"] == other and j["state"] == "RUNNING" for j in slurm.jobs()), 30, "the blocker"
@@ -226,3 +271,28 @@ def test_a_straggler_is_replaced_by_a_new_node_job_and_its_own_ends(etcd, run_id
     os.kill(p.pid, signal.SIGINT)
     assert p.wait(120) == 130, p.output()[-3000:]
     assert run_jobs(slurm, run_id) == []
+
+
+def test_the_runs_end_cancels_the_node_jobs_that_never_joined(etcd, run_id, tmp_path, procs, slurm):
+    blocker = slurm.cmd(
+        "sbatch",
+        "--parsable",
+        "-N",
+        str(len(slurm.node_names) - 1),
+        "-J",
+        "other",
+        "-o",
+        "/dev/null",
+        "--wrap",
+        "sleep 300",
+    ).stdout.strip()
+    wait_until(
+        lambda: any(j["id"] == blocker and j["state"] == "RUNNING" for j in slurm.jobs()), 30, "the blocker"
+    )
+    p = launch(tmp_path, slurm, etcd, run_id, "1:2", steps_max=40)  # no demand: MAX 2, one of them pends
+    procs.append(p)
+    assert p.wait(180) == 0, p.output()[-3000:]
+    stops = actions(launch_events(etcd, run_id), "stop")
+    assert len(stops) == 1 and "never joined" in stops[0]["reason"]  # not --exit-grace's "more than 60s"
+    assert run_jobs(slurm, run_id) == []
+    slurm.cmd("scancel", blocker)

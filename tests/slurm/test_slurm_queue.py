@@ -19,27 +19,64 @@ from tests.e2e.test_status_render import status_of, text
 
 def _executor(client, run_id: str, slurm: Slurm, said: list[str]) -> SlurmExecutor:
     keys = Keyspace("/elastic-rm", run_id)
-    options = SlurmOptions(run_id=run_id, partition="debug", sbatch_args=(), exclude=(), output="/dev/null",
-                           workdir="/", python="/usr/bin/python3", ermrun_flags=(), script=("train.py",))  # fmt: skip
+    options = SlurmOptions(
+        run_id=run_id,
+        partition="debug",
+        sbatch_args=(),
+        exclude=(),
+        output="/dev/null",
+        workdir="/",
+        python="/usr/bin/python3",
+        ermrun_flags=(),
+        script=("train.py",),
+    )
     events = EventLog(run_id, "erm-launch", client=client, keys=keys)
-    return SlurmExecutor(client, keys, HostPool(), slurm, options, events, ExecutorConfig(1, 1), said.append,
-                         partitions=("debug",))  # fmt: skip
+    return SlurmExecutor(
+        client,
+        keys,
+        HostPool(),
+        slurm,
+        options,
+        events,
+        ExecutorConfig(1, 1),
+        said.append,
+        partitions=("debug",),
+    )
 
 
 def _job(job_id: int, name: str, state: str, partition: str, nodes: int) -> dict:
-    return {"job_id": job_id, "name": name, "comment": f"erm launch run {name[4:]}", "job_state": state,
-            "nodes": "", "state_reason": "Priority", "partition": partition, "node_count": nodes,
-            "user_name": "bob", "exit_code": 0}  # fmt: skip
+    return {
+        "job_id": job_id,
+        "name": name,
+        "comment": f"erm launch run {name[4:]}",
+        "job_state": state,
+        "nodes": "",
+        "state_reason": "Priority",
+        "partition": partition,
+        "node_count": nodes,
+        "user_name": "bob",
+        "exit_code": 0,
+    }
 
 
 def test_waiting_nodes_are_other_pending_jobs_of_the_runs_partitions(etcd, run_id):
-    jobs = parse_jobs(json.dumps({"jobs": [
-        _job(1, f"erm-{run_id}", "PENDING", "debug", 1),  # this run's own pending node job: not waiting
-        _job(2, "train", "PENDING", "debug", 4),
-        _job(3, "train2", "PENDING", "other,debug", 2),  # may run in either: it waits for ours too
-        _job(4, "train3", "PENDING", "other", 8),  # another partition's queue
-        _job(5, "train4", "RUNNING", "debug", 3),
-    ]}))  # fmt: skip
+    jobs = parse_jobs(
+        json.dumps(
+            {
+                "jobs": [
+                    _job(
+                        1, f"erm-{run_id}", "PENDING", "debug", 1
+                    ),  # this run's own pending node job: not waiting
+                    _job(2, "train", "PENDING", "debug", 4),
+                    _job(
+                        3, "train2", "PENDING", "other,debug", 2
+                    ),  # may run in either: it waits for ours too
+                    _job(4, "train3", "PENDING", "other", 8),  # another partition's queue
+                    _job(5, "train4", "RUNNING", "debug", 3),
+                ]
+            }
+        )
+    )
     with EtcdClient(etcd.endpoint) as client:
         executor = _executor(client, run_id, Slurm(), [])
         executor._write_queue(jobs, now=100.0)

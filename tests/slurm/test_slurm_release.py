@@ -1,4 +1,4 @@
-"""`srun ermrun --slurm-release` inside a fixed allocation: a node the run no longer uses goes back to Slurm."""
+"""`srun ermrun --slurm-release` in a fixed allocation: a node the run no longer uses goes back to Slurm."""
 
 from __future__ import annotations
 
@@ -39,14 +39,24 @@ def test_a_spare_node_of_the_allocation_is_given_back_and_training_goes_on(etcd,
         "#!/bin/sh\n"
         f"srun --kill-on-bad-exit=0 {sys.executable} -m launcher.ermrun --slurm-release --nnodes 2:3 "
         f"--nproc-per-node 1 --rdzv-endpoint {etcd.endpoint} --rdzv-id {run_id} --rdzv-conf {CONF} "
-        f"--job {tmp_path / 'job.json'} --monitor-interval 0.1 examples/emulated/train.py --samples 1000000000 "
-        f"--step-s 0.2 --state {state}\n"
+        f"--job {tmp_path / 'job.json'} --monitor-interval 0.1 examples/emulated/train.py "
+        f"--samples 1000000000 --step-s 0.2 --state {state}\n"
     )
     (tmp_path / "job.sh").write_text(script)
     # the job's TMPDIR is the test's: Slurm may end a given-back node's task before it removes its scratch
     (tmp_path / "tmp").mkdir()
-    r = slurm.cmd("sbatch", "--parsable", "-N", "3", "-J", "fixed", f"--chdir={REPO}", f"--export=ALL,TMPDIR={tmp_path / 'tmp'}",
-                  f"--output={tmp_path / 'job.out'}", str(tmp_path / "job.sh"))  # fmt: skip
+    r = slurm.cmd(
+        "sbatch",
+        "--parsable",
+        "-N",
+        "3",
+        "-J",
+        "fixed",
+        f"--chdir={REPO}",
+        f"--export=ALL,TMPDIR={tmp_path / 'tmp'}",
+        f"--output={tmp_path / 'job.out'}",
+        str(tmp_path / "job.sh"),
+    )
     job_id = r.stdout.strip()
 
     def nodes() -> list[str]:

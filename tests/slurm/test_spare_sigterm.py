@@ -19,9 +19,24 @@ NODE_MEMORY = "/dev/shm/elastic-rm"
 
 
 def ermrun(tmp_path, etcd, run_id, node: str) -> Proc:
-    argv = [os.path.join(BIN, "ermrun"), "--nnodes", "1:1", "--nproc-per-node", "1", "--rdzv-endpoint",
-            etcd.endpoint, "--rdzv-id", run_id, "--rdzv-conf", CONF, "--monitor-interval", "0.1",
-            "--node-id", node, WORKER]  # fmt: skip
+    argv = [
+        os.path.join(BIN, "ermrun"),
+        "--nnodes",
+        "1:1",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-endpoint",
+        etcd.endpoint,
+        "--rdzv-id",
+        run_id,
+        "--rdzv-conf",
+        CONF,
+        "--monitor-interval",
+        "0.1",
+        "--node-id",
+        node,
+        WORKER,
+    ]
     env = {**os.environ, "STEPS_DIR": str(tmp_path), "STEPS_MAX": "0"}
     return Proc(argv, str(tmp_path / f"{node}.log"), env=env, cwd=REPO)
 
