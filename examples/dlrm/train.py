@@ -26,6 +26,7 @@ import argparse
 import gc
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -44,6 +45,7 @@ from elastic_rm.train import (
     FlashConfig,
     GlobalBatches,
     RangeLedger,
+    RestoreResult,
     SyntheticClickData,
     WorldTopology,
     check_plan_agreement,
@@ -215,6 +217,21 @@ def state_checksum(dmp: torch.nn.Module, dense_opt: torch.optim.Optimizer) -> di
     return {**named, "checksum": digest_hex(digests)}
 
 
+def file_writers(restored: RestoreResult) -> dict[str, list[str | None]]:
+    """Each file this rank restored from -> [the node that wrote it, where it was read]. The files of a
+    differential chain's base and deltas ("<step>/<name>") are not in the restored step's manifest: their
+    writer is the node of the rank in their name (a chain is saved by one world)."""
+    nodes = restored.manifest.get("nodes") or []
+    out: dict[str, list[str | None]] = {}
+    for f, src in restored.file_sources.items():
+        writer = restored.manifest["files"].get(f, {}).get("node")
+        m = re.match(r"__(\d+)_", f.rsplit("/", 1)[-1])
+        if writer is None and m and int(m[1]) < len(nodes):
+            writer = nodes[int(m[1])]
+        out[f] = [writer, src]
+    return out
+
+
 def main() -> None:
     args = parse_args()
     if not args.in_place:
@@ -342,12 +359,7 @@ def train(
         saved_by=restored.manifest.get("nodes") if restored else None,
         # where this rank read each file from, with the node that wrote it (demo checks: after a loss,
         # the lost node's files must come from a peer's memory)
-        restore_files={
-            f: [restored.manifest["files"].get(f, {}).get("node"), src]
-            for f, src in restored.file_sources.items()
-        }
-        if restored
-        else None,
+        restore_files=file_writers(restored) if restored else None,
         ledger_samples_done=batches.ledger.samples_done(),
         epoch_samples=batches.ledger.num_samples,
         **checksum,
