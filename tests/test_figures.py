@@ -7,9 +7,15 @@ import json
 
 from benchmarks.figures import check, figures, unmarked, update
 
-RESULT = {"results": {"ermrun/SIGKILL": {"median": 8.330376, "min": 7.914, "max": 8.7465}, "c10d": 47.88329},
-          "pauses": [0.0652, 0.0563], "rate": -0.3802, "steps": 1173.0, "missing": None,
-          "call_us": 52.51, "step_cpu_ms": {"ermrun": [9.69, 10.43]}}  # fmt: skip
+RESULT = {
+    "results": {"ermrun/SIGKILL": {"median": 8.330376, "min": 7.914, "max": 8.7465}, "c10d": 47.88329},
+    "pauses": [0.0652, 0.0563],
+    "rate": -0.3802,
+    "steps": 1173.0,
+    "missing": None,
+    "call_us": 52.51,
+    "step_cpu_ms": {"ermrun": [9.69, 10.43]},
+}
 
 
 def write(tmp_path, doc: str) -> tuple:
@@ -28,7 +34,8 @@ def problems(tmp_path, doc: str, tables=()) -> list[str]:
 def test_figures_that_agree_with_their_file_at_the_doc_s_precision_pass(tmp_path):
     doc = (
         "SIGKILL 8.33 s<!-- fig: r.json results.ermrun/SIGKILL.median --> "
-        "(7.91<!-- fig: r.json results.ermrun/SIGKILL.min -->-8.75 s<!-- fig: r.json results.ermrun/SIGKILL.max -->), "
+        "(7.91<!-- fig: r.json results.ermrun/SIGKILL.min -->-"
+        "8.75 s<!-- fig: r.json results.ermrun/SIGKILL.max -->), "
         "**8.3 s<!-- fig: r.json results.ermrun/SIGKILL.median -->**, "
         "5.7x<!-- fig: r.json results.c10d / results.ermrun/SIGKILL.median -->; "
         "56<!-- fig: r.json pauses.min in ms -->-65 ms<!-- fig: r.json pauses.max -->, "
@@ -37,12 +44,22 @@ def test_figures_that_agree_with_their_file_at_the_doc_s_precision_pass(tmp_path
     )
     assert problems(tmp_path, doc) == []
     assert [f.text for f in figures("doc.md", doc, tmp_path / "results")] == [
-        "8.33", "7.91", "8.75", "8.3", "5.7", "56", "65", "-38", "1,173", "447"
-    ]  # fmt: skip
+        "8.33",
+        "7.91",
+        "8.75",
+        "8.3",
+        "5.7",
+        "56",
+        "65",
+        "-38",
+        "1,173",
+        "447",
+    ]
 
 
 def test_a_stale_figure_fails_naming_the_file_s_value_and_update_rewrites_it(tmp_path):
-    doc = "SIGKILL 8.6 s<!-- fig: r.json results.ermrun/SIGKILL.median --> vs 48.5 s<!-- fig: r.json results.c10d -->\n"
+    doc = "SIGKILL 8.6 s<!-- fig: r.json results.ermrun/SIGKILL.median -->"
+    doc += " vs 48.5 s<!-- fig: r.json results.c10d -->\n"
     found = problems(tmp_path, doc)
     assert len(found) == 2 and "the file says 8.3 s" in found[0] and "the file says 47.9 s" in found[1], found
     assert update(tmp_path, tmp_path / "results", ("doc.md",)) == 2
@@ -69,15 +86,19 @@ def test_a_number_in_a_results_table_without_a_marker_fails(tmp_path):
     ]
     assert (
         unmarked(
-            "| 2 -> 3 | 8.33 s<!-- fig: r.json x --> (7.91<!-- fig: r.json y -->-8.75 s<!-- fig: r.json z -->) |"
+            "| 2 -> 3 | 8.33 s<!-- fig: r.json x --> "
+            "(7.91<!-- fig: r.json y -->-8.75 s<!-- fig: r.json z -->) |"
         )
         == []
     )
-    doc = "Intro 12 s, prose is free.\n\n| what | figure |\n| --- | --- |\n| join, N = 8 | 17 ms (c10d 1.27 s) |\n"
+    doc = "Intro 12 s, prose is free.\n\n"
+    doc += "| what | figure |\n| --- | --- |\n| join, N = 8 | 17 ms (c10d 1.27 s) |\n"
     found = problems(tmp_path, doc, (("doc.md", None),))
-    assert [p.split(": ")[1] for p in found] == ["17 in a results table has no fig marker",
-                                                 "1.27 in a results table has no fig marker",
-                                                 "quoted by no doc (an old run"]  # fmt: skip
+    assert [p.split(": ")[1] for p in found] == [
+        "17 in a results table has no fig marker",
+        "1.27 in a results table has no fig marker",
+        "quoted by no doc (an old run",
+    ]
 
 
 def test_every_figure_the_docs_quote_agrees_with_its_results_file():
@@ -165,7 +186,8 @@ def test_update_rewrites_a_run_s_date_and_commit_from_its_file(tmp_path):
     (results / "r.json").write_text(
         json.dumps(dict(RESULT, date="2026-12-05T10:00:00Z", commit="abcdef0123"))
     )
-    doc = "run 2026-12-01, 79126fa<!-- run: r.json -->, 8.33 s<!-- fig: r.json results.ermrun/SIGKILL.median -->\n"
+    doc = "run 2026-12-01, 79126fa<!-- run: r.json -->, "
+    doc += "8.33 s<!-- fig: r.json results.ermrun/SIGKILL.median -->\n"
     (tmp_path / "doc.md").write_text(doc)
     assert update(tmp_path, results, ("doc.md",)) == 1
     assert (tmp_path / "doc.md").read_text() == doc.replace("2026-12-01, 79126fa", "2026-12-05, abcdef0")

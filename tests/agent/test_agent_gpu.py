@@ -111,7 +111,7 @@ def test_unsupported_fields_are_none_and_a_lost_gpu_is_skipped():
                 "mem": (5, 10),
                 "temp": FakeNvml.NVMLError_NotSupported(),
                 "reasons": FakeNvml.NVMLError_NotSupported(),
-            },  # fmt: skip
+            },
             {"util": 1, "mem": FakeNvml.NVMLError("GPU is lost"), "temp": 1, "reasons": 0},
         ]
     )

@@ -29,7 +29,7 @@ RECORD = {
             "temp_c": 61.0,
             "throttled": True,
             "throttle_reasons": ["sw_power_cap"],
-        },  # fmt: skip
+        },
     ],
     "steps": {"p50_s": 0.011, "p90_s": 0.015, "samples_per_s": 2900.0, "steps": 300, "age_s": 0.2},
 }

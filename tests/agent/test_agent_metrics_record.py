@@ -133,10 +133,26 @@ json_values = st.recursive(
     max_leaves=20,
 )
 FIELDS = [
-    "v", "node", "t", "cpu", "cpu.util_mean", "mem", "mem.available_bytes", "workers", "workers.0",
-    "workers.0.cpu_util", "gpus", "gpus.0", "gpus.0.index", "gpus.0.util", "gpus.0.temp_c",
-    "gpus.0.throttle_reasons", "steps", "steps.age_s", "steps.samples_per_s",
-]  # fmt: skip
+    "v",
+    "node",
+    "t",
+    "cpu",
+    "cpu.util_mean",
+    "mem",
+    "mem.available_bytes",
+    "workers",
+    "workers.0",
+    "workers.0.cpu_util",
+    "gpus",
+    "gpus.0",
+    "gpus.0.index",
+    "gpus.0.util",
+    "gpus.0.temp_c",
+    "gpus.0.throttle_reasons",
+    "steps",
+    "steps.age_s",
+    "steps.samples_per_s",
+]
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

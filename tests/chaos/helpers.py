@@ -17,9 +17,19 @@ FIGURES_ENV = "ERM_CHAOS_FIGURES"  # a directory: each chaos test leaves its mea
 
 def node_args(endpoint: str, run_id: str, nnodes: str, node: str, conf: str, nproc: int = 1) -> list[str]:
     return [
-        "--nnodes", nnodes, "--nproc-per-node", str(nproc), "--rdzv-endpoint", endpoint,
-        "--rdzv-id", run_id, "--rdzv-conf", conf, "--node-id", node,
-    ]  # fmt: skip
+        "--nnodes",
+        nnodes,
+        "--nproc-per-node",
+        str(nproc),
+        "--rdzv-endpoint",
+        endpoint,
+        "--rdzv-id",
+        run_id,
+        "--rdzv-conf",
+        conf,
+        "--node-id",
+        node,
+    ]
 
 
 def record_figures(tmp_path, name: str, figures: dict) -> None:
@@ -79,8 +89,10 @@ def round_history(client: EtcdClient, run_id: str, settle_s: float = 1.5) -> lis
         cancel()
     with lock:
         events = [e for e in got if e.kind == "put"]
-    return [(json.loads(e.kv.value)["round"], bool(json.loads(e.kv.value).get("sealed")), e.kv.mod_revision)
-            for e in events]  # fmt: skip
+    return [
+        (json.loads(e.kv.value)["round"], bool(json.loads(e.kv.value).get("sealed")), e.kv.mod_revision)
+        for e in events
+    ]
 
 
 def check_round_history(history: list[tuple[int, bool, int]]) -> None:

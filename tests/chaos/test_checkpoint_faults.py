@@ -38,14 +38,24 @@ TABLES = [
 
 
 def spec(phases: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"tables": TABLES, "optim": "adagrad", "data_parallel": ["t3"], "column_wise": {"t2": 8},
-            "phases": phases}  # fmt: skip
+    return {
+        "tables": TABLES,
+        "optim": "adagrad",
+        "data_parallel": ["t3"],
+        "column_wise": {"t2": 8},
+        "phases": phases,
+    }
 
 
 def phase(world: int, flash: dict[str, Any], actions: list[dict[str, Any]]) -> dict[str, Any]:
     pinned = {"t0": ["tw"], "t1": ["rw"]} if world % 2 == 0 else {"t0": ["rw"], "t1": ["tw"]}
-    return {"world": world, "nodes": [f"n{r}" for r in range(world)], "pinned": pinned, "flash": flash,
-            "actions": actions}  # fmt: skip
+    return {
+        "world": world,
+        "nodes": [f"n{r}" for r in range(world)],
+        "pinned": pinned,
+        "flash": flash,
+        "actions": actions,
+    }
 
 
 def run_until_fault(
@@ -63,19 +73,32 @@ def run_until_fault(
     workdir.mkdir(parents=True, exist_ok=True)
     spec_ = {**spec_, "workdir": str(workdir)}
     (workdir / "spec.json").write_text(json.dumps(spec_))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "PYTHONHASHSEED": "0",
-           "CHAOS_FAULT": point, "CHAOS_FAULT_RANK": str(rank), "CHAOS_FAULT_STEP": str(step),
-           "CHAOS_DIR": str(workdir), "CHAOS_DURABLE": str(durable)}  # fmt: skip
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(REPO),
+        "PYTHONHASHSEED": "0",
+        "CHAOS_FAULT": point,
+        "CHAOS_FAULT_RANK": str(rank),
+        "CHAOS_FAULT_STEP": str(step),
+        "CHAOS_DIR": str(workdir),
+        "CHAOS_DURABLE": str(durable),
+    }
     marker = workdir / f"fault-{point}"
     procs, logs = [], []
     try:
         for r in range(nprocs):
             log = open(workdir / f"log-{r}.txt", "w")
             logs.append(log)
-            procs.append(subprocess.Popen(
-                [sys.executable, str(FAULT_WORKER), str(workdir / "spec.json"), str(r), str(nprocs)],
-                env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-            ))  # fmt: skip
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(FAULT_WORKER), str(workdir / "spec.json"), str(r), str(nprocs)],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=REPO,
+                )
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and not marker.exists():
             if any(p.poll() is not None for p in procs):
@@ -107,8 +130,12 @@ def tree_digest(root: Path) -> dict[str, str]:
 
 
 def restore_and_dump(world: int, flash: dict[str, Any], workdir: Path) -> list[dict[str, Any]]:
-    results = run_world(world, spec([phase(world, flash, [{"do": "restore"}, {"do": "dump", "name": "r"}])]),
-                        workdir, timeout=300)  # fmt: skip
+    results = run_world(
+        world,
+        spec([phase(world, flash, [{"do": "restore"}, {"do": "dump", "name": "r"}])]),
+        workdir,
+        timeout=300,
+    )
     return [results[r][0]["restores"][0] for r in range(world)]
 
 
@@ -121,9 +148,14 @@ def test_killed_before_publishing_its_memory_copy_restores_the_previous_step_int
     shm, durable = tmp_path / "shm", tmp_path / "durable"
     flash = {"memory_root": str(shm), "durable_dir": str(durable), "keep_memory": 4}
     actions = [
-        {"do": "init"}, {"do": "train", "seeds": [1, 2]}, {"do": "save", "step": 2}, {"do": "dump", "name": "s2"},
-        {"do": "train", "seeds": [3, 4]}, {"do": "dump", "name": "s4"}, {"do": "save", "step": 4},
-    ]  # fmt: skip
+        {"do": "init"},
+        {"do": "train", "seeds": [1, 2]},
+        {"do": "save", "step": 2},
+        {"do": "dump", "name": "s2"},
+        {"do": "train", "seeds": [3, 4]},
+        {"do": "dump", "name": "s4"},
+        {"do": "save", "step": 4},
+    ]
     fault = run_until_fault(
         2, spec([phase(2, flash, actions)]), tmp_path / "w1", "publish_memory", 1, 4, durable
     )
@@ -134,8 +166,11 @@ def test_killed_before_publishing_its_memory_copy_restores_the_previous_step_int
     assert {r["step"] for r in restores} == {2}, restores
     assert any("step 4" in s for s in restores[0]["skipped"]), restores[0]["skipped"]
     n = assert_bit_exact(assemble(tmp_path / "w1", "s2"), assemble(tmp_path / "w2", "r"), "restored step 2")
-    record_figures(tmp_path, "ckpt_kill_before_memory_publish", {**fault, "elements_checked": n,
-                   "skipped": restores[0]["skipped"]})  # fmt: skip
+    record_figures(
+        tmp_path,
+        "ckpt_kill_before_memory_publish",
+        {**fault, "elements_checked": n, "skipped": restores[0]["skipped"]},
+    )
 
 
 @pytest.mark.slow
@@ -146,9 +181,13 @@ def test_killed_mid_durable_persist_with_the_node_lost_restores_the_previous_ste
     shm, durable = tmp_path / "shm", tmp_path / "durable"
     flash = {"memory_root": str(shm), "durable_dir": str(durable), "keep_memory": 4, "keep_durable": 4}
     actions = [
-        {"do": "init"}, {"do": "train", "seeds": [1, 2]}, {"do": "save", "step": 2}, {"do": "dump", "name": "s2"},
-        {"do": "train", "seeds": [5]}, {"do": "save", "step": 4},
-    ]  # fmt: skip
+        {"do": "init"},
+        {"do": "train", "seeds": [1, 2]},
+        {"do": "save", "step": 2},
+        {"do": "dump", "name": "s2"},
+        {"do": "train", "seeds": [5]},
+        {"do": "save", "step": 4},
+    ]
     fault = run_until_fault(
         2, spec([phase(2, flash, actions)]), tmp_path / "w1", "persist_copy", 0, 4, durable
     )
@@ -160,8 +199,9 @@ def test_killed_mid_durable_persist_with_the_node_lost_restores_the_previous_ste
     assert r["step"] == 2 and any("step 4" in s for s in r["skipped"]), r
     assert r["file_sources"].get("__1_0.distcp") == "durable", r["file_sources"]
     n = assert_bit_exact(assemble(tmp_path / "w1", "s2"), assemble(tmp_path / "w2", "r"), "restored step 2")
-    record_figures(tmp_path, "ckpt_kill_mid_durable_persist", {**fault, "elements_checked": n,
-                   "skipped": r["skipped"]})  # fmt: skip
+    record_figures(
+        tmp_path, "ckpt_kill_mid_durable_persist", {**fault, "elements_checked": n, "skipped": r["skipped"]}
+    )
 
 
 @pytest.mark.slow
@@ -171,14 +211,23 @@ def test_killed_mid_restore_into_a_new_world_changes_nothing_and_the_next_restor
     bit-exact."""
     shm, durable = tmp_path / "shm", tmp_path / "durable"
     flash = {"memory_root": str(shm), "durable_dir": str(durable)}
-    actions = [{"do": "init"}, {"do": "train", "seeds": [1, 2, 3]}, {"do": "save", "step": 3},
-               {"do": "dump", "name": "s3"}]  # fmt: skip
+    actions = [
+        {"do": "init"},
+        {"do": "train", "seeds": [1, 2, 3]},
+        {"do": "save", "step": 3},
+        {"do": "dump", "name": "s3"},
+    ]
     run_world(2, spec([phase(2, flash, actions)]), tmp_path / "w1")
     before = {**tree_digest(shm), **{f"durable/{k}": v for k, v in tree_digest(durable).items()}}
     fault = run_until_fault(
-        3, spec([phase(3, flash, [{"do": "restore"}, {"do": "dump", "name": "x"}])]), tmp_path / "w2",
-        "restore_load", 2, 0, durable,
-    )  # fmt: skip
+        3,
+        spec([phase(3, flash, [{"do": "restore"}, {"do": "dump", "name": "x"}])]),
+        tmp_path / "w2",
+        "restore_load",
+        2,
+        0,
+        durable,
+    )
     after = {**tree_digest(shm), **{f"durable/{k}": v for k, v in tree_digest(durable).items()}}
     assert after == before  # the interrupted restore wrote nothing into the checkpoints
     restores = restore_and_dump(3, flash, tmp_path / "w3")

@@ -132,8 +132,12 @@ def test_whole_etcd_down_30s_training_goes_on_and_no_round_follows(run_id, tmp_p
         server.restart(0)
         up = time.time()
         # three lease TTLs after etcd returned: long enough for any spurious expiry or round to show
-        wait_until(lambda: all(steps_between(tmp_path, n, up, time.time()) > 20 for n in nodes), 120,
-                   "training after etcd returned", nodes.values())  # fmt: skip
+        wait_until(
+            lambda: all(steps_between(tmp_path, n, up, time.time()) > 20 for n in nodes),
+            120,
+            "training after etcd returned",
+            nodes.values(),
+        )
         time.sleep(15)
         with EtcdClient(server.endpoint) as c:
             after_round = round_record(c, run_id)
@@ -171,8 +175,15 @@ def test_etcd_down_past_the_lease_with_a_node_lost_meanwhile_gives_one_clean_rou
     job ends); docs/guarantees.md says so."""
     data = str(tmp_path / "etcd-data")
     with EtcdServer(data_dir=data) as server:
-        nodes = start_job(tmp_path, server.endpoint, run_id, ["a", "b", "c"], "2:3", procs,
-                          extra=("--membership-grace", "60"))  # fmt: skip
+        nodes = start_job(
+            tmp_path,
+            server.endpoint,
+            run_id,
+            ["a", "b", "c"],
+            "2:3",
+            procs,
+            extra=("--membership-grace", "60"),
+        )
         with EtcdClient(server.endpoint) as c:
             before_round = round_record(c, run_id)
             before_records = round_records(c, run_id)
@@ -185,10 +196,14 @@ def test_etcd_down_past_the_lease_with_a_node_lost_meanwhile_gives_one_clean_rou
         server.restart(0)
         up = time.time()
         wait_until(
-            lambda: all(steps_between(tmp_path, n, up, time.time()) > 0 and steps_at_world(tmp_path, n, 2, up) > 10
-                        for n in ("a", "b")),
-            120, "survivors training at world 2", nodes.values(),
-        )  # fmt: skip
+            lambda: all(
+                steps_between(tmp_path, n, up, time.time()) > 0 and steps_at_world(tmp_path, n, 2, up) > 10
+                for n in ("a", "b")
+            ),
+            120,
+            "survivors training at world 2",
+            nodes.values(),
+        )
         time.sleep(10)  # two more TTLs: a second (spurious) round would show now
         with EtcdClient(server.endpoint) as c:
             after_round = round_record(c, run_id)
@@ -215,9 +230,12 @@ def test_etcd_down_past_the_lease_with_a_node_lost_meanwhile_gives_one_clean_rou
         record_figures(
             tmp_path,
             "etcd_down_past_lease_node_lost",
-            {"outage_s": up - down, "rounds": [h[:2] for h in history],
-             "new_round_after_etcd_back_s": min(r["t"] for r in survivors_world2) - up},
-        )  # fmt: skip
+            {
+                "outage_s": up - down,
+                "rounds": [h[:2] for h in history],
+                "new_round_after_etcd_back_s": min(r["t"] for r in survivors_world2) - up,
+            },
+        )
 
 
 @pytest.mark.slow
@@ -254,8 +272,10 @@ def test_etcd_leader_member_killed_during_a_rounds_ack_phase_loses_and_doubles_n
             cluster.members[victim].proc.wait(10)  # type: ignore[union-attr]
             wait_until(
                 lambda: all(steps_at_world(tmp_path, n, 3, kill_info["t"]) > 5 for n in nodes),
-                180, "world 3 through the surviving etcd members", nodes.values(),
-            )  # fmt: skip
+                180,
+                "world 3 through the surviving etcd members",
+                nodes.values(),
+            )
             cancel()
             time.sleep(5)
             history = round_history(watcher, run_id)
@@ -273,6 +293,10 @@ def test_etcd_leader_member_killed_during_a_rounds_ack_phase_loses_and_doubles_n
         record_figures(
             tmp_path,
             "etcd_leader_killed_mid_round",
-            {"killed_member": victim, "killed_in_round": kill_info["round"], "rounds": [h[:2] for h in history],
-             "that_round_sealed_after_the_kill": sealed_after_kill},
-        )  # fmt: skip
+            {
+                "killed_member": victim,
+                "killed_in_round": kill_info["round"],
+                "rounds": [h[:2] for h in history],
+                "that_round_sealed_after_the_kill": sealed_after_kill,
+            },
+        )

@@ -1,10 +1,10 @@
 """Hostile input: every JSON record elastic-rm reads from etcd, a file or the network, and the trace CSV and
 the workers' struct datagrams, fed with property-based garbage (hypothesis).
 
-The contract (docs/guarantees.md, "Hostile input"): a value that is not what we wrote is an error of the parser's own type whose
-message names the source (the etcd key, the file, the manifest's place), never a hang and never an
-uncaught exception of another type (KeyError, TypeError, RecursionError ...). The worker channel drops
-and counts a bad datagram instead of raising (it must not kill the agent's receive thread).
+The contract (docs/guarantees.md, "Hostile input"): a value that is not what we wrote is an error of the
+parser's own type whose message names the source (the etcd key, the file, the manifest's place), never a
+hang and never an uncaught exception of another type (KeyError, TypeError, RecursionError ...). The worker
+channel drops and counts a bad datagram instead of raising (it must not kill the agent's receive thread).
 """
 
 from __future__ import annotations
@@ -103,15 +103,45 @@ def expect(
 # -- rendezvous records (etcd) --------------------------------------------------------------------------
 
 RDZV = [
-    (NodeRecord.parse, ["v", "node", "host", "addr", "pid", "nproc", "state", "round", "cpu_count",
-                        "mem_total_bytes", "gpu_count", "master_port"]),
-    (RoundRecord.parse, ["v", "round", "members", "standby", "reason", "leader", "sealed",
-                         "predicted_gain", "confidence", "master", "time", "extra"]),
+    (
+        NodeRecord.parse,
+        [
+            "v",
+            "node",
+            "host",
+            "addr",
+            "pid",
+            "nproc",
+            "state",
+            "round",
+            "cpu_count",
+            "mem_total_bytes",
+            "gpu_count",
+            "master_port",
+        ],
+    ),
+    (
+        RoundRecord.parse,
+        [
+            "v",
+            "round",
+            "members",
+            "standby",
+            "reason",
+            "leader",
+            "sealed",
+            "predicted_gain",
+            "confidence",
+            "master",
+            "time",
+            "extra",
+        ],
+    ),
     (AckRecord.parse, ["v", "node", "master"]),
     (ClosedRecord.parse, ["v", "by", "time"]),
     (DemandRecord.parse, ["v", "target_nodes", "reason", "leader", "round", "time"]),
     (LedgerRecord.parse, ["v", "step", "node", "time", "epoch", "samples_done", "epoch_samples", "ledger"]),
-]  # fmt: skip
+]
 VALID_DEMAND = {"v": 1, "target_nodes": 3, "reason": "gain", "leader": "a", "round": 2, "time": 1.0}
 
 
@@ -131,9 +161,13 @@ def test_rendezvous_records(parse, names):
 def test_demand_record_round_trip_and_rejects():
     d = DemandRecord(target_nodes=4, reason="predicted gain 12%", leader="n0", round=3, time=5.0)
     assert DemandRecord.parse(KEY, d.to_json()) == d
-    for bad in ({**VALID_DEMAND, "target_nodes": -1}, {**VALID_DEMAND, "target_nodes": True},
-                {**VALID_DEMAND, "target_nodes": 2.5}, {k: v for k, v in VALID_DEMAND.items() if k != "target_nodes"},
-                {**VALID_DEMAND, "v": 2}):  # fmt: skip
+    for bad in (
+        {**VALID_DEMAND, "target_nodes": -1},
+        {**VALID_DEMAND, "target_nodes": True},
+        {**VALID_DEMAND, "target_nodes": 2.5},
+        {k: v for k, v in VALID_DEMAND.items() if k != "target_nodes"},
+        {**VALID_DEMAND, "v": 2},
+    ):
         with pytest.raises(RecordError, match=KEY):
             DemandRecord.parse(KEY, json.dumps(bad).encode())
 
@@ -155,7 +189,7 @@ def test_metrics_records_pathological():
         expect(lambda raw=raw: parse_record(raw, KEY), MalformedMetricsError, KEY)
 
 
-# -- events (etcd events/ and the event-log file) -------------------------------------------------------------
+# -- events (etcd events/ and the event-log file) ------------------------------------------------------------
 
 EVENT_FIELDS = ["v", "time", "run", "node", "kind", "message", "data", "seq"]
 VALID_EVENT = {"v": 1, "time": 1.0, "run": "r", "node": "n", "kind": "round", "message": "m", "data": {}}
@@ -173,11 +207,23 @@ def test_events_pathological():
         expect(lambda raw=raw: Event.parse(KEY, raw), EventError, KEY)
 
 
-# -- history records (etcd history/<signature>/<run>) -----------------------------------------------------------
+# -- history records (etcd history/<signature>/<run>) --------------------------------------------------------
 
-HISTORY_FIELDS = ["v", "signature", "run_id", "status", "finished_at", "world_size", "capacity",
-                  "throughput", "cpu_per_node_used", "mem_per_node_peak_bytes", "mem_growth_bytes_per_s",
-                  "coef", "duration_s"]  # fmt: skip
+HISTORY_FIELDS = [
+    "v",
+    "signature",
+    "run_id",
+    "status",
+    "finished_at",
+    "world_size",
+    "capacity",
+    "throughput",
+    "cpu_per_node_used",
+    "mem_per_node_peak_bytes",
+    "mem_growth_bytes_per_s",
+    "coef",
+    "duration_s",
+]
 
 
 @FUZZ
@@ -186,10 +232,19 @@ def test_history_records(value):
     expect(lambda: parse_history(value, KEY), HistoryError, KEY)
 
 
-# -- job descriptions (--rdzv-conf job_file, erm plan) -----------------------------------------------------------
+# -- job descriptions (--rdzv-conf job_file, erm plan) -------------------------------------------------------
 
-JOB_FIELDS = ["name", "tables", "request", "global_batch", "dense_params", "bandwidth",
-              "optimizer_state_factor", "min_nodes", "max_nodes"]  # fmt: skip
+JOB_FIELDS = [
+    "name",
+    "tables",
+    "request",
+    "global_batch",
+    "dense_params",
+    "bandwidth",
+    "optimizer_state_factor",
+    "min_nodes",
+    "max_nodes",
+]
 tables = st.lists(
     st.dictionaries(st.sampled_from(["rows", "dim", "name"]), json_values, max_size=3), max_size=3
 )
@@ -208,7 +263,7 @@ def test_job_descriptions(value):
     expect(lambda: parse_job(value, where="job.json"), JobSpecError, "job.json")
 
 
-# -- the checkpoint manifest (a file in node memory, a peer's replica or the durable copy) -----------------------
+# -- the checkpoint manifest (a file in node memory, a peer's replica or the durable copy) -------------------
 
 MANIFEST_FIELDS = ["step", "world_size", "nodes", "plan", "plan_digest", "position", "files", "created_unix"]
 file_entries = st.dictionaries(
@@ -270,7 +325,7 @@ def test_manifest_pathological_and_path_escape():
     assert parse_manifest(make_manifest(good), WHERE)["files"]["__0_0.distcp"] == entry
 
 
-# -- the sample ledger (in the manifest's position and in etcd) ----------------------------------------------------
+# -- the sample ledger (in the manifest's position and in etcd) ----------------------------------------------
 
 LEDGER_FIELDS = ["v", "num_samples", "range_size", "epoch", "done", "progress"]
 VALID_LEDGER = RangeLedger(100, 10).checkpoint_state()
@@ -304,7 +359,7 @@ def test_ledger_state_in_etcd(etcd, run_id):
                 assert key in str(exc) or "ledger" in str(exc)
 
 
-# -- trace CSV (erm simulate) ---------------------------------------------------------------------------------------
+# -- trace CSV (erm simulate) --------------------------------------------------------------------------------
 
 csv_cells = st.text(
     alphabet=st.characters(codec="utf-8", exclude_characters="\x00"), max_size=12
@@ -324,7 +379,7 @@ def test_trace_csv(tmp_path_factory, rows, header, junk):
     expect(lambda: load_trace(str(path)), TraceError, str(path))
 
 
-# -- the worker channel's struct datagrams (a unix socket any local process can write) --------------------------
+# -- the worker channel's struct datagrams (a unix socket any local process can write) -----------------------
 
 
 def header(kind: int, magic: int = MAGIC, version: int = VERSION) -> bytes:
@@ -333,14 +388,20 @@ def header(kind: int, magic: int = MAGIC, version: int = VERSION) -> bytes:
 
 datagrams = (
     st.binary(max_size=200)
-    | st.builds(lambda k, b: header(k) + b, st.sampled_from([KIND_HELLO, KIND_STEPS, KIND_ACK, KIND_BYE, 0, 9]), st.binary(max_size=120))
     | st.builds(
-        lambda n, extra, durs: header(KIND_STEPS) + STEPS.pack(1, 8, n) + struct.pack(f"<{len(durs)}d", *durs) + extra,
+        lambda k, b: header(k) + b,
+        st.sampled_from([KIND_HELLO, KIND_STEPS, KIND_ACK, KIND_BYE, 0, 9]),
+        st.binary(max_size=120),
+    )
+    | st.builds(
+        lambda n, extra, durs: (
+            header(KIND_STEPS) + STEPS.pack(1, 8, n) + struct.pack(f"<{len(durs)}d", *durs) + extra
+        ),
         st.integers(0, 2**32 - 1),
         st.binary(max_size=9),
         st.lists(st.floats(allow_nan=True, allow_infinity=True), max_size=6),
     )
-)  # fmt: skip
+)
 
 
 def test_worker_channel_datagrams(tmp_path):

@@ -29,8 +29,12 @@ def _kill_during_a_round(etcd, run_id, tmp_path, procs, moment: str, conf: str =
     names = ["a", "b", "c"]
     nodes = {n: ermrun(tmp_path, n, node_args(etcd.endpoint, run_id, "2:4", n, conf)) for n in names}
     procs.extend(nodes.values())
-    wait_until(lambda: all(steps_at_world(tmp_path, n, 3) > 5 for n in names), 180, "3 nodes training",
-               nodes.values())  # fmt: skip
+    wait_until(
+        lambda: all(steps_at_world(tmp_path, n, 3) > 5 for n in names),
+        180,
+        "3 nodes training",
+        nodes.values(),
+    )
     with EtcdClient(etcd.endpoint) as c:
         leader = c.get(f"/elastic-rm/{run_id}/leader").value.decode()
         # after_seal: the joiner d, which acks at once (it runs no workers); it is stopped at its ack, so
@@ -70,8 +74,12 @@ def _kill_during_a_round(etcd, run_id, tmp_path, procs, moment: str, conf: str =
         wait_until(killed.is_set, 120, f"round n+1 at the moment {moment}", nodes.values())
         survivors = [n for n in [*names, "d"] if n != victim]
         want = len(survivors)
-        wait_until(lambda: all(steps_at_world(tmp_path, n, want, info["t"]) > 5 for n in survivors), 180,
-                   f"the survivors training at world {want}", nodes.values())  # fmt: skip
+        wait_until(
+            lambda: all(steps_at_world(tmp_path, n, want, info["t"]) > 5 for n in survivors),
+            180,
+            f"the survivors training at world {want}",
+            nodes.values(),
+        )
         cancel()
         time.sleep(4)  # two lease TTLs: a late extra round would show
         final = read_round(c, run_id)
@@ -82,10 +90,16 @@ def _kill_during_a_round(etcd, run_id, tmp_path, procs, moment: str, conf: str =
     assert final["round"] > info["round"]  # the victim was in that round: a later one replaced it
     assert victim not in keys and all(keys[n]["round"] == final["round"] for n in survivors), keys
     assert all(p.popen.poll() is None for n, p in nodes.items() if n != victim), "a surviving agent exited"
-    record_figures(tmp_path, f"node_killed_{moment}", {
-        "victim": victim, "killed_in_round": info["round"], "final_round": final["round"],
-        "rounds": [h[:2] for h in history],
-    })  # fmt: skip
+    record_figures(
+        tmp_path,
+        f"node_killed_{moment}",
+        {
+            "victim": victim,
+            "killed_in_round": info["round"],
+            "final_round": final["round"],
+            "rounds": [h[:2] for h in history],
+        },
+    )
 
 
 @pytest.mark.slow
@@ -107,18 +121,27 @@ def test_node_restarted_under_the_same_id_within_its_lease_rejoins(etcd, run_id,
     conf = "lease_ttl=5,last_call_timeout=0.5,join_timeout=60"
     nodes = {n: ermrun(tmp_path, n, node_args(etcd.endpoint, run_id, "2", n, conf)) for n in ("a", "b")}
     procs.extend(nodes.values())
-    wait_until(lambda: all(steps_at_world(tmp_path, n, 2) > 5 for n in nodes), 180, "2 nodes training",
-               nodes.values())  # fmt: skip
+    wait_until(
+        lambda: all(steps_at_world(tmp_path, n, 2) > 5 for n in nodes),
+        180,
+        "2 nodes training",
+        nodes.values(),
+    )
     nodes["b"].signal(signal.SIGKILL)
     nodes["b"].stop()
     t = time.time()
     nodes["b"] = ermrun(tmp_path, "b", node_args(etcd.endpoint, run_id, "2", "b", conf))
     procs.append(nodes["b"])
-    wait_until(lambda: all(steps_at_world(tmp_path, n, 2, since=t) > 5 for n in nodes), 180,
-               "both nodes training again", nodes.values())  # fmt: skip
+    wait_until(
+        lambda: all(steps_at_world(tmp_path, n, 2, since=t) > 5 for n in nodes),
+        180,
+        "both nodes training again",
+        nodes.values(),
+    )
     with EtcdClient(etcd.endpoint) as c:
         history = round_history(c, run_id)
     check_round_history(history)
     assert all(p.popen.poll() is None for p in nodes.values())
-    record_figures(tmp_path, "node_restarted_same_id", {"rounds": [h[:2] for h in history],
-                   "back_s": time.time() - t})  # fmt: skip
+    record_figures(
+        tmp_path, "node_restarted_same_id", {"rounds": [h[:2] for h in history], "back_s": time.time() - t}
+    )

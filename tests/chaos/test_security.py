@@ -17,8 +17,8 @@ from elastic_rm.etcd.errors import EtcdAuthError, EtcdConfigError
 from elastic_rm.etcd.server import EtcdServer, find_etcd_binary
 from elastic_rm.rendezvous.registration import create_handler
 from tests.conftest import BIN, REPO, Proc
-from tests.etcd.test_fork import _run
 from tests.e2e.helpers import STEPS, records
+from tests.etcd.test_fork import _run
 
 ERMRUN = os.path.join(BIN, "ermrun")
 ROOT_PW, USER_PW = "root-pw-1", "alice-pw-2"
@@ -220,9 +220,13 @@ FORBIDDEN_MODULES = {
 }
 FORBIDDEN_CALLS = {"eval", "exec", "compile", "__import__", "execfile"}
 PICKLING_APIS = {  # torch APIs that pickle what they send or read
-    "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list",
-    "send_object_list", "recv_object_list",
-}  # fmt: skip
+    "all_gather_object",
+    "broadcast_object_list",
+    "gather_object",
+    "scatter_object_list",
+    "send_object_list",
+    "recv_object_list",
+}
 
 
 # The one module that may import pickle: it subclasses pickle.Unpickler with a find_class that admits only

@@ -71,17 +71,36 @@ def replay(workdir, schedule: list[tuple[int, int, int]]) -> dict:
     end: dict = {}
     for k, (world, first, last) in enumerate(schedule):
         progress = os.path.join(out, f"stretch-{k}")
-        argv = [os.path.join(BIN, "ermrun"), "--quiet", "--standalone", "--nproc-per-node", str(world),
-                DEFAULT_SCRIPT, "--steps", str(last), "--progress-dir", progress, "--checkpoint-every", "100000",
-                "--checkpoint-dir", ckpt, "--persist-every", "1"]  # fmt: skip
+        argv = [
+            os.path.join(BIN, "ermrun"),
+            "--quiet",
+            "--standalone",
+            "--nproc-per-node",
+            str(world),
+            DEFAULT_SCRIPT,
+            "--steps",
+            str(last),
+            "--progress-dir",
+            progress,
+            "--checkpoint-every",
+            "100000",
+            "--checkpoint-dir",
+            ckpt,
+            "--persist-every",
+            "1",
+        ]
         os.makedirs(progress)
         with open(os.path.join(progress, "log"), "wb") as log:
             proc = subprocess.run(
                 argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}
             )
         assert proc.returncode == 0, f"replay of stretch {k} {world, first, last} failed; log in {progress}"
-        rows = [json.loads(line) for name in os.listdir(progress) if name.endswith("-0.jsonl")
-                for line in open(os.path.join(progress, name))]  # fmt: skip
+        rows = [
+            json.loads(line)
+            for name in os.listdir(progress)
+            if name.endswith("-0.jsonl")
+            for line in open(os.path.join(progress, name))
+        ]
         start = next(r for r in rows if r.get("start"))
         assert (start["restored_step"] or 0) == first - 1, (k, start["restored_step"], first)
         end = next(r for r in rows if r.get("end"))
@@ -134,10 +153,21 @@ def test_soak_three_nodes_a_fault_a_minute(tmp_path):
                     time.sleep(10)
                     server.restart(0)
                 t_end = time.time()
-                back = wait_rows(demo, lambda rows, t=t_end: world_reached(rows, 3, t + 1, 3), 300,
-                                 f"world 3 again after {kind} of {victim}")  # fmt: skip
-                faults.append({"kind": kind, "victim": victim, "unix": t, "fault_s": t_end - t,
-                               "back_at_world_3_s_after_fault_end": back})  # fmt: skip
+                back = wait_rows(
+                    demo,
+                    lambda rows, t=t_end: world_reached(rows, 3, t + 1, 3),
+                    300,
+                    f"world 3 again after {kind} of {victim}",
+                )
+                faults.append(
+                    {
+                        "kind": kind,
+                        "victim": victim,
+                        "unix": t,
+                        "fault_s": t_end - t,
+                        "back_at_world_3_s_after_fault_end": back,
+                    }
+                )
             with EtcdClient(server.endpoint) as c:
                 history = round_history(c, demo.run_id)
                 final = round_record(c, demo.run_id)
@@ -161,14 +191,25 @@ def test_soak_three_nodes_a_fault_a_minute(tmp_path):
     assert schedule and schedule[0][1] == 1 and schedule[-1][2] == end["final_step"], schedule
     reference = replay(tmp_path, schedule)
     figures = {
-        "seed": SEED, "minutes": MINUTES, "pace": PACE, "faults_survived": len(faults), "faults": faults,
-        "rounds": len({r for r, _, _ in history}), "final_round": final["round"], "final_step": end["final_step"],
-        "restarts_checked": sum(1 for c in ledger if "as drained" in c["what"] or "restored the last" in c["what"]),
-        "ledger_checks": len(ledger), "schedule": schedule,
+        "seed": SEED,
+        "minutes": MINUTES,
+        "pace": PACE,
+        "faults_survived": len(faults),
+        "faults": faults,
+        "rounds": len({r for r, _, _ in history}),
+        "final_round": final["round"],
+        "final_step": end["final_step"],
+        "restarts_checked": sum(
+            1 for c in ledger if "as drained" in c["what"] or "restored the last" in c["what"]
+        ),
+        "ledger_checks": len(ledger),
+        "schedule": schedule,
         "downtime_s": [round(d["seconds"], 2) for d in summarize(rows, [])["downtime"]],
         "state": {k: end[k] for k in ("checksum", "checksum_value", "optim_value", "dense_value")},
-        "reference_state": {k: reference[k] for k in ("checksum", "checksum_value", "optim_value", "dense_value")},
-    }  # fmt: skip
+        "reference_state": {
+            k: reference[k] for k in ("checksum", "checksum_value", "optim_value", "dense_value")
+        },
+    }
     record_figures(tmp_path, "soak", figures)
     write_soak_results(figures, Path(os.environ.get("ERM_SOAK_OUT") or tmp_path))
     # the whole state (embeddings, fused optimizer state, dense weights and optimizer) as the fault-free run

@@ -33,25 +33,37 @@ def free_endpoint() -> str:
         return f"127.0.0.1:{s.getsockname()[1]}"
 
 
-def run_agent(backend: str, endpoint: str, run_id: str, node: Node, nnodes: int, is_host: bool,
-              max_restarts: int = 0) -> tuple[str, bool, dict[int, object]]:  # fmt: skip
+def run_agent(
+    backend: str, endpoint: str, run_id: str, node: Node, nnodes: int, is_host: bool, max_restarts: int = 0
+) -> tuple[str, bool, dict[int, object]]:
     """One node: (role, failed, return values by global rank)."""
     register()
     params = RendezvousParameters(
-        backend=backend, endpoint=endpoint, run_id=run_id, min_nodes=nnodes, max_nodes=nnodes,
-        is_host=is_host, join_timeout=60,
-    )  # fmt: skip
+        backend=backend,
+        endpoint=endpoint,
+        run_id=run_id,
+        min_nodes=nnodes,
+        max_nodes=nnodes,
+        is_host=is_host,
+        join_timeout=60,
+    )
     handler = rdzv_registry.get_rendezvous_handler(params)
     spec = WorkerSpec(
-        role=node.role, local_world_size=node.local_world_size, entrypoint=node.entrypoint, args=(),
-        rdzv_handler=handler, max_restarts=max_restarts, monitor_interval=0.05,
-    )  # fmt: skip
+        role=node.role,
+        local_world_size=node.local_world_size,
+        entrypoint=node.entrypoint,
+        args=(),
+        rdzv_handler=handler,
+        max_restarts=max_restarts,
+        monitor_interval=0.05,
+    )
     # torch.multiprocessing leaves a failed worker's ``pytorch-errorfile-*.pickle`` in the temporary
     # directory (it reads the file, never removes it): keep it in a directory that goes with the agent
     saved_tempdir = tempfile.tempdir
     with tempfile.TemporaryDirectory(prefix="erm-conf-") as logs:
-        agent = LocalElasticAgent(spec, start_method="spawn", exit_barrier_timeout=5,
-                                  logs_specs=DefaultLogsSpecs(log_dir=logs))  # fmt: skip
+        agent = LocalElasticAgent(
+            spec, start_method="spawn", exit_barrier_timeout=5, logs_specs=DefaultLogsSpecs(log_dir=logs)
+        )
         tempfile.tempdir = logs
         try:
             result = agent.run()
@@ -65,8 +77,14 @@ def _agent_process(queue, *args) -> None:
     queue.put(run_agent(*args))
 
 
-def run_job(backend: str, endpoint: str, run_id: str, nodes: list[Node], start_method: str = "spawn",
-            timeout_s: float = 240) -> list[tuple[str, bool, dict[int, object]]]:  # fmt: skip
+def run_job(
+    backend: str,
+    endpoint: str,
+    run_id: str,
+    nodes: list[Node],
+    start_method: str = "spawn",
+    timeout_s: float = 240,
+) -> list[tuple[str, bool, dict[int, object]]]:
     """One agent process per node (node 0 hosts c10d's store); each agent's result."""
     ctx = mp.get_context(start_method)
     queue = ctx.Queue()

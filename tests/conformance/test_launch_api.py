@@ -27,10 +27,18 @@ def config(
     and leaves it there)."""
     conf = {"join_timeout": "60"} if backend == "elastic-rm" else {"timeout": "60"}
     return LaunchConfig(
-        min_nodes=min_nodes, max_nodes=max_nodes, nproc_per_node=nproc, run_id=run_id,
-        rdzv_backend=backend, rdzv_endpoint=endpoint, rdzv_configs=conf, monitor_interval=0.2,
-        start_method="spawn", max_restarts=0, logs_specs=DefaultLogsSpecs(log_dir=logs),
-    )  # fmt: skip
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        nproc_per_node=nproc,
+        run_id=run_id,
+        rdzv_backend=backend,
+        rdzv_endpoint=endpoint,
+        rdzv_configs=conf,
+        monitor_interval=0.2,
+        start_method="spawn",
+        max_restarts=0,
+        logs_specs=DefaultLogsSpecs(log_dir=logs),
+    )
 
 
 def launch(

@@ -134,9 +134,18 @@ def reference_checksum(tmp_path, steps: int, nproc: int) -> float:
     out = tmp_path / "reference"
     out.mkdir()
     argv = [
-        os.path.join(BIN, "ermrun"), "--standalone", "--nproc-per-node", str(nproc), DEFAULT_SCRIPT,
-        "--steps", str(steps), "--progress-dir", str(out / "progress"), "--checkpoint-every", "1000",
-    ]  # fmt: skip
+        os.path.join(BIN, "ermrun"),
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        DEFAULT_SCRIPT,
+        "--steps",
+        str(steps),
+        "--progress-dir",
+        str(out / "progress"),
+        "--checkpoint-every",
+        "1000",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with open(out / "log", "wb") as log:
         proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=300)

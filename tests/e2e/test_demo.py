@@ -25,7 +25,7 @@ def test_demo_scales_up_survives_a_kill_and_cleans_up(tmp_path):
             str(tmp_path),
             "--hold",
             "4",
-        ],  # fmt: skip
+        ],
         capture_output=True,
         text=True,
         timeout=600,
@@ -52,7 +52,8 @@ def test_demo_scales_up_survives_a_kill_and_cleans_up(tmp_path):
     # the demo's nodes and workers name its workdir (--progress-dir) on their command line: other jobs on a
     # shared machine do not count
     leftovers = [
-        p for p in psutil.process_iter(["pid", "cmdline"])
+        p
+        for p in psutil.process_iter(["pid", "cmdline"])
         if p.info["pid"] not in before and any(str(tmp_path) in c for c in (p.info["cmdline"] or []))
-    ]  # fmt: skip
+    ]
     assert leftovers == []

@@ -11,8 +11,15 @@ B, EPOCH = 10, 50
 
 
 def start(t: float, world: int, restored: int | None) -> dict:
-    return {"t": t, "rank": 0, "world": world, "start": True, "restored_step": restored, "checksum": "x",
-            "epoch_samples": EPOCH}  # fmt: skip
+    return {
+        "t": t,
+        "rank": 0,
+        "world": world,
+        "start": True,
+        "restored_step": restored,
+        "checksum": "x",
+        "epoch_samples": EPOCH,
+    }
 
 
 def steps(t: float, world: int, first: int, last: int, shift: int = 0) -> list[dict]:
@@ -20,8 +27,18 @@ def steps(t: float, world: int, first: int, last: int, shift: int = 0) -> list[d
     out = []
     for s in range(first, last + 1):
         k = s - 1 + shift
-        out.append({"t": t + s * 0.01, "rank": 0, "world": world, "step": s, "samples": B // world,
-                    "epoch": k * B // EPOCH, "sample_start": k * B % EPOCH, "sample_end": k * B % EPOCH + B})  # fmt: skip
+        out.append(
+            {
+                "t": t + s * 0.01,
+                "rank": 0,
+                "world": world,
+                "step": s,
+                "samples": B // world,
+                "epoch": k * B // EPOCH,
+                "sample_start": k * B % EPOCH,
+                "sample_end": k * B % EPOCH + B,
+            }
+        )
     return out
 
 
@@ -64,8 +81,10 @@ WHOLE = combined_digest_hex(PARTS)
 
 def drains(t: float, step: int, parts: list[list[int]]) -> list[dict]:
     """Each rank's drain line at world len(parts): its part of the drained state's checksum."""
-    return [{"t": t, "rank": r, "world": len(parts), "drained_step": step, "checksum_part": p}
-            for r, p in enumerate(parts)]  # fmt: skip
+    return [
+        {"t": t, "rank": r, "world": len(parts), "drained_step": step, "checksum_part": p}
+        for r, p in enumerate(parts)
+    ]
 
 
 def test_the_drained_checksum_adds_every_ranks_part_as_int64_all_reduce_does():
@@ -85,9 +104,13 @@ def test_a_planned_round_must_restore_the_drained_step_not_an_older_checkpoint()
     assert [c["what"] for c in bad] == ["restart at world 1: state as drained"], bad
     restart = {**start(10, 1, 8), "checksum": WHOLE}
     fixed = [
-        start(0, 2, None), *steps(0, 2, 1, 8), *drains(9, 8, PARTS), restart, *steps(10, 1, 9, 12),
+        start(0, 2, None),
+        *steps(0, 2, 1, 8),
+        *drains(9, 8, PARTS),
+        restart,
+        *steps(10, 1, 9, 12),
         end(20, 1, 12, 12 * B),
-    ]  # fmt: skip
+    ]
     assert all(c["ok"] for c in checks(fixed)), checks(fixed)
     other = [[2**62, 5, -7], [2**62, 1, 4]]  # the right step with another state on rank 1
     wrong = [r for r in fixed if "drained_step" not in r]
@@ -121,8 +144,12 @@ def loss_run(restored: int, sources: dict[str, str]) -> list[dict]:
     rows.insert(5, {"t": 0.055, "rank": 0, "world": 2, "committed_step": 4})
     rows.insert(8, {"t": 0.075, "rank": 0, "world": 2, "committed_step": 6})
     restart = next(r for r in rows if r.get("start") and r["world"] == 1)
-    restart.update(restored_step=restored, nodes=["a"], saved_by=["a", "b"],
-                   restore_files={"__0_0.distcp": ["a", sources["a"]], "__1_0.distcp": ["b", sources["b"]]})  # fmt: skip
+    restart.update(
+        restored_step=restored,
+        nodes=["a"],
+        saved_by=["a", "b"],
+        restore_files={"__0_0.distcp": ["a", sources["a"]], "__1_0.distcp": ["b", sources["b"]]},
+    )
     return rows
 
 

@@ -24,8 +24,13 @@ def test_a_timed_out_phase_names_the_decision_taken_instead_and_the_load(etcd, t
         def straggler_swap_meanwhile(_rows):
             if not emitted:  # once, after the wait began
                 emitted.append(True)
-                log.emit("decision", "round 2", round=2, members=["node-b", "node-c"],
-                         reason="straggler(s) node-a replaced by node-c")  # fmt: skip
+                log.emit(
+                    "decision",
+                    "round 2",
+                    round=2,
+                    members=["node-b", "node-c"],
+                    reason="straggler(s) node-a replaced by node-c",
+                )
                 assert log.flush()
             return False
 

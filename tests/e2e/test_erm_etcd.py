@@ -15,9 +15,22 @@ from tests.conftest import BIN, Proc
 
 def test_erm_etcd_serves_clients(tmp_path, procs):
     client_port, peer_port = free_port(), free_port()
-    argv = [os.path.join(BIN, "erm"), "etcd", "--name", "m1", "--data-dir", str(tmp_path / "data"),
-            "--listen-host", "127.0.0.1", "--advertise-host", "127.0.0.1",
-            "--client-port", str(client_port), "--peer-port", str(peer_port)]  # fmt: skip
+    argv = [
+        os.path.join(BIN, "erm"),
+        "etcd",
+        "--name",
+        "m1",
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--listen-host",
+        "127.0.0.1",
+        "--advertise-host",
+        "127.0.0.1",
+        "--client-port",
+        str(client_port),
+        "--peer-port",
+        str(peer_port),
+    ]
     p = Proc(argv, str(tmp_path / "etcd.log"))
     procs.append(p)
     deadline = time.monotonic() + 20

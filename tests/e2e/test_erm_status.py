@@ -70,10 +70,27 @@ def status(job: Job) -> dict:
 
 def start_node(endpoint: str, run_id: str, tmp: Path, name: str, *extra: str) -> Proc:
     """A node of the job: ermrun with the reporting worker, which stops when ``tmp/stop`` exists."""
-    argv = [os.path.join(BIN, "ermrun"), "--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-endpoint",
-            endpoint, "--rdzv-id", run_id, "--rdzv-conf", "lease_ttl=2", "--node-id", name,
-            "--event-log", str(tmp / f"{name}.events.jsonl"), "--event-sample-interval", "1", *extra,
-            REPORTING]  # fmt: skip
+    argv = [
+        os.path.join(BIN, "ermrun"),
+        "--nnodes",
+        "1:2",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-endpoint",
+        endpoint,
+        "--rdzv-id",
+        run_id,
+        "--rdzv-conf",
+        "lease_ttl=2",
+        "--node-id",
+        name,
+        "--event-log",
+        str(tmp / f"{name}.events.jsonl"),
+        "--event-sample-interval",
+        "1",
+        *extra,
+        REPORTING,
+    ]
     return Proc(argv, str(tmp / f"{name}.log"), env={"STEPS_DIR": str(tmp), "STEPS_NODE": name})
 
 
@@ -104,10 +121,18 @@ def job(etcd, tmp_path_factory):
 
         wait_until(a_measured_alone, 120, "node a training alone, sampled", procs.values())
         start("b", "--log-format", "json")
-        wait_until(lambda: all(any(r.get("world") == 2 and "step" in r for r in records(tmp, n)) for n in "ab"),
-                   120, "both nodes training at world 2", procs.values())  # fmt: skip
-        wait_until(lambda: status(j)["decisions"][-1]["measured_gain"] is not None, 60,
-                   "samples of round 2 from both nodes", procs.values())  # fmt: skip
+        wait_until(
+            lambda: all(any(r.get("world") == 2 and "step" in r for r in records(tmp, n)) for n in "ab"),
+            120,
+            "both nodes training at world 2",
+            procs.values(),
+        )
+        wait_until(
+            lambda: status(j)["decisions"][-1]["measured_gain"] is not None,
+            60,
+            "samples of round 2 from both nodes",
+            procs.values(),
+        )
         yield j
     finally:
         for p in procs.values():
@@ -115,8 +140,12 @@ def job(etcd, tmp_path_factory):
 
 
 def test_status_json_matches_etcd_and_explains_decisions(job):
-    out = subprocess.run([ERM, "status", "--endpoint", job.endpoint, "--run-id", job.run_id, "--json"],
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [ERM, "status", "--endpoint", job.endpoint, "--run-id", job.run_id, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     s = json.loads(out.stdout)
     with EtcdClient(job.endpoint) as c:
@@ -157,8 +186,14 @@ def test_top_renders_in_80_columns_and_follows_etcd(job):
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     env["TERM"] = "xterm-256color"
     env["PYTHONFAULTHANDLER"] = "1"  # a hang at exit shows its stacks (exit_code_after)
-    p = subprocess.Popen([ERM, "top", "--endpoint", job.endpoint, "--run-id", job.run_id], stdin=slave,
-                         stdout=slave, stderr=slave, env=env, start_new_session=True)  # fmt: skip
+    p = subprocess.Popen(
+        [ERM, "top", "--endpoint", job.endpoint, "--run-id", job.run_id],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+        start_new_session=True,
+    )
     os.close(slave)
     screen = b""
 
@@ -292,9 +327,13 @@ def test_erm_events_follow_prints_new_events_as_they_come(etcd, run_id):
         log = EventLog(run_id, "n0", client=c, keys=keys)
         log.emit("job", "already there", status="started")
         assert log.flush()
-        p = subprocess.Popen([ERM, "events", "--endpoint", etcd.endpoint, "--run-id", run_id, "--follow"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=dict(os.environ, PYTHONFAULTHANDLER="1"))  # fmt: skip
+        p = subprocess.Popen(
+            [ERM, "events", "--endpoint", etcd.endpoint, "--run-id", run_id, "--follow"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, PYTHONFAULTHANDLER="1"),
+        )
         try:
             assert "already there" in p.stdout.readline()  # printed before the watch starts
             log.emit("failure", "rank 1 exited 7", ranks=[1], exit_codes=[7])
@@ -328,8 +367,12 @@ def test_status_shows_the_mirrored_sample_ledger(etcd, run_id):
         c.put(keys.ledger, ledger_record(23, "a", batches.ledger.checkpoint_state()).to_json())
         s = json.loads(erm("status", "--endpoint", etcd.endpoint, "--run-id", run_id, "--json").stdout)
         assert {k: s["data"][k] for k in ("step", "epoch", "samples_done", "epoch_samples", "by")} == {
-            "step": 23, "epoch": 1, "samples_done": 1150, "epoch_samples": 1000, "by": "a"
-        }  # fmt: skip
+            "step": 23,
+            "epoch": 1,
+            "samples_done": 1150,
+            "epoch_samples": 1000,
+            "by": "a",
+        }
         text = erm("status", "--endpoint", etcd.endpoint, "--run-id", run_id).stdout
         expected = "data: 1,150 samples trained (epoch 1: 150 of 1,000), as of the checkpoint of step 23"
         assert expected in " ".join(text.split())  # the console may wrap it
@@ -345,9 +388,13 @@ def test_erm_events_follow_ends_when_the_run_is_closed_and_every_node_left(etcd,
         log.emit("job", "started", status="started")
         assert log.flush()
         c.put(keys.nodes + "n0", b"{}")  # a node still in the run
-        p = subprocess.Popen([ERM, "events", "--endpoint", etcd.endpoint, "--run-id", run_id, "--follow"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=dict(os.environ, PYTHONFAULTHANDLER="1"))  # fmt: skip
+        p = subprocess.Popen(
+            [ERM, "events", "--endpoint", etcd.endpoint, "--run-id", run_id, "--follow"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, PYTHONFAULTHANDLER="1"),
+        )
         try:
             assert "started" in p.stdout.readline()
             c.put(keys.closed, json.dumps({"by": "erm stop"}).encode())
@@ -376,9 +423,13 @@ def test_piped_top_stopped_by_sigterm_prints_its_last_frame(etcd, run_id):
         log = EventLog(run_id, "n0", client=c, keys=keys)
         log.emit("job", "started on n0", status="started")
         assert log.flush()
-        p = subprocess.Popen([ERM, "top", "--endpoint", etcd.endpoint, "--run-id", run_id],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=dict(os.environ, PYTHONFAULTHANDLER="1"))  # fmt: skip
+        p = subprocess.Popen(
+            [ERM, "top", "--endpoint", etcd.endpoint, "--run-id", run_id],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, PYTHONFAULTHANDLER="1"),
+        )
         try:
             wait_until(lambda: p.poll() is not None or _catches_sigterm(p.pid), 60, "erm top's live view")
             p.send_signal(signal.SIGTERM)

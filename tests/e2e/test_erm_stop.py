@@ -25,9 +25,24 @@ CONF = "lease_ttl=2,last_call_timeout=0.5,join_timeout=60"
 
 
 def _node(etcd, run_id: str, tmp_path, name: str, nnodes: str) -> Proc:
-    argv = [os.path.join(BIN, "ermrun"), "--nnodes", nnodes, "--nproc-per-node", "1", "--monitor-interval", "0.1",
-            "--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, "--rdzv-conf", CONF, "--node-id", name,
-            REPORTING]  # fmt: skip
+    argv = [
+        os.path.join(BIN, "ermrun"),
+        "--nnodes",
+        nnodes,
+        "--nproc-per-node",
+        "1",
+        "--monitor-interval",
+        "0.1",
+        "--rdzv-endpoint",
+        etcd.endpoint,
+        "--rdzv-id",
+        run_id,
+        "--rdzv-conf",
+        CONF,
+        "--node-id",
+        name,
+        REPORTING,
+    ]
     return Proc(argv, str(tmp_path / f"{name}.log"), env={"STEPS_DIR": str(tmp_path), "STEPS_NODE": name})
 
 
@@ -42,8 +57,12 @@ def _steps_at(tmp_path, node: str, world: int) -> int:
 def test_erm_stop_drains_closes_and_every_agent_exits_0(etcd, run_id, tmp_path, procs):
     nodes = {n: _node(etcd, run_id, tmp_path, n, "2") for n in ("a", "b")}
     procs.extend(nodes.values())
-    wait_until(lambda: all(_steps_at(tmp_path, n, 2) >= 5 for n in nodes), 120, "both nodes at world 2",
-               nodes.values())  # fmt: skip
+    wait_until(
+        lambda: all(_steps_at(tmp_path, n, 2) >= 5 for n in nodes),
+        120,
+        "both nodes at world 2",
+        nodes.values(),
+    )
     for n in nodes:  # what a flash checkpoint leaves in node memory
         (memory_root() / run_id / n / "step-5").mkdir(parents=True)
         (memory_root() / run_id / n / "step-5" / "shard").write_bytes(b"0" * 4096)
@@ -77,8 +96,12 @@ def test_erm_stop_drains_closes_and_every_agent_exits_0(etcd, run_id, tmp_path, 
 def test_erm_stop_node_takes_one_node_down_and_the_run_goes_on(etcd, run_id, tmp_path, procs):
     nodes = {n: _node(etcd, run_id, tmp_path, n, "1:2") for n in ("a", "b")}
     procs.extend(nodes.values())
-    wait_until(lambda: all(_steps_at(tmp_path, n, 2) >= 5 for n in nodes), 120, "both nodes at world 2",
-               nodes.values())  # fmt: skip
+    wait_until(
+        lambda: all(_steps_at(tmp_path, n, 2) >= 5 for n in nodes),
+        120,
+        "both nodes at world 2",
+        nodes.values(),
+    )
     result = _erm("stop", run_id, "--endpoint", etcd.endpoint, "--node", "b")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "node b left run" in result.stdout
@@ -92,9 +115,26 @@ def test_erm_stop_node_takes_one_node_down_and_the_run_goes_on(etcd, run_id, tmp
 
 def _plain_node(etcd, run_id: str, tmp_path, name: str) -> Proc:
     """A node of a plain torch script (no elastic-rm API: nothing to drain)."""
-    argv = [os.path.join(BIN, "ermrun"), "--nnodes", "2", "--nproc-per-node", "1", "--monitor-interval", "0.1",
-            "--drain-grace", "3", "--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, "--rdzv-conf", CONF,
-            "--node-id", name, STEPS]  # fmt: skip
+    argv = [
+        os.path.join(BIN, "ermrun"),
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--monitor-interval",
+        "0.1",
+        "--drain-grace",
+        "3",
+        "--rdzv-endpoint",
+        etcd.endpoint,
+        "--rdzv-id",
+        run_id,
+        "--rdzv-conf",
+        CONF,
+        "--node-id",
+        name,
+        STEPS,
+    ]
     return Proc(argv, str(tmp_path / f"{name}.log"), env={"STEPS_DIR": str(tmp_path), "STEPS_NODE": name})
 
 
@@ -103,8 +143,12 @@ def test_erm_stop_of_a_plain_script_terminates_its_workers_and_every_agent_exits
 ):
     nodes = {n: _plain_node(etcd, run_id, tmp_path, n) for n in ("a", "b")}
     procs.extend(nodes.values())
-    wait_until(lambda: all(_steps_at(tmp_path, n, 2) >= 5 for n in nodes), 120, "both nodes at world 2",
-               nodes.values())  # fmt: skip
+    wait_until(
+        lambda: all(_steps_at(tmp_path, n, 2) >= 5 for n in nodes),
+        120,
+        "both nodes at world 2",
+        nodes.values(),
+    )
     for n in nodes:  # what a flash checkpoint leaves in node memory
         (memory_root() / run_id / n / "step-5").mkdir(parents=True)
         (memory_root() / run_id / n / "step-5" / "shard").write_bytes(b"0" * 4096)
@@ -120,8 +164,11 @@ def test_erm_stop_of_a_plain_script_terminates_its_workers_and_every_agent_exits
         assert "1 without the API; workers 1 stopped by SIGTERM" in out, out[-3000:]
         assert "Unknown worker" not in out and "job failed" not in out, out[-3000:]
         assert "failed (exitcode" not in out, out[-3000:]  # the stop's own SIGTERM is no failure
-    assert workers and not [pid for pid in workers if psutil.pid_exists(pid) and
-                            psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]  # fmt: skip
+    assert workers and not [
+        pid
+        for pid in workers
+        if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    ]
     assert not (memory_root() / run_id).exists(), sorted((memory_root() / run_id).rglob("*"))
 
 
@@ -130,9 +177,24 @@ SHORT_FORM = os.path.join(REPO, "tests", "workers", "short_form.py")
 
 def _api_node(etcd, run_id: str, tmp_path, name: str) -> Proc:
     """A node whose workers use the API (elastic_run: rounds in place, drained at a step boundary)."""
-    argv = [os.path.join(BIN, "ermrun"), "--nnodes", "1:3", "--nproc-per-node", "1", "--monitor-interval", "0.1",
-            "--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, "--rdzv-conf", CONF, "--node-id", name,
-            SHORT_FORM]  # fmt: skip
+    argv = [
+        os.path.join(BIN, "ermrun"),
+        "--nnodes",
+        "1:3",
+        "--nproc-per-node",
+        "1",
+        "--monitor-interval",
+        "0.1",
+        "--rdzv-endpoint",
+        etcd.endpoint,
+        "--rdzv-id",
+        run_id,
+        "--rdzv-conf",
+        CONF,
+        "--node-id",
+        name,
+        SHORT_FORM,
+    ]
     return Proc(argv, str(tmp_path / f"{name}.log"), env={"STEPS_DIR": str(tmp_path), "STEPS_NODE": name})
 
 
@@ -147,21 +209,30 @@ def test_erm_stop_after_the_leader_was_killed_and_replaced_drains_every_node(
 ):
     nodes = {n: _api_node(etcd, run_id, tmp_path, n) for n in ("a", "b", "c")}
     procs.extend(nodes.values())
-    wait_until(lambda: all(_rows_at(tmp_path, n, 3) >= 5 for n in nodes), 180, "3 nodes training",
-               nodes.values())  # fmt: skip
+    wait_until(
+        lambda: all(_rows_at(tmp_path, n, 3) >= 5 for n in nodes), 180, "3 nodes training", nodes.values()
+    )
     with EtcdClient(etcd.endpoint) as c:
         leader = c.get(f"/elastic-rm/{run_id}/leader").value.decode()
     nodes[leader].signal(signal.SIGKILL)
     killed = time.time()
     survivors = [n for n in nodes if n != leader]
-    wait_until(lambda: all(_rows_at(tmp_path, n, 2, killed) >= 5 for n in survivors), 120,
-               "survivors at world 2", nodes.values())  # fmt: skip
+    wait_until(
+        lambda: all(_rows_at(tmp_path, n, 2, killed) >= 5 for n in survivors),
+        120,
+        "survivors at world 2",
+        nodes.values(),
+    )
     new = _api_node(etcd, run_id, tmp_path, "d")  # the replacement
     procs.append(new)
     live = {**{n: nodes[n] for n in survivors}, "d": new}
     joined = time.time()
-    wait_until(lambda: all(_rows_at(tmp_path, n, 3, joined) >= 5 for n in live), 180, "back at world 3",
-               live.values())  # fmt: skip
+    wait_until(
+        lambda: all(_rows_at(tmp_path, n, 3, joined) >= 5 for n in live),
+        180,
+        "back at world 3",
+        live.values(),
+    )
 
     result = _erm("stop", run_id, "--endpoint", etcd.endpoint)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -23,9 +23,19 @@ CONF = "lease_ttl=2,last_call_timeout=0.5,join_timeout=60"
 
 def node_args(endpoint: str, run_id: str, nnodes: str, node: str, nproc: int = 1) -> list[str]:
     return [
-        "--nnodes", nnodes, "--nproc-per-node", str(nproc), "--rdzv-endpoint", endpoint,
-        "--rdzv-id", run_id, "--rdzv-conf", CONF, "--node-id", node,
-    ]  # fmt: skip
+        "--nnodes",
+        nnodes,
+        "--nproc-per-node",
+        str(nproc),
+        "--rdzv-endpoint",
+        endpoint,
+        "--rdzv-id",
+        run_id,
+        "--rdzv-conf",
+        CONF,
+        "--node-id",
+        node,
+    ]
 
 
 def test_two_nodes_run_to_completion_with_torchrun_environment(etcd, run_id, tmp_path, procs):
@@ -193,9 +203,21 @@ def test_sigstop_of_a_node_is_detected_within_the_lease(etcd, run_id, tmp_path, 
 def test_stock_torchrun_uses_the_elastic_rm_backend(etcd, run_id, tmp_path, procs):
     env = {"STEPS_DIR": str(tmp_path), "STEPS_NODE": "t", "STEPS_MAX": "5"}
     argv = [
-        os.path.join(BIN, "torchrun"), "--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "elastic-rm",
-        "--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, "--log-dir", str(tmp_path / "logs"), STEPS,
-    ]  # fmt: skip
+        os.path.join(BIN, "torchrun"),
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-backend",
+        "elastic-rm",
+        "--rdzv-endpoint",
+        etcd.endpoint,
+        "--rdzv-id",
+        run_id,
+        "--log-dir",
+        str(tmp_path / "logs"),
+        STEPS,
+    ]
     p = Proc(argv, str(tmp_path / "torchrun.log"), env=env)
     procs.append(p)
     assert p.wait(120) == 0, p.output()[-3000:]

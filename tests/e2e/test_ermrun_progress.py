@@ -21,8 +21,23 @@ def test_a_failure_is_one_event_line_and_an_event_quiet_prints_none(tmp_path):
     script = tmp_path / "fail.py"
     script.write_text("import sys; sys.exit(3)\n")
     log = tmp_path / "events.jsonl"
-    result = subprocess.run([ERMRUN, "--nproc-per-node", "1", "--membership-grace", "0", "--rdzv-id", "fails",
-                             "--event-log", str(log), str(script)], capture_output=True, text=True, timeout=120)  # fmt: skip
+    result = subprocess.run(
+        [
+            ERMRUN,
+            "--nproc-per-node",
+            "1",
+            "--membership-grace",
+            "0",
+            "--rdzv-id",
+            "fails",
+            "--event-log",
+            str(log),
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode != 0
     lines = [line for line in result.stderr.splitlines() if line.startswith("[ermrun] ")]
     assert any(" failure " in line and "exit code(s) [3]; no restarts left" in line for line in lines), lines
@@ -30,8 +45,12 @@ def test_a_failure_is_one_event_line_and_an_event_quiet_prints_none(tmp_path):
     failure = next(e for e in events if e["kind"] == "failure")
     assert failure["data"]["ranks"] == [0] and failure["data"]["exit_codes"] == [3]
     assert (events[-1]["kind"], events[-1]["data"]["status"]) == ("job", "failed (rank(s) [0])")
-    quiet = subprocess.run([ERMRUN, "--quiet", "--nproc-per-node", "1", "--membership-grace", "0", str(script)], capture_output=True,
-                           text=True, timeout=120)  # fmt: skip
+    quiet = subprocess.run(
+        [ERMRUN, "--quiet", "--nproc-per-node", "1", "--membership-grace", "0", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert quiet.returncode != 0 and "fail.py" in quiet.stderr  # torch's failure report still comes
     assert " failure " not in quiet.stderr and " decision " not in quiet.stderr
 
@@ -40,8 +59,12 @@ def test_a_failure_on_a_node_alone_waits_no_membership_grace(tmp_path):
     """No peer's loss can have failed the workers of a one-node world: the failure is final at once."""
     script = tmp_path / "fail.py"
     script.write_text("import sys; sys.exit(3)\n")
-    result = subprocess.run([ERMRUN, "--standalone", "--nproc-per-node", "1", str(script)], capture_output=True,
-                            text=True, timeout=120)  # fmt: skip
+    result = subprocess.run(
+        [ERMRUN, "--standalone", "--nproc-per-node", "1", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode != 0
     lines = [line for line in result.stderr.splitlines() if " failure " in line]
     assert any("no restarts left (membership grace 0s)" in line for line in lines), result.stderr[-2000:]
@@ -59,8 +82,14 @@ def test_bad_event_log_path_is_a_clear_error(tmp_path, capsys):
 def test_live_status_line_on_a_terminal(tmp_path):
     master, slave = os.openpty()
     env = {**os.environ, "STEPS_DIR": str(tmp_path), "STEPS_NODE": "t", "TERM": "xterm"}
-    p = subprocess.Popen([ERMRUN, "--nproc-per-node", "1", "--node-id", "tty", STEPS], stdin=slave,
-                         stdout=slave, stderr=slave, env=env, start_new_session=True)  # fmt: skip
+    p = subprocess.Popen(
+        [ERMRUN, "--nproc-per-node", "1", "--node-id", "tty", STEPS],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+        start_new_session=True,
+    )
     os.close(slave)
     seen = b""
     try:

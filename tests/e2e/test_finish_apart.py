@@ -19,10 +19,28 @@ FINISH_APART = os.path.join(REPO, "tests", "workers", "finish_apart.py")
 def test_a_node_failing_after_its_peer_finished_ends_both_agents_at_once(etcd, run_id, tmp_path, procs):
     nodes = {}
     for name in ("a", "b"):
-        argv = [os.path.join(BIN, "ermrun"), "--nnodes", "2", "--nproc-per-node", "1", "--monitor-interval",
-                "0.1", "--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, "--rdzv-conf",
-                "lease_ttl=2,last_call_timeout=0.5,join_timeout=60", "--node-id", name, "--membership-grace",
-                "600", "--spares", "off", FINISH_APART]  # fmt: skip
+        argv = [
+            os.path.join(BIN, "ermrun"),
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "1",
+            "--monitor-interval",
+            "0.1",
+            "--rdzv-endpoint",
+            etcd.endpoint,
+            "--rdzv-id",
+            run_id,
+            "--rdzv-conf",
+            "lease_ttl=2,last_call_timeout=0.5,join_timeout=60",
+            "--node-id",
+            name,
+            "--membership-grace",
+            "600",
+            "--spares",
+            "off",
+            FINISH_APART,
+        ]
         nodes[name] = Proc(argv, str(tmp_path / f"{name}.log"))
     procs.extend(nodes.values())
     codes = exit_codes(nodes, 120)

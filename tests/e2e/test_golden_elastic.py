@@ -25,17 +25,51 @@ from tests.e2e.helpers import wait_until
 
 SCRIPT = os.path.join(REPO, "examples", "golden", "train_dlrm.py")
 GLOBAL_BATCH = 16
-ARGS = ["--num-embeddings", "100", "--embedding-dim", "4", "--dense-arch-layer-sizes", "8", "4",
-        "--over-arch-layer-sizes", "8", "1", "--global-batch-size", str(GLOBAL_BATCH),
-        "--checkpoint-every", "5"]  # fmt: skip
+ARGS = [
+    "--num-embeddings",
+    "100",
+    "--embedding-dim",
+    "4",
+    "--dense-arch-layer-sizes",
+    "8",
+    "4",
+    "--over-arch-layer-sizes",
+    "8",
+    "1",
+    "--global-batch-size",
+    str(GLOBAL_BATCH),
+    "--checkpoint-every",
+    "5",
+]
 RESTORED = re.compile(r"elastic-rm: world (\d+): (?:restored step (\d+)|fresh start)")
 
 
 def node(tmp_path: Path, etcd, run_id: str, name: str, log: str) -> Proc:
-    argv = [os.path.join(BIN, "ermrun"), "--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-endpoint", etcd.endpoint,
-            "--rdzv-id", run_id, "--node-id", name, "--monitor-interval", "0.1", "--max-restarts", "3",
-            "--rdzv-conf", "lease_ttl=2,last_call_timeout=3", SCRIPT, *ARGS,
-            "--num-iterations", "1000000", "--checkpoint-dir", str(tmp_path / "ckpt")]  # fmt: skip
+    argv = [
+        os.path.join(BIN, "ermrun"),
+        "--nnodes",
+        "1:2",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-endpoint",
+        etcd.endpoint,
+        "--rdzv-id",
+        run_id,
+        "--node-id",
+        name,
+        "--monitor-interval",
+        "0.1",
+        "--max-restarts",
+        "3",
+        "--rdzv-conf",
+        "lease_ttl=2,last_call_timeout=3",
+        SCRIPT,
+        *ARGS,
+        "--num-iterations",
+        "1000000",
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+    ]
     return Proc(argv, str(tmp_path / log), env={"OMP_NUM_THREADS": "1"})
 
 
@@ -74,11 +108,28 @@ def replay(tmp_path: Path, run_id: str, phases: list[tuple[int, int]], end: int)
         workers = []
         for rank in range(world):
             # one rank per simulated node, as under the ermrun nodes: the same topology, the same plan
-            env = {"RANK": str(rank), "GROUP_RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(world),
-                   "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                   "ERM_RUN_ID": run_id, "ERM_NODE_ID": "replay", "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO}  # fmt: skip
-            argv = [os.path.join(BIN, "python"), SCRIPT, *ARGS, "--num-iterations", str(stop),
-                    "--checkpoint-dir", str(durable)]  # fmt: skip
+            env = {
+                "RANK": str(rank),
+                "GROUP_RANK": str(rank),
+                "LOCAL_RANK": "0",
+                "WORLD_SIZE": str(world),
+                "LOCAL_WORLD_SIZE": "1",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "ERM_RUN_ID": run_id,
+                "ERM_NODE_ID": "replay",
+                "OMP_NUM_THREADS": "1",
+                "PYTHONPATH": REPO,
+            }
+            argv = [
+                os.path.join(BIN, "python"),
+                SCRIPT,
+                *ARGS,
+                "--num-iterations",
+                str(stop),
+                "--checkpoint-dir",
+                str(durable),
+            ]
             workers.append(Proc(argv, str(tmp_path / f"replay-{i}-{rank}.log"), env=env))
         try:
             for w in workers:

@@ -15,10 +15,23 @@ from tests.e2e.helpers import STEPS, records, steps_at_world, wait_until
 def torchrun(tmp_path, etcd, run_id: str, node: str, steps: int = 3) -> Proc:
     env = {"STEPS_DIR": str(tmp_path), "STEPS_NODE": node, "STEPS_MAX": str(steps)}
     argv = [
-        os.path.join(BIN, "torchrun"), "--nnodes", "1", "--nproc-per-node", "1", "--rdzv-backend", "elastic-rm",
-        "--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, "--rdzv-conf", "lease_ttl=2,join_timeout=60",
-        "--log-dir", str(tmp_path / f"{node}-logs"), STEPS,
-    ]  # fmt: skip
+        os.path.join(BIN, "torchrun"),
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "elastic-rm",
+        "--rdzv-endpoint",
+        etcd.endpoint,
+        "--rdzv-id",
+        run_id,
+        "--rdzv-conf",
+        "lease_ttl=2,join_timeout=60",
+        "--log-dir",
+        str(tmp_path / f"{node}-logs"),
+        STEPS,
+    ]
     return Proc(argv, str(tmp_path / f"{node}.log"), env=env)
 
 

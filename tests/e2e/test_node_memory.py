@@ -23,7 +23,8 @@ ERM = os.path.join(BIN, "erm")
 # a worker that fills its node's memory directory, then exits with the code given
 WRITER = """
 import os, pathlib, sys, time
-node = pathlib.Path(os.environ["ELASTIC_RM_MEMORY_ROOT"]) / os.environ["TORCHELASTIC_RUN_ID"] / os.environ["ERM_NODE_ID"]
+env = os.environ
+node = pathlib.Path(env["ELASTIC_RM_MEMORY_ROOT"]) / env["TORCHELASTIC_RUN_ID"] / env["ERM_NODE_ID"]
 node.mkdir(parents=True, exist_ok=True)
 (node / "step-1").write_bytes(b"0" * 100_000)
 if sys.argv[1] == "forever":
@@ -55,10 +56,14 @@ def test_node_memory_is_freed_when_the_job_succeeds_or_fails(tmp_path, run_id, c
 
 def test_erm_gc_removes_a_killed_runs_memory_and_keeps_a_live_ones(tmp_path, procs):
     writer = _writer(tmp_path)
-    live = Proc([ERMRUN, "--standalone", "--rdzv-id", "live-run", "--nproc-per-node", "1", writer, "forever"],
-                str(tmp_path / "live.log"))  # fmt: skip
-    dead = Proc([ERMRUN, "--standalone", "--rdzv-id", "dead-run", "--nproc-per-node", "1", writer, "forever"],
-                str(tmp_path / "dead.log"))  # fmt: skip
+    live = Proc(
+        [ERMRUN, "--standalone", "--rdzv-id", "live-run", "--nproc-per-node", "1", writer, "forever"],
+        str(tmp_path / "live.log"),
+    )
+    dead = Proc(
+        [ERMRUN, "--standalone", "--rdzv-id", "dead-run", "--nproc-per-node", "1", writer, "forever"],
+        str(tmp_path / "dead.log"),
+    )
     procs += [live, dead]
     for name, p in (("live-run", live), ("dead-run", dead)):
         wait_until(lambda n=name: any((memory_root() / n).glob("*/step-1")), 90, f"{name}'s node memory", [p])

@@ -23,8 +23,9 @@ HAVE_OPENSSH = all(shutil.which(t) for t in ("ssh", "ssh-keygen")) and bool(
 @pytest.mark.skipif(not HAVE_OPENSSH, reason="needs OpenSSH (apt-get install openssh-server openssh-client)")
 def test_the_recipe_runs_a_job_of_two_nodes_over_ssh_and_cleans_up(tmp_path):
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    done = subprocess.run([SCRIPT, "--nodes", "2", "--steps", "60"], capture_output=True, text=True,
-                          timeout=300, env=env)  # fmt: skip
+    done = subprocess.run(
+        [SCRIPT, "--nodes", "2", "--steps", "60"], capture_output=True, text=True, timeout=300, env=env
+    )
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-3000:]
     assert "node n1 exited with 0" in out and "node n2 exited with 0" in out and "job finished" in out, out

@@ -11,9 +11,20 @@ from launcher.commands.status import MAX_MEMBERS, render
 
 def status_of(n: int) -> dict:
     members = [{"rank": i, "node": f"node-{i:04d}", "state": "active", "cpu_util": 0.5} for i in range(n)]
-    return {"closed": None, "sealed": True, "run": "r", "round": 3, "world_size": n, "leader": "node-0000",
-            "samples_per_s": 1000.0, "members": members, "standby": [], "decisions": [], "events": [],
-            "errors": []}  # fmt: skip
+    return {
+        "closed": None,
+        "sealed": True,
+        "run": "r",
+        "round": 3,
+        "world_size": n,
+        "leader": "node-0000",
+        "samples_per_s": 1000.0,
+        "members": members,
+        "standby": [],
+        "decisions": [],
+        "events": [],
+        "errors": [],
+    }
 
 
 def text(renderable) -> str:
@@ -37,9 +48,21 @@ def test_members_0_lists_all_and_a_small_job_is_listed_whole():
 def test_decision_reasons_are_readable_in_80_columns():
     reason = "1 node(s) joined; scaling to 3 (predicted +40% throughput)"
     s = status_of(3)
-    s["decisions"] = [{"round": r, "time": 1.7e9, "members": ["a", "b", "c"], "reason": reason,
-                       "predicted_gain": 0.4, "measured_gain": 0.3, "compared_to_round": r - 1,
-                       "prediction_error": 0.1, "downtime_s": 2.4, "redone_steps": 7} for r in (2, 3)]  # fmt: skip
+    s["decisions"] = [
+        {
+            "round": r,
+            "time": 1.7e9,
+            "members": ["a", "b", "c"],
+            "reason": reason,
+            "predicted_gain": 0.4,
+            "measured_gain": 0.3,
+            "compared_to_round": r - 1,
+            "prediction_error": 0.1,
+            "downtime_s": 2.4,
+            "redone_steps": 7,
+        }
+        for r in (2, 3)
+    ]
     out = io.StringIO()
     Console(file=out, width=80).print(render(s))
     lines = out.getvalue().splitlines()

@@ -27,8 +27,18 @@ def test_the_share_is_the_cpu_limit_else_the_cores_over_the_nodes_here():
 
 def test_two_nodes_on_one_machine_split_its_cores(etcd, run_id, tmp_path, procs, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    args = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id,
-            "--rdzv-conf", CONF]  # fmt: skip
+    args = [
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-endpoint",
+        etcd.endpoint,
+        "--rdzv-id",
+        run_id,
+        "--rdzv-conf",
+        CONF,
+    ]
     nodes = [ermrun(tmp_path, n, [*args, "--node-id", n], steps_max=3) for n in ("a", "b")]
     procs.extend(nodes)
     for p in nodes:

@@ -23,16 +23,57 @@ def openssl(*args: str, cwd) -> None:
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
     d = tmp_path_factory.mktemp("pki")
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=erm-test-ca",
-            "-keyout", "ca.key", "-out", "ca.pem", cwd=d)  # fmt: skip
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=erm-test-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        cwd=d,
+    )
     (d / "san.ext").write_text(
         "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n"
     )
     for name in ("server", "client"):
-        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", f"{name}.key",
-                "-out", f"{name}.csr", cwd=d)  # fmt: skip
-        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-                "-days", "2", "-extfile", "san.ext", "-out", f"{name}.pem", cwd=d)  # fmt: skip
+        openssl(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            f"/CN={name}",
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.csr",
+            cwd=d,
+        )
+        openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+            "-out",
+            f"{name}.pem",
+            cwd=d,
+        )
     return d
 
 
@@ -113,8 +154,14 @@ def test_erm_commands_read_a_run_over_tls_with_client_certificates(
         log.emit("round", "round 1: n0", round=1, members=["n0"], world=1)
         assert log.flush()
     conn = ["--endpoint", tls_etcd.endpoint, "--timeout", "2"]
-    certs = ["--etcd-cacert", str(pki / "ca.pem"), "--etcd-cert", str(pki / "client.pem"),
-             "--etcd-key", str(pki / "client.key")]  # fmt: skip
+    certs = [
+        "--etcd-cacert",
+        str(pki / "ca.pem"),
+        "--etcd-cert",
+        str(pki / "client.pem"),
+        "--etcd-key",
+        str(pki / "client.key"),
+    ]
 
     ok = erm("status", *conn, *certs, "--run-id", run_id, "--json")
     assert ok.returncode == 0, ok.stderr

@@ -91,10 +91,17 @@ class Sshd:
     def ssh_flags(self) -> list[str]:
         """erm launch's ssh options for this server."""
         return [
-            "--ssh-identity", str(self.user_key), "--ssh-port", str(self.port),
-            "--ssh-option", "StrictHostKeyChecking=no", "--ssh-option", "UserKnownHostsFile=/dev/null",
-            "--ssh-option", "LogLevel=ERROR",
-        ]  # fmt: skip
+            "--ssh-identity",
+            str(self.user_key),
+            "--ssh-port",
+            str(self.port),
+            "--ssh-option",
+            "StrictHostKeyChecking=no",
+            "--ssh-option",
+            "UserKnownHostsFile=/dev/null",
+            "--ssh-option",
+            "LogLevel=ERROR",
+        ]
 
     def kill_sessions(self) -> None:
         """Whatever runs through this server now (a test's leftovers), by the session processes' pids."""

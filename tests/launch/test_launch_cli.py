@@ -68,18 +68,43 @@ def test_an_unreachable_etcd_is_reported(capsys, tmp_path):
 
 
 def test_ermrun_flags_and_script_arguments_pass_through_unchanged(tmp_path):
-    """What each host's ermrun gets: the user's flags as typed, then the node's id and slots, then the script."""
+    """What each host's ermrun gets: the user's flags as typed, then the node's id and slots, then the
+    script."""
     from elastic_rm.launch.command import NodeCommand
     from elastic_rm.launch.hostfile import parse_hosts
     from elastic_rm.launch.ssh import SshOptions
     from launcher.erm import build_parser
 
     args = build_parser().parse_args(
-        ["launch", "--hostfile", "h", "--nnodes", "1:2", "--rdzv-conf=lease_ttl=2", "-r", "3", "--standalone",
-         "--max-restarts", "-1", "train.py", "--nnodes", "7", "--lr", "1"]
-    )  # fmt: skip
-    assert args.ermrun_flags == ["--nnodes", "1:2", "--rdzv-conf", "lease_ttl=2", "-r", "3", "--standalone",
-                                 "--max-restarts=-1"]  # fmt: skip
+        [
+            "launch",
+            "--hostfile",
+            "h",
+            "--nnodes",
+            "1:2",
+            "--rdzv-conf=lease_ttl=2",
+            "-r",
+            "3",
+            "--standalone",
+            "--max-restarts",
+            "-1",
+            "train.py",
+            "--nnodes",
+            "7",
+            "--lr",
+            "1",
+        ]
+    )
+    assert args.ermrun_flags == [
+        "--nnodes",
+        "1:2",
+        "--rdzv-conf",
+        "lease_ttl=2",
+        "-r",
+        "3",
+        "--standalone",
+        "--max-restarts=-1",
+    ]
     assert [args.training_script, *args.training_script_args] == ["train.py", "--nnodes", "7", "--lr", "1"]
     host = parse_hosts("n1 addr=10.0.0.1 port=2200 user=u slots=4\n", "t")[0]
     cmd = NodeCommand(

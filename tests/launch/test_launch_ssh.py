@@ -19,8 +19,8 @@ from elastic_rm.obs.events import read_etcd
 from elastic_rm.wire.keyspace import Keyspace
 from elastic_rm.wire.records import DemandRecord, RoundRecord
 from tests.conftest import BIN, REPO, Proc
-from tests.launch.sshd import closed_port
 from tests.e2e.helpers import records, steps_at_world, wait_until
+from tests.launch.sshd import closed_port
 
 WORKER = os.path.join("tests", "launch", "worker.py")  # relative to --workdir (the repository)
 CONF = "lease_ttl=2,last_call_timeout=0.5,join_timeout=60"
@@ -28,12 +28,37 @@ CONF = "lease_ttl=2,last_call_timeout=0.5,join_timeout=60"
 
 def launch(tmp_path, sshd, etcd, run_id, hosts: list[str], nnodes: str, steps_max: int, extra=()) -> Proc:
     argv = [
-        os.path.join(BIN, "erm"), "launch", *hosts, *sshd.ssh_flags(),
-        "--env", f"STEPS_DIR={tmp_path}", "--env", f"STEPS_MAX={steps_max}", "--workdir", REPO,
-        "--poll-interval", "0.3", "--stop-grace", "15", "--exit-grace", "60", *extra,
-        "--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id,
-        "--rdzv-conf", CONF, "--monitor-interval", "0.1", WORKER,
-    ]  # fmt: skip
+        os.path.join(BIN, "erm"),
+        "launch",
+        *hosts,
+        *sshd.ssh_flags(),
+        "--env",
+        f"STEPS_DIR={tmp_path}",
+        "--env",
+        f"STEPS_MAX={steps_max}",
+        "--workdir",
+        REPO,
+        "--poll-interval",
+        "0.3",
+        "--stop-grace",
+        "15",
+        "--exit-grace",
+        "60",
+        *extra,
+        "--nnodes",
+        nnodes,
+        "--nproc-per-node",
+        "1",
+        "--rdzv-endpoint",
+        etcd.endpoint,
+        "--rdzv-id",
+        run_id,
+        "--rdzv-conf",
+        CONF,
+        "--monitor-interval",
+        "0.1",
+        WORKER,
+    ]
     return Proc(argv, str(tmp_path / "launch.log"), cwd=str(tmp_path))
 
 
@@ -118,8 +143,12 @@ def test_a_hostfile_naming_one_machine_three_times_runs_three_nodes_with_their_s
     for node in ("h1", "h2", third):
         assert worlds(tmp_path, node) == {4}, node  # 1 + 2 (slots=2) + 1 workers
         assert sum(1 for r in records(tmp_path, node) if "step" in r) == 20 * (2 if node == "h2" else 1)
-    assert sorted(r["env"]["ERM_LAUNCH_HOST"] for n in ("h1", "h2", third) for r in records(tmp_path, n)
-                  if r.get("start")) == sorted(["h1", "h2", "h2", third])  # fmt: skip
+    assert sorted(
+        r["env"]["ERM_LAUNCH_HOST"]
+        for n in ("h1", "h2", third)
+        for r in records(tmp_path, n)
+        if r.get("start")
+    ) == sorted(["h1", "h2", "h2", third])
     out = p.output()
     assert "[h1] " in out and f"[{third}] " in out  # the nodes' logs, prefixed with their host
     assert "job finished" in out
@@ -166,8 +195,13 @@ def test_discovery_adds_a_host_the_job_scales_to_and_drains_a_host_removed(
 @pytest.mark.slow
 def test_the_planners_demand_decides_how_many_hosts_run(etcd, run_id, tmp_path, procs, ssh_hosts):
     # a name of its own: a finished run of the same job in this etcd would warm-start this one at its size
-    job = {"name": run_id, "global_batch": 4096, "tables": [{"rows": 1000, "dim": 8}], "dense_params": 1000,
-           "request": {"nodes": 2}}  # fmt: skip
+    job = {
+        "name": run_id,
+        "global_batch": 4096,
+        "tables": [{"rows": 1000, "dim": 8}],
+        "dense_params": 1000,
+        "request": {"nodes": 2},
+    }
     (tmp_path / "job.json").write_text(json.dumps(job))
     hosts = hostfile(tmp_path, "".join(f"h{i} addr=127.0.0.1\n" for i in range(1, 5)))
     extra = ["--job", str(tmp_path / "job.json")]  # an ermrun flag: the leader runs the planner
@@ -255,8 +289,13 @@ def test_a_discovered_host_gets_a_node_when_the_planners_demand_is_above_the_nod
     etcd, run_id, tmp_path, procs, ssh_hosts
 ):
     # a name of its own: a finished run of the same job in this etcd would warm-start this one at its size
-    job = {"name": run_id, "global_batch": 4096, "tables": [{"rows": 1000, "dim": 8}], "dense_params": 1000,
-           "request": {"nodes": 4}}  # fmt: skip
+    job = {
+        "name": run_id,
+        "global_batch": 4096,
+        "tables": [{"rows": 1000, "dim": 8}],
+        "dense_params": 1000,
+        "request": {"nodes": 4},
+    }
     (tmp_path / "job.json").write_text(json.dumps(job))
     listing = tmp_path / "listing"
     listing.write_text("h1 addr=127.0.0.1\nh2 addr=127.0.0.1\nh3 addr=127.0.0.1\n")
@@ -297,13 +336,39 @@ def test_the_planner_asks_for_a_node_erm_launch_starts_it_on_a_discovered_host_a
     listing.write_text("h1 addr=127.0.0.1\nh2 addr=127.0.0.1\n")
     progress = tmp_path / "progress"
     argv = [
-        os.path.join(BIN, "erm"), "launch", "--discovery-script", f"cat {listing}", "--discovery-interval", "1",
-        *ssh_hosts.ssh_flags(), "--workdir", REPO, "--env", "OMP_NUM_THREADS=1",
-        "--poll-interval", "0.3", "--stop-grace", "15", "--exit-grace", "90",
-        "--nnodes", "1:3", "--nproc-per-node", "1", "--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id,
-        "--rdzv-conf", "lease_ttl=3,last_call_timeout=1,join_timeout=120", "--job", str(tmp_path / "job.json"),
-        os.path.join("examples", "dlrm", "train.py"), "--progress-dir", str(progress),
-    ]  # fmt: skip
+        os.path.join(BIN, "erm"),
+        "launch",
+        "--discovery-script",
+        f"cat {listing}",
+        "--discovery-interval",
+        "1",
+        *ssh_hosts.ssh_flags(),
+        "--workdir",
+        REPO,
+        "--env",
+        "OMP_NUM_THREADS=1",
+        "--poll-interval",
+        "0.3",
+        "--stop-grace",
+        "15",
+        "--exit-grace",
+        "90",
+        "--nnodes",
+        "1:3",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-endpoint",
+        etcd.endpoint,
+        "--rdzv-id",
+        run_id,
+        "--rdzv-conf",
+        "lease_ttl=3,last_call_timeout=1,join_timeout=120",
+        "--job",
+        str(tmp_path / "job.json"),
+        os.path.join("examples", "dlrm", "train.py"),
+        "--progress-dir",
+        str(progress),
+    ]
     p = Proc(argv, str(tmp_path / "launch.log"), cwd=str(tmp_path))
     procs.append(p)
     keys = Keyspace("/elastic-rm", run_id)
@@ -316,9 +381,11 @@ def test_the_planner_asks_for_a_node_erm_launch_starts_it_on_a_discovered_host_a
         wait_until(lambda: demand(client, keys) == 3, 300, "the planner's demand for a third node", [p])
         listing.write_text("h1 addr=127.0.0.1\nh2 addr=127.0.0.1\nh3 addr=127.0.0.1\n")
         wait_until(
-            lambda: (r := round_now()) is not None and r.sealed and "h3" in r.members, 300,
-            "a round with the discovered host", [p],
-        )  # fmt: skip
+            lambda: (r := round_now()) is not None and r.sealed and "h3" in r.members,
+            300,
+            "a round with the discovered host",
+            [p],
+        )
         admitted = round_now()
     (progress / "stop").write_text("")
     assert p.wait(240) == 0, p.output()[-4000:]

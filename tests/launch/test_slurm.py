@@ -100,10 +100,15 @@ def test_two_ermruns_in_a_faked_srun_step_form_one_job(etcd, tmp_path, procs):
         "lease_ttl=2,last_call_timeout=0.5,join_timeout=60",
     ]
     nodes = [
-        ermrun(tmp_path, f"slurmn{i}", conf, steps_max=10, extra_env={**env, "SLURMD_NODENAME": f"slurmn{i}",
-                                                                       "SLURM_PROCID": str(i - 1)})
+        ermrun(
+            tmp_path,
+            f"slurmn{i}",
+            conf,
+            steps_max=10,
+            extra_env={**env, "SLURMD_NODENAME": f"slurmn{i}", "SLURM_PROCID": str(i - 1)},
+        )
         for i in (1, 2)
-    ]  # fmt: skip
+    ]
     procs.extend(nodes)
     for p in nodes:
         assert p.wait(120) == 0, p.output()[-3000:]

@@ -58,9 +58,16 @@ class NetnsEtcd:
         try:
             for h in self.hosts:
                 cmd = member_command(
-                    binary, h.name, os.path.join(self.data_dir, h.name), h.addr, h.addr, CLIENT_PORT,
-                    PEER_PORT, initial_cluster=peers, token=f"erm-netns-{os.getpid()}",
-                )  # fmt: skip
+                    binary,
+                    h.name,
+                    os.path.join(self.data_dir, h.name),
+                    h.addr,
+                    h.addr,
+                    CLIENT_PORT,
+                    PEER_PORT,
+                    initial_cluster=peers,
+                    token=f"erm-netns-{os.getpid()}",
+                )
                 log = os.path.join(self.data_dir, f"{h.name}.etcd.log")
                 self.procs.append(Proc(h.argv(cmd + FAST_ELECTION + self.extra_args), log))
             self.wait_leader(30)

@@ -79,8 +79,12 @@ class Host:
     def reset_connections(self) -> None:
         """Destroy the host's TCP connections (ss -K), as a stateful firewall or NAT on the path that
         forgot them during an outage would: the host's clients must reconnect."""
-        subprocess.run(["ip", "netns", "exec", self.netns, "ss", "-K", "state", "established"],
-                       check=True, capture_output=True, timeout=30)  # fmt: skip
+        subprocess.run(
+            ["ip", "netns", "exec", self.netns, "ss", "-K", "state", "established"],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
 
 
 def _tc(netns: str | None, *args: str) -> None:
@@ -98,15 +102,36 @@ def drop_randomly(dev: str, probability: float, netns: str | None = None) -> Non
     for cls in ("1:10", "1:20"):
         _tc(netns, "class", "add", "dev", dev, "parent", "1:", "classid", cls, "htb", "rate", "10gbit")
     _tc(netns, "qdisc", "add", "dev", dev, "parent", "1:20", "handle", "20:", "pfifo", "limit", "0")
-    _tc(netns, "filter", "add", "dev", dev, "parent", "1:", "protocol", "all", "prio", "1", "bpf", "bytecode",
-        prog, "classid", "1:20")  # fmt: skip
+    _tc(
+        netns,
+        "filter",
+        "add",
+        "dev",
+        dev,
+        "parent",
+        "1:",
+        "protocol",
+        "all",
+        "prio",
+        "1",
+        "bpf",
+        "bytecode",
+        prog,
+        "classid",
+        "1:20",
+    )
 
 
 def dropped(dev: str, netns: str | None = None) -> tuple[int, int]:
     """(packets sent, packets dropped) by `dev`'s root qdisc, from `tc -s qdisc`."""
     prefix = ["ip", "netns", "exec", netns] if netns else []
-    out = subprocess.run([*prefix, "tc", "-s", "qdisc", "show", "dev", dev, "root"], check=True,
-                         capture_output=True, text=True, timeout=30).stdout  # fmt: skip
+    out = subprocess.run(
+        [*prefix, "tc", "-s", "qdisc", "show", "dev", dev, "root"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
     words = out.split()
     sent = int(words[words.index("Sent") + 3])
     drops = int(words[words.index("(dropped") + 1].rstrip(","))

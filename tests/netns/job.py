@@ -77,13 +77,33 @@ class Job:
 
     def start(self, host: Host, endpoint: str) -> None:
         argv = [
-            os.path.join(BIN, "ermrun"), "--monitor-interval", "0.1", "--nnodes", self.nnodes,
-            "--nproc-per-node", "1", "--max-restarts", "3", "--rdzv-endpoint", endpoint, "--rdzv-id", self.run_id,
-            "--node-id", host.name, "--local-addr", host.addr, "--membership-grace", "60", "--rdzv-conf",
+            os.path.join(BIN, "ermrun"),
+            "--monitor-interval",
+            "0.1",
+            "--nnodes",
+            self.nnodes,
+            "--nproc-per-node",
+            "1",
+            "--max-restarts",
+            "3",
+            "--rdzv-endpoint",
+            endpoint,
+            "--rdzv-id",
+            self.run_id,
+            "--node-id",
+            host.name,
+            "--local-addr",
+            host.addr,
+            "--membership-grace",
+            "60",
+            "--rdzv-conf",
             f"lease_ttl={self.lease_ttl},last_call_timeout=0.5,join_timeout=120{self.conf}",
-            *SCRIPTS[self.worker], "--progress-dir", self.progress_dir,
-            "--checkpoint-dir", str(self.tmp_path / "ckpt"),
-        ]  # fmt: skip
+            *SCRIPTS[self.worker],
+            "--progress-dir",
+            self.progress_dir,
+            "--checkpoint-dir",
+            str(self.tmp_path / "ckpt"),
+        ]
         env = {
             "STEPS_DIR": self.progress_dir,
             "STEPS_NODE": host.name,
@@ -99,8 +119,12 @@ class Job:
             self.start(host, endpoint)
         self.wait_world(len(hosts), 0.0, f"{len(hosts)} hosts training", 240)
         if self.worker == "dlrm":  # a fault before the first commit would leave no restore to check
-            wait_until(lambda: any("committed_step" in r for r in self.rows()), 120, "a checkpoint committed",
-                       self.nodes.values())  # fmt: skip
+            wait_until(
+                lambda: any("committed_step" in r for r in self.rows()),
+                120,
+                "a checkpoint committed",
+                self.nodes.values(),
+            )
         first = current_round(client, self.keys)
         assert first is not None and len(first.members) == len(hosts), first
         return first

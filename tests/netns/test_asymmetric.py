@@ -49,8 +49,8 @@ def test_a_host_that_reaches_its_peers_but_not_etcd_is_a_lease_expiry_and_rejoin
         assert sorted(final["members"]) == sorted([*rest, f"{cut.name}-r1"]), final
     checked = job.exactly_once({2, 3}, restarted=True)
     print(
-        f"\n{cut.name} without etcd: {rest} at world 2 {o.took:.1f}s after the cut; all at world 3 {o.back:.1f}s "
-        f"after the heal; rounds {before.round} -> {final['round']}; {checked}"
+        f"\n{cut.name} without etcd: {rest} at world 2 {o.took:.1f}s after the cut; "
+        f"all at world 3 {o.back:.1f}s after the heal; rounds {before.round} -> {final['round']}; {checked}"
     )
 
 
@@ -86,9 +86,13 @@ def test_a_host_that_reaches_etcd_but_not_its_peers_steps_out_and_rejoins_after_
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize(
     ("hosts", "worker"),
-    [(3, "steps"), pytest.param(2, "steps", marks=SLOW), pytest.param(3, "dlrm", marks=SLOW),
-     pytest.param(2, "dlrm", marks=SLOW)],
-)  # fmt: skip
+    [
+        (3, "steps"),
+        pytest.param(2, "steps", marks=SLOW),
+        pytest.param(3, "dlrm", marks=SLOW),
+        pytest.param(2, "dlrm", marks=SLOW),
+    ],
+)
 def test_a_tie_the_node_outranked_by_a_peer_it_cannot_reach_steps_out_and_rejoins(
     hosts, worker, run_id, tmp_path
 ):
@@ -117,13 +121,15 @@ def test_a_tie_the_node_outranked_by_a_peer_it_cannot_reach_steps_out_and_rejoin
         assert sorted(final["members"]) == sorted([*rest, f"{leaves.name}-r1"]), final
         outs = {n: job.output(n) for n in before.members}
     # left by the tie-break after two probe windows (peer_probe: the lease TTL), waited, then rejoined
-    windows = f"cannot reach 1 of {hosts - 1} peers ({stays.name}) for {2 * job.lease_ttl}s while etcd answers {TIE}"
+    windows = f"cannot reach 1 of {hosts - 1} peers ({stays.name}) for {2 * job.lease_ttl}s "
+    windows += f"while etcd answers {TIE}"
     left, rejoined = outs[leaves.name].find(windows), outs[leaves.name].find("again after")
     assert 0 <= left < rejoined, outs[leaves.name][-3000:]
     assert all("leaving the run" not in outs[n] for n in rest), {n: outs[n][-3000:] for n in rest}
     checked = job.exactly_once({hosts - 1, hosts}, restarted=True)
     print(
-        f"\na tie in a round of {hosts}: {leaves.name} (group rank 1) left, {rest} trained at world {hosts - 1} "
-        f"{o.took:.1f}s after the cut; all at world {hosts} {o.back:.1f}s after the heal; rounds {before.round} -> "
-        f"{final['round']}; {checked}"
+        f"\na tie in a round of {hosts}: {leaves.name} (group rank 1) left, "
+        f"{rest} trained at world {hosts - 1} {o.took:.1f}s after the cut; "
+        f"all at world {hosts} {o.back:.1f}s after the heal; rounds {before.round} -> {final['round']}; "
+        f"{checked}"
     )

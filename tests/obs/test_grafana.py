@@ -11,14 +11,25 @@ from tests.conftest import REPO
 
 DASHBOARD = os.path.join(REPO, "examples", "grafana", "elastic-rm-dashboard.json")
 RECORD = {
-    "v": 1, "node": "n1", "t": 1764495600.1,
+    "v": 1,
+    "node": "n1",
+    "t": 1764495600.1,
     "cpu": {"util_mean": 0.41, "util_max": 0.52, "util_last": 0.40},
     "mem": {"used_bytes": 3, "available_bytes": 2, "total_bytes": 5},
     "workers": [{"pid": 123, "rss_bytes": 1024, "cpu_util": 0.98}],
-    "gpus": [{"index": 0, "util": 0.9, "mem_used_bytes": 5, "mem_total_bytes": 6, "temp_c": 61.0,
-              "throttled": True, "throttle_reasons": ["sw_power_cap"]}],
+    "gpus": [
+        {
+            "index": 0,
+            "util": 0.9,
+            "mem_used_bytes": 5,
+            "mem_total_bytes": 6,
+            "temp_c": 61.0,
+            "throttled": True,
+            "throttle_reasons": ["sw_power_cap"],
+        }
+    ],
     "steps": {"p50_s": 0.011, "p90_s": 0.013, "samples_per_s": 5800.0, "steps": 2700, "age_s": 0.2},
-}  # fmt: skip
+}
 
 
 def exported_names() -> set[str]:

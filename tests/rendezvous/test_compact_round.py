@@ -24,9 +24,16 @@ KEY = "/elastic-rm/r/round"
 def _big(n: int = 1024, standby: int = 100) -> RoundRecord:
     ids = [f"gpu-node-{i:04d}-{31000 + i * 7}-{i * 2654435761 % 16**6:06x}" for i in range(n + standby)]
     return RoundRecord(
-        round=7, members=tuple(ids[:n]), standby=tuple(ids[n:]), reason="lost a node", leader=ids[0],
-        sealed=True, master=("10.0.0.1", 29500), time=1.5, extra={"alive": []},
-    )  # fmt: skip
+        round=7,
+        members=tuple(ids[:n]),
+        standby=tuple(ids[n:]),
+        reason="lost a node",
+        leader=ids[0],
+        sealed=True,
+        master=("10.0.0.1", 29500),
+        time=1.5,
+        extra={"alive": []},
+    )
 
 
 def test_a_big_round_is_compressed_and_reads_back_exactly():

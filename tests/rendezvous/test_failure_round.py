@@ -42,16 +42,29 @@ def test_rounds_that_need_acks_stay_unsealed():
         # rank 0 advertises no port
         (survivors, [node("b", NodeState.ACTIVE, 7, 0), node("c", NodeState.ACTIVE, 7)], CURRENT),
         # a newcomer next to active members: not a round of survivors
-        (RoundRecord(8, ("b", "d")), [node("b", NodeState.ACTIVE, 7), node("d", NodeState.JOINING, 0)], CURRENT),
+        (
+            RoundRecord(8, ("b", "d")),
+            [node("b", NodeState.ACTIVE, 7), node("d", NodeState.JOINING, 0)],
+            CURRENT,
+        ),
         # the current round was never sealed: its members never ran it
-        (survivors, [node("b", NodeState.ACTIVE, 7), node("c", NodeState.ACTIVE, 7)],
-         RoundRecord(7, ("a", "b", "c"))),
+        (
+            survivors,
+            [node("b", NodeState.ACTIVE, 7), node("c", NodeState.ACTIVE, 7)],
+            RoundRecord(7, ("a", "b", "c")),
+        ),
         # a member of the current round whose record is still the one it waited for that round with (its
         # update to active not yet in etcd), next to a newcomer: its advertised port may be in use now
-        (RoundRecord(8, ("a", "b", "d")),
-         [node("a", NodeState.JOINING, 0), node("b", NodeState.JOINING, 0), node("d", NodeState.JOINING, 0)],
-         CURRENT),
-    ]  # fmt: skip
+        (
+            RoundRecord(8, ("a", "b", "d")),
+            [
+                node("a", NodeState.JOINING, 0),
+                node("b", NodeState.JOINING, 0),
+                node("d", NodeState.JOINING, 0),
+            ],
+            CURRENT,
+        ),
+    ]
     for record, members, current in cases:
         assert not sealed_at_once(record, members, current).sealed, (record, members)
     # every member already waiting: sealed, whatever the current round (the first round, a newcomer)
@@ -76,9 +89,14 @@ def test_survivors_of_a_loss_join_a_round_sealed_at_once_without_registering_aga
             writes: list[tuple[str, dict]] = []
             start = client.ping() + 1
             cancel = client.watch_prefix(
-                keys.run, start, lambda evs: writes.extend((e.kv.key, json.loads(e.kv.value)) for e in evs
-                                                           if e.kind == "put" and "/events/" not in e.kv.key)
-            )  # fmt: skip
+                keys.run,
+                start,
+                lambda evs: writes.extend(
+                    (e.kv.key, json.loads(e.kv.value))
+                    for e in evs
+                    if e.kind == "put" and "/events/" not in e.kv.key
+                ),
+            )
             dead = handlers.pop(1)
             dead.release()  # the node vanishes: its lease is revoked (as when its lease expires)
             assert wait_for(lambda: all(h.num_nodes_waiting() > 0 for h in handlers))

@@ -34,12 +34,15 @@ def unfilled(snap: ClusterSnapshot) -> list[str]:
     for n in snap.nodes:
         m = n.metrics
         checks = {
-            "gpu_count": n.gpu_count > 0, "cpu_count": n.cpu_count > 0, "mem_total_bytes": n.mem_total_bytes > 0,
-            "metrics": m is not None, "steps": m is not None and m.steps is not None,
+            "gpu_count": n.gpu_count > 0,
+            "cpu_count": n.cpu_count > 0,
+            "mem_total_bytes": n.mem_total_bytes > 0,
+            "metrics": m is not None,
+            "steps": m is not None and m.steps is not None,
             "busy_p50_s": m is not None and m.steps is not None and (m.steps.busy_p50_s or 0) > 0,
             "samples_per_s": m is not None and m.steps is not None and m.steps.samples_per_s > 0,
             "mem_used_bytes": m is not None and m.mem_used_bytes > 0,
-        }  # fmt: skip
+        }
         out += [f"{n.node_id}.{k}" for k, ok in checks.items() if not ok]
     for key in ("global_batch", "tables", "dense_params", "request"):
         if not snap.job.get(key):

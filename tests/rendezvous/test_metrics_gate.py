@@ -15,12 +15,15 @@ from elastic_rm.rendezvous.registration import create_handler
 from elastic_rm.wire.metrics_gate import PublishGate, changed
 
 RECORD = {
-    "v": 1, "node": "x", "t": 0.0,
+    "v": 1,
+    "node": "x",
+    "t": 0.0,
     "cpu": {"util_mean": 0.5, "util_max": 0.6, "util_last": 0.5},
     "mem": {"used_bytes": 2**30, "available_bytes": 2**31, "total_bytes": 2**33},
-    "workers": [{"pid": 10, "rss_bytes": 2**29, "cpu_util": 0.9}], "gpus": [],
+    "workers": [{"pid": 10, "rss_bytes": 2**29, "cpu_util": 0.9}],
+    "gpus": [],
     "steps": {"p50_s": 0.01, "p90_s": 0.012, "samples_per_s": 1000.0, "steps": 50, "age_s": 0.1},
-}  # fmt: skip
+}
 
 
 def variant(**changes):

@@ -23,12 +23,15 @@ JOB = {
 }
 
 RECORD = {
-    "v": 1, "node": "x", "t": 0.0,
+    "v": 1,
+    "node": "x",
+    "t": 0.0,
     "cpu": {"util_mean": 0.5, "util_max": 0.6, "util_last": 0.5},
     "mem": {"used_bytes": 2**30, "available_bytes": 2**31, "total_bytes": 2**33},
-    "workers": [], "gpus": [],
+    "workers": [],
+    "gpus": [],
     "steps": {"p50_s": 0.01, "p90_s": 0.012, "samples_per_s": 1000.0, "steps": 50, "age_s": 0.1},
-}  # fmt: skip
+}
 
 
 def handlers(etcd, run_id, n, lo, hi, job_file, last_call="0.5"):
@@ -87,7 +90,8 @@ def test_bad_job_description_is_a_clear_error(etcd, run_id, tmp_path, content, m
 
 
 def join_all(hs, expected, timeout=20.0):
-    """Start every handler joining; return once ``expected`` of them hold a rank (the rest wait as standby)."""
+    """Start every handler joining; return once ``expected`` of them hold a rank (the rest wait as
+    standby)."""
     infos, errors = {}, {}
 
     def join(i):

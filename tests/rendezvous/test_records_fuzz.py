@@ -1,4 +1,5 @@
-"""Hostile values in etcd: every record parser either returns a record or raises RecordError naming the key."""
+"""Hostile values in etcd: every record parser either returns a record or raises RecordError naming the
+key."""
 
 from __future__ import annotations
 
@@ -19,9 +20,28 @@ json_values = st.recursive(
     max_leaves=30,
 )
 fields = st.sampled_from(
-    ["v", "node", "host", "addr", "pid", "nproc", "state", "round", "members", "standby", "sealed",
-     "master", "reason", "predicted_gain", "confidence", "time", "by", "extra", "master_port"]
-)  # fmt: skip
+    [
+        "v",
+        "node",
+        "host",
+        "addr",
+        "pid",
+        "nproc",
+        "state",
+        "round",
+        "members",
+        "standby",
+        "sealed",
+        "master",
+        "reason",
+        "predicted_gain",
+        "confidence",
+        "time",
+        "by",
+        "extra",
+        "master_port",
+    ]
+)
 records = st.dictionaries(fields, json_values, max_size=12).map(lambda d: {**d, "v": d.get("v", 1)})
 
 
