@@ -91,8 +91,8 @@ class FlashConfig:
     def __post_init__(self) -> None:
         if not self.compact_ratio > 0:
             raise ValueError(
-                f"FlashConfig.compact_ratio must be > 0 (got {self.compact_ratio}); 1.0 starts a new base once "
-                "a chain's deltas hold as many bytes as its base"
+                f"FlashConfig.compact_ratio must be > 0 (got {self.compact_ratio}); 1.0 starts a new base "
+                "once a chain's deltas hold as many bytes as its base"
             )
 
     def root(self) -> Path:
@@ -382,8 +382,8 @@ class FlashCheckpointer:
             )
         except (PeerError, OSError) as e:
             log.warning(
-                "flash checkpoint: replica of step %d to %s failed (%s); if this node is lost before the next "
-                "save, its shards of step %d come from the durable copy",
+                "flash checkpoint: replica of step %d to %s failed (%s); if this node is lost before the "
+                "next save, its shards of step %d come from the durable copy",
                 step,
                 peer,
                 e,

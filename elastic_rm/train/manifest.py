@@ -1,9 +1,9 @@
 """Checkpoint directory layout, the JSON manifest (with its own checksum) and atomic file helpers.
 
 Layout (one directory per simulated or real node, so nodes on one machine share nothing):
-    <memory_root>/<node>/step-<N>/                 files written by this node's ranks, .metadata, manifest.json
-    <memory_root>/<node>/replicas/<src>/step-<N>/  a peer's files, held for it
-    <durable_dir>/step-<N>/                        all files, published by one atomic rename
+    <memory_root>/<node>/step-<N>/                files of this node's ranks, .metadata, manifest.json
+    <memory_root>/<node>/replicas/<src>/step-<N>/ a peer's files, held for it
+    <durable_dir>/step-<N>/                       all files, published by one atomic rename
 A step directory counts only once its manifest.json exists; writers fill `step-<N>.tmp` first.
 A full step holds DCP files; a delta step (manifest "kind": "delta") holds the rows touched since its
 "parent" step and needs every step down to its "base" (elastic_rm/train/chain.py).
@@ -188,7 +188,8 @@ def _check_fields(doc: dict[str, Any], where: str) -> None:
             or not is_int(e.get("size"), 0)
         ):
             raise bad(
-                f"entry of {name!r} needs a checksum ({' or '.join(FILE_HASHES)}: a string) and 'size' (integer >= 0)"
+                f"entry of {name!r} needs a checksum ({' or '.join(FILE_HASHES)}: a string) "
+                "and 'size' (integer >= 0)"
             )
         if not isinstance(e.get("node", ""), str):
             raise bad(f"entry of {name!r}: 'node' must be a string")

@@ -17,8 +17,8 @@ def app_state(dmp: DistributedModelParallel, dense_optimizer: torch.optim.Optimi
 
     The fused optimizer's param_groups are left out (TorchRec's default, kept on purpose: they differ
     per rank, each listing only its own tables, so a resharded load would bind one rank's groups to
-    another). Hyperparameters come from the training script. A rank with no fused shard gets no "optim" key at all (an empty dict would
-    be a DCP leaf missing from the checkpoint).
+    another). Hyperparameters come from the training script. A rank with no fused shard gets no
+    "optim" key at all (an empty dict would be a DCP leaf missing from the checkpoint).
     """
     state: dict[str, Any] = {"model": dmp.state_dict()}
     fused = dmp.fused_optimizer.state_dict()["state"]
