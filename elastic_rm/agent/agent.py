@@ -11,14 +11,18 @@ What it adds:
   without using one of ``--max-restarts``: in place when they hold the failure (``with rnd:``,
   elastic_rm.agent.inplace), else restarted.
 
-Extension points: ``_start_workers``, ``_monitor_workers`` and ``_restart_workers``
-are private torch methods (``_shutdown`` is not ours to hook: torch calls it on every worker stop); ``tests/e2e/test_torch_contract.py`` pins them so that a
-torch upgrade that changes them fails loudly instead of silently skipping our hooks.
+Extension points: ``_start_workers``, ``_monitor_workers``, ``_restart_workers`` and ``_exit_barrier``
+are private torch methods (``_shutdown`` is not ours to hook: torch calls it on every worker stop);
+``tests/e2e/test_torch_contract.py`` pins them so that a torch upgrade that changes them fails loudly
+instead of silently skipping our hooks. The helpers (in-place rounds, prepared starts, `erm stop`) see the
+agent through :class:`elastic_rm.agent.host.AgentHost`: its public members wrap what they need of torch's.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -26,27 +30,39 @@ from typing import Any
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing.api import PContext
 from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
 from ..background import Background
 from ..guard import Watchdog
+from ..obs.events import EventLog
 from ..rendezvous.etcd_store import RoundSupersededError, RunClosedError
 from ..rendezvous.services import WITHOUT_SERVICES, NodeServices
 from ..train.paths import run_memory_dir
+from ..wire.channel import ENV_ROUND
 from ..wire.metrics import encode_record
 from ..wire.records import RoundRecord
-from . import ckpt_hooks, finish, stop
+from . import ckpt_hooks, finish, stop, threads
 from .channel import AgentChannel
+from .host import WorkerStart
 from .http import AgentHttpServer
 from .inplace import InPlaceRounds
+from .ledger_mirror import LedgerMirror
 from .malloc import DEFAULT_ARENAS, set_worker_arenas
 from .monitor import ResourceMonitor
 from .node_events import emit_new_checkpoints, emit_sample
-from .prepared import PreparedStart, set_worker_environment
+from .prepared import PreparedStart
 from .record import build_record
 from .restores import RestoreTracker
-from .spares import parse_preload, spare_pool, start_from_spares, warm_before_joining
-from .wiring import ledger_mirror_for, open_event_log
+from .spares import (
+    SpareContext,
+    parse_preload,
+    spare_pool,
+    start_from_spares,
+    start_workers,
+    warm_before_joining,
+    worker_envs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +136,7 @@ class ElasticRMAgent(LocalElasticAgent):
         from ..obs.metrics import AgentMetrics
 
         self.metrics = AgentMetrics(self.node_id)
-        self.events = open_event_log(self._handler, self._services, self.node_id, self.options.event_log)
+        self.events = _open_event_log(self._handler, self._services, self.node_id, self.options.event_log)
         self.http = AgentHttpServer(
             self.metrics, self.options.metrics_port, self.options.metrics_host, self._health
         )
@@ -139,8 +155,12 @@ class ElasticRMAgent(LocalElasticAgent):
         self._orphan_guard = Watchdog()
         self._orphan_guard.watch([], remove=[self.channel.directory])  # gone with the agent, SIGKILL included
         set_worker_arenas(self.options.malloc_arenas)  # before any spare or worker starts
-        self.spares = spare_pool(self.options, self._worker_group.spec, self._orphan_guard, self.events)
-        self.prepared = PreparedStart(self)  # a joining node's workers, started before the seal
+        self.spares = (
+            spare_pool(self.options.spare_preload, self._worker_group.spec, self._orphan_guard, self.events)
+            if self.options.spares
+            else None
+        )
+        self.prepared = PreparedStart(self, self.spares)  # a joining node's workers, started before the seal
         if services is not None:
             services.set_forming_round_hook(self.prepared.on_forming_round)
             self.in_place.on_capable = services.set_workers_in_place  # said in this node's record
@@ -150,8 +170,9 @@ class ElasticRMAgent(LocalElasticAgent):
         self._next_sample = 0.0  # monotonic time of the next "sample" event
         self._last_checkpoint = 0  # the newest flash checkpoint step reported as a "checkpoint" event
         self._publish_errors: set[str] = set()  # metrics-loop errors already logged as warnings
-        self.ledger_mirror = ledger_mirror_for(self._handler, self._services, self.node_id)
+        self.ledger_mirror = _ledger_mirror(self._handler, self._services, self.node_id)
         self.last_record: dict[str, Any] | None = None  # the newest metrics record (ermrun's status line)
+        self.stop_reason: str | None = None  # "erm stop" once `erm stop RUN` stopped the workers
 
     # -- read-only views (ermrun's status line) ---------------------------------------------------------
 
@@ -173,6 +194,63 @@ class ElasticRMAgent(LocalElasticAgent):
     def node_id_now(self) -> str:
         """This node's id now: it changes when the node rejoins after losing its lease."""
         return self._services.node_id if self._services is not None else self.node_id
+
+    # -- what the helpers act on (elastic_rm.agent.host.AgentHost) ---------------------------------------
+
+    @property
+    def remaining_restarts(self) -> int:
+        """torch's restarts left (``--max-restarts`` less those used)."""
+        return self._remaining_restarts
+
+    @property
+    def process_context(self) -> PContext | None:
+        """torch's process context of the running workers."""
+        return self._pcontext
+
+    @process_context.setter
+    def process_context(self, context: PContext | None) -> None:
+        self._pcontext = context
+
+    def rendezvous(self, group: WorkerGroup) -> None:
+        """torch's rendezvous and rank exchange for ``group`` (a round its workers join in place)."""
+        self._rendezvous(group)
+
+    def set_worker_environment(self, round_id: int) -> None:
+        """What every start of this node's workers inherits from the agent's environment: the channel's
+        directory, this node's id (the flash checkpoint keeps each node's copy under it), the round's
+        checkpoint peers and id, and the workers' thread count."""
+        self._start_side_services()
+        os.environ.update(self.channel.env())
+        os.environ["ERM_NODE_ID"] = node = self.node_id_now()
+        if node not in self.node_ids_used:  # the workers' node memory goes under this id from now on
+            self.node_ids_used.append(node)
+        ckpt_hooks.set_worker_env(self._services)  # this round's peers' checkpoint servers
+        os.environ[ENV_ROUND] = str(round_id)
+        if self.options.worker_threads:  # OMP_NUM_THREADS from this node's CPU share
+            run_dir = run_memory_dir(self._handler.get_run_id())
+            nproc = self._worker_group.spec.local_world_size
+            limit = self.options.cpu_limit
+            self._threads = threads.set_worker_env(
+                run_dir, nproc, limit, self.events, self.node_id, self._threads
+            )
+
+    def worker_start(self, group: WorkerGroup) -> WorkerStart:
+        """What torch's ``_start_workers`` would give ``group``'s workers, without starting them."""
+        return worker_envs(self, group)
+
+    def start_workers_with(self, group: WorkerGroup, given: WorkerStart) -> SpareContext:
+        """Start ``group``'s workers with ``given``, from the node's warm spares where there are some."""
+        if self.spares is None:
+            raise RuntimeError("no spare pool: the workers start as torch starts them")
+        return start_workers(self, group, self.spares, given)
+
+    def guard_processes(self, pids: list[int]) -> None:
+        """End these processes with the agent, even when it is killed."""
+        self._orphan_guard.watch(pids)
+
+    def kill_workers(self) -> None:
+        """torch's stop of the workers with SIGKILL, without its 30 s wait."""
+        self._shutdown(death_sig=signal.SIGKILL, timeout=5)
 
     # -- life cycle -------------------------------------------------------------------------------------
 
@@ -258,9 +336,10 @@ class ElasticRMAgent(LocalElasticAgent):
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
         """torch's rendezvous and rank exchange, once more when a member died right after the round was
         sealed: the exchange then waits for the dead member in the round's store, a newer round (without
-        it) ends that wait (RoundSupersededError), and this node joins the newer round (spares: first warm)."""
+        it) ends that wait (RoundSupersededError), and this node joins the newer round (spares: first
+        warm)."""
         if self.spares is not None:
-            warm_before_joining(self, worker_group, self.spares)
+            warm_before_joining(worker_group, self.spares, self.events)
         for attempt in range(1, MAX_SUPERSEDED_ROUNDS + 1):
             try:
                 return super()._rendezvous(worker_group)
@@ -276,16 +355,19 @@ class ElasticRMAgent(LocalElasticAgent):
         """Workers inherit this process's environment: the channel's directory and this node's id
         (the flash checkpoint keeps each node's copy under its node id)."""
         joined = self.joined_round
-        set_worker_environment(self, joined.round if joined is not None else 0)
+        round_id = joined.round if joined is not None else 0
+        self.set_worker_environment(round_id)
         self.channel.clear_drain()
         self.channel.reset_steps()  # a new world: step times of the old one would blur the planner's view
         pids = self.prepared.take(worker_group)  # workers started before the seal, if they fit it
         if pids is None and self.spares is None:
             pids = super()._start_workers(worker_group)
         elif pids is None:
-            pids = start_from_spares(self, worker_group, self.spares)
+            context = start_from_spares(self, worker_group, self.spares, self.events, round_id)
+            self.process_context = context
+            pids = context.pids()
         self.monitor.set_pids(pids.values())
-        self._orphan_guard.watch(list(pids.values()))  # they end with this agent, even by SIGKILL
+        self.guard_processes(list(pids.values()))  # they end with this agent, even by SIGKILL
         return pids
 
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
@@ -307,8 +389,10 @@ class ElasticRMAgent(LocalElasticAgent):
             why, then = (
                 ("the workers' round failed", "they wait in place") if held else (why, "stopping workers")
             )
-            self.events.emit("drain", f"drain skipped: {why}; {then}", skipped=True, reason=why,
-                             console=not held)  # held: the recovery's own line follows  # fmt: skip
+            # held: the recovery's own line follows
+            self.events.emit(
+                "drain", f"drain skipped: {why}; {then}", skipped=True, reason=why, console=not held
+            )
             self.restores.mark_change()  # the old workers' newest step; held workers then move in place:
             if (held or not keeps_peers) and self.in_place.run_after_loss(self, worker_group):
                 return
@@ -319,8 +403,13 @@ class ElasticRMAgent(LocalElasticAgent):
             pids = [w.id for w in worker_group.workers if w.id is not None]
             result = self.channel.wait_for_acks(timeout_s=self.options.drain_grace_s, pids=pids)
             elapsed = time.monotonic() - t0
-            log.info("drained %d worker(s) at step boundaries in %.2fs (%d without the API, %d missing)",
-                     len(result.acked), elapsed, len(result.unregistered), len(result.missing))  # fmt: skip
+            log.info(
+                "drained %d worker(s) at step boundaries in %.2fs (%d without the API, %d missing)",
+                len(result.acked),
+                elapsed,
+                len(result.unregistered),
+                len(result.missing),
+            )
             steps = sorted(set(result.acked.values()))
             if result.missing:
                 message = (
@@ -331,10 +420,17 @@ class ElasticRMAgent(LocalElasticAgent):
                 message = f"drained {len(result.acked)} worker(s) at step {'/'.join(map(str, steps))}"
             else:
                 message = "drain: no worker uses elastic_rm.train; stopping them"
-            self.events.emit("drain", message + f" in {elapsed:.2f}s", steps=steps, acked=len(result.acked),
-                             hook_failed=len(result.failed), missing=len(result.missing),
-                             unregistered=len(result.unregistered), elapsed_s=round(elapsed, 3),
-                             grace_exceeded=bool(result.missing))  # fmt: skip
+            self.events.emit(
+                "drain",
+                message + f" in {elapsed:.2f}s",
+                steps=steps,
+                acked=len(result.acked),
+                hook_failed=len(result.failed),
+                missing=len(result.missing),
+                unregistered=len(result.unregistered),
+                elapsed_s=round(elapsed, 3),
+                grace_exceeded=bool(result.missing),
+            )
             self.restores.mark_change()  # after the drain: the old workers' last step is known
             if self.in_place.run(self, worker_group, result):
                 return  # the workers moved into the new round in place (elastic_rm.agent.inplace)
@@ -350,46 +446,56 @@ class ElasticRMAgent(LocalElasticAgent):
         torch's loop sees ``num_nodes_waiting() > 0`` and re-rendezvous without using a restart.
         """
         if stop.requested(self._services):  # `erm stop RUN`: drain, then finish (elastic_rm.agent.stop)
-            return stop.stop_workers(self, worker_group)
+            return stop.stop_workers(self, worker_group, self.options.drain_grace_s)
         result = super()._monitor_workers(worker_group)
         if result.state == WorkerState.HEALTHY:  # workers that hold a failed round wait: in place, or fail
-            return self.in_place.held_failure(self, worker_group, result, LocalElasticAgent._monitor_workers)
+            return self.in_place.held_failure(self, worker_group, result, super()._monitor_workers)
         if result.state not in (WorkerState.FAILED, WorkerState.UNHEALTHY):
             return result
         handler = worker_group.spec.rdzv_handler
-        grace = self._membership_grace()
+        grace = self.membership_grace()
         deadline, why = time.monotonic() + grace, f"membership grace {grace:g}s"
         while time.monotonic() < deadline:
-            if handler.is_closed() or finish.others_finished(self):  # the job ends, not its membership
+            if handler.is_closed() or finish.others_finished(
+                getattr(self, "_store", None), worker_group.group_world_size
+            ):  # the job ends, not its membership
                 why = "the run is closed" if handler.is_closed() else "the other nodes finished"
                 break
             if handler.num_nodes_waiting() > 0:
                 log.info("workers failed while the membership changed: re-rendezvous without using a restart")
-                self._emit_failure(result, "the membership changed: re-rendezvous without using a restart")
+                self.emit_failure(result, "the membership changed: re-rendezvous without using a restart")
                 return RunResult(state=WorkerState.HEALTHY)
             time.sleep(0.05)
         left = self._remaining_restarts
         outcome = f"{left} restart(s) left" if left > 0 else "no restarts left"
-        self._emit_failure(result, f"{outcome} ({why})")
+        self.emit_failure(result, f"{outcome} ({why})")
         return result
 
     def _exit_barrier(self) -> None:
-        finish.exit_barrier(self)  # ends when the run is closed, not after exit_barrier_timeout
+        """torch's exit barrier, ended when the run is closed rather than after ``exit_barrier_timeout``."""
+        self._in_exit_barrier = True  # torch's health check: the agent is alive while it waits here
+        try:
+            world = self._worker_group.group_world_size
+            finish.exit_barrier(self._store, world, self._exit_barrier_timeout, self.events)
+        finally:
+            self._in_exit_barrier = False
 
-    def _emit_failure(self, result: RunResult, outcome: str) -> None:
+    def emit_failure(self, result: RunResult, outcome: str) -> None:
+        """Say a failed worker group in the event log, with what follows (``outcome``)."""
         failures = sorted(result.failures.items())
         ranks = [rank for rank, _ in failures]
         codes = [f.exitcode for _, f in failures]
+        state = str(result.state.value).lower()
         self.events.emit(
             "failure",
-            f"worker group {str(result.state.value).lower()}: rank(s) {ranks} exit code(s) {codes}; {outcome}",
-            state=str(result.state.value).lower(),
+            f"worker group {state}: rank(s) {ranks} exit code(s) {codes}; {outcome}",
+            state=state,
             ranks=ranks,
             exit_codes=codes,
             outcome=outcome,
         )
 
-    def _membership_grace(self) -> float:
+    def membership_grace(self) -> float:
         """--membership-grace; by default the lease TTL + 1 s. 0 without services (no lost-node reports)
         and in a world of this node alone: no peer's loss can have failed its workers."""
         if self.options.membership_grace_s is not None:
@@ -398,3 +504,29 @@ class ElasticRMAgent(LocalElasticAgent):
         if self._services is None or (joined is not None and len(joined.members) <= 1):
             return 0.0
         return self._services.lease_ttl + 1.0
+
+
+def _open_event_log(handler: Any, services: NodeServices | None, node_id: str, path: str | None) -> EventLog:
+    """The run's event log in etcd (node services), else a local one (torch's backends); plus the
+    ``--event-log`` file at ``path``."""
+    events = services.events if services is not None else EventLog(handler.get_run_id(), node_id)
+    if path:
+        try:
+            events.attach_file(path)
+        except OSError as exc:
+            raise ValueError(f"--event-log {path}: cannot append to it ({exc})") from exc
+    return events
+
+
+def _ledger_mirror(handler: Any, services: NodeServices | None, node_id: str) -> LedgerMirror | None:
+    """The leader's etcd copy of the checkpointed sample ledger (node services only)."""
+    if services is None:
+        return None
+    root = run_memory_dir(handler.get_run_id())
+    return LedgerMirror(
+        node_id,
+        node_dir=lambda: root / services.node_id,  # the id changes when the node rejoins
+        publish=services.publish_ledger,
+        leading=lambda: services.leading,
+        peers=lambda: ckpt_hooks.peer_endpoints(services),
+    )

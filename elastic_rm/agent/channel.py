@@ -38,9 +38,11 @@ from ..wire.channel import (
     KIND_HELLO,
     KIND_STEPS,
     MAGIC,
+    ROUND_FILE,
     SOCKET_NAME,
     STEPS,
     VERSION,
+    encode_round,
 )
 
 log = logging.getLogger(__name__)
@@ -86,7 +88,8 @@ class DrainResult:
         return not self.missing
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, exited but not reaped yet, does not)."""
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
@@ -109,8 +112,8 @@ class AgentChannel:
         sock_path = os.path.join(directory, SOCKET_NAME)
         if len(os.fsencode(sock_path)) > _SUN_PATH_MAX:
             raise ValueError(
-                f"agent channel socket path {sock_path!r} is longer than {_SUN_PATH_MAX} bytes (a Unix socket "
-                "limit); use a shorter directory, e.g. set TMPDIR=/tmp"
+                f"agent channel socket path {sock_path!r} is longer than {_SUN_PATH_MAX} bytes "
+                "(a Unix socket limit); use a shorter directory, e.g. set TMPDIR=/tmp"
             )
         if os.path.exists(sock_path):
             os.unlink(sock_path)  # a stale socket of an agent that died; the directory is ours
@@ -171,6 +174,17 @@ class AgentChannel:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # ---- messages to workers -------------------------------------------------------------------------
+    def send_round(self, pid: int, action: int, round_id: int, env: dict[str, str]) -> None:
+        """Tell worker ``pid`` what to do with its next round (``elastic_rm.wire.channel.ROUND_*``); a
+        worker that keeps its process across rounds reads it from its own file in the channel's
+        directory."""
+        path = os.path.join(self.directory, ROUND_FILE.format(pid=pid))
+        tmp = path + ".tmp"
+        with open(tmp, "wb") as fh:
+            fh.write(encode_round(action, round_id, env))
+        os.replace(tmp, path)  # the worker never sees half a message
+
     # ---- step times ----------------------------------------------------------------------------------
     def summary(self) -> StepSummary | None:
         """p50/p90 step time and samples/s over the window; None when no worker reported within it."""
@@ -230,7 +244,7 @@ class AgentChannel:
             self._acks.clear()
             self._byes.clear()
             self._expected = set()
-            for pid in [p for p in self._workers if not _pid_alive(p)]:
+            for pid in [p for p in self._workers if not pid_alive(p)]:
                 del self._workers[pid]
 
     @property
@@ -242,7 +256,7 @@ class AgentChannel:
         self,
         timeout_s: float,
         pids: Iterable[int] | None = None,
-        alive: Callable[[int], bool] = _pid_alive,
+        alive: Callable[[int], bool] = pid_alive,
     ) -> DrainResult:
         """Wait (at most ``timeout_s``) until every expected worker acked, exited or said goodbye.
 

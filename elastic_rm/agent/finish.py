@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
+from torch.distributed import Store
 from torch.distributed.elastic.agent.server.api import _TERMINAL_STATE_SYNC_ID
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.utils import store as store_util
 
+from ..obs.events import EventLog
 from ..rendezvous.etcd_store import EtcdStore, RunClosedError
 
 log = logging.getLogger(__name__)
@@ -29,10 +30,9 @@ log = logging.getLogger(__name__)
 ARRIVED_KEY = _TERMINAL_STATE_SYNC_ID + "/num_members"
 
 
-def others_finished(agent: Any) -> bool:
-    """Whether every other node of this node's round has reached the exit barrier (False without an
-    elastic-rm store, or while etcd does not answer)."""
-    store, world = getattr(agent, "_store", None), agent._worker_group.group_world_size
+def others_finished(store: object, world: int | None) -> bool:
+    """Whether every other node of this node's round (``world`` nodes) has reached the exit barrier in
+    ``store`` (False without an elastic-rm store, or while etcd does not answer)."""
     if not isinstance(store, EtcdStore) or world is None or world <= 1:
         return False
     try:
@@ -42,27 +42,24 @@ def others_finished(agent: Any) -> bool:
     return arrived is not None and int(arrived) >= world - 1
 
 
-def exit_barrier(agent: Any) -> None:
-    """torch's ``SimpleElasticAgent._exit_barrier``, ended early (with a warning, not a traceback) when a
-    member of the round closes the run while this node waits."""
+def exit_barrier(store: Store, world: int | None, timeout_s: float, events: EventLog) -> None:
+    """torch's ``SimpleElasticAgent._exit_barrier`` over ``store`` for ``world`` nodes, ended early (with a
+    warning, not a traceback) when a member of the round closes the run while this node waits."""
     t0 = time.monotonic()
-    agent._in_exit_barrier = True  # torch's health check: the agent is alive while it waits here
     try:
         store_util.barrier(
-            store=agent._store,
-            world_size=agent._worker_group.group_world_size,
+            store=store,
+            world_size=world,
             key_prefix=_TERMINAL_STATE_SYNC_ID,
-            barrier_timeout=agent._exit_barrier_timeout,
+            barrier_timeout=timeout_s,
         )
         log.info("done waiting for the other nodes after %.1fs", time.monotonic() - t0)
     except RunClosedError as exc:
         waited = time.monotonic() - t0
         message = f"exit barrier left after {waited:.1f}s: {exc}"
         log.warning("%s", message)
-        agent.events.emit("job", message, waited_s=round(waited, 3))
+        events.emit("job", message, waited_s=round(waited, 3))
     except SignalException:
         raise
     except Exception:  # noqa: BLE001 - as torch: a barrier that fails does not fail a finished node
         log.exception("error waiting on the exit barrier after %.1fs", time.monotonic() - t0)
-    finally:
-        agent._in_exit_barrier = False

@@ -17,10 +17,10 @@ forming meanwhile) is said in the event log, and torch's restart follows: stop, 
 
 After a member's loss (:meth:`InPlaceRounds.run_after_loss`): the workers' collectives failed, and each
 worker that holds the failure (``with rnd:``) said so (``KIND_LOST``), shut its connections, destroyed its
-process groups and waits. When the round without the lost member forms, the agent moves them into it as above, with no
-drain: their body restores from the newest committed checkpoint. When no new round forms within the
-membership grace, the agent tells them to fail (:meth:`InPlaceRounds.release`), and torch's failure
-handling follows as if they had exited at once.
+process groups and waits. When the round without the lost member forms, the agent moves them into it as
+above, with no drain: their body restores from the newest committed checkpoint. When no new round forms
+within the membership grace, the agent tells them to fail (:meth:`InPlaceRounds.release`), and torch's
+failure handling follows as if they had exited at once.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 
+from ..obs.events import EventLog
 from ..train.peers import PEERS_ENV
 from ..wire.channel import (
     ENV_ROUND,
@@ -43,12 +43,11 @@ from ..wire.channel import (
     KIND_RESUMED,
     RESUMED,
     ROUND_FAIL,
-    ROUND_FILE,
     ROUND_JOIN,
     ROUND_LEAVE,
-    encode_round,
 )
-from .channel import AgentChannel, DrainResult, _pid_alive
+from .channel import AgentChannel, DrainResult, pid_alive
+from .host import AgentHost
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +65,7 @@ RELEASE_LIMIT_S = 30.0  # how long workers told to fail their held round may tak
 class InPlaceRounds:
     """Which workers opted in, their resumes and failures (from the channel), and the round itself."""
 
-    def __init__(self, channel: AgentChannel, events: Any) -> None:
+    def __init__(self, channel: AgentChannel, events: EventLog) -> None:
         self.channel = channel
         self.events = events
         self._cond = threading.Condition()
@@ -124,15 +123,15 @@ class InPlaceRounds:
         with self._cond:
             waiting = {p: self._lost.pop(p) for p in pids if p in self._lost}
         for pid in waiting:
-            self._tell(pid, ROUND_FAIL, 0, {})
+            self.channel.send_round(pid, ROUND_FAIL, 0, {})
         return "; ".join(f"pid {p}: {why}" for p, (_, why) in sorted(waiting.items()))
 
     def held_failure(
         self,
-        agent: Any,
+        agent: AgentHost,
         group: WorkerGroup,
         result: RunResult,
-        monitor: Callable[[Any, WorkerGroup], RunResult],
+        monitor: Callable[[WorkerGroup], RunResult],
     ) -> RunResult:
         """Workers that hold a failed round run on, waiting: a new round within the membership grace takes
         them in place (torch's loop sees the waiting nodes); without one, they are told to fail and exit,
@@ -141,20 +140,20 @@ class InPlaceRounds:
         waited = self.waiting_s(pids)
         if waited is None or group.spec.rdzv_handler.num_nodes_waiting() > 0:
             return result
-        grace = agent._membership_grace()
+        grace = agent.membership_grace()
         if waited < grace:
             return result
         why = self.release(pids)
         deadline = time.monotonic() + RELEASE_LIMIT_S
         while result.state == WorkerState.HEALTHY and time.monotonic() < deadline:
             time.sleep(0.05)
-            result = monitor(agent, group)
-        left = agent._remaining_restarts
+            result = monitor(group)
+        left = agent.remaining_restarts
         outcome = f"{left} restart(s) left" if left > 0 else "no restarts left"
-        agent._emit_failure(result, f"no new round within the membership grace {grace:g}s ({why}); {outcome}")
+        agent.emit_failure(result, f"no new round within the membership grace {grace:g}s ({why}); {outcome}")
         return result
 
-    def run_after_loss(self, agent: Any, group: WorkerGroup) -> bool:
+    def run_after_loss(self, agent: AgentHost, group: WorkerGroup) -> bool:
         """A new round after a member's loss: True when the workers, which held their failed round and
         wait in place, moved into it (their body restores the newest committed checkpoint). False: torch's
         restart must follow (the event log says why, when the workers opted in)."""
@@ -189,7 +188,7 @@ class InPlaceRounds:
                 return f"{len(pids) - len(capable)} worker(s) do not use elastic_rm.train.rounds"
             if not missing:
                 return None
-            dead = [p for p in missing if not _pid_alive(p)]
+            dead = [p for p in missing if not pid_alive(p)]
             if dead:
                 return f"worker pid(s) {dead} exited (a script without `with rnd:` around its body?)"
             if time.monotonic() > deadline:
@@ -210,7 +209,7 @@ class InPlaceRounds:
             return "not every worker drained cleanly (a final hook failed, or it exited or timed out)"
         return None
 
-    def run(self, agent: Any, group: WorkerGroup, drained: DrainResult | None) -> bool:
+    def run(self, agent: AgentHost, group: WorkerGroup, drained: DrainResult | None) -> bool:
         """The round in place; True when the workers kept their processes in it. False: torch's restart
         must follow (this node leaves, or the in-place path failed and the event log says why)."""
         old = {w.local_rank: w.id for w in group.workers if w.id is not None}
@@ -234,7 +233,9 @@ class InPlaceRounds:
             return False
         return self._move(agent, group, old, time.monotonic(), after_loss=False)
 
-    def _move(self, agent: Any, group: WorkerGroup, old: dict[int, int], t0: float, after_loss: bool) -> bool:
+    def _move(
+        self, agent: AgentHost, group: WorkerGroup, old: dict[int, int], t0: float, after_loss: bool
+    ) -> bool:
         """Rendezvous, tell each kept worker its new round, wait for its first step there. ``t0``: when
         training stopped (the drain's end, or the first failed collective after a loss)."""
         services = agent.services
@@ -243,7 +244,7 @@ class InPlaceRounds:
             self._resumed.clear()
             self._failed.clear()
         self.channel.clear_drain()  # before any worker can train in the new round and see the old flag
-        agent._rendezvous(group)
+        agent.rendezvous(group)
         rendezvous_at = time.time()
         joined = services.joined_round
         round_id = joined.round if joined is not None else 0
@@ -251,9 +252,9 @@ class InPlaceRounds:
             worker.id = old[worker.local_rank]  # the same processes: torch's monitor matches them by pid
         envs = self._environments(agent, group, round_id)
         for worker in group.workers:
-            self._tell(worker.id, ROUND_JOIN, round_id, envs[worker.local_rank])
+            self.channel.send_round(worker.id, ROUND_JOIN, round_id, envs[worker.local_rank])
         told_at = time.time()
-        why = self._wait_resumed(pids, round_id, lambda: agent._handler.num_nodes_waiting() > 0)
+        why = self._wait_resumed(pids, round_id, lambda: group.spec.rdzv_handler.num_nodes_waiting() > 0)
         if why is not None:
             self.events.emit(
                 "round",
@@ -266,7 +267,7 @@ class InPlaceRounds:
             return False
         elapsed = time.monotonic() - t0
         group.state = WorkerState.HEALTHY
-        agent.channel.reset_steps()
+        self.channel.reset_steps()
         kept = (
             f"{len(pids)} worker(s) kept their processes, "
             f"rank(s) {[w.global_rank for w in group.workers]} of {group.workers[0].world_size}"
@@ -288,14 +289,14 @@ class InPlaceRounds:
         )
         return True
 
-    def _environments(self, agent: Any, group: WorkerGroup, round_id: int) -> dict[int, dict[str, str]]:
+    def _environments(self, agent: AgentHost, group: WorkerGroup, round_id: int) -> dict[int, dict[str, str]]:
         """What torch's ``LocalElasticAgent._start_workers`` gives a new worker, plus elastic-rm's
         per-round variables (the checkpoint peers of this round, the node id, the round id)."""
         from . import ckpt_hooks
 
         spec = group.spec
         ckpt_hooks.set_worker_env(agent.services)
-        restart_count = spec.max_restarts - agent._remaining_restarts
+        restart_count = spec.max_restarts - agent.remaining_restarts
         node = agent.services.node_id if agent.services is not None else agent.node_id
         envs = {}
         for w in group.workers:
@@ -320,14 +321,15 @@ class InPlaceRounds:
             }
         return envs
 
-    def _leave(self, agent: Any, round_id: int, pids: list[int]) -> None:
+    def _leave(self, agent: AgentHost, round_id: int, pids: list[int]) -> None:
         """This node is not in the pending round: its workers exit 0 (no kill, no restart count)."""
         for pid in pids:
-            self._tell(pid, ROUND_LEAVE, round_id, {})
+            self.channel.send_round(pid, ROUND_LEAVE, round_id, {})
         deadline = time.monotonic() + LEAVE_LIMIT_S
         result = None
         while time.monotonic() < deadline and result is None:
-            result = agent._pcontext.wait(0) if agent._pcontext is not None else None  # all exited?
+            context = agent.process_context
+            result = context.wait(0) if context is not None else None  # all exited?
             time.sleep(0.02)
         if result is None:
             codes: dict[int, int | None] = {}
@@ -344,13 +346,6 @@ class InPlaceRounds:
             exit_codes={str(r): c for r, c in codes.items()},
         )
 
-    def _tell(self, pid: int, action: int, round_id: int, env: dict[str, str]) -> None:
-        path = os.path.join(self.channel.directory, ROUND_FILE.format(pid=pid))
-        tmp = path + ".tmp"
-        with open(tmp, "wb") as fh:
-            fh.write(encode_round(action, round_id, env))
-        os.replace(tmp, path)  # the worker never sees half a message
-
     def _wait_resumed(self, pids: list[int], round_id: int, newer_round: Callable[[], bool]) -> str | None:
         deadline = time.monotonic() + REINIT_LIMIT_S
         while True:
@@ -362,7 +357,7 @@ class InPlaceRounds:
                 return f"worker pid {pid} raised while re-initialising ({text})"
             if not pending:
                 return None
-            dead = [p for p in pending if not _pid_alive(p)]
+            dead = [p for p in pending if not pid_alive(p)]
             if dead:
                 return f"worker pid(s) {dead} exited before their first step in the new round"
             if newer_round():

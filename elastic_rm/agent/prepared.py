@@ -28,37 +28,23 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
 
-from torch.distributed.elastic.agent.server.api import WorkerGroup
+from torch.distributed.elastic.agent.server.api import WorkerGroup, WorkerSpec
 
-from ..wire.channel import ENV_PREPARED, ENV_ROUND
+from ..wire.channel import ENV_PREPARED
 from ..wire.records import NodeRecord, RoundRecord
-from . import ckpt_hooks, threads
-from .channel import _pid_alive
-from .spares import SpareContext, start_workers, worker_envs
+from .channel import pid_alive
+from .host import AgentHost
+from .spares import SpareContext, SparePool
 
 log = logging.getLogger(__name__)
 
 STOP_LIMIT_S = 5.0  # how long discarded workers get to exit after SIGTERM, before SIGKILL
 
 
-def set_worker_environment(agent: Any, round_id: int) -> None:
-    """What every start of this node's workers inherits from the agent's environment: the channel's
-    directory, this node's id (the flash checkpoint keeps each node's copy under it), the round's
-    checkpoint peers and id, and the workers' thread count."""
-    agent._start_side_services()
-    os.environ.update(agent.channel.env())
-    os.environ["ERM_NODE_ID"] = node = agent.node_id_now()
-    if node not in agent.node_ids_used:  # the workers' node memory goes under this id from now on
-        agent.node_ids_used.append(node)
-    ckpt_hooks.set_worker_env(agent.services)  # this round's peers' checkpoint servers
-    os.environ[ENV_ROUND] = str(round_id)
-    if agent.options.worker_threads:  # OMP_NUM_THREADS from this node's CPU share
-        agent._threads = threads.for_workers(agent, agent._worker_group.spec.local_world_size, agent._threads)
-
-
-def predicted_group(spec: Any, r: RoundRecord, records: dict[str, NodeRecord], node: str) -> WorkerGroup:
+def predicted_group(
+    spec: WorkerSpec, r: RoundRecord, records: dict[str, NodeRecord], node: str
+) -> WorkerGroup:
     """This node's ``WorkerGroup`` as torch's rendezvous and rank assignment will fill it for round ``r``:
     group rank = index in the member list, global ranks by the members' ``nproc`` in that order (torch's
     ``_assign_worker_ranks``, one role), master = rank 0's address and advertised port."""
@@ -93,8 +79,9 @@ class _Started:
 class PreparedStart:
     """The agent's prepared workers: at most one set, for the round forming now."""
 
-    def __init__(self, agent: Any) -> None:
+    def __init__(self, agent: AgentHost, pool: SparePool | None) -> None:
         self._agent = agent
+        self._pool = pool
         self._started: _Started | None = None
 
     def on_forming_round(self, r: RoundRecord) -> None:
@@ -111,10 +98,10 @@ class PreparedStart:
 
     def _start(self, r: RoundRecord) -> str | None:
         """Start the workers for round ``r`` if this node can (None: started, or kept); else why not."""
-        agent, services, pool = self._agent, self._agent.services, self._agent.spares
+        agent, services, pool = self._agent, self._agent.services, self._pool
         if pool is None or services is None:
             return "no warm spares"
-        if any(w.id is not None and _pid_alive(w.id) for w in agent._worker_group.workers):
+        if any(w.id is not None and pid_alive(w.id) for w in agent.get_worker_group().workers):
             return "this node's workers run (a kept node)"
         node = services.node_id
         records = services.node_records(list(r.members))
@@ -124,17 +111,17 @@ class PreparedStart:
             return "not every other member's workers keep their processes (elastic_rm.train.rounds)"
         if records[r.members[0]].master_port <= 0:
             return "rank 0 advertises no port"
-        group = predicted_group(agent._worker_group.spec, r, records, node)
-        set_worker_environment(agent, r.round)
-        args, envs, prefixes = worker_envs(agent, group)
+        group = predicted_group(agent.get_worker_group().spec, r, records, node)
+        agent.set_worker_environment(r.round)
+        args, envs, prefixes = agent.worker_start(group)
         expected = whole(envs)
         if self._started is not None:  # their round id (ERM_ROUND) at least is not this round's
             self.discard(f"round {r.round} formed before round {self._started.round} was sealed")
         marked = {rank: {**env, ENV_PREPARED: str(r.round)} for rank, env in envs.items()}
-        context = start_workers(agent, group, pool, given=(args, marked, prefixes))
+        context = agent.start_workers_with(group, (args, marked, prefixes))
         self._started = _Started(r.round, expected, context, time.time())
         pids = context.pids()
-        agent._orphan_guard.watch(list(pids.values()))
+        agent.guard_processes(list(pids.values()))
         agent.events.emit(
             "round",
             f"round {r.round}: {len(pids)} worker(s) started before the seal (prepared; "
@@ -157,16 +144,16 @@ class PreparedStart:
         if joined is None or joined.round != started.round:
             sealed = joined.round if joined is not None else "none"
             return self._drop(started, f"round {sealed} was sealed, not the prepared round {started.round}")
-        now = whole(worker_envs(self._agent, group)[1])
+        now = whole(self._agent.worker_start(group)[1])
         if now != started.expected:
             return self._drop(
                 started, f"the sealed round's environment differs in {_differing(now, started.expected)}"
             )
         pids = started.context.pids()
-        gone = [pid for pid in pids.values() if not _pid_alive(pid)]
+        gone = [pid for pid in pids.values() if not pid_alive(pid)]
         if gone:
             return self._drop(started, f"prepared worker pid(s) {gone} exited before the seal")
-        self._agent._pcontext = started.context
+        self._agent.process_context = started.context
         self._agent.events.emit(
             "round",
             f"round {started.round}: the {len(pids)} prepared worker(s) are the round's "
@@ -186,9 +173,8 @@ class PreparedStart:
     def _drop(self, started: _Started, why: str) -> None:
         """Stop ``started`` and say why (returns None: what :meth:`take` returns then)."""
         started.context.close(timeout=STOP_LIMIT_S)
-        pool = self._agent.spares
-        if pool is not None:  # what they took: the round about to start its workers takes them warming
-            pool.fill(self._agent._worker_group.spec.local_world_size, low_priority=False)
+        if self._pool is not None:  # what they took: the round about to start its workers takes them warming
+            self._pool.fill(self._agent.get_worker_group().spec.local_world_size, low_priority=False)
         message = f"prepared workers of round {started.round} stopped: {why}; the round starts its workers"
         log.warning("%s", message)
         self._agent.events.emit("round", message, round=started.round, prepared=False, fallback=why)
@@ -196,7 +182,6 @@ class PreparedStart:
 
 def _differing(a: dict[int, dict[str, str]], b: dict[int, dict[str, str]]) -> list[str]:
     """The variables whose values differ between two sets of per-rank environments."""
-    return sorted(
-        {k for rank in set(a) | set(b) for k in set(a.get(rank, {})) | set(b.get(rank, {}))
-         if a.get(rank, {}).get(k) != b.get(rank, {}).get(k)}
-    )  # fmt: skip
+    ranks = set(a) | set(b)
+    names = {k for rank in ranks for k in set(a.get(rank, {})) | set(b.get(rank, {}))}
+    return sorted(k for k in names if any(a.get(r, {}).get(k) != b.get(r, {}).get(k) for r in ranks))

@@ -30,14 +30,17 @@ from string import Template
 from typing import Any
 
 import psutil
+from torch.distributed.elastic.agent.server.api import WorkerGroup, WorkerSpec
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.api import SubprocessContext
 from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 from torch.distributed.elastic.multiprocessing.subprocess_handler.handlers import get_subprocess_handler
 from torch.distributed.elastic.utils import macros
 
 from ..guard import Watchdog
+from ..obs.events import EventLog
 from . import spare as spare_main
-from .channel import _pid_alive
+from .channel import pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +66,7 @@ def parse_preload(text: str) -> tuple[str, ...]:
     return names
 
 
-def why_unsupported(spec: Any) -> str | None:
+def why_unsupported(spec: WorkerSpec) -> str | None:
     """None when this worker spec can start from spares; else why not."""
     if not isinstance(spec.entrypoint, str) or os.path.realpath(spec.entrypoint) != os.path.realpath(
         sys.executable
@@ -268,7 +271,9 @@ class SpareContext(SubprocessContext):
                 self.from_spares[rank] = spare.pid
 
 
-def worker_envs(agent: Any, worker_group: Any) -> tuple[dict[int, tuple], dict[int, dict[str, str]], Any]:
+def worker_envs(
+    agent: LocalElasticAgent, worker_group: WorkerGroup
+) -> tuple[dict[int, tuple], dict[int, dict[str, str]], Any]:
     """The args, environments and log prefixes of torch's ``LocalElasticAgent._start_workers`` (torch
     2.13, pinned by tests/e2e/test_torch_contract.py), line for line, without its side effects."""
     spec = worker_group.spec
@@ -308,7 +313,9 @@ def worker_envs(agent: Any, worker_group: Any) -> tuple[dict[int, tuple], dict[i
     return args, envs, prefixes
 
 
-def start_workers(agent: Any, worker_group: Any, pool: SparePool, given: tuple | None = None) -> SpareContext:
+def start_workers(
+    agent: LocalElasticAgent, worker_group: WorkerGroup, pool: SparePool, given: tuple | None = None
+) -> SpareContext:
     """torch's ``_start_workers`` with :class:`SpareContext` in place of ``start_processes``.
     ``given``: the (args, environments, prefixes) to start with, else :func:`worker_envs`'."""
     spec = worker_group.spec
@@ -337,29 +344,29 @@ def start_workers(agent: Any, worker_group: Any, pool: SparePool, given: tuple |
     return context
 
 
-def spare_pool(options: Any, spec: Any, guard: Watchdog, events: Any) -> SparePool | None:
-    """The agent's pool (None: ``--spares off``, or workers that cannot start from spares, said once)."""
-    if not options.spares:
-        return None
+def spare_pool(
+    preload: tuple[str, ...], spec: WorkerSpec, guard: Watchdog, events: EventLog
+) -> SparePool | None:
+    """The agent's pool, its spares importing ``preload`` (None: workers that cannot start from spares,
+    said once)."""
     why = why_unsupported(spec)
     if why is not None:
         log.warning("no warm spare workers: %s", why)
         events.emit("node", f"no warm spare workers: {why}", spares=False, reason=why)
         return None
-    return SparePool(options.spare_preload, guard, label=tuple(str(a) for a in spec.args[1:]))
+    return SparePool(preload, guard, label=tuple(str(a) for a in spec.args[1:]))
 
 
-def start_from_spares(agent: Any, worker_group: Any, pool: SparePool) -> dict[int, int]:
+def start_from_spares(
+    agent: LocalElasticAgent, worker_group: WorkerGroup, pool: SparePool, events: EventLog, round_id: int
+) -> SpareContext:
     """The agent's ``_start_workers`` with spares: start the round, say which ranks got a spare, and
-    warm the next round's spares at low priority."""
+    warm the next round's spares at low priority; the workers' process context (torch's ``_pcontext``)."""
     context = start_workers(agent, worker_group, pool)
-    agent._pcontext = context
     pids = context.pids()
     used = context.from_spares
-    joined = agent.joined_round
-    round_id = joined.round if joined is not None else 0
     fresh = len(pids) - len(used)
-    agent.events.emit(
+    events.emit(
         "round",
         f"round {round_id}: {len(used)} worker(s) started from warm spares, {fresh} as new processes",
         round=round_id,
@@ -367,21 +374,21 @@ def start_from_spares(agent: Any, worker_group: Any, pool: SparePool) -> dict[in
         new_processes=fresh,
     )
     pool.fill(worker_group.spec.local_world_size, low_priority=True)
-    return pids
+    return context
 
 
-def warm_before_joining(agent: Any, worker_group: Any, pool: SparePool) -> None:
+def warm_before_joining(worker_group: WorkerGroup, pool: SparePool, events: EventLog) -> None:
     """Before a rendezvous: start the spares the next round needs. A node whose workers do not run (it
     is about to join a running job, or the job is starting) joins once they are warm: the running job
     trains meanwhile, and the round then waits for no import (a scale-up's critical path). Next to
     running workers (a round in place) they warm at nice 19 and the round does not wait."""
-    running = any(_pid_alive(w.id) for w in worker_group.workers if w.id is not None)
+    running = any(pid_alive(w.id) for w in worker_group.workers if w.id is not None)
     if pool.fill(worker_group.spec.local_world_size, low_priority=running) and not running:
         t0 = time.monotonic()
         warm = pool.wait_ready(WARM_LIMIT_S)
         waited = time.monotonic() - t0
         log.info("spares %s after %.2fs; joining the rendezvous", "warm" if warm else "not warm", waited)
-        agent.events.emit(
+        events.emit(
             "node",
             f"{len(pool.pids())} spare worker(s) {'warm' if warm else 'still warming'} after {waited:.2f}s; "
             "joining the rendezvous",

@@ -16,10 +16,15 @@ import logging
 import os
 import signal
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..rendezvous.services import NodeServices
 from ..wire.channel import ROUND_LEAVE
+
+if TYPE_CHECKING:  # `erm stop` imports this module for STOP_BY: without torch
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup
+
+    from .host import AgentHost
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +60,15 @@ class _SignalledExits(logging.Filter):
         return not record.getMessage().startswith("failed (exitcode: ")
 
 
-def wait_exit(agent: Any, limit_s: float) -> Any:
+def wait_exit(agent: AgentHost, limit_s: float) -> RunResult | None:
     """torch's process context's result once every worker exited; None when some still run at the limit."""
     deadline = time.monotonic() + limit_s
     quiet = _SignalledExits()
     torch_log = logging.getLogger(TORCH_PROCESS_LOG)
     torch_log.addFilter(quiet)
     try:
-        while agent._pcontext is not None:
-            result = agent._pcontext.wait(0)
+        while (context := agent.process_context) is not None:
+            result = context.wait(0)
             if result is not None or time.monotonic() >= deadline:
                 return result
             time.sleep(POLL_S)
@@ -72,13 +77,12 @@ def wait_exit(agent: Any, limit_s: float) -> Any:
         torch_log.removeFilter(quiet)
 
 
-def stop_workers(agent: Any, group: Any) -> Any:
-    """Drain, let the drained workers exit, signal the others; a finished worker group (torch's
-    RunResult: torch then ends the run)."""
+def stop_workers(agent: AgentHost, group: WorkerGroup, grace: float) -> RunResult:
+    """Drain (``grace``: ``--drain-grace``), let the drained workers exit, signal the others; a finished
+    worker group (torch's RunResult: torch then ends the run)."""
     from torch.distributed.elastic.agent.server.api import RunResult, WorkerState  # erm stop: no torch
 
     t0 = time.monotonic()
-    grace = agent.options.drain_grace_s
     agent.metrics.set_state("draining")
     agent.channel.request_drain()
     pids = [w.id for w in group.workers if w.id is not None]
@@ -87,14 +91,14 @@ def stop_workers(agent: Any, group: Any) -> Any:
     drained = agent.channel.wait_for_acks(timeout_s=grace, pids=[p for p in pids if p not in plain])
     joined = agent.joined_round
     for pid in drained.acked:  # a worker in rounds() waits for word after its drain: it leaves (exit 0)
-        agent.in_place._tell(pid, ROUND_LEAVE, joined.round if joined is not None else 0, {})
+        agent.channel.send_round(pid, ROUND_LEAVE, joined.round if joined is not None else 0, {})
     late = [p for p in pids if p not in drained.acked and p not in plain]  # no step boundary in time
     terminate(late, signal.SIGTERM)
     others = plain + late
     result = wait_exit(agent, grace if others else EXIT_LIMIT_S)
     killed = result is None
     if killed:
-        agent._shutdown(death_sig=signal.SIGKILL, timeout=5)  # torch's stop, without its 30 s wait
+        agent.kill_workers()
     steps = sorted(set(drained.acked.values()))
     if killed:
         ended = "killed (SIGKILL) after the grace"
@@ -115,9 +119,17 @@ def stop_workers(agent: Any, group: Any) -> Any:
         }
         message += "; did not drain: " + "; ".join(f"pid(s) {ps} ({w})" for w, ps in why.items() if ps)
     log.info("%s", message)
-    agent.events.emit("drain", message, steps=steps, acked=len(drained.acked), stop=True,
-                      missing=len(drained.missing), unregistered=len(plain),
-                      signalled=len(others), killed=killed)  # fmt: skip
+    agent.events.emit(
+        "drain",
+        message,
+        steps=steps,
+        acked=len(drained.acked),
+        stop=True,
+        missing=len(drained.missing),
+        unregistered=len(plain),
+        signalled=len(others),
+        killed=killed,
+    )
     agent.stop_reason = STOP_BY
     # torch records every worker's state from the result: each global rank must be in it
     values = {} if result is None else dict(result.return_values)

@@ -14,7 +14,8 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from ..obs.events import EventLog
 
 ENV = "OMP_NUM_THREADS"
 
@@ -48,7 +49,7 @@ def choose(nproc: int, cpu_limit: float | None, nodes_here: int, cores: int) -> 
 
 
 def set_worker_env(
-    run_dir: Path, nproc: int, cpu_limit: float | None, events: Any, node: str, said: int | None
+    run_dir: Path, nproc: int, cpu_limit: float | None, events: EventLog, node: str, said: int | None
 ) -> int:
     """Choose for this node, set OMP_NUM_THREADS in this process's environment (workers inherit it) and
     say so in the event log when it differs from ``said``; the threads per worker. The nodes here are the
@@ -61,14 +62,6 @@ def set_worker_env(
         text = message(node, nproc, choice)
         events.emit("node", text, threads=choice.threads, cpu_share=round(choice.cpu_share, 3))
     return choice.threads
-
-
-def for_workers(agent: Any, nproc: int, said: int | None) -> int:
-    """:func:`set_worker_env` for an ElasticRMAgent's next workers."""
-    from ..train.paths import run_memory_dir
-
-    run_dir = run_memory_dir(agent._handler.get_run_id())
-    return set_worker_env(run_dir, nproc, agent.options.cpu_limit, agent.events, agent.node_id, said)
 
 
 def message(node: str, nproc: int, choice: ThreadChoice) -> str:

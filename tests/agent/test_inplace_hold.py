@@ -57,7 +57,7 @@ def test_a_held_failure_joins_the_next_round_in_place_or_fails_when_released(tmp
             wait_held(agent, proc.pid)  # round 4 failed: hand the worker round 5 (a new store port)
             with agent._cond:
                 agent._lost.pop(proc.pid)
-            agent._tell(proc.pid, ROUND_JOIN, 5, {"MASTER_PORT": str(free_port()), "ERM_ROUND": "5"})
+            channel.send_round(proc.pid, ROUND_JOIN, 5, {"MASTER_PORT": str(free_port()), "ERM_ROUND": "5"})
             wait_held(agent, proc.pid)  # round 5 failed too: no newer round comes
             why = agent.release([proc.pid])
             out, _ = proc.communicate(timeout=60)

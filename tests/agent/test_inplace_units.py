@@ -73,10 +73,9 @@ def test_the_agent_takes_a_round_in_place_only_when_every_worker_opted_in_and_dr
         rep.close()
 
 
-def test_the_agent_writes_each_worker_its_round_whole(tmp_path):
+def test_the_channel_writes_each_worker_its_round_whole(tmp_path):
     with AgentChannel(str(tmp_path / "ch")) as channel:
-        rounds = InPlaceRounds(channel, EventLog("run", "node"))
-        rounds._tell(1234, ROUND_JOIN, 4, {"RANK": "1", "WORLD_SIZE": "3"})
+        channel.send_round(1234, ROUND_JOIN, 4, {"RANK": "1", "WORLD_SIZE": "3"})
         with open(os.path.join(channel.directory, "round-1234"), "rb") as fh:
             assert decode_round(fh.read()) == (ROUND_JOIN, 4, {"RANK": "1", "WORLD_SIZE": "3"})
         assert sorted(os.listdir(channel.directory)) == ["agent.sock", "control", "round-1234"]

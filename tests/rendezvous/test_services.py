@@ -123,7 +123,7 @@ def test_under_torchs_own_backend_the_agent_gets_none_and_says_what_it_runs_with
             caplog.text
         )
         assert agent.ckpt_server is None and agent.ledger_mirror is None and agent.joined_round is None
-        assert agent._membership_grace() == 0.0
+        assert agent.membership_grace() == 0.0
     finally:
         agent.close()
 
@@ -138,7 +138,7 @@ def test_an_elastic_rm_handler_gives_the_agent_its_services(etcd, run_id, tmp_pa
             agent = _agent(h, services, tmp_path)
         assert "no elastic-rm node services" not in caplog.text
         assert agent.ckpt_server is not None and agent.ckpt_server.host == services.addr == "127.0.0.1"
-        assert agent.ledger_mirror is not None and agent._membership_grace() == 4.0  # lease TTL + 1 s
+        assert agent.ledger_mirror is not None and agent.membership_grace() == 4.0  # lease TTL + 1 s
         assert agent.joined_round is None and services.checkpoint_peers() == {}  # before the first round
         info = h.next_rendezvous()
         assert (info.rank, info.world_size) == (0, 1)
