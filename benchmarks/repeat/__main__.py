@@ -117,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"run {index}: {verdict} in {run['wall_s']:.0f} s, {run['counts']}, log {run['log']}", flush=True
         )
+        if run["slowest"]:
+            print(
+                "  slowest: " + ", ".join(f"{test} {s:.0f} s" for test, s in run["slowest"][:5]), flush=True
+            )
         for f in run["failures"]:
             load = ", ".join(f"{x:.2f}" for x in f["load_avg"])
             print(f"  FAILED {f['test']} ({f['when']}), seed {seed}, load {load}: {f['message']}")

@@ -1,4 +1,5 @@
-"""A pytest plugin the repeat harness loads into each run: every failure, the test running, the run's counts.
+"""A pytest plugin the repeat harness loads into each run: every failure, the test running, what each test
+took, the run's counts.
 
 Why a plugin: pytest's terminal summary is for people (its ``-r`` flags decide what it lists); this
 records every failed phase with its test id, its message and the load average at that moment, which is
@@ -48,15 +49,20 @@ def _failure(test: str, report: pytest.TestReport | pytest.CollectReport, when: 
     )
 
 
+_SECONDS: dict[str, float] = {}  # test id -> its setup, call and teardown so far
+
+
 def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:
     _write({"kind": "start", "test": nodeid})  # a run that ends inside a test (a hang, a crash) names it
 
 
 def pytest_runtest_logfinish(nodeid: str, location: tuple) -> None:
-    _write({"kind": "finish", "test": nodeid})
+    # what the test took, its fixtures' setup and teardown included: the harness lists the slowest
+    _write({"kind": "finish", "test": nodeid, "seconds": round(_SECONDS.pop(nodeid, 0.0), 3)})
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _SECONDS[report.nodeid] = _SECONDS.get(report.nodeid, 0.0) + report.duration
     if report.failed:
         _failure(report.nodeid, report, report.when)
 

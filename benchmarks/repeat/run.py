@@ -71,10 +71,14 @@ def pytest_args(settings: RunSettings, seed: int | None) -> str:
     return " ".join(a for a in args if a)
 
 
-def read_record(path: Path) -> tuple[list[dict], dict, str | None]:
+SLOWEST = 25  # the slowest tests each run keeps in the results file
+
+
+def read_record(path: Path) -> tuple[list[dict], dict, str | None, dict[str, float]]:
     """What record.py wrote: the failures, the session line (counts, exit status; {} when the run ended
-    before pytest did) and the test that started and did not finish (None when every one finished)."""
-    failures, session, running = [], {}, None
+    before pytest did), the test that started and did not finish (None when every one finished) and the
+    seconds each finished test took."""
+    failures, session, running, seconds = [], {}, None, {}
     if path.exists():
         for line in path.read_text(encoding="utf-8").splitlines():
             entry = json.loads(line)
@@ -85,9 +89,16 @@ def read_record(path: Path) -> tuple[list[dict], dict, str | None]:
                 session = entry
             elif kind == "start":
                 running = entry["test"]
-            elif kind == "finish" and running == entry["test"]:
-                running = None
-    return failures, session, running
+            elif kind == "finish":
+                seconds[entry["test"]] = entry.get("seconds", 0.0)
+                if running == entry["test"]:
+                    running = None
+    return failures, session, running, seconds
+
+
+def slowest(seconds: dict[str, float], n: int = SLOWEST) -> list[list]:
+    """The ``n`` slowest tests, slowest first, as [test id, seconds]: where the suite's time goes."""
+    return [[test, s] for test, s in sorted(seconds.items(), key=lambda item: -item[1])[:n]]
 
 
 def run_failure(test: str, message: str) -> dict:
@@ -126,7 +137,7 @@ def run_once(index: int, settings: RunSettings, seed: int | None, work: Path) ->
         if hog is not None:
             stop(hog)
     wall_s = time.monotonic() - started
-    failures, session, running = read_record(record)
+    failures, session, running, seconds = read_record(record)
     if timed_out:
         message = f"the run did not end within {settings.timeout_s:.0f} s and was stopped"
         failures.append(run_failure(running or "<run timed out>", message))
@@ -151,6 +162,7 @@ def run_once(index: int, settings: RunSettings, seed: int | None, work: Path) ->
         "timed_out": timed_out,
         "counts": session.get("counts", {}),
         "failures": failures,
+        "slowest": slowest(seconds),
         "load_avg_start": load_start,
         "load_avg_end": list(os.getloadavg()),
         "log": str(log_path),

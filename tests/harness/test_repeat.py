@@ -25,6 +25,7 @@ TESTS = (
     "def test_also_passes():\n    pass\n"
 )
 
+ONE_EACH = ("test_passes", "test_every_process_imports_the_clone", "test_fails", "test_also_passes")
 CRASH = "import os, signal\n\n\ndef test_ends_its_session():\n    os.kill(os.getpid(), signal.SIGKILL)\n"
 
 
@@ -64,6 +65,9 @@ def test_a_failing_test_is_reported_with_its_id_and_seed(tmp_path):
     assert {"commit", "date", "machine", "command"} <= result.keys()
     (run,) = result["runs"]
     assert run["counts"] == {"passed": 3, "failed": 1}
+    assert {test for test, _ in run["slowest"]} == {f"test_tiny.py::{name}" for name in ONE_EACH}
+    seconds = [s for _, s in run["slowest"]]
+    assert seconds == sorted(seconds, reverse=True) and all(s >= 0 for s in seconds)
     (failure,) = run["failures"]
     assert failure["seed"] == 4242 and len(failure["load_avg"]) == 3
     assert "deliberately" in failure["message"]
