@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from elastic_rm.rendezvous.peer_probe import PROBE_INTERVAL_S, TIE_WINDOWS, CutOffClock, cut_off
+from elastic_rm.rendezvous.peer_probe import PROBE_INTERVAL_S
+from elastic_rm.rendezvous.peer_quorum import TIE_WINDOWS, CutOffClock, cut_off
 
 PREVIOUS_TIMEOUT_S = 0.5
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from benchmarks.common import stop_processes, write_result
 from benchmarks.probe_loss import CLOCKS, PREVIOUS_TIMEOUT_S, replay
-from elastic_rm.rendezvous.peer_probe import CONNECT_TIMEOUT_S, PROBE_INTERVAL_S
+from elastic_rm.rendezvous.peer_probe import PROBE_INTERVAL_S
+from elastic_rm.rendezvous.peer_sockets import CONNECT_TIMEOUT_S
 from elastic_rm.rendezvous.settings import DEFAULT_LEASE_TTL
 from tests.netns.hosts import Network, why_unavailable
 

@@ -11,7 +11,7 @@ import socket
 import sys
 import time
 
-from elastic_rm.rendezvous.peer_probe import OK, probe_outcomes
+from elastic_rm.rendezvous.peer_sockets import OK, probe_outcomes
 
 
 def listen(port: int, for_s: float) -> None:

@@ -2,44 +2,39 @@
 
 Why: with its link to the other hosts cut but etcd reachable, a node keeps its lease, so no round ever
 leaves it out; every member then waits in gloo collectives for minutes. Each node probes the checkpoint
-servers of its round's other members (a TCP connect, every ``PROBE_INTERVAL_S``). When more than half of
-at least 2 peers fail every probe of them for the window (``--rdzv-conf peer_probe``; ``CutOffClock``: a
-lossy link fails a probe now and then, a cut one every probe), the node revokes its own lease: the leader
-sees a lost member, the others train on without it, and its agent stops its workers and rejoins. A peer
-that is gone from etcd does not count (its lease ended: the leader replaces it anyway).
-A peer whose host refuses the connect (nothing listens there: its agent is dead) is also reported, and
-its lease revoked once a quorum of probers agrees (dead_peers.py).
-
-A tie has no majority: two members that cannot reach each other (a round of two), or a node that cannot
-reach exactly half of its peers (in a round of three, the link between two of them cut). Both sides see
-the same, so a deterministic rule decides: the node steps out when one of the peers it cannot reach comes
-before it in the round's member list (a lower group rank); the earlier one stays. Of two hosts cut apart,
-group rank 1 leaves and group rank 0 trains on alone. A tie must hold for ``TIE_WINDOWS`` windows: when a
-node is cut off from all its peers, each of them sees a tie against it, and the cut-off node (a majority
-after one window) must have left first (its peers then no longer count it: it is gone from etcd).
-
-The trap is the rejoin: a node readmitted while still cut off stalls the next round too, over and over. So
-before a node that stepped out registers again, :meth:`PeerProbe.gate` waits (bounded by join_timeout)
-until that rule no longer holds against the run's other live nodes.
+servers of a sample of its round's other members (elastic_rm.rendezvous.peer_sockets: a TCP connect, every
+``PROBE_INTERVAL_S``). When the quorum rules say it is cut off (elastic_rm.rendezvous.peer_quorum: more
+than half of at least 2 peers fail every probe of them for the window, ``--rdzv-conf peer_probe``, or a
+tie it loses), the node revokes its own lease: the leader sees a lost member, the others train on without
+it, and its agent stops its workers and rejoins, once the rejoin gate lets it
+(elastic_rm.rendezvous.rejoin_gate). A peer that is gone from etcd does not count (its lease ended: the
+leader replaces it anyway). A peer whose host refuses the connect (nothing listens there: its agent is
+dead) is also reported, and its lease revoked once a quorum of probers agrees (dead_peers.py).
 """
 
 from __future__ import annotations
 
-import errno
 import logging
-import random
-import selectors
-import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from ..background import Background
 from ..etcd.client import EtcdClient
 from ..etcd.errors import EtcdError
-from ..etcd.types import KeyValue
-from ..wire.records import NodeRecord, RecordError
 from .dead_peers import RefusalReports
+from .peer_quorum import TIE_WINDOWS, CutOffClock, cut_off, outranked, ranked_before
+from .peer_sockets import (
+    CONNECT_TIMEOUT_S,
+    OK,
+    REFUSED,
+    Target,
+    live_targets,
+    probe_outcomes,
+    read_targets,
+    resample,
+)
+from .rejoin_gate import wait_to_rejoin
 from .session import NodeSession
 
 log = logging.getLogger(__name__)
@@ -48,196 +43,6 @@ PROBE_INTERVAL_S = 1.0
 # after a refused connect, the next probe comes this soon: a dead peer is reported (dead_peers.py) without
 # waiting a whole interval, while a healthy run costs each node one round of connects a second
 CONFIRM_S = 0.2
-# A lost SYN is sent again after 1 s: with 10% loss on every link, 33.7% of connects failed within 0.5 s,
-# 7.0% within 1.5 s (benchmarks/probe_loss, probe-loss.json)
-CONNECT_TIMEOUT_S = 1.5
-GATE_LOG_EVERY_S = 10.0
-# Peers probed per node: all of them up to this many, else a uniform random sample of this size (kept across
-# rounds where it may be: resample), so that a large job costs each node a constant number of connects,
-# and no peer gets N of them.
-MAX_PROBED_PEERS = 8
-TIE_WINDOWS = 2  # a tie steps a node out after this many windows (a majority after one)
-MAJORITY_PROBES, TIE_PROBES = 2, 3  # failed probes in a row, at least, before a peer counts (CutOffClock)
-
-Target = tuple[str, int]  # (addr, checkpoint server port)
-
-
-def cut_off(peers: int, unreachable: int, outranked: bool = False) -> bool:
-    """The rule: more than half of at least 2 peers unreachable; or a tie (exactly half, one peer of one
-    included) when ``outranked``: an unreachable peer has a lower group rank than this node."""
-    if unreachable <= 0:
-        return False
-    if peers >= 2 and 2 * unreachable > peers:
-        return True
-    return outranked and 2 * unreachable >= peers
-
-
-def holds_back(peers: int, unreachable: int) -> bool:
-    """Whether a node that stepped out must wait before rejoining: it does not reach more than half of the
-    run's other live nodes (a tie included: rejoining then would only lead to the same tie again)."""
-    return unreachable > 0 and 2 * unreachable >= peers
-
-
-def outranked(members: tuple[str, ...] | list[str], node: str, unreachable: set[str]) -> bool:
-    """Whether one of the ``unreachable`` peers comes before ``node`` in the round's ``members``."""
-    return bool(unreachable & ranked_before(members, node))
-
-
-def ranked_before(members: tuple[str, ...] | list[str], node: str) -> set[str]:
-    """The members before ``node`` in the round's list (none when it is not a member: no rank to compare)."""
-    return set(members[: members.index(node)]) if node in members else set()
-
-
-class CutOffClock:
-    """Since when each probed peer has failed every probe of it; pure (the caller passes the time).
-
-    Why per peer: under packet loss any one connect fails now and then, and a rule checked on each probe's
-    count alone took a node out when different peers failed in turn (two of two peers failed one probe
-    or another for the whole window). A peer counts as unreachable once every probe of it failed for the
-    window, ``MAJORITY_PROBES`` probes at least; for a tie, two windows and ``TIE_PROBES`` probes."""
-
-    def __init__(self, window_s: float) -> None:
-        self.window_s = window_s
-        self._silent: dict[str, tuple[float, int]] = {}  # peer -> (its first failed probe in a row, how many)
-
-    def observe(
-        self, now: float, probed: Iterable[str], lost: set[str], earlier: set[str] = frozenset()
-    ) -> set[str]:
-        """Record a probe of ``probed`` (``lost``: those that failed); return the peers that take this node
-        out (``cut_off``, a tie when one of them is ``earlier`` in the round), else an empty set."""
-        probed = list(probed)
-        self._silent = {n: self._failed_again(n, now) for n in probed if n in lost}
-        return self.verdict(now, len(probed), earlier)
-
-    def verdict(self, now: float, peers: int, earlier: set[str] = frozenset()) -> set[str]:
-        silent = self._silent_for(now, 1, MAJORITY_PROBES)
-        if cut_off(peers, len(silent)):
-            return silent
-        tied = self._silent_for(now, TIE_WINDOWS, TIE_PROBES)
-        return tied if cut_off(peers, len(tied), bool(tied & earlier)) else set()
-
-    def reset(self) -> None:
-        self._silent = {}
-
-    def _failed_again(self, peer: str, now: float) -> tuple[float, int]:
-        since, failed = self._silent.get(peer, (now, 0))
-        return since, failed + 1
-
-    def _silent_for(self, now: float, windows: int, probes: int) -> set[str]:
-        return {
-            n
-            for n, (since, failed) in self._silent.items()
-            if failed >= probes and now - since >= windows * self.window_s
-        }
-
-
-OK, REFUSED, NO_ANSWER = "ok", "refused", "no answer"
-
-
-def probe_outcomes(targets: dict[str, Target], timeout_s: float = CONNECT_TIMEOUT_S) -> dict[str, str]:
-    """Each node of ``targets`` -> OK (its address accepted a TCP connection), REFUSED (its host answered
-    that nothing listens there: a reset) or NO_ANSWER (no connection within ``timeout_s``, an unreachable
-    network or host). Non-blocking connects in parallel from this thread: a cut-off peer costs the timeout
-    once, not once per peer, and no thread is started per probe."""
-    out = dict.fromkeys(targets, NO_ANSWER)
-    pending: dict[socket.socket, str] = {}
-    with selectors.DefaultSelector() as sel:
-        try:
-            for node, (addr, port) in targets.items():
-                family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-                sock = socket.socket(family, socket.SOCK_STREAM)
-                sock.setblocking(False)
-                pending[sock] = node
-                code = sock.connect_ex((addr, port))
-                if code in (0, errno.EINPROGRESS, errno.EAGAIN):
-                    sel.register(sock, selectors.EVENT_WRITE)
-                else:
-                    out[node] = _outcome(code)
-            deadline = time.monotonic() + timeout_s
-            while sel.get_map() and (left := deadline - time.monotonic()) > 0:
-                for key, _ in sel.select(left):
-                    sel.unregister(key.fileobj)
-                    sock = key.fileobj  # type: ignore[assignment]
-                    out[pending[sock]] = _outcome(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR))
-        finally:
-            for sock in pending:
-                sock.close()
-    return out
-
-
-def _outcome(code: int) -> str:
-    return OK if code == 0 else REFUSED if code == errno.ECONNREFUSED else NO_ANSWER
-
-
-def unreachable_of(targets: dict[str, Target], timeout_s: float = CONNECT_TIMEOUT_S) -> set[str]:
-    """The nodes of ``targets`` whose address does not accept a TCP connection within ``timeout_s``."""
-    return {n for n, outcome in probe_outcomes(targets, timeout_s).items() if outcome != OK}
-
-
-def probe_sample(targets: dict[str, Target], k: int = MAX_PROBED_PEERS) -> dict[str, Target]:
-    """``targets`` when it has at most ``k`` nodes, else ``k`` of them at random: the majority rule holds
-    on a sample as well (a node cut off from all its peers fails every probe)."""
-    if len(targets) <= k:
-        return targets
-    return {n: targets[n] for n in random.sample(sorted(targets), k)}
-
-
-def resample(
-    sample: Iterable[str], before: set[str], members: list[str], k: int = MAX_PROBED_PEERS, rng=random
-) -> tuple[list[str], list[str]]:
-    """A uniform random sample of ``k`` of ``members`` (this node's round peers) that keeps as much of
-    ``sample`` (drawn from ``before``, the peers of the last round) as a uniform sample may: (kept, added).
-
-    Why: the node reads the records of the added peers only. Drawing afresh each round made every node
-    read ``k`` records per round (8,192 reads at 1,024 nodes, at every round change); kept, a round that
-    changes few members costs a few. Uniform: how many newcomers the sample takes is drawn as in a fresh
-    sample of ``members``, so a node that joins a large run is probed by about ``k`` peers, like the rest."""
-    if len(members) <= k:
-        current = set(members)
-        kept = [n for n in sample if n in current]
-        return kept, [n for n in members if n not in set(kept)]
-    newcomers = [n for n in members if n not in before]
-    stayed = [n for n in members if n in before]
-    taken = sum(1 for i in rng.sample(range(len(members)), k) if i < len(newcomers))
-    added = rng.sample(newcomers, taken)
-    remaining = set(stayed)
-    kept = [n for n in sample if n in remaining]
-    if len(kept) > k - taken:
-        kept = rng.sample(kept, k - taken)
-    else:
-        remaining -= set(kept)
-        added += rng.sample([n for n in stayed if n in remaining], k - taken - len(kept))
-    return kept, added
-
-
-def read_targets(
-    client: EtcdClient, nodes_prefix: str, names: list[str], exclude: str
-) -> tuple[dict[str, Target], dict[str, int]]:
-    """The records of ``names``, read at once: those alive and serving checkpoints, and their leases.
-    Reading every node's record instead made each of 1,024 nodes read 1,024 records on every round (the
-    scale benchmark's profile: a third of a node process's CPU while rounds changed)."""
-    kvs = client.get_many([nodes_prefix + n for n in names])
-    targets = serving(kvs, exclude)
-    return targets, {n: kv.lease for kv in kvs if (n := kv.key[len(nodes_prefix) :]) in targets}
-
-
-def live_targets(client: EtcdClient, nodes_prefix: str, exclude: str) -> dict[str, Target]:
-    """Every live node of the run but ``exclude`` that serves checkpoints: node -> (addr, port)."""
-    kvs, _ = client.get_prefix(nodes_prefix)
-    return serving(kvs, exclude)
-
-
-def serving(kvs: Iterable[KeyValue], exclude: str) -> dict[str, Target]:
-    """The nodes among these records, but ``exclude``, that serve checkpoints (malformed records skipped)."""
-    out = {}
-    for kv in kvs:
-        try:
-            rec = NodeRecord.parse(kv.key, kv.value)
-        except RecordError:
-            continue
-        if rec.node != exclude and rec.ckpt_port:
-            out[rec.node] = (rec.addr, rec.ckpt_port)
-    return out
 
 
 class PeerProbe:
@@ -342,8 +147,9 @@ class PeerProbe:
             else ""
         )
         message = (
-            f"cannot reach {len(lost)} of {len(peers)} peers ({', '.join(sorted(lost))}) for {window:g}s while "
-            f"etcd answers{why}: leaving the run (revoking this node's lease); it rejoins once it reaches them"
+            f"cannot reach {len(lost)} of {len(peers)} peers ({', '.join(sorted(lost))}) for {window:g}s "
+            f"while etcd answers{why}: leaving the run (revoking this node's lease); it rejoins once it "
+            "reaches them"
         )
         log.warning("node %s %s", session.node_id, message)
         session.events.emit("node", message, unreachable=sorted(lost), peers=len(peers), window_s=window)
@@ -354,41 +160,11 @@ class PeerProbe:
 
     def gate(self) -> None:
         """Called before a node whose lease is gone registers again: after a step-out, wait until it reaches
-        more than half of the run's other live nodes (``holds_back``; at most join_timeout, then it rejoins
-        anyway, with a warning); so too when its last probe found it cut off (its peers may have revoked its
-        lease first: dead_peers.py). Returns at once for a lease lost any other way."""
+        more than half of the run's other live nodes (elastic_rm.rendezvous.rejoin_gate); so too when its
+        last probe found it cut off (its peers may have revoked its lease first: dead_peers.py). Returns at
+        once for a lease lost any other way."""
         if not self.stepped_out.is_set() and not self.cut_now:
             return
-        session = self._session
-        timeout = session.settings.join_timeout
-        t0 = time.monotonic()
-        next_log = t0 + GATE_LOG_EVERY_S
-        while not session.released:
-            try:
-                targets = probe_sample(live_targets(self._client, self._nodes, session.node_id))
-                lost = unreachable_of(targets)
-                if not holds_back(len(targets), len(lost)):
-                    waited = time.monotonic() - t0
-                    message = f"reaches {len(targets) - len(lost)} of {len(targets)} peers again after {waited:.1f}s: rejoining"
-                    log.warning("node %s %s", session.node_id, message)  # the end of the step-out
-                    session.events.emit("node", message, waited_s=round(waited, 3))
-                    break
-            except EtcdError as exc:
-                log.debug("peer probe gate: %s", exc)
-                lost = set()
-            now = time.monotonic()
-            if now - t0 > timeout:
-                log.warning(
-                    "node %s still cannot reach its peers after %.0fs (join_timeout): rejoining anyway",
-                    session.node_id, now - t0,
-                )  # fmt: skip
-                break
-            if now >= next_log:
-                next_log = now + GATE_LOG_EVERY_S
-                log.warning(
-                    "node %s waits to reach its peers before rejoining (unreachable: %s)",
-                    session.node_id, ", ".join(sorted(lost)) or "?",
-                )  # fmt: skip
-            time.sleep(self._interval_s)
+        wait_to_rejoin(self._client, self._session, self._interval_s)
         self.stepped_out.clear()
         self.cut_now = False

@@ -10,7 +10,7 @@ import pytest
 
 from elastic_rm.obs.events import read_etcd
 from elastic_rm.rendezvous.dead_peers import REFUSED_PROBES, enough
-from elastic_rm.rendezvous.peer_probe import NO_ANSWER, OK, REFUSED, probe_outcomes
+from elastic_rm.rendezvous.peer_sockets import NO_ANSWER, OK, REFUSED, probe_outcomes
 from tests.rendezvous.test_handler import join_all, make, wait_for
 from tests.rendezvous.test_peer_probe import Acceptor, BlackHole
 

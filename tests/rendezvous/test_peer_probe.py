@@ -1,6 +1,7 @@
-"""The peer probe (elastic_rm/rendezvous/peer_probe.py): the cut-off rule, real TCP probes, and three real
-handlers on a real etcd where one node's peers stop answering it (their checkpoint ports close): it steps
-out, the other two form a round without it, and it rejoins only once it reaches them again."""
+"""The peer probe (elastic_rm/rendezvous/peer_probe.py, with peer_quorum.py, peer_sockets.py and
+rejoin_gate.py): the cut-off rule, real TCP probes, and three real handlers on a real etcd where one
+node's peers stop answering it (their checkpoint ports close): it steps out, the other two form a round
+without it, and it rejoins only once it reaches them again."""
 
 from __future__ import annotations
 
@@ -9,16 +10,15 @@ import threading
 
 import pytest
 
-from elastic_rm.rendezvous.peer_probe import (
+from elastic_rm.rendezvous.peer_quorum import (
     TIE_WINDOWS,
     CutOffClock,
     cut_off,
     holds_back,
-    live_targets,
     outranked,
     ranked_before,
-    unreachable_of,
 )
+from elastic_rm.rendezvous.peer_sockets import live_targets, unreachable_of
 from tests.rendezvous.test_handler import join_all, make, wait_for
 
 
@@ -270,7 +270,7 @@ def test_peer_probe_setting_is_validated(etcd, run_id):
 
 
 def test_a_large_round_is_probed_through_a_bounded_sample() -> None:
-    from elastic_rm.rendezvous.peer_probe import MAX_PROBED_PEERS, probe_sample
+    from elastic_rm.rendezvous.peer_sockets import MAX_PROBED_PEERS, probe_sample
 
     few = {f"n{i}": ("127.0.0.1", 1000 + i) for i in range(MAX_PROBED_PEERS)}
     assert probe_sample(few) == few
@@ -284,7 +284,7 @@ def test_a_large_round_reads_only_the_sampled_peers_records(etcd, run_id) -> Non
     samples: alive (a record under a lease), serving checkpoints, not itself; with their leases."""
     from elastic_rm.etcd.client import EtcdClient
     from elastic_rm.planner.interface import NodeState
-    from elastic_rm.rendezvous.peer_probe import read_targets
+    from elastic_rm.rendezvous.peer_sockets import read_targets
     from elastic_rm.wire.keyspace import Keyspace
     from elastic_rm.wire.records import NodeRecord, dumps
 
@@ -309,8 +309,8 @@ def test_the_sample_is_kept_across_rounds_and_stays_uniform() -> None:
     adds none; a departed peer is replaced; newcomers are drawn as often as in a fresh sample."""
     import random
 
-    from elastic_rm.rendezvous.peer_probe import MAX_PROBED_PEERS as K
-    from elastic_rm.rendezvous.peer_probe import resample
+    from elastic_rm.rendezvous.peer_sockets import MAX_PROBED_PEERS as K
+    from elastic_rm.rendezvous.peer_sockets import resample
 
     rng = random.Random(7)
     peers = [f"n{i}" for i in range(100)]
