@@ -93,7 +93,8 @@ class TouchedRows:
         for feature in features.keys():
             key = self._feature_table.get(feature)
             if key is not None:
-                batch.append((key, features[feature].values().detach().to("cpu", torch.int64)))
+                # a copy on the batch's device: no host sync in the step; take() moves the union to the CPU
+                batch.append((key, features[feature].values().detach().clone()))
         self._pending.append(batch)
 
     def _consume(self) -> None:
@@ -111,7 +112,7 @@ class TouchedRows:
         and forget them. Batches handed out but not computed yet stay pending."""
         keys = sorted(self.tables)
         mine = [
-            torch.unique(torch.cat(self._touched[k]))
+            torch.unique(torch.cat(self._touched[k])).to("cpu", torch.int64)
             if self._touched.get(k)
             else torch.empty(0, dtype=torch.int64)
             for k in keys

@@ -124,7 +124,9 @@ def golden_parts(tmp_path: Path, make_log: list[tuple[int, int]], **kw):
         )
     )
     pipeline = TrainPipelineSparseDist(dmp, dense, torch.device("cpu"))
-    cfg = FlashConfig(run_id="prefetch", node_id="n0", memory_root=tmp_path / "mem", peers={})
+    cfg = FlashConfig(
+        run_id="prefetch", node_id="n0", memory_root=tmp_path / "mem", peers={}, **kw.pop("flash", {})
+    )
     kw.setdefault("global_batch", 8)
     elastic = ElasticTraining(dmp, plan, dense, config=cfg, range_batches=3, **kw)
     data = IndexedRandomRecDataset(

@@ -1,0 +1,71 @@
+"""Differential checkpoints under TorchRec's TrainPipelineSparseDist, which starts the input
+distribution of the next batches before the current step trains: a save taken every step holds every
+row that changed since the previous one, and the chain restores bit for bit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from test_prefetch_batches import golden_parts, world_of_one  # noqa: F401  (a fixture)
+
+from elastic_rm.train.delta_file import DeltaReader
+from elastic_rm.train.snapshot import app_state, local_pieces
+
+
+def flat_state(elastic) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpointed state, whole (a world of one holds every shard)."""
+    out: dict[str, torch.Tensor] = {}
+
+    def walk(value, path: list[str]) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, [*path, k])
+            return
+        (piece,) = local_pieces(value)
+        out[json.dumps(path)] = piece[1].detach().clone()
+
+    walk(app_state(elastic.ckpt.dmp, elastic.ckpt.dense_optimizer), [])
+    return out
+
+
+def test_every_step_delta_under_a_read_ahead_pipeline(tmp_path: Path, world_of_one) -> None:  # noqa: F811
+    flash = {"differential": True, "compact_ratio": 100.0, "keep_memory": 1}
+    elastic, pipeline, it = golden_parts(tmp_path, [], checkpoint_every=1, flash=flash)
+    states = {}
+    for step in elastic.steps(6):
+        if step:
+            states[step] = flat_state(elastic)  # the state the save of `step` took
+        pipeline.progress(it)
+    states[6] = flat_state(elastic)
+    mem = tmp_path / "mem" / "n0"
+    kinds = {s: json.loads((mem / f"step-{s:08d}" / "manifest.json").read_text())["kind"] for s in states}
+    assert kinds == {1: "full", **{s: "delta" for s in range(2, 7)}}, kinds
+    untouched_somewhere = False
+    for step in range(2, 7):
+        held: dict[str, set[int]] = {}
+        for p in DeltaReader(mem / f"step-{step:08d}" / "__0_delta.erm").pieces():
+            rows = set(p.rows.tolist()) if p.rows is not None else None
+            held[json.dumps(p.key)] = rows  # None: the whole tensor
+        before, after = states[step - 1], states[step]
+        for key in before:
+            if torch.equal(before[key], after[key]):
+                continue
+            assert key in held, f"step {step}: {key} changed and is not in the delta"
+            if held[key] is None:
+                continue
+            a, b = before[key], after[key]
+            changed = set(torch.nonzero((a != b).reshape(a.shape[0], -1).any(dim=1)).flatten().tolist())
+            assert changed <= held[key], f"step {step}: {key}: rows {sorted(changed - held[key])} missed"
+            untouched_somewhere |= len(held[key]) < a.shape[0]
+    assert untouched_somewhere, "every delta holds every row: nothing learned"
+    del pipeline, it, elastic
+
+    elastic, pipeline, it = golden_parts(tmp_path, [], checkpoint_every=1, flash=flash)
+    assert elastic.restored is not None and elastic.restored.step == 6
+    restored = flat_state(elastic)
+    assert sorted(restored) == sorted(states[6])
+    for key, value in states[6].items():
+        assert torch.equal(restored[key], value), f"{key} differs after restoring the chain"
+    del pipeline, it, elastic
