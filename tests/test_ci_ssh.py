@@ -10,7 +10,10 @@ import sys
 from tests.conftest import REPO
 
 BASH = shutil.which("bash") or "/bin/bash"
-SSH_TEST = "tests/launch/test_launch_ssh.py::test_an_unreachable_host_is_reported_blacklisted_and_the_job_runs_on_the_others"
+SSH_TEST = (
+    "tests/launch/test_launch_ssh.py::"
+    "test_an_unreachable_host_is_reported_blacklisted_and_the_job_runs_on_the_others"
+)
 
 
 def can_run(path_dir: str) -> int:

@@ -138,7 +138,8 @@ def test_monitor_reports_the_node_cgroup_not_the_machine(pyprocs):
     try:
         group.set_memory(512 << 20)
         group.set_cpu(0.5)
-        code = "import sys, time; sys.stdin.readline(); b = bytearray(200 << 20); print('ok', flush=True); time.sleep(60)"
+        code = "import sys, time; sys.stdin.readline(); b = bytearray(200 << 20); print('ok', flush=True); "
+        code += "time.sleep(60)"
         import subprocess
 
         proc = pyprocs.python("-c", code, stdin=subprocess.PIPE, stdout=subprocess.PIPE)

@@ -28,8 +28,15 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hold_worker.p
 
 @pytest.fixture
 def one_rank(monkeypatch):
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1",
-           "LOCAL_RANK": "0", "GROUP_WORLD_SIZE": "2", "ERM_ROUND": "4"}  # fmt: skip
+    env = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "GROUP_WORLD_SIZE": "2",
+        "ERM_ROUND": "4",
+    }
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     yield

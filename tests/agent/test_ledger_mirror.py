@@ -120,7 +120,8 @@ def test_a_standby_leader_reads_a_members_checkpoint_server(etcd, run_id, tmp_pa
 def test_ledger_record_and_batches_errors():
     with pytest.raises(LedgerError, match="malformed ledger state"):
         ledger_record(1, "n0", {"v": 1, "num_samples": -5})
-    bad = b'{"v": 1, "step": 3, "node": "n0", "time": 1.0, "epoch": 0, "samples_done": -1, "epoch_samples": 9, "ledger": {}}'
+    bad = b'{"v": 1, "step": 3, "node": "n0", "time": 1.0, "epoch": 0, "samples_done": -1, '
+    bad += b'"epoch_samples": 9, "ledger": {}}'
     with pytest.raises(RecordError, match="negative count"):
         LedgerRecord.parse("/elastic-rm/r/ledger", bad)
     with pytest.raises(RecordError, match="missing field 'ledger'"):

@@ -18,8 +18,9 @@ from elastic_rm.guard import Watchdog
 
 SCRIPT = """
 import gc, json, os, sys
-print(json.dumps({"frozen": gc.get_freeze_count(), "name": __name__, "argv": sys.argv, "path0": sys.path[0], "pid": os.getpid(),
-                  "env": dict(os.environ), "cwd": os.getcwd(), "json_loaded": "json" in sys.modules}))
+print(json.dumps({"frozen": gc.get_freeze_count(), "name": __name__, "argv": sys.argv, "path0": sys.path[0],
+                  "pid": os.getpid(), "env": dict(os.environ), "cwd": os.getcwd(),
+                  "json_loaded": "json" in sys.modules}))
 print("err line", file=sys.stderr)
 sys.exit(int(os.environ.get("EXIT", "0")))
 """

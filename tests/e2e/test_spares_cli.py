@@ -58,7 +58,8 @@ import os
 # the environment this process was started with is the one glibc's malloc read (a spare's os.environ is
 # replaced by its round's): /proc/self/environ keeps it
 started = dict(v.split("=", 1) for v in open("/proc/self/environ").read().split("\\0") if "=" in v)
-print(f"arenas env {os.environ.get('MALLOC_ARENA_MAX')} started {started.get('MALLOC_ARENA_MAX')}", flush=True)
+arenas = os.environ.get("MALLOC_ARENA_MAX")
+print(f"arenas env {arenas} started {started.get('MALLOC_ARENA_MAX')}", flush=True)
 """
 
 

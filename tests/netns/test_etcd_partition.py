@@ -64,8 +64,9 @@ def test_the_raft_leader_member_partitioned_from_a_3_member_cluster(worker, run_
     assert failed_over  # the agent on the cut member did fail over to a follower
     checked = job.exactly_once({3}, restarted=False)
     print(
-        f"\nraft leader member {lead} cut off: new leader {new_lead} in {elected:.1f}s; all 3 hosts at world 3 "
-        f"{took:.1f}s after the cut (lease {LEASE_TTL}s); rounds {before.round} -> {during.round} -> "
-        f"{final['round']}; the member followed again {rejoined:.1f}s after the heal; {on_cut} used that member; "
+        f"\nraft leader member {lead} cut off: new leader {new_lead} in {elected:.1f}s; "
+        f"all 3 hosts at world 3 {took:.1f}s after the cut (lease {LEASE_TTL}s); "
+        f"rounds {before.round} -> {during.round} -> {final['round']}; "
+        f"the member followed again {rejoined:.1f}s after the heal; {on_cut} used that member; "
         f"leases lost: {lost or 'none'}; {checked}"
     )

@@ -62,6 +62,6 @@ def test_training_goes_on_through_packet_loss_and_etcd_delay_without_a_lease_los
         what = f"{connections} etcd connections delayed {DELAY_S * 1000:.0f} ms each way"
     checked = job.exactly_once({3}, restarted=False)
     print(
-        f"\n{fault}: {what} for {LEASES * job.lease_ttl}s; round {before.round} kept; {steps} steps at world 3 "
-        f"meanwhile; all agents exited {exit_s:.1f}s after the stop; {checked}"
+        f"\n{fault}: {what} for {LEASES * job.lease_ttl}s; round {before.round} kept; "
+        f"{steps} steps at world 3 meanwhile; all agents exited {exit_s:.1f}s after the stop; {checked}"
     )

@@ -51,7 +51,8 @@ def test_a_host_cut_off_past_its_lease_while_etcd_compacts_rejoins(role, worker,
         assert "is compacted" in job.output(cut.name)  # the scenario did reach the compacted-watch path
     checked = job.exactly_once({2, 3}, restarted=True)
     print(
-        f"\n{role} {cut.name} cut off {4 * job.lease_ttl}s+ (lease {job.lease_ttl}s): {rest} at world 2 {o.took:.1f}s "
-        f"after the cut; all at world 3 {o.back:.1f}s after the heal; rounds {before.round} -> {final['round']}; "
+        f"\n{role} {cut.name} cut off {4 * job.lease_ttl}s+ (lease {job.lease_ttl}s): "
+        f"{rest} at world 2 {o.took:.1f}s after the cut; all at world 3 {o.back:.1f}s after the heal; "
+        f"rounds {before.round} -> {final['round']}; "
         f"leader {leader} -> {new_leader}; {checked}"
     )

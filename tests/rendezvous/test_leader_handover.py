@@ -1,7 +1,7 @@
 """A leader that writes a round leaving itself out hands the leadership to a member (real etcd, three
 handlers): the member that takes over seals the round, the node left out (a swapped straggler, a
-node scaled away) does not campaign while a member leads, and leads once every member has left. Also the outcome that travels in the round
-record, so that whichever leader holds a round measures it."""
+node scaled away) does not campaign while a member leads, and leads once every member has left. Also the
+outcome that travels in the round record, so that whichever leader holds a round measures it."""
 
 from __future__ import annotations
 
