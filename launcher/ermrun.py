@@ -1,7 +1,7 @@
 """`ermrun`: a drop-in `torchrun` with the elastic-rm rendezvous, agent and an embedded etcd.
 
 Parsing is torch's own parser (every torchrun flag, same meaning, same PET_* environment variables)
-plus one group of ours. Wiring only: the launch path is `elastic_rm.agent.launch`.
+plus one group of ours. Wiring only: the launch path is `elastic_rm.agent.entry`.
 """
 
 from __future__ import annotations
@@ -106,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--drain-grace",
         type=float,
         default=30.0,
-        help="Seconds workers that use elastic_rm.train get to reach a step boundary before a new round (default 30).",
+        help="Seconds workers that use elastic_rm.train get to reach a step boundary before a new round "
+        "(default 30).",
     )
     group.add_argument(
         "--metrics-port",
@@ -162,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--spare-preload",
         default="torch",
         metavar="MODULES",
-        help="Modules the spares import while they wait, comma-separated (default torch; e.g. torch,torchrec).",
+        help="Modules the spares import while they wait, comma-separated "
+        "(default torch; e.g. torch,torchrec).",
     )
     group.add_argument(
         "--malloc-arenas",
@@ -193,8 +195,8 @@ def prepare(args: argparse.Namespace) -> bool:
     if args.standalone:
         if args.rdzv_endpoint:
             raise ValueError(
-                f"--standalone starts its own etcd, so --rdzv-endpoint {args.rdzv_endpoint} would be ignored: "
-                "drop --standalone to use that etcd, or drop --rdzv-endpoint"
+                f"--standalone starts its own etcd, so --rdzv-endpoint {args.rdzv_endpoint} would be "
+                "ignored: drop --standalone to use that etcd, or drop --rdzv-endpoint"
             )
         args.standalone = False
         # an --rdzv-id is honoured: a re-run with the same id finds its node memory (flash checkpoints)
@@ -294,7 +296,7 @@ def _launch(args: argparse.Namespace, options: AgentOptions, progress) -> int:
     """Start the embedded etcd when needed, put the node under its limits, run the agent; its exit status."""
     from elastic_rm.agent.cgroup import CgroupError
     from elastic_rm.agent.http import EndpointError
-    from elastic_rm.agent.launch import default_log_dir, launch_agent
+    from elastic_rm.agent.entry import default_log_dir, launch_agent
     from elastic_rm.etcd.errors import EtcdError
     from elastic_rm.etcd.server import EtcdServer, EtcdServerError
 
@@ -340,7 +342,7 @@ def _launch(args: argparse.Namespace, options: AgentOptions, progress) -> int:
 
         if isinstance(exc, RendezvousError):
             return _fail(f"rendezvous: {exc}")
-        from elastic_rm.agent.launch import LeftBeforeWorkers
+        from elastic_rm.agent.entry import LeftBeforeWorkers
 
         if isinstance(exc, LeftBeforeWorkers):
             print(
@@ -372,8 +374,14 @@ def _slurm_release(args: argparse.Namespace, config):
     from elastic_rm.launch.slurm_release import start_release
     from elastic_rm.rendezvous.settings import BACKEND, RendezvousSettings
 
-    params = RendezvousParameters(BACKEND, config.rdzv_endpoint, config.run_id, config.min_nodes,
-                                  config.max_nodes, **config.rdzv_configs)  # fmt: skip
+    params = RendezvousParameters(
+        BACKEND,
+        config.rdzv_endpoint,
+        config.run_id,
+        config.min_nodes,
+        config.max_nodes,
+        **config.rdzv_configs,
+    )
     settings = RendezvousSettings.from_parameters(params)
     return start_release(settings, settings.node_id)
 

@@ -57,8 +57,15 @@ def demo_figure(rows: list[dict], events: list[dict], window_s: float = 2.0):
         close = sum(
             1 for other in marked[: number - 1] if abs(other["t"] - e["t"]) < 0.02 * (max(times) or 1)
         )
-        ax_w.annotate(str(number), (x, 1.0), xycoords=("data", "axes fraction"), xytext=(2, 2 + 9 * close),
-                      textcoords="offset points", fontsize=7, color=colors[e["kind"]])  # fmt: skip
+        ax_w.annotate(
+            str(number),
+            (x, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(2, 2 + 9 * close),
+            textcoords="offset points",
+            fontsize=7,
+            color=colors[e["kind"]],
+        )
         lines.append(f"{number}  {x:6.1f} s  {e['kind']}: {e['text'][:100]}")
     fig.suptitle("elastic-rm: world size and throughput")
     fig.tight_layout(rect=(0, footer_in / (5.5 + footer_in), 1, 1))
@@ -71,7 +78,7 @@ MAX_LISTED = 12  # decisions named under the picture (the HTML page has them all
 
 
 def plot_run(run, path: str) -> list[str]:
-    """``erm report``'s picture of a recorded run (:class:`elastic_rm.obs.report.RunData`): world size,
+    """``erm report``'s picture of a recorded run (:class:`elastic_rm.obs.run_report.RunData`): world size,
     throughput, and per-node CPU, memory and GPU utilisation over time, each decision marked on every panel
     and named on the top one. Returns the decision labels drawn (for tests and the HTML page)."""
     samples = [e for e in run.events if e.kind == "sample"]
@@ -102,8 +109,13 @@ def plot_run(run, path: str) -> list[str]:
         total.append(sum(r for n, r in latest.values() if n == e.data.get("round")))
     for node in nodes:
         mine = [e for e in samples if e.node == node]
-        ax_r.plot([e.time - t0 for e in mine], [_num(e.data.get("samples_per_s")) for e in mine],
-                  linewidth=0.8, alpha=0.7, label=node)  # fmt: skip
+        ax_r.plot(
+            [e.time - t0 for e in mine],
+            [_num(e.data.get("samples_per_s")) for e in mine],
+            linewidth=0.8,
+            alpha=0.7,
+            label=node,
+        )
         ax_c.plot([e.time - t0 for e in mine], [_num(e.data.get("cpu")) for e in mine], label=node)
         ax_m.plot([e.time - t0 for e in mine], [_mem(e.data) for e in mine], label=node)
         gpu = [_gpu(e.data) for e in mine]
@@ -135,8 +147,15 @@ def plot_run(run, path: str) -> list[str]:
         x = d["time"] - t0
         for ax in axes:
             ax.axvline(x, color="tab:purple", linestyle="--", linewidth=0.8)
-        ax_w.annotate(f"r{d['round']}", (x, 0.97), xycoords=("data", "axes fraction"), fontsize=8,
-                      va="top", ha="left", color="tab:purple")  # fmt: skip
+        ax_w.annotate(
+            f"r{d['round']}",
+            (x, 0.97),
+            xycoords=("data", "axes fraction"),
+            fontsize=8,
+            va="top",
+            ha="left",
+            color="tab:purple",
+        )
     labels = [
         f"round {d['round']}: {len(d['members'])} node(s), {d['reason'] or 'no reason'}"[:110]
         + f"  (at {d['time'] - t0:.0f} s)"
@@ -144,8 +163,16 @@ def plot_run(run, path: str) -> list[str]:
     ]
     if len(marked) > len(shown):
         labels.insert(0, f"... {len(marked) - len(shown)} earlier decision(s) in the HTML page")
-    fig.text(0.06, 0.2 / (10 + footer_in), "\n".join(["decisions:", *labels]), fontsize=8, va="bottom",
-             color="tab:purple", family="monospace", linespacing=1.5)  # fmt: skip
+    fig.text(
+        0.06,
+        0.2 / (10 + footer_in),
+        "\n".join(["decisions:", *labels]),
+        fontsize=8,
+        va="bottom",
+        color="tab:purple",
+        family="monospace",
+        linespacing=1.5,
+    )
     for e in run.events:
         if e.kind in ("failure", "node"):
             for ax in axes:

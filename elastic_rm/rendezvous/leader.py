@@ -27,7 +27,7 @@ from . import straggler_flags
 from .outcome import BEFORE, PendingOutcome
 from .queue_signal import QueueSignal
 from .seal import sealed_at_once
-from .snapshot import cluster_snapshot
+from .cluster_snapshot import cluster_snapshot
 from .view import JobView
 
 log = logging.getLogger(__name__)

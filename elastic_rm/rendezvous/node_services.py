@@ -18,7 +18,7 @@ from ..planner.interface import NodeMetrics
 from ..train.peer_tls import PeerTls
 from ..wire.metrics_gate import PublishGate
 from ..wire.records import LedgerRecord, NodeRecord, RecordError, RoundRecord
-from .history import build_history_record
+from .history_record import build_history_record
 from .leader import RoundLeader
 from .session import NodeSession
 from .view import JobView
@@ -200,9 +200,16 @@ class RendezvousNodeServices:
             cpu_counts[self._keys.node_of(kv.key)] = rec.cpu_count
             gpu_counts[self._keys.node_of(kv.key)] = rec.gpu_count
         record = build_history_record(
-            job, self._keys.run_id, status, r, metrics, cpu_counts, time.monotonic() - self._created,
-            gpu_counts, self._latest_coef(),
-        )  # fmt: skip
+            job,
+            self._keys.run_id,
+            status,
+            r,
+            metrics,
+            cpu_counts,
+            time.monotonic() - self._created,
+            gpu_counts,
+            self._latest_coef(),
+        )
         self._client.put(self._keys.history(record["signature"]), json.dumps(record, sort_keys=True))
         log.info(
             "recorded run %s in history/%s for later warm starts", self._keys.run_id, record["signature"]

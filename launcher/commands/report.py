@@ -14,18 +14,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run", metavar="RUN", help="the run id (the job's --rdzv-id)")
     p.add_argument("--endpoint", help="etcd endpoint(s): the run's events and round records")
     p.add_argument("--prefix", default="/elastic-rm", help="etcd key prefix (default /elastic-rm)")
-    p.add_argument("--events", action="append", default=[], metavar="FILE",
-                   help="an --event-log file (repeatable; merged with etcd's copy without duplicates)")  # fmt: skip
+    p.add_argument(
+        "--events",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="an --event-log file (repeatable; merged with etcd's copy without duplicates)",
+    )
     p.add_argument("-o", "--out-dir", default=".", help="directory for RUN.png and RUN.html (default: .)")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds for each etcd call (default 5)")
-    p.add_argument("--all-events", action="store_true",
-                   help="list the periodic 'sample' and 'checkpoint' events in the events table too")  # fmt: skip
+    p.add_argument(
+        "--all-events",
+        action="store_true",
+        help="list the periodic 'sample' and 'checkpoint' events in the events table too",
+    )
     add_etcd_security_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
     from elastic_rm.etcd.errors import EtcdError
-    from elastic_rm.obs.report import error_histogram, load_run, write_report
+    from elastic_rm.obs.run_report import error_histogram, load_run, write_report
 
     if not args.endpoint and not args.events:
         print("erm report: error: pass --endpoint (etcd) and/or --events FILE", file=sys.stderr)
@@ -37,8 +45,11 @@ def run(args: argparse.Namespace) -> int:
         else:
             data = load_run(args.run, None, args.prefix, tuple(args.events))
         if not data.events and not data.decisions:
-            print(f"erm report: error: nothing recorded for run {args.run!r} (check RUN, --endpoint, "
-                  "--prefix and --events)", file=sys.stderr)  # fmt: skip
+            print(
+                f"erm report: error: nothing recorded for run {args.run!r} (check RUN, --endpoint, "
+                "--prefix and --events)",
+                file=sys.stderr,
+            )
             return 2
         png, page, labels = write_report(data, args.out_dir, all_events=args.all_events)
     except (EtcdError, ValueError, OSError, UsageError) as exc:

@@ -9,7 +9,7 @@ import time
 
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.obs.events import Event, EventLog
-from elastic_rm.obs.report import RunData, write_report
+from elastic_rm.obs.run_report import RunData, write_report
 from elastic_rm.obs.status import job_status
 from elastic_rm.wire.keyspace import Keyspace
 from launcher.progress import Progress

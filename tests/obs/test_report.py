@@ -8,7 +8,7 @@ import io
 import os
 
 from elastic_rm.etcd.client import EtcdClient
-from elastic_rm.obs.report import error_histogram, load_run, write_report
+from elastic_rm.obs.run_report import error_histogram, load_run, write_report
 from elastic_rm.obs.status import job_status
 from elastic_rm.wire.keyspace import Keyspace
 from launcher.erm import main as erm_main

@@ -72,8 +72,12 @@ def free_node_memory(run_id: str, agent: ElasticRMAgent, why: str) -> None:
     freed = [node for node in agent.node_ids_used if remove_node_memory(run_id, node)]
     if freed:  # every id this node had: a rejoin (lease lost) wrote under a new one
         names = ", ".join(freed)
-        agent.events.emit("job", f"node {agent.node_id_now()}: node memory freed ({why}; of {names})",
-                          status="memory freed", nodes=freed)  # fmt: skip
+        agent.events.emit(
+            "job",
+            f"node {agent.node_id_now()}: node memory freed ({why}; of {names})",
+            status="memory freed",
+            nodes=freed,
+        )
 
 
 def mirror_final_ledger(agent: ElasticRMAgent) -> None:
