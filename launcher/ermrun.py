@@ -295,8 +295,8 @@ def run(argv: list[str] | None = None) -> int:
 def _launch(args: argparse.Namespace, options: AgentOptions, progress) -> int:
     """Start the embedded etcd when needed, put the node under its limits, run the agent; its exit status."""
     from elastic_rm.agent.cgroup import CgroupError
-    from elastic_rm.agent.http import EndpointError
     from elastic_rm.agent.entry import default_log_dir, launch_agent
+    from elastic_rm.agent.http import EndpointError
     from elastic_rm.etcd.errors import EtcdError
     from elastic_rm.etcd.server import EtcdServer, EtcdServerError
 

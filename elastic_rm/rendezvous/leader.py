@@ -24,10 +24,10 @@ from ..obs.events import EventLog, ids_for_event
 from ..planner.interface import ClusterSnapshot, Decision, RoundPolicy
 from ..wire.records import STRAGGLERS, DemandRecord, LedgerRecord, RoundRecord
 from . import straggler_flags
+from .cluster_snapshot import cluster_snapshot
 from .outcome import BEFORE, PendingOutcome
 from .queue_signal import QueueSignal
 from .seal import sealed_at_once
-from .cluster_snapshot import cluster_snapshot
 from .view import JobView
 
 log = logging.getLogger(__name__)
@@ -240,8 +240,8 @@ class RoundLeader:
         )
         self._emit(
             "outcome",
-            f"round {r.round}: {throughput:,.0f} samples/s, measured {fmt(measured)}, predicted {fmt(predicted)}"
-            f", error {fmt(error)}",
+            f"round {r.round}: {throughput:,.0f} samples/s, measured {fmt(measured)}, "
+            f"predicted {fmt(predicted)}, error {fmt(error)}",
             **{k: v for k, v in outcome.items() if k != "v"},
         )
 
