@@ -25,11 +25,17 @@ from tests.slurm.cluster import SlurmCluster, why_not
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
 BIN = os.path.dirname(PY)
-CONF = "lease_ttl=5,last_call_timeout=1,join_timeout=600"
+CONF = "lease_ttl=10,last_call_timeout=1,join_timeout=600"  # a long lease: 2 cores shared with other work
 POLL_S = 0.25
 TARGET_MEAN, TARGET_PER_JOB = 0.8, 1.10
 POLICIES = ("static", "elastic")
-EMULATION_OFF = {"oom_horizon_s": 1.0, "straggler_k": 1000.0, "straggler_clear_k": 999.0}
+EMULATION_OFF = {
+    "oom_horizon_s": 1.0,
+    "oom_threshold": 1000.0,
+    "mem_growth_horizon_s": 0.0,
+    "straggler_k": 1000.0,
+    "straggler_clear_k": 999.0,
+}
 
 
 def training_args(job: TraceJob, state: Path) -> list[str]:
@@ -53,7 +59,8 @@ def job_description(job: TraceJob, run_id: str) -> dict:
     desc["name"] = run_id
     desc["request"] = {"nodes": job.nodes}
     # the emulated nodes share one machine: its memory and CPU are every node's, so the planner's memory
-    # trend and busy-time straggler rules would read the other jobs' load; they are off here
+    # rules (OOM forecast, memory floor) and busy-time straggler rules would read the other jobs' load
+    # (a first run asked for all 8 nodes for a 1-node job: "memory floor"); they are off here
     desc["planner"].update(EMULATION_OFF)
     return desc
 
