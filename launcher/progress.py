@@ -3,7 +3,8 @@
 Modes (``--log-format text|json``, ``--quiet``): text prints ``[ermrun] HH:MM:SS kind message`` per event
 and Python log records at WARNING and above (``LOGLEVEL=INFO`` for the detailed log); json prints every
 event and log record as one JSON object per line; quiet prints warnings and errors only. The periodic
-"sample" and "checkpoint" events go to the event log, not to the screen. Everything goes to stderr: stdout is the workers'.
+"sample" and "checkpoint" events go to the event log, not to the screen. Everything goes to stderr: stdout
+is the workers'.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """What the agent does with checkpoint servers: start its own, publish it, and tell its workers the peers'.
 
 Why apart from the server: these hooks talk to the node services (elastic_rm.rendezvous.services, which
-publish the server's port and token in the node's record and list the other nodes' servers); the server itself knows nothing of
-etcd. With torch's own rendezvous backends the hooks do nothing: restores then use local memory and the
-durable copy only.
+publish the server's port and token in the node's record and list the other nodes' servers); the server
+itself knows nothing of etcd. With torch's own rendezvous backends the hooks do nothing: restores then use
+local memory and the durable copy only.
 """
 
 from __future__ import annotations

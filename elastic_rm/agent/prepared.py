@@ -2,7 +2,7 @@
 
 Why: in a planned round (a scale-up, a straggler swap) the kept nodes drain first (a final flash
 checkpoint at a step boundary), then ack, and the leader seals the round once every member acked. A
-joining node's workers used to start only then, and the round's process group waits for its slowest
+joining node's workers that start only then hold the round back: its process group waits for its slowest
 rank: the joiner, whose script import, model build and sharding plan all came after the seal. Yet the
 joiner can know its workers' whole environment as soon as the leader proposes the round: its group rank
 (its index in the member list), the world (the members' ``nproc``), the master address (rank 0's record:

@@ -2,8 +2,9 @@
 
 The agent starts it as ``python -u spare.py FD NICE MODULE,... SCRIPT ARGS...`` (the script and its
 arguments only label the process for ``ps`` and ``pgrep -f``; it imports nothing of elastic-rm). The
-imports (then a collection that freezes what they made: ``gc.freeze()``) run on a thread at nice NICE (19 next to training workers, so that a warming spare takes only
-idle CPU; Linux nice values are per thread); the main thread keeps its priority for the script. When
+imports (then a collection that freezes what they made: ``gc.freeze()``) run on a thread at nice NICE
+(19 next to training workers, so that a warming spare takes only idle CPU; Linux nice values are per
+thread); the main thread keeps its priority for the script. When
 the imports are done it writes one byte, ``R``, on its socket. Then it waits for its round: one JSON
 message (no pickle) with the script's argv, the full environment and the working directory, and with
 the file descriptors of its stdout and stderr when torch redirects them (``--redirects``/``--tee``). It

@@ -33,42 +33,54 @@ def checks(rows: list[dict]) -> list[dict]:
         if drained:  # a planned round: nothing but the drained state will do
             d = drained[-1]
             got = drained_checksum(rows, d["world"], d["drained_step"])
-            out.append({
-                "what": f"{label}: state as drained",
-                "ok": d["drained_step"] == restored and got is not None and got == start["checksum"],
-                "detail": f"step {restored}, checksum {start['checksum']} (drained: step {d['drained_step']}, "
-                          f"checksum {got or 'missing: not every rank reported its part'})",
-            })  # fmt: skip
+            out.append(
+                {
+                    "what": f"{label}: state as drained",
+                    "ok": d["drained_step"] == restored and got is not None and got == start["checksum"],
+                    "detail": f"step {restored}, checksum {start['checksum']} "
+                    f"(drained: step {d['drained_step']}, "
+                    f"checksum {got or 'missing: not every rank reported its part'})",
+                }
+            )
         else:
             newest = max((r["committed_step"] for r in before if "committed_step" in r), default=None)
-            out.append({
-                "what": f"{label}: restored the last committed checkpoint",
-                "ok": restored is not None and (newest is None or newest <= restored) and restored <= last,
-                "detail": f"step {restored} of {last} trained before the fault (newest committed: {newest}); "
-                          "steps after it are trained again",
-            })  # fmt: skip
+            out.append(
+                {
+                    "what": f"{label}: restored the last committed checkpoint",
+                    "ok": restored is not None
+                    and (newest is None or newest <= restored)
+                    and restored <= last,
+                    "detail": f"step {restored} of {last} trained before the fault "
+                    f"(newest committed: {newest}); steps after it are trained again",
+                }
+            )
             peers = _lost_node_files(rows, start, rank0[nxt]["t"] if nxt < len(rank0) else None)
             if peers is not None:
                 out.append({"what": f"{label}: the lost node's files from a peer", **peers})
         consecutive = bool(after) and after == list(
             range((restored or 0) + 1, (restored or 0) + 1 + len(after))
         )
-        out.append({
-            "what": f"{label}: every step (sample range) once",
-            "ok": consecutive,
-            "detail": f"steps {after[0] if after else '-'}..{after[-1] if after else '-'} follow step {restored}",
-        })  # fmt: skip
+        out.append(
+            {
+                "what": f"{label}: every step (sample range) once",
+                "ok": consecutive,
+                "detail": f"steps {after[0] if after else '-'}..{after[-1] if after else '-'} "
+                f"follow step {restored}",
+            }
+        )
         if any("sample_start" in r for r in rank0[i:nxt]):
             out.append(_ledger_check(label, rank0[:i], rank0[i:nxt], restored, start.get("epoch_samples")))
     ends = [r for r in rank0 if r.get("end") and "ledger_samples_done" in r]
     if ends:
         end = ends[-1]
         batch = next((r["samples"] * r["world"] for r in reversed(rank0) if "samples" in r), 0)
-        out.append({
-            "what": "the ledger counts every trained sample once",
-            "ok": end["ledger_samples_done"] == end["final_step"] * batch,
-            "detail": f"{end['ledger_samples_done']} samples done = {end['final_step']} steps x {batch}",
-        })  # fmt: skip
+        out.append(
+            {
+                "what": "the ledger counts every trained sample once",
+                "ok": end["ledger_samples_done"] == end["final_step"] * batch,
+                "detail": f"{end['ledger_samples_done']} samples done = {end['final_step']} steps x {batch}",
+            }
+        )
     return out
 
 
@@ -100,17 +112,28 @@ def _lost_node_files(rows: list[dict], start: dict, until: float | None) -> dict
     lost = set(start.get("saved_by") or ()) - set(start.get("nodes") or ())
     if not lost or start.get("restore_files") is None:
         return None
-    starts = [r for r in rows if r.get("start") and r.get("restore_files") is not None
-              and (r["world"], r["restored_step"], r.get("saved_by")) == (start["world"], start["restored_step"], start["saved_by"])
-              and start["t"] - 60 <= r["t"] and (until is None or r["t"] < until)]  # fmt: skip
+    starts = [
+        r
+        for r in rows
+        if r.get("start")
+        and r.get("restore_files") is not None
+        and (r["world"], r["restored_step"], r.get("saved_by"))
+        == (start["world"], start["restored_step"], start["saved_by"])
+        and start["t"] - 60 <= r["t"]
+        and (until is None or r["t"] < until)
+    ]
     read = {(f, writer, src) for r in starts for f, (writer, src) in r["restore_files"].items()}
     theirs = sorted((f, src) for f, writer, src in read if writer in lost)
     bad = [f"{f} from {src}" for f, src in theirs if src == "durable" or src.split(":", 1)[-1] in lost]
     return {
         "ok": bool(theirs) and not bad,
-        "detail": (f"{bad[0]}" if bad else f"{len(theirs)} file(s) of {', '.join(sorted(lost))} from "
-                   f"{', '.join(sorted({s for _, s in theirs})) or 'nowhere: none read'}"),
-    }  # fmt: skip
+        "detail": (
+            f"{bad[0]}"
+            if bad
+            else f"{len(theirs)} file(s) of {', '.join(sorted(lost))} from "
+            f"{', '.join(sorted({s for _, s in theirs})) or 'nowhere: none read'}"
+        ),
+    }
 
 
 def _ledger_check(
@@ -128,15 +151,18 @@ def _ledger_check(
         epoch_done = epoch_samples is not None and expect[1] >= epoch_samples
         if at != expect and not (epoch_done and at == (expect[0] + 1, 0)):
             bad.append(
-                f"step {r['step']}: samples from {r['sample_start']} (epoch {r['epoch']}), expected {expect[1]}"
+                f"step {r['step']}: samples from {r['sample_start']} (epoch {r['epoch']}), "
+                f"expected {expect[1]}"
             )
         expect = _next_sample(r)
     first = steps[0]["sample_start"] if steps else "-"
     return {
         "what": f"{label}: every sample once (ledger)",
         "ok": bool(steps) and not bad,
-        "detail": bad[0] if bad else f"samples from {first} follow step {restored}'s batch, none skipped or repeated",
-    }  # fmt: skip
+        "detail": bad[0]
+        if bad
+        else f"samples from {first} follow step {restored}'s batch, none skipped or repeated",
+    }
 
 
 def lineage(rows: list[dict]) -> list[tuple[int, int, int]]:

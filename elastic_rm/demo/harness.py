@@ -78,13 +78,34 @@ class Demo:
     ) -> None:
         """`prefix`: a command the node runs under (`ip netns exec NS` for a host of its own); `env`: more
         environment for it."""
-        argv = [*(prefix or []),
-            os.path.join(BIN, "ermrun"), "--nnodes", self.nnodes, "--nproc-per-node", "1", "--rdzv-endpoint", endpoint,
-            "--rdzv-id", self.run_id, "--node-id", name, "--monitor-interval", "0.1", "--max-restarts", "3",
-            "--rdzv-conf", f"lease_ttl={self.lease_ttl},last_call_timeout=1", *self.agent_args, *(extra or []),
-            self.script, "--progress-dir", self.progress_dir, "--checkpoint-dir", os.path.join(self.workdir, "ckpt"),
+        argv = [
+            *(prefix or []),
+            os.path.join(BIN, "ermrun"),
+            "--nnodes",
+            self.nnodes,
+            "--nproc-per-node",
+            "1",
+            "--rdzv-endpoint",
+            endpoint,
+            "--rdzv-id",
+            self.run_id,
+            "--node-id",
+            name,
+            "--monitor-interval",
+            "0.1",
+            "--max-restarts",
+            "3",
+            "--rdzv-conf",
+            f"lease_ttl={self.lease_ttl},last_call_timeout=1",
+            *self.agent_args,
+            *(extra or []),
+            self.script,
+            "--progress-dir",
+            self.progress_dir,
+            "--checkpoint-dir",
+            os.path.join(self.workdir, "ckpt"),
             *self.script_args,
-        ]  # fmt: skip
+        ]
         log = open(os.path.join(self.workdir, f"{name}.log"), "wb")
         full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
         proc = subprocess.Popen(

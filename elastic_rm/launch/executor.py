@@ -265,9 +265,8 @@ class Executor:
         for node in self.nodes.values():
             asked = node.stop_requested_at
             if asked is not None and now - asked > self._cfg.stop_grace_s + 10 and node.poll() is None:
-                self._say(
-                    f"node {node.node_id} did not stop within {self._cfg.stop_grace_s + 10:g}s; killing its ssh client"
-                )
+                limit = self._cfg.stop_grace_s + 10
+                self._say(f"node {node.node_id} did not stop within {limit:g}s; killing its ssh client")
                 node.kill()
 
     def _closing(self, closed: ClosedRecord, now: float) -> int | None:

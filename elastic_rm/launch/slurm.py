@@ -2,7 +2,8 @@
 
 Inside ``srun`` (one task per node), every ermrun of the step agrees without flags:
 
-- ``--nnodes``: the step's node count (``SLURM_STEP_NUM_NODES``, else ``SLURM_JOB_NUM_NODES``/``SLURM_NNODES``);
+- ``--nnodes``: the step's node count (``SLURM_STEP_NUM_NODES``, else ``SLURM_JOB_NUM_NODES`` or
+  ``SLURM_NNODES``);
 - ``--rdzv-id``: ``slurm-<job id>-<step id>``;
 - ``--node-id``: the Slurm node name (``SLURMD_NODENAME``; ``-<local id>`` added for a second task on a node);
 - ``--rdzv-endpoint``: ``<first node of the step>:2379``, where the sbatch script runs ``erm etcd`` (the

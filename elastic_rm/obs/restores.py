@@ -22,10 +22,22 @@ def round_restores(events: Iterable[Event]) -> dict[int, dict[str, Any]]:
         r = e.data.get("round")
         if e.kind != "restore" or not isinstance(r, int) or isinstance(r, bool):
             continue
-        row = out.setdefault(r, {"restored_step": None, "world_before": None, "world_after": None,
-                                 "downtime_s": None, "redone_steps": None, "nodes": []})  # fmt: skip
-        for key, field in (("restored_step", "step"), ("world_before", "world_before"),
-                           ("world_after", "world_after")):  # fmt: skip
+        row = out.setdefault(
+            r,
+            {
+                "restored_step": None,
+                "world_before": None,
+                "world_after": None,
+                "downtime_s": None,
+                "redone_steps": None,
+                "nodes": [],
+            },
+        )
+        for key, field in (
+            ("restored_step", "step"),
+            ("world_before", "world_before"),
+            ("world_after", "world_after"),
+        ):
             if isinstance(e.data.get(field), int):
                 row[key] = e.data[field]
         for key in ("downtime_s", "redone_steps"):
@@ -41,5 +53,7 @@ def round_restores(events: Iterable[Event]) -> dict[int, dict[str, Any]]:
 def with_restores(rows: list[dict[str, Any]], restores: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
     """Decision rows (elastic_rm.obs.status.decision_rows) with their round's restore figures added."""
     empty = {"restored_step": None, "downtime_s": None, "redone_steps": None}
-    return [{**row, **empty, **{k: v for k, v in restores.get(row["round"], {}).items() if k in empty}}
-            for row in rows]  # fmt: skip
+    return [
+        {**row, **empty, **{k: v for k, v in restores.get(row["round"], {}).items() if k in empty}}
+        for row in rows
+    ]

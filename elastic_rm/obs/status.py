@@ -170,8 +170,14 @@ def status_from_kvs(
     if keys.ledger in by_key:
         try:
             led = LedgerRecord.parse(keys.ledger, by_key[keys.ledger].value)
-            data = {"step": led.step, "epoch": led.epoch, "samples_done": led.samples_done,
-                    "epoch_samples": led.epoch_samples, "by": led.node, "time": led.time}  # fmt: skip
+            data = {
+                "step": led.step,
+                "epoch": led.epoch,
+                "samples_done": led.samples_done,
+                "epoch_samples": led.epoch_samples,
+                "by": led.node,
+                "time": led.time,
+            }
         except RecordError as exc:
             errors.append(str(exc))
     waiting_nodes = None  # the cluster's queue as the executor wrote it (None: no executor knows it)

@@ -1,7 +1,7 @@
 """A peer whose host refuses its checkpoint port is dead: its lease is revoked before the TTL runs out.
 
 Why: a crashed or SIGKILLed agent's lease lives on until its TTL ends, and until then no round leaves the
-node out; at 1,024 nodes the failure round was the TTL plus the fan-out (6.6 s with a 5 s TTL). A live
+node out: the failure round waits the TTL, then the fan-out of the new round. A live
 host answers a connect to a port nobody listens on at once, with a reset ("connection refused"), and the
 agent's checkpoint server listens for the agent's whole life (agent/ckpt_hooks.py). So the nodes that
 probe a peer (peer_probe.py) and are refused ``REFUSED_PROBES`` times in a row (the probe comes back
@@ -113,7 +113,8 @@ class RefusalReports:
         self._client.delete(self._keys.refused(peer), prefix=True)
         message = (
             f"node {peer}'s checkpoint port refused connections from {', '.join(reporters)} (its agent is "
-            f"gone, its host up): revoked its lease without waiting out the {self._session.settings.lease_ttl:g}s TTL"
+            "gone, its host up): revoked its lease without waiting out the "
+            f"{self._session.settings.lease_ttl:g}s TTL"
         )
         log.warning("node %s: %s", self._session.node_id, message)
         self._session.events.emit("failure", message, node=peer, reporters=reporters)

@@ -113,7 +113,8 @@ class EtcdStore(Store):
             by = self._closed() if self._closed is not None else None
             if by is not None:
                 raise RunClosedError(
-                    f"the run was closed (by {by}) while waiting for keys {pending} in etcd store {self._prefix}"
+                    f"the run was closed (by {by}) while waiting for keys {pending} "
+                    f"in etcd store {self._prefix}"
                 )
             if time.monotonic() > deadline:
                 raise DistStoreError(

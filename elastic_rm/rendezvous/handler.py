@@ -233,8 +233,9 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
                         log.warning(
                             "node %s: round %d was sealed before this process registered (an earlier "
                             "process with this node id); asking for a new round",
-                            node_id, r.round,
-                        )  # fmt: skip
+                            node_id,
+                            r.round,
+                        )
                         session.stale_round = r.round
                         session.ensure_registered(NodeState.JOINING)
                 elif r.sealed and (info := self._join(r)) is not None:
@@ -254,16 +255,17 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
                     state = wanted
                     session.ensure_registered(state)
                 if not standby and time.monotonic() > deadline:
+                    why = self._leader.last_reason or "no leader yet"
                     raise RendezvousTimeoutError(
                         f"no round of run {self._keys.run_id} included node {node_id} within "
-                        f"{settings.join_timeout:.0f}s (join_timeout); {self._leader.last_reason or 'no leader yet'}"
+                        f"{settings.join_timeout:.0f}s (join_timeout); {why}"
                     )
             view.wait(seen, POLL_S)
 
     def _sealed_for_us(self) -> RoundRecord | None:
         """A newer round, already sealed, that names this node: the leader writes the survivors' round of a
         loss sealed at once (leader.py, ``_sealed_at_once``). A survivor joins it without registering as
-        joining first: at 1,000 nodes that registration and the ack were the survivors' whole re-join."""
+        joining first: in a large run that registration and the ack would be most of the survivors' re-join."""
         session, view = self._session, self._view
         done = session.joined
         if done is None or session.lease_lost:

@@ -23,7 +23,6 @@ from ..etcd.lease import Election
 from ..obs.events import EventLog, ids_for_event
 from ..planner.interface import ClusterSnapshot, Decision, RoundPolicy
 from ..wire.records import STRAGGLERS, DemandRecord, LedgerRecord, RoundRecord
-from . import straggler_flags
 from .cluster_snapshot import cluster_snapshot
 from .outcome import BEFORE, PendingOutcome
 from .queue_signal import QueueSignal
@@ -134,7 +133,7 @@ class RoundLeader:
             assert election is not None
             view.track_members()
             self._history = self._read_history()
-            straggler_flags.adopt(self._policy, view.round, self._node_id())
+            adopt_straggler_flags(self._policy, view.round, self._node_id())
             self._outcome_seen = 0  # the current round's outcome is this leader's to measure, if unrecorded
             self._announced = True
             view.note_leadership(self._node_id(), election.revision or 0)  # ahead of the watch
@@ -330,7 +329,7 @@ class RoundLeader:
             alive = [
                 m for m in (current.members if current else ()) if m in self._view.nodes and m not in kept
             ]
-        flagged = straggler_flags.recorded(self._policy)
+        flagged = sorted(self._policy.flagged)  # carried by the round to the next leader
         # the old members this round leaves out as stragglers: an executor releases them first and keeps
         # their hosts out of its next nodes (the reason says it in words)
         dropped = [m for m in (current.members if current else ()) if m in flagged and m not in kept]
@@ -402,3 +401,23 @@ class RoundLeader:
         """The agents' stores of rounds before the previous one are done with once ``sealed`` is."""
         if sealed > 2:
             self._client.delete(self._view.keys.store(sealed - 2), prefix=True)
+
+
+def adopt_straggler_flags(policy: RoundPolicy, current: RoundRecord | None, node_id: str) -> None:
+    """Seed ``policy`` with the straggler flags of ``current`` (``extra.flagged``; a malformed value is
+    logged and ignored).
+
+    Why: the planner's state lives in the leader's memory, and a new leader starts afresh. It re-profiles
+    safely, but a straggler it no longer knew about would be taken back: a successor elected right after a
+    straggler swap would fill the survivors' round with the replaced node, still slow, over another
+    standby. So each round record carries the flags, and a leader that takes over adopts those of the
+    current round."""
+    if current is None or "flagged" not in current.extra:
+        return
+    flagged = current.extra["flagged"]
+    if not isinstance(flagged, list) or not all(isinstance(n, str) for n in flagged):
+        log.warning("round %d: extra.flagged is %r, not a list of node ids; ignored", current.round, flagged)
+        return
+    if flagged:
+        log.info("node %s: straggler flags of round %d taken over: %s", node_id, current.round, flagged)
+    policy.adopt_flagged(frozenset(flagged))

@@ -55,8 +55,15 @@ class PendingOutcome:
         predicted = r.predicted_gain
         error = predicted - measured if predicted is not None and measured is not None else None
         return {
-            "v": 1, "round": r.round, "reason": r.reason, "world": len(r.members),
-            "throughput_before": self.before, "throughput_after": throughput,
-            "measured_gain": measured, "predicted_gain": predicted, "prediction_error": error,
-            "time": time.time(), "coef": coef,
-        }  # fmt: skip
+            "v": 1,
+            "round": r.round,
+            "reason": r.reason,
+            "world": len(r.members),
+            "throughput_before": self.before,
+            "throughput_after": throughput,
+            "measured_gain": measured,
+            "predicted_gain": predicted,
+            "prediction_error": error,
+            "time": time.time(),
+            "coef": coef,
+        }

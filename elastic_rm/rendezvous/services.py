@@ -1,7 +1,7 @@
 """The seam between the agent and the rendezvous: what an agent needs from its node's place in the run.
 
-Why a declared Protocol: the agent used to look these names up on the handler by string, so a renamed
-method silently turned a feature off. Now the agent is given a ``NodeServices`` (or None under torch's own
+Why a declared Protocol: names looked up on the handler by string would let a renamed method silently
+turn a feature off. The agent is given a ``NodeServices`` (or None under torch's own
 backends, decided once by :func:`elastic_rm.rendezvous.registration.node_services`) and calls it
 directly; ``tests/rendezvous/test_services.py`` checks that the implementation has every member below
 with a compatible signature.

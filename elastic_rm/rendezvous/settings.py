@@ -18,14 +18,12 @@ log = logging.getLogger(__name__)
 BACKEND = "elastic-rm"
 
 # The lease TTL bounds recovery from a lost node (its key must expire first) and must outlast the worst
-# stall of a live agent's keep-alive thread (refreshes every TTL/3). benchmarks/lease measured no false
-# expiry at 1 s on a loaded 2-core machine (docs/benchmarks.md, "benchmarks/lease"); 2 s keeps a 2x margin.
+# stall of a live agent's keep-alive thread (refreshes every TTL/3): twice the stall the lease benchmark
+# finds on a loaded machine (docs/benchmarks.md, lease).
 DEFAULT_LEASE_TTL = 2
 # A job of this many nodes (--nnodes MAX) or more gets LARGE_RUN_LEASE_TTL by default: while all of its
-# nodes act at once (the first join, the round after a loss) etcd answers refreshes late. benchmarks/scale
-# (etcd and all nodes on 2 shared cores) measured the longest gap between two refreshes of a live lease at
-# 2.6 s at 1,024 nodes with a TTL of 2 s (88 live leases lost), 3.1 s at 512 on a loaded machine with an
-# earlier keep-alive (6 lost), and 3.8-4.5 s at 1,024 with a TTL of 5 s (none lost in ten minutes).
+# nodes act at once (the first join, the round after a loss) etcd answers refreshes late, and the gap
+# between two refreshes of a live lease grows past the default TTL (docs/benchmarks.md, scale).
 LARGE_RUN_NODES = 512
 LARGE_RUN_LEASE_TTL = 5
 
@@ -37,10 +35,13 @@ def default_lease_ttl(max_nodes: int) -> int:
     return LARGE_RUN_LEASE_TTL if max_nodes >= LARGE_RUN_NODES else DEFAULT_LEASE_TTL
 
 
-# --rdzv-conf keys we read, with their defaults and meaning (documented in docs/reference.md, "Rendezvous settings").
+# --rdzv-conf keys we read, with their defaults and meaning (documented in docs/reference.md,
+# "Rendezvous settings").
 KNOWN_KEYS = {
     "prefix": "etcd key prefix of all runs (default /elastic-rm)",
-    "lease_ttl": "seconds without a heartbeat before a node counts as gone (default 2; 5 for --nnodes MAX >= 512)",
+    "lease_ttl": (
+        "seconds without a heartbeat before a node counts as gone (default 2; 5 for --nnodes MAX >= 512)"
+    ),
     "join_timeout": "seconds next_rendezvous waits for a round (default: 'timeout', else 600)",
     "timeout": "torchrun's legacy name for join_timeout",
     "last_call_timeout": "seconds to wait for more nodes once MIN are there (default 1)",
@@ -53,9 +54,16 @@ KNOWN_KEYS = {
     "node_id": "this node's id (default <host>-<pid>-<random>)",
     "nproc": "workers on this node (informational; ermrun fills it in)",
     "job_file": "JSON job description for the planner (docs/planner.md); turns the planner on",
-    "ckpt_tls": "checkpoint transport TLS: auto (HTTPS when the etcd CA and client pair are given), required, off",
-    "peer_probe": "seconds a node may reach etcd but not most of its peers before it leaves the run (default: lease_ttl; 0: off)",
-    "policy": "who decides rounds: membership (torch's semantics) or planner (default: planner with a job_file)",
+    "ckpt_tls": (
+        "checkpoint transport TLS: auto (HTTPS when the etcd CA and client pair are given), required, off"
+    ),
+    "peer_probe": (
+        "seconds a node may reach etcd but not most of its peers before it leaves the run "
+        "(default: lease_ttl; 0: off)"
+    ),
+    "policy": (
+        "who decides rounds: membership (torch's semantics) or planner (default: planner with a job_file)"
+    ),
 }
 
 
@@ -107,7 +115,8 @@ class RendezvousSettings:
     def from_parameters(cls, params: RendezvousParameters) -> RendezvousSettings:
         if params.min_nodes < 1 or params.max_nodes < params.min_nodes:
             raise ValueError(
-                f"--nnodes {params.min_nodes}:{params.max_nodes} is invalid: need 1 <= MIN <= MAX (e.g. --nnodes 2:4)"
+                f"--nnodes {params.min_nodes}:{params.max_nodes} is invalid: "
+                "need 1 <= MIN <= MAX (e.g. --nnodes 2:4)"
             )
         if not params.endpoint:
             raise ValueError(
@@ -128,7 +137,8 @@ class RendezvousSettings:
         password = params.get("password") or os.environ.get("ELASTIC_RM_ETCD_PASSWORD") if user else None
         if user and not password:
             raise ValueError(
-                "etcd user given without a password: set --rdzv-conf password=... or $ELASTIC_RM_ETCD_PASSWORD"
+                "etcd user given without a password: "
+                "set --rdzv-conf password=... or $ELASTIC_RM_ETCD_PASSWORD"
             )
         node_id = params.get("node_id")
         if node_id:

@@ -26,8 +26,8 @@ log = logging.getLogger(__name__)
 @functools.lru_cache(maxsize=4)
 def parse_round(key: str, raw: bytes) -> RoundRecord:
     """One parse per round value per process: the records are immutable, and a process that holds many
-    handlers (the scale benchmark's simulated nodes) gets the same value once per handler (35 KB and
-    0.5 ms at 1,024 members)."""
+    handlers (the scale benchmark's simulated nodes) gets the same value once per handler (a large round's
+    value is tens of KB)."""
     return RoundRecord.parse(key, raw)
 
 

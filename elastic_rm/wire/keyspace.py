@@ -54,7 +54,8 @@ class Keyspace:
         return f"{self.metrics}{node_id}"
 
     def refused(self, node_id: str) -> str:
-        """The reports of nodes that found ``node_id``'s checkpoint port refused (rendezvous/dead_peers.py)."""
+        """The reports of nodes that found ``node_id``'s checkpoint port refused
+        (rendezvous/dead_peers.py)."""
         return f"{self.run}refused/{node_id}/"
 
     @property

@@ -19,7 +19,8 @@ this module only shapes the data)::
 busy core, more for a multi-threaded worker). A GPU's ``util``/``temp_c`` are null where the device does not
 report them; ``steps.busy_p50_s`` is the median busy time of a step (on CPU or runnable, not sleeping in a
 collective: what tells a slow node in synchronous training; optional, absent from older agents);
-``spares`` are the node's waiting warm spare workers (optional: absent with spares off and from older agents); ``steps`` is null when no worker reported step times within the agent's window. Unknown keys
+``spares`` are the node's waiting warm spare workers (optional: absent with spares off and from older
+agents); ``steps`` is null when no worker reported step times within the agent's window. Unknown keys
 are ignored (a newer agent may add some); missing or mistyped known keys are an error naming the field.
 """
 
@@ -97,8 +98,15 @@ class _Reader:
             raise self.fail(path, f"must be an object, got {type(value).__name__}")
         return value
 
-    def num(self, parent: dict[str, Any], name: str, path: str, lo: float | None = 0.0, hi: float | None = None,
-            nullable: bool = False) -> float | None:  # fmt: skip
+    def num(
+        self,
+        parent: dict[str, Any],
+        name: str,
+        path: str,
+        lo: float | None = 0.0,
+        hi: float | None = None,
+        nullable: bool = False,
+    ) -> float | None:
         if name not in parent:
             raise self.fail(path, "is missing")
         value = parent[name]

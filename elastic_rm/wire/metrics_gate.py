@@ -6,9 +6,9 @@ figures within a few percent. The leader (and the planner, which samples the lat
 ``sample_interval_s``) needs the latest figures within the band, not every second's copy.
 
 A record is published when any number in it moved by more than ``band`` relative to the last published
-one (a utilisation also by more than ``floor`` absolute, so that values near zero do not flap), when its shape changed
-(steps appeared or went, a worker or GPU came or went, a GPU started throttling), or when ``heartbeat_s``
-passed since the last publication. Fields that change on every record by construction (``t``,
+one (a utilisation also by more than ``floor`` absolute, so that values near zero do not flap), when its
+shape changed (steps appeared or went, a worker or GPU came or went, a GPU started throttling), or when
+``heartbeat_s`` passed since the last publication. Fields that change on every record by construction (``t``,
 ``steps.age_s``, ``steps.steps``) are not compared.
 """
 

@@ -1,7 +1,7 @@
 """Long lists of node ids in a record, compressed: the round value at 1,000 nodes.
 
-Why: the round record names every member, and etcd sends it to every node's watch on each change (at
-1,024 nodes 35 KB, so 35 MB per round written, and 70 KB of history per round). Node ids of one cluster
+Why: the round record names every member, and etcd sends it to every node's watch on each change: its
+size times the nodes, per round written, and twice its size of history per round. Node ids of one cluster
 share most of their characters (host names, pids), so zlib takes the list to about a quarter. A list is
 compressed only when long (COMPACT_AT ids): small runs keep a value that a person reads with etcdctl.
 The text is base64 of zlib of the ids joined by newlines; decompression is bounded (a hostile value is a

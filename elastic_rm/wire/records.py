@@ -281,7 +281,8 @@ def effective_rounds(kvs, errors: list[str]) -> list[RoundRecord]:
 
 @dataclass(frozen=True)
 class AckRecord:
-    """``rounds/<n>/acks/<node>``: a member is ready for round n. Rank 0 adds the workers' bootstrap address."""
+    """``rounds/<n>/acks/<node>``: a member is ready for round n. Rank 0 adds the workers' bootstrap
+    address."""
 
     node: str
     master: tuple[str, int] | None = None

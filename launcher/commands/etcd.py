@@ -41,8 +41,15 @@ def run(args: argparse.Namespace) -> int:
     if (args.cert_file is None) != (args.key_file is None):
         print("erm etcd: error: --cert-file and --key-file go together", file=sys.stderr)
         return 2
-    tls = {k: v for k, v in (("cert-file", args.cert_file), ("key-file", args.key_file),
-                              ("trusted-ca-file", args.trusted_ca_file)) if v}  # fmt: skip
+    tls = {
+        k: v
+        for k, v in (
+            ("cert-file", args.cert_file),
+            ("key-file", args.key_file),
+            ("trusted-ca-file", args.trusted_ca_file),
+        )
+        if v
+    }
     for path in tls.values():
         if not os.path.isfile(path):
             print(f"erm etcd: error: TLS file {path!r} does not exist", file=sys.stderr)
@@ -50,9 +57,17 @@ def run(args: argparse.Namespace) -> int:
     try:
         binary = find_etcd_binary(args.etcd_binary)
         cmd = member_command(
-            binary, args.name, os.path.abspath(args.data_dir), args.listen_host, args.advertise_host,
-            args.client_port, args.peer_port, args.initial_cluster, "existing" if args.join else "new", tls=tls,
-        )  # fmt: skip
+            binary,
+            args.name,
+            os.path.abspath(args.data_dir),
+            args.listen_host,
+            args.advertise_host,
+            args.client_port,
+            args.peer_port,
+            args.initial_cluster,
+            "existing" if args.join else "new",
+            tls=tls,
+        )
     except EtcdServerError as exc:
         print(f"erm etcd: error: {exc}", file=sys.stderr)
         return 2

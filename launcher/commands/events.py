@@ -18,8 +18,13 @@ RUN_OVER_POLL_S = 0.5  # --follow: how often to look whether the run is closed a
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_connection_arguments(p, endpoint_required=False)
-    p.add_argument("--file", action="append", default=[], metavar="F",
-                   help="read this --event-log file instead of etcd (repeatable: files are merged)")  # fmt: skip
+    p.add_argument(
+        "--file",
+        action="append",
+        default=[],
+        metavar="F",
+        help="read this --event-log file instead of etcd (repeatable: files are merged)",
+    )
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new events (Ctrl-C to stop)")
     p.add_argument("--json", action="store_true", help="one JSON event per line, as written")
     p.add_argument(

@@ -232,8 +232,14 @@ def _settings(ns: argparse.Namespace, min_nodes: int, max_nodes: int):
 def _ssh(args: argparse.Namespace):
     from elastic_rm.launch.ssh import SshOptions
 
-    ssh = SshOptions(args.ssh_binary, args.ssh_user, args.ssh_port, args.ssh_identity,
-                     tuple(args.ssh_option), args.connect_timeout)  # fmt: skip
+    ssh = SshOptions(
+        args.ssh_binary,
+        args.ssh_user,
+        args.ssh_port,
+        args.ssh_identity,
+        tuple(args.ssh_option),
+        args.connect_timeout,
+    )
     ssh.validate()
     return ssh
 
@@ -261,8 +267,13 @@ def _connect(settings, run_id: str):
     from elastic_rm.etcd.client import EtcdClient
     from elastic_rm.etcd.errors import EtcdError
 
-    client = EtcdClient(list(settings.endpoints), timeout=settings.etcd_timeout, tls=settings.tls,
-                        user=settings.user, password=settings.password)  # fmt: skip
+    client = EtcdClient(
+        list(settings.endpoints),
+        timeout=settings.etcd_timeout,
+        tls=settings.tls,
+        user=settings.user,
+        password=settings.password,
+    )
     try:
         client.ping()
         closed = client.get(settings.keys.closed) is not None
@@ -366,22 +377,40 @@ def _execute(args: argparse.Namespace, plan: _Plan, client) -> int:
             sys.stderr.write(f"[erm launch] {message}\n")
             sys.stderr.flush()
 
-    command = NodeCommand(plan.ssh, args.python, args.workdir, tuple(plan.flags), tuple(plan.script), plan.env,
-                          args.stop_grace)  # fmt: skip
+    command = NodeCommand(
+        plan.ssh, args.python, args.workdir, tuple(plan.flags), tuple(plan.script), plan.env, args.stop_grace
+    )
     events = EventLog(run_id, "erm-launch", path=args.events_file, client=client, keys=keys)
     config = ExecutorConfig(
-        plan.min_nodes, plan.max_nodes, poll_s=args.poll_interval, stop_grace_s=args.stop_grace,
-        exit_grace_s=args.exit_grace, idle_timeout_s=args.idle_timeout,
+        plan.min_nodes,
+        plan.max_nodes,
+        poll_s=args.poll_interval,
+        stop_grace_s=args.stop_grace,
+        exit_grace_s=args.exit_grace,
+        idle_timeout_s=args.idle_timeout,
         discovery_interval_s=args.discovery_interval,
-    )  # fmt: skip
+    )
     executor = Executor(
-        client, keys, plan.pool, lambda host: RemoteNode(host, command.argv(host), print_line), events, config,
-        say, discover=plan.discover, known_hosts=hosts,
-    )  # fmt: skip
+        client,
+        keys,
+        plan.pool,
+        lambda host: RemoteNode(host, command.argv(host), print_line),
+        events,
+        config,
+        say,
+        discover=plan.discover,
+        known_hosts=hosts,
+    )
     nodes = f"{plan.min_nodes}-{plan.max_nodes} node(s)"
     say(f"run {run_id}: {len(hosts)} host(s), {nodes}, etcd {plan.ns.rdzv_endpoint}")
-    events.emit("launch", f"erm launch started run {run_id} with {len(hosts)} host(s)", action="begin",
-                hosts=[h.name for h in hosts], min_nodes=plan.min_nodes, max_nodes=plan.max_nodes)  # fmt: skip
+    events.emit(
+        "launch",
+        f"erm launch started run {run_id} with {len(hosts)} host(s)",
+        action="begin",
+        hosts=[h.name for h in hosts],
+        min_nodes=plan.min_nodes,
+        max_nodes=plan.max_nodes,
+    )
 
     def on_term(signum, frame):
         raise KeyboardInterrupt

@@ -1,4 +1,5 @@
-"""`erm simulate`: trace-driven simulation of a shared cluster under the static, Optimus-style and our policy."""
+"""`erm simulate`: trace-driven simulation of a shared cluster under the static, Optimus-style and our
+policy."""
 
 from __future__ import annotations
 
@@ -59,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     bad = [p for p in policies if p not in POLICIES + ABLATIONS]
     if bad or not policies:
         print(
-            f"erm simulate: --policies: unknown {', '.join(bad) or '(none)'}; choose from {', '.join(POLICIES + ABLATIONS)}",
+            f"erm simulate: --policies: unknown {', '.join(bad) or '(none)'}; "
+            f"choose from {', '.join(POLICIES + ABLATIONS)}",
             file=sys.stderr,
         )
         return 2
@@ -105,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
     result = run_policies(jobs, spec, args.seed, policies, inst, args.tick)
     data = payload(result, spec, inst, args.seed, source, len(jobs))
     print(
-        f"{len(jobs)} jobs from {source}; cluster {spec.machines} x ({spec.cores:g} cores, {spec.mem_gib:g} GiB, {spec.gpus} GPUs)"
+        f"{len(jobs)} jobs from {source}; cluster {spec.machines} x "
+        f"({spec.cores:g} cores, {spec.mem_gib:g} GiB, {spec.gpus} GPUs)"
     )
     print(table(result["summary"], baseline="static" if "static" in policies else policies[0]))
     for path in write_outputs(result, data, args.out, plots=not args.no_plots):

@@ -52,12 +52,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--decisions", type=int, default=5, help="how many of the last decisions to show (default 5)"
     )
-    p.add_argument("--all-events", action="store_true",
-                   help="recent events include the periodic 'sample' and 'checkpoint' ones")  # fmt: skip
     p.add_argument(
-        "--members", type=int, default=MAX_MEMBERS,
+        "--all-events",
+        action="store_true",
+        help="recent events include the periodic 'sample' and 'checkpoint' ones",
+    )
+    p.add_argument(
+        "--members",
+        type=int,
+        default=MAX_MEMBERS,
         help=f"node rows to show (default {MAX_MEMBERS}; 0: all); the others are counted",
-    )  # fmt: skip
+    )
 
 
 MAX_MEMBERS = 64
@@ -87,8 +92,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         with connect(args) as client:
             run_id = resolve_run(client, args.prefix, args.run_id)
-            status = job_status(client, Keyspace(args.prefix, run_id), decisions=max(0, args.decisions),
-                                all_events=args.all_events)  # fmt: skip
+            status = job_status(
+                client,
+                Keyspace(args.prefix, run_id),
+                decisions=max(0, args.decisions),
+                all_events=args.all_events,
+            )
     except (EtcdError, ValueError, UsageError) as exc:
         print(f"erm status: error: {exc}", file=sys.stderr)
         return 2
@@ -124,8 +133,16 @@ def render(s: dict, title: str = "", max_members: int = MAX_MEMBERS) -> Any:
         style="bold",
     )
     nodes = Table(expand=False, pad_edge=False)
-    for col, just in (("rank", "right"), ("node", "left"), ("state", "left"), ("cpu", "right"),
-                      ("mem", "right"), ("gpu", "right"), ("p50", "right"), ("samples/s", "right")):  # fmt: skip
+    for col, just in (
+        ("rank", "right"),
+        ("node", "left"),
+        ("state", "left"),
+        ("cpu", "right"),
+        ("mem", "right"),
+        ("gpu", "right"),
+        ("p50", "right"),
+        ("samples/s", "right"),
+    ):
         nodes.add_column(col, justify=just, overflow="fold")
     rows = s["members"] + [{**x, "rank": "sb"} for x in s["standby"]]
     hidden = len(rows) - max_members if 0 < max_members < len(rows) else 0
@@ -137,8 +154,9 @@ def render(s: dict, title: str = "", max_members: int = MAX_MEMBERS) -> Any:
         cpu = f"{m['cpu_util']:.0%}" if m.get("cpu_util") is not None else "-"
         utils = [u for u in m.get("gpu_util") or [] if u is not None]
         gpu = f"{sum(utils) / len(utils):.0%}" if utils else ("-" if not m.get("gpus") else "?")
-        nodes.add_row(str(m["rank"]), m["node"], m.get("state", "-"), cpu, mem, gpu, p50,
-                      _rate(m.get("samples_per_s")))  # fmt: skip
+        nodes.add_row(
+            str(m["rank"]), m["node"], m.get("state", "-"), cpu, mem, gpu, p50, _rate(m.get("samples_per_s"))
+        )
     parts: list[Any] = [head, nodes]
     if hidden:
         parts.append(
@@ -146,25 +164,39 @@ def render(s: dict, title: str = "", max_members: int = MAX_MEMBERS) -> Any:
         )
     spares = [m for m in s["members"] + s["standby"] if m.get("spares") is not None]
     if spares:
-        parts.append(Text("warm spares: " + ", ".join(
-            f"{m['node']} {m['spares']} ({m['spares_rss_bytes'] / 2**30:.2f}G)" for m in spares
-        )))  # fmt: skip
+        parts.append(
+            Text(
+                "warm spares: "
+                + ", ".join(
+                    f"{m['node']} {m['spares']} ({m['spares_rss_bytes'] / 2**30:.2f}G)" for m in spares
+                )
+            )
+        )
     if s.get("waiting_nodes") is not None:
         parts.append(Text(f"cluster queue: other pending jobs wait for {s['waiting_nodes']} node(s)"))
     if s.get("data"):
         d = s["data"]
         into = d["samples_done"] - d["epoch"] * d["epoch_samples"]
-        parts.append(Text(
-            f"data: {d['samples_done']:,} samples trained (epoch {d['epoch']}: {into:,} of "
-            f"{d['epoch_samples']:,}), as of the checkpoint of step {d['step']}"
-        ))  # fmt: skip
+        parts.append(
+            Text(
+                f"data: {d['samples_done']:,} samples trained (epoch {d['epoch']}: {into:,} of "
+                f"{d['epoch_samples']:,}), as of the checkpoint of step {d['step']}"
+            )
+        )
     if s["decisions"]:
         # the figures in a table whose cells never wrap; each reason on its own line under it, the whole
         # width for it (a reason column got some 8 characters of an 80-column terminal)
         dec = Table(title="decisions", title_justify="left", expand=False, pad_edge=False)
-        for col, just in (("round", "right"), ("time", "left"), ("world", "right"), ("pred.", "right"),
-                          ("measured", "right"), ("error", "right"), ("down", "right"),
-                          ("redone", "right")):  # fmt: skip
+        for col, just in (
+            ("round", "right"),
+            ("time", "left"),
+            ("world", "right"),
+            ("pred.", "right"),
+            ("measured", "right"),
+            ("error", "right"),
+            ("down", "right"),
+            ("redone", "right"),
+        ):
             dec.add_column(col, justify=just, no_wrap=True)
         reasons = []
         for d in s["decisions"]:
@@ -174,8 +206,16 @@ def render(s: dict, title: str = "", max_members: int = MAX_MEMBERS) -> Any:
                 measured += f" (vs r{d['compared_to_round']})"
             down = f"{d['downtime_s']:.1f}s" if d.get("downtime_s") is not None else "-"
             redone = str(d["redone_steps"]) if d.get("redone_steps") is not None else "-"
-            dec.add_row(str(d["round"]), when, str(len(d["members"])), _pct(d.get("predicted_gain")), measured,
-                        _pct(d.get("prediction_error")), down, redone)  # fmt: skip
+            dec.add_row(
+                str(d["round"]),
+                when,
+                str(len(d["members"])),
+                _pct(d.get("predicted_gain")),
+                measured,
+                _pct(d.get("prediction_error")),
+                down,
+                redone,
+            )
             reasons.append(Text.assemble((f"round {d['round']}: ", "bold"), d["reason"] or "-"))
         parts += [dec, *reasons, Text(MEASURED_SHORT, style="dim")]
     if s.get("events"):

@@ -100,7 +100,7 @@ def test_a_new_leader_that_adopts_the_recorded_flags_does_not_take_the_replaced_
     """The demo once lost its leader (SIGKILL) right after the straggler swap: the new leader's planner
     started afresh, and for the round of the survivors it took node-b, the straggler it had just replaced
     and still throttled, over the other standby (55 s to restore there). The leader records the flags in
-    every round (extra.flagged, rendezvous/straggler_flags.py); a new one adopts them."""
+    every round (extra.flagged, rendezvous/leader.py); a new one adopts them."""
     r = Replay()
     pool = ["node-a", "node-b", "node-c", "node-d"]
     r.run(120, pool[:3], MEASURED.__getitem__)

@@ -21,8 +21,8 @@ from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.etcd.errors import EtcdTimeoutError
 from elastic_rm.etcd.lease import Election
 from elastic_rm.planner.policy import PlannerPolicy
-from elastic_rm.rendezvous import straggler_flags
 from elastic_rm.rendezvous.handler import ElasticRMRendezvousHandler
+from elastic_rm.rendezvous.leader import adopt_straggler_flags
 from elastic_rm.rendezvous.registration import create_handler
 
 
@@ -158,7 +158,7 @@ def test_leader_death_hands_over_and_rounds_go_on(etcd, run_id):
 
 def test_a_round_records_the_planners_straggler_flags_and_a_new_leader_adopts_them(etcd, run_id, caplog):
     """A leader that takes over seeds its planner with the flags of the current round
-    (rendezvous/straggler_flags.py): a straggler replaced before the handover is not taken back."""
+    (rendezvous/leader.py): a straggler replaced before the handover is not taken back."""
     handlers = [make(etcd, run_id, 1, 3) for _ in range(2)]
     try:
         join_all(handlers)
@@ -166,12 +166,12 @@ def test_a_round_records_the_planners_straggler_flags_and_a_new_leader_adopts_th
         assert record.extra["flagged"] == []  # written by every leader (none flagged here)
         leader = next(h for h in handlers if h.view.leader == h.node_id)._leader
         leader._policy = PlannerPolicy()
-        straggler_flags.adopt(
+        adopt_straggler_flags(
             leader._policy, replace(record, extra={**record.extra, "flagged": ["node-b"]}), "x"
         )
         assert leader._policy.flagged == frozenset({"node-b"})
-        with caplog.at_level(logging.WARNING, logger="elastic_rm.rendezvous.straggler_flags"):
-            straggler_flags.adopt(
+        with caplog.at_level(logging.WARNING, logger="elastic_rm.rendezvous.leader"):
+            adopt_straggler_flags(
                 leader._policy, replace(record, extra={**record.extra, "flagged": "node-c"}), "x"
             )
         assert leader._policy.flagged == frozenset({"node-b"})  # a malformed value changes nothing
