@@ -1,7 +1,7 @@
 """PlannerConfig: every threshold of the three stages, with the defaults and where they come from.
 
-Defaults follow DLRover's open-source constants (github.com/intelligent-machine-learning/dlrover) where one exists,
-re-read for synchronous TorchRec training; the others are ours and say so.
+Defaults follow DLRover's open-source constants (github.com/intelligent-machine-learning/dlrover) where one
+exists, re-read for synchronous TorchRec training; the others are ours and say so.
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ class PlannerConfig:
     max_step: int = 8  # at most this many nodes added or removed in one round (DLRover: 4-8)
     gain_horizon_s: float = 1800.0  # a change must repay its round cost within this horizon
     round_cost_s: float = 60.0  # expected pause of one round (flash checkpoint, restart, reshard)
+    explore_budget_frac: float = 0.0  # ours: when > 0, a size not yet measured is profiled only while what
+    # that is expected to cost fits this share of the job's expected remaining time (promise.py). Off by
+    # default: it held back the scale-downs of communication-bound jobs (docs/planner.md, "The promise")
     user_loss_max: float = 0.03  # ours: below the user's requested node count, keep >= 97% of the
     # throughput predicted (and then measured) at the request ("never worse than the user", docs/planner.md)
     probe_one_node: bool = True  # ours: measure one node once when the model cannot rule out that it is

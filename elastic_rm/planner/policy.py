@@ -32,7 +32,7 @@ from .memory_model import estimate_node_memory, rescale_observed
 from .memory_rules import oom_check
 from .perf_model import Sample
 from .probe import one_node_probe
-from .promise import error_bound, measured_rate, pays, stop_loss
+from .promise import charge, error_bound, may_explore, measured_rate, pays, stop_loss
 from .resize_rules import resize_check
 from .runtime import memory_growth, update_stragglers
 from .scaling import Target, budgets, choose_world, fit_configs, memory_floor, observed_cap, user_floor
@@ -299,7 +299,10 @@ class PlannerPolicy:
         per_node = max(state.nodes[m][-1].mem_used for m in members)
         node_mem = min(state.nodes[m][-1].mem_total for m in members)
         lo, hi = max(snapshot.min_nodes, 1), snapshot.max_nodes
-        lo_up = max(lo, memory_floor(job, cfg, w, per_node, growth, node_mem, lo, hi))
+        # a scale-up the memory forces looks as far ahead as the OOM rule (which raises memory first where
+        # rounds resize); the budgets' hour-long growth horizon would add nodes to a job that only grows
+        soon = replace(cfg, mem_growth_horizon_s=min(cfg.mem_growth_horizon_s, cfg.oom_horizon_s))
+        lo_up = max(lo, memory_floor(job, soon, w, per_node, growth, node_mem, lo, hi))
         points = [(c.world, c.step_s) for c in state.configs if c.clean]
         measured = observed_cap(points, cfg.min_marginal_gain)
         if measured is not None and not 0 < state.measured_cap <= measured:
@@ -311,7 +314,7 @@ class PlannerPolicy:
         queues = snapshot.now - state.queued_at < cfg.queue_memory_s
         args = (cfg, measured, floor, floor_why, request, waiting, queues)
         rate_now = measured_rate(state, cur.number, job.global_batch)
-        back, state = stop_loss(state, cur.number, w, job.global_batch)
+        back, state = stop_loss(cfg, state, cur.number, w, job.global_batch)
         t = choose_world(f, job, cap, w, lo_up, hi, *args)
         strict = replace(cfg, oom_threshold=cfg.oom_threshold * 0.85)
         if t.world < w:  # scaling down needs memory headroom too (hysteresis against OOM-driven scale-ups)
@@ -341,6 +344,7 @@ class PlannerPolicy:
         if target == w:
             return None, state
         gain = t.throughput / t.current_throughput - 1 if target == t.world else None
+        forced = back is not None or w < lo_up  # a stop-loss or the memory floor: no payback asked
         if target > w:
             new = list(members) + healthy[: target - w]
             fresh_nodes = [by_id[n] for n in healthy[: target - w]]
@@ -351,7 +355,6 @@ class PlannerPolicy:
                 ), state
             pred = f.throughput(self._shape(job), target, cap)
             gain = pred / t.current_throughput - 1
-            forced = back is not None or w < lo_up  # a stop-loss or the memory floor: no payback asked
             if not forced and not pays(cfg, state, snapshot.now, f, target, gain):
                 return None, state
             rest = healthy[target - w :]
@@ -360,6 +363,10 @@ class PlannerPolicy:
             new = list(members)[:target]
             rest = [m for m in members[target:]] + healthy
             reason = f"scale down {w} -> {target}: {t.why}"
+        if not forced and (gain or 0.0) > 0:  # a move for speed: within the exploration budget
+            if not may_explore(cfg, state, snapshot.now, f, target, request):
+                return None, state
+            state = charge(cfg, state, target)
         expect = back is None and rate_now is not None and (gain or 0.0) > 0  # a move for speed: judged next
         moved = (w, rate_now, error_bound(f)) if expect else ()
         state = replace(state, last_round_at=snapshot.now, moved_from=moved)

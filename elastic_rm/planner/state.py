@@ -87,11 +87,12 @@ class PlannerState:
     fit_nodes: int = 0
     # the promise (promise.py): when the first round was decided; the last measured round downtimes (from
     # a round's decision to every member stepping); the size and rate before our last stage-2 move, until
-    # the new size is judged; the sizes a stop-loss refuted
+    # the new size is judged; the sizes a stop-loss refuted; the seconds exploration has cost so far
     first_round_at: float = float("inf")
     downtimes: tuple[float, ...] = ()
     moved_from: tuple = ()
     bad_worlds: frozenset[int] = frozenset()
+    explored_s: float = 0.0
 
 
 def node_capacity(node: NodeView) -> float:

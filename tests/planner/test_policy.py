@@ -161,7 +161,8 @@ def test_gpu_throttling_counts_as_slow():
 def test_oom_trend_shards_over_more_nodes_before_the_limit():
     p = PlannerPolicy(CFG)
     members = ["a", "b"]
-    mem = lambda t: 40.0 + 0.05 * t  # GiB; threshold 0.9 x 64 = 57.6 GiB reached at t = 352  # noqa: E731
+    # GiB; threshold 0.9 x 64 = 57.6 GiB reached at t = 252, within oom_horizon_s from the start
+    mem = lambda t: 45.0 + 0.05 * t  # noqa: E731
     st = settled(p, members, mem_gib=mem(0), t0=10)
     answers, st = feed(
         p, [running(t, members, extra=["c", "d"], mem_gib=mem(t)) for t in range(10, 200, 10)], st

@@ -10,7 +10,14 @@ from elastic_rm.planner.config import PlannerConfig
 from elastic_rm.planner.interface import ClusterSnapshot, Decision, RoundView
 from elastic_rm.planner.perf_model import Fit
 from elastic_rm.planner.policy import PlannerPolicy
-from elastic_rm.planner.promise import pays, round_cost
+from elastic_rm.planner.promise import (
+    exploration_cost,
+    exploration_left,
+    may_explore,
+    pays,
+    round_cost,
+    stop_loss,
+)
 from elastic_rm.planner.resize_rules import resize_check
 from elastic_rm.planner.scaling import Target
 from elastic_rm.planner.sim.cluster import ClusterSpec
@@ -25,6 +32,7 @@ CFG = PlannerConfig(
     sample_interval_s=10, profile_window_s=30, min_profile_samples=2, cooldown_s=60, round_warmup_s=0
 )
 BOUND = 0.05  # docs/planner.md, "The promise"
+BUDGET = replace(CFG, explore_budget_frac=0.05)  # the exploration budget is a setting, off by default
 
 
 def _run(step_of, request=2, downtime_s=1.0, steps=120, waiting=0, cfg=CFG):
@@ -79,6 +87,45 @@ def test_the_payback_is_charged_with_the_measured_round_downtime():
         pay = [pays(CFG, replace(st, first_round_at=0.0), now, f, 2, 0.1) for st in (cheap_state, dear_state)]
         assert pay == ([True, False] if now == 300.0 else [True, True])  # 30 s rounds: only a longer job
     assert round_cost(CFG, PlannerState()) == CFG.round_cost_s  # nothing measured yet: the estimate
+
+
+def test_the_exploration_budget_is_charged_with_the_measured_round_downtime():
+    """An unmeasured size is tried only while its expected cost (a round of measured downtime, and the
+    model's error over the profiling window and the round back) fits the budget left: a job whose rounds
+    cost 30 s explores later, and less, than one whose rounds cost 1 s."""
+    f = Fit((2e-6, 1.0, 1.0, 0.005), float("nan"), 0.02, 4, (2,))
+    cheap = PlannerState(first_round_at=0.0, downtimes=(1.0,))
+    dear = PlannerState(first_round_at=0.0, downtimes=(30.0,))
+    assert exploration_cost(BUDGET, dear, f, 3) - exploration_cost(BUDGET, cheap, f, 3) > 29.0
+    first = {}
+    for name, st in (("cheap", cheap), ("dear", dear)):
+        first[name] = next(t for t in range(0, 100_000, 10) if may_explore(BUDGET, st, float(t), f, 3, 2))
+    assert first["cheap"] < first["dear"]
+    # a size already measured is not exploration: the model has seen it
+    seen = replace(dear, configs=(replace(_sample(3), clean=True),))
+    assert may_explore(BUDGET, seen, 0.0, f, 3, 2)
+    assert may_explore(CFG, dear, 0.0, f, 3, 2)  # without a budget (the default) every move may explore
+
+
+def test_the_exploration_budget_is_spent_and_shrinks_with_evidence_that_the_request_is_right():
+    st = PlannerState(first_round_at=0.0, downtimes=(20.0,))
+    left = exploration_left(BUDGET, st, 36_000.0, 2)
+    assert left == BUDGET.explore_budget_frac * 36_000.0
+    assert exploration_left(BUDGET, replace(st, explored_s=100.0), 36_000.0, 2) == left - 100.0
+    refuted = replace(st, bad_worlds=frozenset({3}))
+    assert exploration_left(BUDGET, refuted, 36_000.0, 2) == left / 2
+    assert exploration_left(BUDGET, replace(refuted, measured_cap=2), 36_000.0, 2) == left / 3
+    # a stop-loss charges the refuted move its measured loss over the window and the round back
+    moved = replace(st, moved_from=(2, 100.0, 0.04), configs=(_sample(3, round_number=5, step_s=0.2),))
+    back, after = stop_loss(BUDGET, moved, 5, 3, 10.0)  # 10 samples / 0.2 s = 50/s, half the rate before
+    assert back == 2 and 3 in after.bad_worlds
+    assert after.explored_s == 0.5 * BUDGET.profile_window_s + 20.0
+
+
+def _sample(world: int, round_number: int = 1, step_s: float = 0.1):
+    from elastic_rm.planner.state import ConfigSample
+
+    return ConfigSample(0.0, round_number, world, 1.0, step_s)
 
 
 def test_no_scale_down_below_the_request_that_nobody_waits_for_unless_it_is_faster():
