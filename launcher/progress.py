@@ -16,10 +16,13 @@ import shutil
 import sys
 import threading
 import time
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING
 
 from elastic_rm.background import Background
-from elastic_rm.obs.events import PERIODIC_KINDS
+from elastic_rm.obs.events import PERIODIC_KINDS, Event
+
+if TYPE_CHECKING:
+    from elastic_rm.agent.agent import ElasticRMAgent
 
 STATUS_EVERY_S = 1.0
 CLEAR = "\r\x1b[2K"
@@ -47,7 +50,7 @@ class Progress:
         is_tty = getattr(self.stream, "isatty", lambda: False)()
         self.live = (mode == "text" and is_tty) if live is None else live
         self._lock = threading.Lock()
-        self._agent: Any = None
+        self._agent: ElasticRMAgent | None = None
         self._line = ""
         self._status = Background(self._status_loop, "ermrun-status")
 
@@ -63,14 +66,14 @@ class Progress:
         root.handlers[:] = [handler]
         root.setLevel(level if level in logging._nameToLevel else "WARNING")
 
-    def attach(self, agent: Any) -> None:
+    def attach(self, agent: ElasticRMAgent) -> None:
         """Called by launch_agent with the agent before it starts."""
         self._agent = agent
         agent.events.add_listener(self.on_event)
         if self.live:
             self._status.start()
 
-    def on_event(self, e: Any) -> None:
+    def on_event(self, e: Event) -> None:
         if self.mode == "quiet" or e.kind in PERIODIC_KINDS or e.data.get("console") is False:
             return
         if self.mode == "json":

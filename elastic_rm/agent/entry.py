@@ -175,7 +175,7 @@ def launch_agent(
             status = f"failed (rank(s) {ranks})"
             free_node_memory(config.run_id, agent, "the job failed")
             raise ChildFailedError(name=name, failures=result.failures)
-        stopped = getattr(agent, "stop_reason", None)  # `erm stop RUN` (elastic_rm.agent.stop)
+        stopped = agent.stop_reason  # `erm stop RUN` (elastic_rm.agent.stop)
         status = f"stopped by {stopped}" if stopped else "succeeded"
         if services is not None and not stopped:  # the warm start of the next run of this job (rank 0)
             try:
