@@ -2,8 +2,8 @@
 
 The agent publishes a summary (mean/max/last over ``window_s``) at most once a second, so the sampler keeps
 a short window of samples instead of pushing each one. One sample reads /proc/stat, /proc/meminfo and two
-/proc files per worker (about 0.1 ms + 0.05 ms per worker on a laptop-class core), so 1 Hz sampling costs
-well under 0.1% of a core.
+/proc files per worker, so 1 Hz sampling costs a small fraction of a core (docs/benchmarks.md,
+agent_overhead).
 
 Node CPU utilisation is the busy fraction of all cores between two samples (psutil's formula: everything but
 idle and iowait). It is read from /proc/stat, i.e. the host's view: inside a CPU-limited container it is

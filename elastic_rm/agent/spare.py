@@ -41,7 +41,7 @@ def _warm(nice: int, modules: list[str], errors: list[str]) -> None:
             errors.append(f"{name}: {exc!r}")
     # the preloaded modules outlive every round: move them out of the collector's reach now, off the
     # round's path (a script's first full collection, e.g. rounds()' gc.freeze(), scans only its own
-    # objects then: 0.2 s for torch and TorchRec's 3.5e5 objects on an idle core, more under load)
+    # objects then, not the hundreds of thousands that torch and TorchRec create)
     gc.collect()
     gc.freeze()
 

@@ -59,8 +59,8 @@ KINDS = (
 PERIODIC_KINDS = frozenset({"sample", "checkpoint"})
 DEFAULT_KEEP = 2000  # events kept in etcd per run
 # A writer trims the etcd copy after one in this many of its events, at random: the run's copy stays near
-# ``keep`` however many nodes write (a count per writer let 1,000 nodes, each sampling every 10 s, pile up
-# 100 events a second for 1,000 s before anyone trimmed).
+# ``keep`` however many nodes write (with a count per writer, 1,000 nodes each sampling every 10 s would
+# pile up 100 events a second for 1,000 s before anyone trimmed).
 TRIM_EVERY = 100
 MAX_VALUE_BYTES = 16 * 1024  # an event larger than this is refused (etcd values should stay small)
 BACKLOG = 256  # recent events kept in memory, replayed to a file or listener attached late

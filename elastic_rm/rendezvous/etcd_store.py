@@ -3,7 +3,7 @@
 torch's agent uses the rendezvous store for rank assignment and its exit barrier: a few keys per round.
 Keeping it in etcd (under ``store/<round>/``) means no extra server in any agent, nothing to reconnect
 when the node that would have hosted it dies, and no per-connection DNS lookups (a TCPStore server
-resolves every client's name; with a slow resolver, 32 simultaneous clients took 5 s here). Workers
+resolves every client's name: a slow resolver stalls every agent's connect). Workers
 never use it: their MASTER_ADDR/MASTER_PORT point at a store hosted by global rank 0, as torch's
 dynamic handler does with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, so training traffic stays off etcd.
 """

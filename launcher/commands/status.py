@@ -121,7 +121,8 @@ def _rate(x: float | None) -> str:
 def render(s: dict, title: str = "", max_members: int = MAX_MEMBERS) -> Any:
     """The status as rich renderables: headline, members, decisions, recent events, malformed records.
     Tables shrink to the console's width (80 columns is the design target). At most ``max_members`` node
-    rows (0: all), then a line with the count of the others: rich needs ~5 ms a row, 5 s for 1,024."""
+    rows (0: all), then a line with the count of the others: rich lays out every row, and a run of a
+    thousand nodes would take seconds to draw."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
