@@ -93,7 +93,19 @@ def _attributes_used(path: Path, owner: str) -> set[str]:
     return used
 
 
-@pytest.mark.parametrize("module", ["agent.py", "launch.py", "ckpt_server.py", "ledger_mirror.py"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "agent.py",
+        "entry.py",
+        "ckpt_hooks.py",
+        "ckpt_server.py",
+        "inplace.py",
+        "ledger_mirror.py",
+        "prepared.py",
+        "stop.py",
+    ],
+)
 def test_the_agent_uses_only_declared_members(module):
     """Of the services only NodeServices' members; of the handler only torch's RendezvousHandler API."""
     path = ROOT / "elastic_rm" / "agent" / module
