@@ -136,7 +136,8 @@ class ElasticRMAgent(LocalElasticAgent):
         from ..obs.metrics import AgentMetrics
 
         self.metrics = AgentMetrics(self.node_id)
-        self.events = _open_event_log(self._handler, self._services, self.node_id, self.options.event_log)
+        run_id = self._handler.get_run_id()
+        self.events = _open_event_log(run_id, self._services, self.node_id, self.options.event_log)
         self.http = AgentHttpServer(
             self.metrics, self.options.metrics_port, self.options.metrics_host, self._health
         )
@@ -170,7 +171,7 @@ class ElasticRMAgent(LocalElasticAgent):
         self._next_sample = 0.0  # monotonic time of the next "sample" event
         self._last_checkpoint = 0  # the newest flash checkpoint step reported as a "checkpoint" event
         self._publish_errors: set[str] = set()  # metrics-loop errors already logged as warnings
-        self.ledger_mirror = _ledger_mirror(self._handler, self._services, self.node_id)
+        self.ledger_mirror = _ledger_mirror(run_id, self._services, self.node_id)
         self.last_record: dict[str, Any] | None = None  # the newest metrics record (ermrun's status line)
         self.stop_reason: str | None = None  # "erm stop" once `erm stop RUN` stopped the workers
 
@@ -506,10 +507,10 @@ class ElasticRMAgent(LocalElasticAgent):
         return self._services.lease_ttl + 1.0
 
 
-def _open_event_log(handler: Any, services: NodeServices | None, node_id: str, path: str | None) -> EventLog:
+def _open_event_log(run_id: str, services: NodeServices | None, node_id: str, path: str | None) -> EventLog:
     """The run's event log in etcd (node services), else a local one (torch's backends); plus the
     ``--event-log`` file at ``path``."""
-    events = services.events if services is not None else EventLog(handler.get_run_id(), node_id)
+    events = services.events if services is not None else EventLog(run_id, node_id)
     if path:
         try:
             events.attach_file(path)
@@ -518,11 +519,11 @@ def _open_event_log(handler: Any, services: NodeServices | None, node_id: str, p
     return events
 
 
-def _ledger_mirror(handler: Any, services: NodeServices | None, node_id: str) -> LedgerMirror | None:
+def _ledger_mirror(run_id: str, services: NodeServices | None, node_id: str) -> LedgerMirror | None:
     """The leader's etcd copy of the checkpointed sample ledger (node services only)."""
     if services is None:
         return None
-    root = run_memory_dir(handler.get_run_id())
+    root = run_memory_dir(run_id)
     return LedgerMirror(
         node_id,
         node_dir=lambda: root / services.node_id,  # the id changes when the node rejoins

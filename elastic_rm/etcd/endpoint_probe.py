@@ -12,14 +12,14 @@ once, and its ``leader`` is 0 on a member that has none.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
+import aetcd
 from aetcd import rpc
 
 PROBE_TIMEOUT_S = 1.0  # at most this long for the other endpoints to answer, at every failover
 
 
-async def has_leader(client: Any, timeout: float) -> bool:
+async def has_leader(client: aetcd.Client, timeout: float) -> bool:
     """True when the member behind ``client`` answers Status and knows a leader (no quorum needed)."""
     await client.connect()
     reply = await client.maintenancestub.Status(
@@ -28,7 +28,7 @@ async def has_leader(client: Any, timeout: float) -> bool:
     return reply.leader != 0 and not list(reply.errors)
 
 
-async def best_endpoint(candidates: dict[int, Any], timeout: float) -> int | None:
+async def best_endpoint(candidates: dict[int, aetcd.Client], timeout: float) -> int | None:
     """The key of the candidate to fail over to: the first whose member answered with a leader within
     ``timeout``, else the first that answered at all (reachable: during an election no member has a
     leader yet, and the one cut off by a partition does not answer), else None. All are asked at once;

@@ -7,7 +7,10 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from elastic_rm.etcd.client import EtcdClient
 
 HELP = "Show a job's round, members (resources, step times), leader and last decisions."
 MEASURED_SHORT = (
@@ -72,7 +75,7 @@ class UsageError(Exception):
     """A problem with the command line that the user can fix; printed without a traceback."""
 
 
-def resolve_run(client: Any, prefix: str, run_id: str | None) -> str:
+def resolve_run(client: EtcdClient, prefix: str, run_id: str | None) -> str:
     """The run id given, or the only run under the prefix."""
     from elastic_rm.obs.status import list_runs
 
