@@ -5,8 +5,9 @@ pipe; the watchdog, a small process in a session of its own, reads the pids (wit
 owner sends. When the pipe reaches end-of-file (the owner exited, was killed by SIGKILL, or released it)
 it kills every listed process that is still the same one, with its process group when it leads one (a
 worker's data-loader children), then removes the temporary directories the owner listed (an agent's
-channel directory, an embedded etcd's data), which an owner killed by SIGKILL cannot remove itself. The watchdog imports nothing of elastic-rm and nothing heavy: it runs as
-``python guard.py FD`` and starts in milliseconds. The owner's side is :class:`Watchdog`.
+channel directory, an embedded etcd's data), which an owner killed by SIGKILL cannot remove itself. The
+watchdog imports nothing of elastic-rm and nothing heavy: it runs as ``python guard.py FD`` and starts in
+milliseconds. The owner's side is :class:`Watchdog`.
 """
 
 from __future__ import annotations

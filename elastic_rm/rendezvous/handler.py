@@ -265,7 +265,8 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
     def _sealed_for_us(self) -> RoundRecord | None:
         """A newer round, already sealed, that names this node: the leader writes the survivors' round of a
         loss sealed at once (leader.py, ``_sealed_at_once``). A survivor joins it without registering as
-        joining first: in a large run that registration and the ack would be most of the survivors' re-join."""
+        joining first: in a large run that registration and the ack would be most of the survivors'
+        re-join."""
         session, view = self._session, self._view
         done = session.joined
         if done is None or session.lease_lost:

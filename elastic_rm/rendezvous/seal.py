@@ -6,8 +6,8 @@ not say it. Nor, in a round of survivors (its members all in the current sealed 
 scale-down), do members still active in the current round: a live registration proves them alive, their
 agents join the sealed round as soon as they have stopped their workers, and every node advertises a port
 for the next round in its record. Waiting for every member's ack in a large run would make the failure
-round last longer than the lease TTL. Others (a node not yet registered for the current round, a newcomer next to
-active members) ack first. So does a member of the current sealed round whose record still says it is
+round last longer than the lease TTL. Others (a node not yet registered for the current round, a newcomer
+next to active members) ack first. So does a member of the current sealed round whose record still says it is
 waiting for an earlier one: that record is from before it joined the current round (the update to active
 is not waited for), and the port it advertises may be the one the current round's rank 0 binds now.
 """
