@@ -262,7 +262,8 @@ def main(argv: list[str] | None = None) -> None:
 
     print()
     print(
-        f"(a1) monitor at 1 Hz: {mon['cpu_s_per_hour']:.2f} CPU-s/hour = {mon['core_fraction']:.4%} of one core"
+        f"(a1) monitor at 1 Hz: {mon['cpu_s_per_hour']:.2f} CPU-s/hour = {mon['core_fraction']:.4%} of one "
+        "core"
     )
     print(
         f"     (baseline {mon['baseline_cpu_s']:.3f} s, with monitor {mon['monitor_cpu_s']:.3f} s over "
@@ -270,25 +271,31 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(
         f"(a2) reporting call in a 10 ms step: {rep['in_10ms_loop_per_call_us']:.2f} us mean "
-        f"(p50 {rep['in_10ms_loop_p50_us']:.2f}, p99 {rep['in_10ms_loop_p99_us']:.1f}; an empty call timed the "
+        f"(p50 {rep['in_10ms_loop_p50_us']:.2f}, p99 {rep['in_10ms_loop_p99_us']:.1f}; an empty call timed "
+        "the "
         f"same way {rep['in_10ms_loop_empty_call_us']:.2f}) = {rep['ratio_in_10ms_loop']:.4%} of the step;\n"
         f"     tight loop {rep['tight_per_call_us']:.2f} us "
-        f"({rep['ratio_tight']:.4%}); without an agent {rep['noop_per_call_us']:.3f} us ({rep['ratio_noop']:.5%})"
+        f"({rep['ratio_tight']:.4%}); without an agent {rep['noop_per_call_us']:.3f} us "
+        f"({rep['ratio_noop']:.5%})"
     )
     print(
         f"     agent receiving 4 workers x 100 steps/s: {recv['agent_core_fraction']:.4%} "
-        f"of one core; steps sent {recv['worker_steps']}, received by the agent {recv['agent_steps_received']}"
+        f"of one core; steps sent {recv['worker_steps']}, received by the agent "
+        f"{recv['agent_steps_received']}"
     )
     print(
         f"(a3) drain agreement, 2 gloo ranks: every step {sync['sync_every_1_per_step_us']:.1f} us "
-        f"({sync['ratio_sync_every_1']:.3%} of 10 ms); every 10 steps {sync['sync_every_10_per_step_us']:.1f} us "
+        f"({sync['ratio_sync_every_1']:.3%} of 10 ms); every 10 steps "
+        f"{sync['sync_every_10_per_step_us']:.1f} us "
         f"({sync['ratio_sync_every_10']:.3%})"
     )
     if tput is not None:
         print(
             f"(b) fixed work per step ({tput['work_iters_per_step']} iterations), 2 workers: torchrun "
-            f"{tput['median_torchrun']:.1f} steps/s, ermrun with reporting {tput['median_ermrun']:.1f} steps/s: "
-            f"ermrun/torchrun {tput['ermrun_over_torchrun']:.3f}, slowdown {tput['slowdown']:.2%} (target < 1%; "
+            f"{tput['median_torchrun']:.1f} steps/s, ermrun with reporting {tput['median_ermrun']:.1f} "
+            "steps/s: "
+            f"ermrun/torchrun {tput['ermrun_over_torchrun']:.3f}, slowdown {tput['slowdown']:.2%} (target "
+            "< 1%; "
             f"runs {tput['steps_per_s']}; load avg {tput['load_avg_at_start'][0]:.1f} -> "
             f"{tput['load_avg_at_end'][0]:.1f})"
         )

@@ -2,7 +2,7 @@
 
     python -m benchmarks.agent_overhead.child agent DIR            # an AgentChannel until stdin closes
     python -m benchmarks.agent_overhead.child reporter STEP_MS SECONDS   # a worker stepping under the agent
-    python -m benchmarks.agent_overhead.child allreduce N SYNC_EVERY     # gloo rank timing the drain agreement
+    python -m benchmarks.agent_overhead.child allreduce N SYNC_EVERY     # gloo rank, times the drain vote
 
 Each prints one JSON line with what it measured.
 """

@@ -75,8 +75,19 @@ def main() -> None:
     for trial in range(args.trials):
         order = list(VARIANTS) if trial % 2 == 0 else list(reversed(VARIANTS))
         for variant in order:
-            argv = [sys.executable, "-m", "benchmarks.keepalive", "--child", variant, "--leases",
-                    str(args.leases), "--ttl", str(args.ttl), "--seconds", str(args.seconds)]  # fmt: skip
+            argv = [
+                sys.executable,
+                "-m",
+                "benchmarks.keepalive",
+                "--child",
+                variant,
+                "--leases",
+                str(args.leases),
+                "--ttl",
+                str(args.ttl),
+                "--seconds",
+                str(args.seconds),
+            ]
             out = subprocess.run(
                 argv, capture_output=True, text=True, timeout=args.seconds + 10 * args.ttl + 120
             )
@@ -84,8 +95,11 @@ def main() -> None:
                 raise SystemExit(f"{variant} trial failed:\n{out.stderr[-2000:]}")
             row = json.loads(out.stdout.strip().splitlines()[-1]) | {"load_avg": os.getloadavg()}
             results[variant].append(row)
-            print(f"trial {trial} {variant:<9} {row['cores'] * 100:.2f}% of a core, longest refresh gap "
-                  f"{row['max_gap_s']:.2f} s, {row['lost']} lost", flush=True)  # fmt: skip
+            print(
+                f"trial {trial} {variant:<9} {row['cores'] * 100:.2f}% of a core, longest refresh gap "
+                f"{row['max_gap_s']:.2f} s, {row['lost']} lost",
+                flush=True,
+            )
     summary = {
         v: {
             "cores": summarize([r["cores"] for r in rows]),

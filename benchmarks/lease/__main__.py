@@ -35,11 +35,32 @@ BURN = "import time\nwhile True:\n    time.perf_counter()\n"
 
 
 def start_node(workdir: Path, endpoint: str, run_id: str, i: int, ttl: int, pace: float) -> subprocess.Popen:
-    argv = [str(BIN / "ermrun"), "--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-endpoint", endpoint,
-            "--rdzv-id", run_id, "--node-id", f"n{i}", "--monitor-interval", "0.1", "--max-restarts", "3",
-            "--rdzv-conf", f"lease_ttl={ttl},last_call_timeout=1",
-            str(SCRIPT), "--progress-dir", str(workdir / "progress"), "--checkpoint-every", "20",
-            "--pace", str(pace)]  # fmt: skip
+    argv = [
+        str(BIN / "ermrun"),
+        "--nnodes",
+        "2:3",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-endpoint",
+        endpoint,
+        "--rdzv-id",
+        run_id,
+        "--node-id",
+        f"n{i}",
+        "--monitor-interval",
+        "0.1",
+        "--max-restarts",
+        "3",
+        "--rdzv-conf",
+        f"lease_ttl={ttl},last_call_timeout=1",
+        str(SCRIPT),
+        "--progress-dir",
+        str(workdir / "progress"),
+        "--checkpoint-every",
+        "20",
+        "--pace",
+        str(pace),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     log = open(workdir / f"n{i}.log", "wb")
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

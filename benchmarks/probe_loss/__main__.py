@@ -22,8 +22,13 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.e
 
 
 def start_listener(host, port: int, for_s: float) -> subprocess.Popen:
-    proc = subprocess.Popen(host.argv([*ROLES, "listen", "--port", str(port), "--for-s", str(for_s)]),
-                            stdout=subprocess.PIPE, text=True, cwd=REPO, env=ENV)  # fmt: skip
+    proc = subprocess.Popen(
+        host.argv([*ROLES, "listen", "--port", str(port), "--for-s", str(for_s)]),
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=ENV,
+    )
     if proc.stdout.readline().strip() != "listening":
         raise RuntimeError(f"the listener on {host.name} did not start (exit status {proc.poll()})")
     return proc
@@ -60,23 +65,37 @@ def report(rows: list[dict], cut: list[dict], timeouts: list[float]) -> list[dic
     """Print the table and the ratios; return them (the previous rule at the previous timeout against the
     current one at the current timeout, per loss level)."""
     print(
-        f"{'loss':>6} {'dropped':>8} {'timeout':>8} {'failed':>7} {'naive/h':>8} {'per peer/h':>11} {'hours':>6}"
+        f"{'loss':>6} {'dropped':>8} {'timeout':>8} {'failed':>7} {'naive/h':>8} {'per peer/h':>11} "
+        f"{'hours':>6}"
     )
     for row in rows:
         for r in row["timeouts"]:
-            print(f"{row['loss']:>6g} {row['dropped']:>8.1%} {r['timeout_s']:>6g} s {r['connects_failed']:>7.1%} "
-                  f"{r['naive']['per_hour']:>8.1f} {r['per_peer']['per_hour']:>11.1f} "
-                  f"{r['naive']['replayed_s'] / 3600:>6.2f}")  # fmt: skip
+            print(
+                f"{row['loss']:>6g} {row['dropped']:>8.1%} {r['timeout_s']:>6g} s "
+                f"{r['connects_failed']:>7.1%} "
+                f"{r['naive']['per_hour']:>8.1f} {r['per_peer']['per_hour']:>11.1f} "
+                f"{r['naive']['replayed_s'] / 3600:>6.2f}"
+            )
     vs_naive = []
     for row in rows:
         before, after = row["timeouts"][0]["naive"], row["timeouts"][1]["per_peer"]
         hours = round(after["replayed_s"] / 3600, 2)
         ratio = round(before["per_hour"] / after["per_hour"], 1) if after["step_outs"] else None
-        vs_naive.append({"loss": row["loss"], "naive_per_hour": before["per_hour"],
-                         "current_per_hour": after["per_hour"], "current_hours": hours, "ratio": ratio})  # fmt: skip
-        print(f"loss {row['loss']:g}: false step-outs per hour, current (per peer, {timeouts[1]:g} s) "
-              f"{after['per_hour']:.1f} vs naive (the previous rule, {timeouts[0]:g} s) {before['per_hour']:.1f}: "
-              + (f"{ratio:.1f}x fewer" if ratio else f"none in {hours} h replayed"))  # fmt: skip
+        vs_naive.append(
+            {
+                "loss": row["loss"],
+                "naive_per_hour": before["per_hour"],
+                "current_per_hour": after["per_hour"],
+                "current_hours": hours,
+                "ratio": ratio,
+            }
+        )
+        print(
+            f"loss {row['loss']:g}: false step-outs per hour, current (per peer, {timeouts[1]:g} s) "
+            f"{after['per_hour']:.1f} vs naive (the previous rule, {timeouts[0]:g} s) "
+            f"{before['per_hour']:.1f}: "
+            + (f"{ratio:.1f}x fewer" if ratio else f"none in {hours} h replayed")
+        )
     for r in cut:
         got = ", ".join(f"{name} {r[name]['first_step_out_s']} s" for name in CLOCKS)
         print(
@@ -123,11 +142,21 @@ def main() -> int:
         finally:
             stop_processes(procs)
     print(
-        f"window {args.window:g} s, a probe every {PROBE_INTERVAL_S:g} s after the last; h0 ranks after its peers"
+        f"window {args.window:g} s, a probe every {PROBE_INTERVAL_S:g} s after the last; h0 ranks after "
+        "its peers"
     )
     vs_naive = report(rows, cut, timeouts)
-    path = write_result(args.out, {"window_s": args.window, "interval_s": PROBE_INTERVAL_S, "timeouts_s": timeouts,
-                                   "loss": rows, "cut": cut, "vs_naive": vs_naive})  # fmt: skip
+    path = write_result(
+        args.out,
+        {
+            "window_s": args.window,
+            "interval_s": PROBE_INTERVAL_S,
+            "timeouts_s": timeouts,
+            "loss": rows,
+            "cut": cut,
+            "vs_naive": vs_naive,
+        },
+    )
     print(f"wrote {path}")
     return 0
 

@@ -74,15 +74,36 @@ def start_node(
     tag: str = "",
     script_extra=(),
 ) -> subprocess.Popen:
-    argv = [str(BIN / launcher), "--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-endpoint", endpoint,
-            "--rdzv-id", run_id, "--max-restarts", "3", "--monitor-interval", "0.1"]  # fmt: skip
+    argv = [
+        str(BIN / launcher),
+        "--nnodes",
+        nnodes,
+        "--nproc-per-node",
+        "1",
+        "--rdzv-endpoint",
+        endpoint,
+        "--rdzv-id",
+        run_id,
+        "--max-restarts",
+        "3",
+        "--monitor-interval",
+        "0.1",
+    ]
     if launcher == "torchrun":
         argv += ["--rdzv-backend", "c10d"]
     else:
         argv += ["--node-id", f"n{i}", *extra]
     # a durable directory: torchrun has no peer transport, so a lost node's shards come from disk
-    argv += [str(SCRIPT), "--progress-dir", str(workdir / "progress"), "--checkpoint-every", "10",
-             "--checkpoint-dir", str(workdir / "durable"), *script_extra]  # fmt: skip
+    argv += [
+        str(SCRIPT),
+        "--progress-dir",
+        str(workdir / "progress"),
+        "--checkpoint-every",
+        "10",
+        "--checkpoint-dir",
+        str(workdir / "durable"),
+        *script_extra,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     log = open(workdir / f"{launcher}{tag}-{i}.log", "wb")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -297,12 +318,19 @@ def main_planned(args: argparse.Namespace) -> None:
         # new processes, as measured before warm spares (their variants: benchmarks.recovery.spares)
         trials = [planned_trial(kind, args.limit, agent_extra=("--spares", "off")) for _ in range(args.runs)]
         down = [t["downtime_s"] for t in trials if t["ok"]]
-        results[kind] = {**summarize(down), "runs": args.runs, "failed": args.runs - len(down),
-                         "steps_redone": [t.get("steps_redone") for t in trials if t["ok"]],
-                         "trials": [t for t in trials if t["ok"]],
-                         "errors": [t.get("error") for t in trials if not t["ok"]]}  # fmt: skip
-        print(f"{kind:24s} downtime median {fmt(results[kind]['median']):>9s}  failed {args.runs - len(down)}/{args.runs}",
-              flush=True)  # fmt: skip
+        results[kind] = {
+            **summarize(down),
+            "runs": args.runs,
+            "failed": args.runs - len(down),
+            "steps_redone": [t.get("steps_redone") for t in trials if t["ok"]],
+            "trials": [t for t in trials if t["ok"]],
+            "errors": [t.get("error") for t in trials if not t["ok"]],
+        }
+        print(
+            f"{kind:24s} downtime median {fmt(results[kind]['median']):>9s}  failed "
+            f"{args.runs - len(down)}/{args.runs}",
+            flush=True,
+        )
 
     def median(kind: str) -> float | None:
         return results.get(kind, {}).get("median")
@@ -351,8 +379,12 @@ def main() -> None:
             name = f"{launcher}/{signal.Signals(sig).name}"
             trials = [trial(launcher, sig, args.limit) for _ in range(runs)]
             lat = [t["latency_s"] for t in trials if t["ok"]]
-            results[name] = {**summarize(lat), "runs": runs, "failed": runs - len(lat),
-                             "errors": [t.get("error") for t in trials if not t["ok"]]}  # fmt: skip
+            results[name] = {
+                **summarize(lat),
+                "runs": runs,
+                "failed": runs - len(lat),
+                "errors": [t.get("error") for t in trials if not t["ok"]],
+            }
             if launcher == "ermrun-inplace":
                 results[name]["trials"] = [t for t in trials if t["ok"]]
             print(

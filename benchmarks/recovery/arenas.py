@@ -151,8 +151,10 @@ def main() -> None:
     path = write_result(args.name, payload)
     for name in modes:
         r = results[name]
-        print(f"{name}: median step {r['step_median_s']['median']}, p90 {r['step_p90_s']['median']}, "
-              f"worker RSS {r['worker_rss_mib']['median']} MiB ({r['ok_runs']} runs)")  # fmt: skip
+        print(
+            f"{name}: median step {r['step_median_s']['median']}, p90 {r['step_p90_s']['median']}, "
+            f"worker RSS {r['worker_rss_mib']['median']} MiB ({r['ok_runs']} runs)"
+        )
     for name, r in ratios.items():
         print(f"step time, {name} / {BASELINE}, same trial: median {r['median']} (of {r['n']} trials)")
     print("wrote", path)

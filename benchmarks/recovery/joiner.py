@@ -70,8 +70,10 @@ def plan_times(runs: int) -> dict:
         row["same_plan"] = row["default"]["digest"] == row["greedy"]["digest"]
         row["ratio"] = row["default"]["median"] / row["greedy"]["median"]
         out[f"world{world}"] = row
-        print(f"world {world}: default {row['default']['median'] * 1e3:.1f} ms, greedy "
-              f"{row['greedy']['median'] * 1e3:.1f} ms ({row['ratio']:.1f}x), same plan: {row['same_plan']}")  # fmt: skip
+        print(
+            f"world {world}: default {row['default']['median'] * 1e3:.1f} ms, greedy "
+            f"{row['greedy']['median'] * 1e3:.1f} ms ({row['ratio']:.1f}x), same plan: {row['same_plan']}"
+        )
     return out
 
 
@@ -99,13 +101,15 @@ def collect_times(runs: int) -> dict:
                     capture_output=True,
                     text=True,
                 ).stdout.splitlines()[-1]
-            )  # fmt: skip
+            )
             for _ in range(runs)
         ]
         out[mode] = summarize(times)
     out["ratio"] = out["plain"]["median"] / max(out["frozen"]["median"], 1e-6)
-    print(f"first full collection: {out['plain']['median'] * 1e3:.0f} ms without the spare's freeze, "
-          f"{out['frozen']['median'] * 1e3:.1f} ms with it")  # fmt: skip
+    print(
+        f"first full collection: {out['plain']['median'] * 1e3:.0f} ms without the spare's freeze, "
+        f"{out['frozen']['median'] * 1e3:.1f} ms with it"
+    )
     return out
 
 
@@ -124,7 +128,7 @@ def main() -> None:
             "collect": collect,
             "load_avg_before": before,
             "load_avg_after": os.getloadavg(),
-        },  # fmt: skip
+        },
     )
     print(path)
 

@@ -57,8 +57,12 @@ def detail(pid: int) -> dict | None:
             shm = sum(1 for line in fh if "/dev/shm/" in line)
     except OSError:
         return None
-    return {"rss_anon_kib": int(status.get("RssAnon", 0)), "rss_file_kib": int(status.get("RssFile", 0)),
-            "rss_shmem_kib": int(status.get("RssShmem", 0)), "shm_maps": shm}  # fmt: skip
+    return {
+        "rss_anon_kib": int(status.get("RssAnon", 0)),
+        "rss_file_kib": int(status.get("RssFile", 0)),
+        "rss_shmem_kib": int(status.get("RssShmem", 0)),
+        "shm_maps": shm,
+    }
 
 
 def spare_rss(agent_pid: int, workers: set[int]) -> list[int]:
@@ -221,7 +225,7 @@ def summary(rounds: list[dict]) -> dict:
             "first_mib": first["agent_rss"][n] / 2**20,
             "last_mib": last["agent_rss"][n] / 2**20,
             "growth_pct": growth(first["agent_rss"][n], last["agent_rss"][n]),
-        }  # fmt: skip
+        }
         for n in first["agent_rss"]
         if first["agent_rss"][n] and last["agent_rss"][n]
     }
@@ -283,9 +287,11 @@ def main() -> None:
         s = payload["summary"]
         for n, v in s["kept_workers"].items():
             print(f"kept worker {n}: {v['first_mib']} -> {v['last_mib']} MiB ({v['growth_pct']}%)")
-        print(f"new-process worker (baseline): median {s['new_process_worker_mib']['median']:.0f} MiB; "
-              f"rounds in place {s['rounds_in_place']}/{len(result['rounds']) - 1}; "
-              f"target <= {TARGET_GROWTH:.0f}%: {'met' if s['target_growth_le_5pct'] else 'NOT met'}")  # fmt: skip
+        print(
+            f"new-process worker (baseline): median {s['new_process_worker_mib']['median']:.0f} MiB; "
+            f"rounds in place {s['rounds_in_place']}/{len(result['rounds']) - 1}; "
+            f"target <= {TARGET_GROWTH:.0f}%: {'met' if s['target_growth_le_5pct'] else 'NOT met'}"
+        )
     else:
         print("failed:", result.get("error"))
     print("wrote", path)

@@ -84,9 +84,11 @@ def main() -> None:
     )
     for name, proc in processes.items():
         first, last = proc["rounds"][0], proc["rounds"][-1]
-        print(f"{name}: RSS {first['rss_mib']} -> {last['rss_mib']} MiB, heap in use "
-              f"{first['heap_in_use_mib']} -> {last['heap_in_use_mib']}, free held "
-              f"{first['heap_free_held_mib']} -> {last['heap_free_held_mib']}")  # fmt: skip
+        print(
+            f"{name}: RSS {first['rss_mib']} -> {last['rss_mib']} MiB, heap in use "
+            f"{first['heap_in_use_mib']} -> {last['heap_in_use_mib']}, free held "
+            f"{first['heap_free_held_mib']} -> {last['heap_free_held_mib']}"
+        )
     print("wrote", path)
 
 

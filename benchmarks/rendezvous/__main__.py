@@ -56,9 +56,26 @@ def join_trial(backend: str, endpoint: str, n: int, procs: int, timeout: float) 
     per = [n // procs + (1 if i < n % procs else 0) for i in range(procs)]
     children = []
     for i, k in enumerate(per):
-        argv = [PY, os.path.join(HERE, "join_trial.py"), "--backend", backend, "--endpoint", endpoint,
-                "--world", str(n), "--handlers", str(k), "--run-id", run_id, "--join-timeout", str(timeout),
-                "--ready-file", os.path.join(tmp, f"ready{i}"), "--start-at-file", start_file]  # fmt: skip
+        argv = [
+            PY,
+            os.path.join(HERE, "join_trial.py"),
+            "--backend",
+            backend,
+            "--endpoint",
+            endpoint,
+            "--world",
+            str(n),
+            "--handlers",
+            str(k),
+            "--run-id",
+            run_id,
+            "--join-timeout",
+            str(timeout),
+            "--ready-file",
+            os.path.join(tmp, f"ready{i}"),
+            "--start-at-file",
+            start_file,
+        ]
         children.append(subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True))
     deadline = time.time() + 300
     while (
@@ -87,10 +104,24 @@ def join_trial(backend: str, endpoint: str, n: int, procs: int, timeout: float) 
 
 def failure_trial(backend: str, endpoint: str, sig: int, limit: float) -> dict:
     run_id = f"f{uuid.uuid4().hex[:8]}"
-    argv = [PY, os.path.join(HERE, "node.py"), "--backend", backend, "--endpoint", endpoint, "--run-id", run_id,
-            "--limit", str(limit)]  # fmt: skip
-    nodes = [subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
-             for _ in range(3)]  # fmt: skip
+    argv = [
+        PY,
+        os.path.join(HERE, "node.py"),
+        "--backend",
+        backend,
+        "--endpoint",
+        endpoint,
+        "--run-id",
+        run_id,
+        "--limit",
+        str(limit),
+    ]
+    nodes = [
+        subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True
+        )
+        for _ in range(3)
+    ]
     try:
         firsts = [json.loads(n.stdout.readline()) for n in nodes]  # type: ignore[union-attr]
         assert {f["world"] for f in firsts} == {3}, firsts
@@ -134,8 +165,12 @@ def main() -> None:
     etcd = EtcdServer(extra_args=["--enable-v2"]).start()  # one etcd for elastic-rm and etcd-v2
     store, store_ep = start_tcpstore()
     try:
-        cases = [("elastic-rm", etcd.endpoint, 1, args.runs), ("elastic-rm", etcd.endpoint, 8, args.runs),
-                 ("c10d", store_ep, 1, args.baseline_runs), ("etcd-v2", etcd.endpoint, 1, args.baseline_runs)]  # fmt: skip
+        cases = [
+            ("elastic-rm", etcd.endpoint, 1, args.runs),
+            ("elastic-rm", etcd.endpoint, 8, args.runs),
+            ("c10d", store_ep, 1, args.baseline_runs),
+            ("etcd-v2", etcd.endpoint, 1, args.baseline_runs),
+        ]
         for backend, endpoint, procs, runs in cases:
             for n in sizes:
                 if procs > n:
@@ -147,10 +182,18 @@ def main() -> None:
                     for _ in range(runs if n < 128 or backend == "elastic-rm" else min(runs, 2))
                 ]
                 lat = [t["latency_s"] for t in trials if t["ok"]]
-                results["join"][name] = {**summarize(lat), "runs": len(trials), "failed": len(trials) - len(lat),
-                                         "errors": [e for t in trials for e in t["errors"]][:3]}  # fmt: skip
-                print(f"join {name:32s} median {fmt(results['join'][name]['median']):>9s}  "
-                      f"max {fmt(results['join'][name]['max']):>9s}  failed {len(trials) - len(lat)}/{len(trials)}", flush=True)  # fmt: skip
+                results["join"][name] = {
+                    **summarize(lat),
+                    "runs": len(trials),
+                    "failed": len(trials) - len(lat),
+                    "errors": [e for t in trials for e in t["errors"]][:3],
+                }
+                print(
+                    f"join {name:32s} median {fmt(results['join'][name]['median']):>9s}  "
+                    f"max {fmt(results['join'][name]['max']):>9s}  failed "
+                    f"{len(trials) - len(lat)}/{len(trials)}",
+                    flush=True,
+                )
         if not args.quick:
             for backend, endpoint, runs in (("elastic-rm", etcd.endpoint, 3), ("c10d", store_ep, 1)):
                 for sig in (signal.SIGKILL, signal.SIGSTOP):
@@ -158,10 +201,15 @@ def main() -> None:
                     limit = 40.0 if backend == "elastic-rm" else 90.0
                     trials = [failure_trial(backend, endpoint, sig, limit) for _ in range(runs)]
                     lat = [t["latency_s"] for t in trials if t["ok"]]
-                    results["failure"][name] = {**summarize(lat), "runs": runs, "failed": runs - len(lat),
-                                                "errors": [t.get("error") for t in trials if not t["ok"]]}  # fmt: skip
+                    results["failure"][name] = {
+                        **summarize(lat),
+                        "runs": runs,
+                        "failed": runs - len(lat),
+                        "errors": [t.get("error") for t in trials if not t["ok"]],
+                    }
                     print(
-                        f"failure {name:20s} median {fmt(results['failure'][name]['median']):>9s}  failed {runs - len(lat)}/{runs}",
+                        f"failure {name:20s} median {fmt(results['failure'][name]['median']):>9s}  failed "
+                        f"{runs - len(lat)}/{runs}",
                         flush=True,
                     )
     finally:

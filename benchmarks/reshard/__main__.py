@@ -87,19 +87,21 @@ def main() -> None:
     spec = new_spec(args.gib, args.tables, args.dim, "erm-reshard-bench-")
     work, shm, rows = Path(spec["workdir"]), Path(spec["shm"]), spec["rows"]
     disk = Path(args.disk_dir or work / "disk")
-    spec.update({
-        "phases": [
-            {"world": 2, "save": True, "disk_to": str(disk / "w2")},
-            {
-                "world": 3,
-                "restore": True,
-                "disk_from": str(disk / "w2"),
-                "save": True,
-                "disk_to": str(disk / "w3"),
-            },
-            {"world": 2, "restore": True, "disk_from": str(disk / "w3")},
-        ],
-    })  # fmt: skip
+    spec.update(
+        {
+            "phases": [
+                {"world": 2, "save": True, "disk_to": str(disk / "w2")},
+                {
+                    "world": 3,
+                    "restore": True,
+                    "disk_from": str(disk / "w2"),
+                    "save": True,
+                    "disk_to": str(disk / "w3"),
+                },
+                {"world": 2, "restore": True, "disk_from": str(disk / "w3")},
+            ],
+        }
+    )
     print(
         f"reshard benchmark: {args.tables} tables x {rows} rows x {args.dim} dim, fp32, fused Adagrad "
         f"(~{args.gib:g} GiB weights + state); load avg {os.getloadavg()[0]:.1f}",
@@ -154,14 +156,19 @@ def main() -> None:
         }
         rows_out.append(row)
     report["results"] = rows_out
-    hdr = f"{'':6} {'pause':>8} {'cold':>8} {'bg write':>9} {'disk save':>10} {'ratio':>6} | {'restore':>8} {'disk rst':>9} {'memcpy':>8} {'3x+1s':>8} {'ok':>6}"
+    hdr = (
+        f"{'':6} {'pause':>8} {'cold':>8} {'bg write':>9} {'disk save':>10} {'ratio':>6} | "
+        f"{'restore':>8} {'disk rst':>9} {'memcpy':>8} {'3x+1s':>8} {'ok':>6}"
+    )
     print(hdr)
     for r in rows_out:
+        ok = ("yes" if r["pause_target_met"] else "NO") + "/" + ("yes" if r["restore_target_met"] else "NO")
         print(
             f"{r['transition']:6} {fmt(r['flash_pause_s']):>8} {fmt(r['flash_pause_cold_s']):>8} "
             f"{fmt(r['flash_background_s']):>9} {fmt(r['disk_save_s']):>10} {r['pause_ratio']:>5.1f}x | "
             f"{fmt(r['flash_restore_s']):>8} {fmt(r['disk_restore_s']):>9} {fmt(r['memcpy_floor_s']):>8} "
-            f"{fmt(r['restore_budget_s']):>8} {('yes' if r['pause_target_met'] else 'NO') + '/' + ('yes' if r['restore_target_met'] else 'NO'):>6}"
+            f"{fmt(r['restore_budget_s']):>8} "
+            f"{ok:>6}"
         )
         print(
             f"  {r['transition']} dcp.async_save: step pause {fmt(r['async_save_pause_s'])} "

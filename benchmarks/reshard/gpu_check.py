@@ -54,7 +54,8 @@ def main() -> int:
         },
     ]
     print(
-        f"gpu check: {args.tables} tables x {rows} rows x {args.dim} dim, CPU world 2 -> {args.device} world 1"
+        f"gpu check: {args.tables} tables x {rows} rows x {args.dim} dim, CPU world 2 -> {args.device} "
+        "world 1"
     )
     try:
         per_rank = launch(spec, 2, args.timeout)
@@ -83,8 +84,10 @@ def main() -> int:
     print(
         f"restore CPU world 2 -> {args.device} world 1: {fmt(result['restore_from_cpu_world_2_s'])}, "
         f"{'bit-exact' if ok else str(int(dev['flash_restore_bad'])) + ' elements differ'}; "
-        f"flash save on {args.device}: pause {fmt(result['flash_pause_s'])} (cold {fmt(result['flash_pause_cold_s'])}), "
-        f"background {fmt(result['flash_background_s'])}; device->host floor {fmt(result['device_to_host_floor_s'])}"
+        f"flash save on {args.device}: pause {fmt(result['flash_pause_s'])} (cold "
+        f"{fmt(result['flash_pause_cold_s'])}), "
+        f"background {fmt(result['flash_background_s'])}; device->host floor "
+        f"{fmt(result['device_to_host_floor_s'])}"
     )
     return 0 if ok else 1
 

@@ -2,8 +2,9 @@
 
 Phases: world 2 (fill, save) -> world 3 (restore, save) -> world 2 (restore). Every phase measures the
 memcpy floor of its own state bytes, the flash-checkpoint step pause and restore, a synchronous
-DCP save to / load from a local disk directory, and torch's `dcp.async_save` to the same disk. Values are an exact-in-fp32 function of (row, col), so
-every rank checks every element it holds after each restore without any gather.
+DCP save to / load from a local disk directory, and torch's `dcp.async_save` to the same disk. Values are
+an exact-in-fp32 function of (row, col), so every rank checks every element it holds after each restore
+without any gather.
 """
 
 from __future__ import annotations

@@ -116,9 +116,13 @@ def status_latency(endpoint: str, run_id: str, repeats: int = 3) -> dict:
                 keys_read = len(kvs)
         finally:
             watched.close()
-    return {"status_s": summarize(status_s), "top_frame_s": summarize(top_s), "keys": keys_read,
-            "members_shown": len(status.get("members", [])),
-            "round_value_bytes": len(round_kv.value) if round_kv else None}  # fmt: skip
+    return {
+        "status_s": summarize(status_s),
+        "top_frame_s": summarize(top_s),
+        "keys": keys_read,
+        "members_shown": len(status.get("members", [])),
+        "round_value_bytes": len(round_kv.value) if round_kv else None,
+    }
 
 
 def run_case(
@@ -249,8 +253,12 @@ def join_trials(n: int, jobs: int, procs: int, log_dir: str, trials: int, profil
     runs = [run_case(n, jobs, procs, 0, True, log_dir, True, profile)["join"] for _ in range(trials)]
     middle = middle_trial(runs, lambda r: r["latency_s"])
     trials_out = [{"latency_s": r["latency_s"], "ok": r["ok"], "load_avg": r.get("load_avg")} for r in runs]
-    return {"n": n, "jobs": jobs, "procs": procs, "join": dict(middle, ok=all(r["ok"] for r in runs),
-            trials=trials_out)}  # fmt: skip
+    return {
+        "n": n,
+        "jobs": jobs,
+        "procs": procs,
+        "join": dict(middle, ok=all(r["ok"] for r in runs), trials=trials_out),
+    }
 
 
 def failure_trials(n: int, jobs: int, procs: int, log_dir: str, trials: int) -> dict:
@@ -273,13 +281,20 @@ def _join_result(rows: list[dict], runs: list[str], n: int) -> dict:
         ok = ok and all(r.get("world") == n for r in mine)
         latency = max(r["end"] for r in mine) - max(r["start"] for r in mine) if ok else None
         fanout = [r["end"] - r["round_time"] for r in mine if "round_time" in r]
-        per_run[run] = {"ok": ok, "latency_s": latency, "errors": errors[:3],
-                        "fanout_s": summarize(fanout) if fanout else None}  # fmt: skip
+        per_run[run] = {
+            "ok": ok,
+            "latency_s": latency,
+            "errors": errors[:3],
+            "fanout_s": summarize(fanout) if fanout else None,
+        }
     lat = [v["latency_s"] for v in per_run.values() if v["latency_s"] is not None]
     fanout = [r["end"] - r["round_time"] for r in rows if "round_time" in r]
     # the leader's decision (the round record's time) after the last next_rendezvous() call: registrations
-    decided = [r["round_time"] - max(x["start"] for x in rows if x.get("run") == r["run"]) for r in rows
-               if "round_time" in r]  # fmt: skip
+    decided = [
+        r["round_time"] - max(x["start"] for x in rows if x.get("run") == r["run"])
+        for r in rows
+        if "round_time" in r
+    ]
     phases = {
         "register_s": [r["register_done"] - r["register"] for r in rows if "register_done" in r],
         "seen_after_write_s": [r["seen"] - r["round_time"] for r in rows if "seen" in r],
@@ -290,11 +305,16 @@ def _join_result(rows: list[dict], runs: list[str], n: int) -> dict:
         if "seen" in r:
             by_proc.setdefault(r["proc"], []).append(r["seen"] - r["round_time"])
     phases_by_proc = {p: {"median": quantile(v, 0.5), "max": max(v)} for p, v in sorted(by_proc.items())}
-    return {"ok": all(v["ok"] for v in per_run.values()), "latency_s": max(lat) if lat else None,
-            "seen_after_write_by_process_s": phases_by_proc,
-            "phases": {k: dict(summarize(v), p90=quantile(v, 0.9)) for k, v in phases.items()},
-            "fanout_s": summarize(fanout), "fanout_p90_s": quantile(fanout, 0.9),
-            "decided_after_s": max(decided) if decided else None, "per_run": list(per_run.values())}  # fmt: skip
+    return {
+        "ok": all(v["ok"] for v in per_run.values()),
+        "latency_s": max(lat) if lat else None,
+        "seen_after_write_by_process_s": phases_by_proc,
+        "phases": {k: dict(summarize(v), p90=quantile(v, 0.9)) for k, v in phases.items()},
+        "fanout_s": summarize(fanout),
+        "fanout_p90_s": quantile(fanout, 0.9),
+        "decided_after_s": max(decided) if decided else None,
+        "per_run": list(per_run.values()),
+    }
 
 
 def _steady_result(m0, m1, etcd_cpu, c0, c1, span, children, leader, reports, churn) -> dict:
@@ -342,20 +362,31 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=10, help="then J jobs x --job-nodes on one etcd (0: skip)")
     p.add_argument("--job-nodes", type=int, default=100)
     p.add_argument("--name", default="scale")
-    p.add_argument("--only", choices=["join", "failure"], default=None,
-                   help="join: only the join of each case; failure: per case the join, then the failure round "
-                        "(no steady state or status)")  # fmt: skip
+    p.add_argument(
+        "--only",
+        choices=["join", "failure"],
+        default=None,
+        help="join: only the join of each case; failure: per case the join, then the failure round "
+        "(no steady state or status)",
+    )
     p.add_argument("--profile", default="", help="a directory: each node process samples its join there")
-    p.add_argument("--trials", type=int, default=1,
-                   help="with --only join (or failure): joins (failure rounds) per case, each on a fresh etcd; "
-                        "the case reports the middle one by latency (the median for an odd count) and every "
-                        "trial's")  # fmt: skip
+    p.add_argument(
+        "--trials",
+        type=int,
+        default=1,
+        help="with --only join (or failure): joins (failure rounds) per case, each on a fresh etcd; "
+        "the case reports the middle one by latency (the median for an odd count) and every "
+        "trial's",
+    )
     p.add_argument(
         "--lease-ttl", default="", help="every node's lease_ttl in seconds (default: the handler's)"
     )
-    p.add_argument("--ckpt-ports", action="store_true",
-                   help="every simulated node serves a checkpoint port, as agents do: the peer probe runs, "
-                        "and a killed node's refused port revokes its lease (rendezvous/dead_peers.py)")  # fmt: skip
+    p.add_argument(
+        "--ckpt-ports",
+        action="store_true",
+        help="every simulated node serves a checkpoint port, as agents do: the peer probe runs, "
+        "and a killed node's refused port revokes its lease (rendezvous/dead_peers.py)",
+    )
     args = p.parse_args()
     if args.lease_ttl:
         os.environ["ERM_SCALE_LEASE_TTL"] = args.lease_ttl  # read by child.py for every node process
@@ -391,14 +422,25 @@ def main() -> None:
         def one(n=n, jobs=jobs) -> dict:
             if failures:
                 return failure_trials(n, jobs, args.procs, log_dir, args.trials)
-            return run_case(n, jobs, args.procs, args.steady, True, log_dir, join_only, args.profile,
-                            args.only == "failure")  # fmt: skip
+            return run_case(
+                n,
+                jobs,
+                args.procs,
+                args.steady,
+                True,
+                log_dir,
+                join_only,
+                args.profile,
+                args.only == "failure",
+            )
 
         case(name, one)
         if args.ckpt_ports and not join_only:  # the baseline: the same failure with no port to refuse
             del os.environ["ERM_SCALE_CKPT_PORTS"]
-            case(f"{name}-ttl-only", lambda n=n, jobs=jobs: failure_trials(n, jobs, args.procs, log_dir,
-                                                                            max(1, args.trials)))  # fmt: skip
+            case(
+                f"{name}-ttl-only",
+                lambda n=n, jobs=jobs: failure_trials(n, jobs, args.procs, log_dir, max(1, args.trials)),
+            )
             os.environ["ERM_SCALE_CKPT_PORTS"] = "1"
     ratios = {}
     base = cases.get("N=128", {}).get("join", {}).get("latency_s")
@@ -409,8 +451,14 @@ def main() -> None:
         ttl_only = cases.get(f"{name}-ttl-only", {}).get("failure", {}).get("latency_s")
         if ttl_only and (fail := c.get("failure", {}).get("latency_s")):
             ratios[f"failure.{name}/ttl-only"] = fail / ttl_only
-    payload = {"config": vars(args), "cases": cases, "ratios": ratios, "load_avg_at_end": os.getloadavg(),
-               "load_avg_at_start": load_start, "logs": log_dir}  # fmt: skip
+    payload = {
+        "config": vars(args),
+        "cases": cases,
+        "ratios": ratios,
+        "load_avg_at_end": os.getloadavg(),
+        "load_avg_at_start": load_start,
+        "logs": log_dir,
+    }
     path = write_result(args.name, payload)
     for name, c in cases.items():
         if "error" in c:
@@ -418,16 +466,21 @@ def main() -> None:
             continue
         if join_only:
             each = [t["latency_s"] for t in c["join"].get("trials", [])]
-            print(f"{name}: join {c['join']['latency_s']} s" + (f" (median of {each})" if each else "")
-                  + f"; fan-out {c['join']['fanout_s']}")  # fmt: skip
+            print(
+                f"{name}: join {c['join']['latency_s']} s"
+                + (f" (median of {each})" if each else "")
+                + f"; fan-out {c['join']['fanout_s']}"
+            )
             continue
         if "steady" not in c:
             print(f"{name}: join {c['join']['latency_s']} s; failure {c['failure']['latency_s']} s")
             continue
         s = c["steady"]
-        print(f"{name}: join {c['join']['latency_s']} s; leader {s['leader_cores']} cores; etcd "
-              f"{s['etcd_writes_per_s']:.0f} writes/s; db {s['db_bytes_end']}; status "
-              f"{c['status']['status_s']['median']:.3f} s")  # fmt: skip
+        print(
+            f"{name}: join {c['join']['latency_s']} s; leader {s['leader_cores']} cores; etcd "
+            f"{s['etcd_writes_per_s']:.0f} writes/s; db {s['db_bytes_end']}; status "
+            f"{c['status']['status_s']['median']:.3f} s"
+        )
     print(f"ratios: {ratios}\nwrote {path}")
 
 

@@ -17,8 +17,17 @@ class Child:
     """A nodes.py process and its JSON lines (read by a thread into a queue)."""
 
     def __init__(self, endpoint: str, jobs: str, start_file: str, log_dir: str, tag: str, profile: str = ""):
-        argv = [PY, "-m", "benchmarks.scale.nodes", "--endpoint", endpoint, "--jobs", jobs,
-                "--start-at-file", start_file]  # fmt: skip
+        argv = [
+            PY,
+            "-m",
+            "benchmarks.scale.nodes",
+            "--endpoint",
+            endpoint,
+            "--jobs",
+            jobs,
+            "--start-at-file",
+            start_file,
+        ]
         if profile:
             argv += ["--profile", os.path.join(profile, f"{tag}.json")]
         if os.environ.get("ERM_SCALE_LEASE_TTL"):  # set by benchmarks.scale --lease-ttl
@@ -27,8 +36,14 @@ class Child:
             argv += ["--ckpt-ports"]
         self.tag = tag
         self.log = open(os.path.join(log_dir, f"{tag}.log"), "w")
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
-                                     text=True, start_new_session=True)  # fmt: skip
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            start_new_session=True,
+        )
         self.lines: queue.Queue = queue.Queue()
         self.other: list[dict] = []  # lines that came while waiting for another kind
         threading.Thread(target=self._read, daemon=True).start()

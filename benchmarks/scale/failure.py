@@ -44,12 +44,18 @@ def failure_round(victim: Child, children: list[Child], n: int, run: str) -> dic
         last_by_process[process_of[node]] = max(last_by_process.get(process_of[node], 0.0), t - t_kill)
     # the breakdown: the round's write after the kill (the loss found, the lease ended, the leader's
     # decision), then the fan-out to the survivors (the first, the median, the last to hold it)
-    return {"ok": ok, "latency_s": (max(seen.values()) - t_kill) if ok else None,
-            "survivors_in_round": len(seen), "errors": errors[:3],
-            "round_written_s": written - t_kill if seen else None,
-            "first_s": after[0] if after else None, "median_s": quantile(after, 0.5),
-            "p90_s": quantile(after, 0.9), "p99_s": quantile(after, 0.99),
-            "last_by_process_s": [round(last_by_process[i], 3) for i in sorted(last_by_process)]}  # fmt: skip
+    return {
+        "ok": ok,
+        "latency_s": (max(seen.values()) - t_kill) if ok else None,
+        "survivors_in_round": len(seen),
+        "errors": errors[:3],
+        "round_written_s": written - t_kill if seen else None,
+        "first_s": after[0] if after else None,
+        "median_s": quantile(after, 0.5),
+        "p90_s": quantile(after, 0.9),
+        "p99_s": quantile(after, 0.99),
+        "last_by_process_s": [round(last_by_process[i], 3) for i in sorted(last_by_process)],
+    }
 
 
 def quantile(values: list[float], q: float) -> float | None:
@@ -59,9 +65,11 @@ def quantile(values: list[float], q: float) -> float | None:
 def keepalive_stats(reports: list[dict]) -> dict:
     """The node processes' I/O loop lag (how late a keep-alive due runs) and keep-alive streams reopened."""
     reopens = [r.get("keepalive_reopens", {}) for r in reports]
-    return {"max_io_loop_lag_s": max(r.get("max_loop_lag_s", 0.0) for r in reports),
-            "keepalive_reopens": {k: sum(x.get(k, 0) for x in reopens) for k in ("no_answer", "failed")},
-            "keepalive_streams_opened": sum(r.get("keepalive_streams", 0) for r in reports)}  # fmt: skip
+    return {
+        "max_io_loop_lag_s": max(r.get("max_loop_lag_s", 0.0) for r in reports),
+        "keepalive_reopens": {k: sum(x.get(k, 0) for x in reopens) for k in ("no_answer", "failed")},
+        "keepalive_streams_opened": sum(r.get("keepalive_streams", 0) for r in reports),
+    }
 
 
 def settle(children: list[Child], quiet_s: float = 5.0, limit_s: float = 120.0) -> dict:
@@ -80,8 +88,11 @@ def settle(children: list[Child], quiet_s: float = 5.0, limit_s: float = 120.0) 
             except queue.Empty:
                 pass
         time.sleep(0.1)
-    return {"rounds_joined_after_the_join": churned, "settle_s": time.monotonic() - t0,
-            "settled": time.monotonic() - last >= quiet_s}  # fmt: skip
+    return {
+        "rounds_joined_after_the_join": churned,
+        "settle_s": time.monotonic() - t0,
+        "settled": time.monotonic() - last >= quiet_s,
+    }
 
 
 def reports_of(children: list[Child]) -> list[dict]:
@@ -93,7 +104,10 @@ def reports_of(children: list[Child]) -> list[dict]:
 def after_failure(children: list[Child], victim: Child) -> dict:
     """Leases lost by live nodes since the start (join and failure round) and the longest refresh gap."""
     reports = reports_of([c for c in children if c is not victim])
-    return {"lease_lost": sum(r["lease_lost"] for r in reports),
-            "max_keepalive_gap_s": max(r["max_gap_s"] for r in reports),
-            **keepalive_stats(reports),
-            "lease_ttl_s": reports[0]["lease_ttl_s"], "load_avg": os.getloadavg()}  # fmt: skip
+    return {
+        "lease_lost": sum(r["lease_lost"] for r in reports),
+        "max_keepalive_gap_s": max(r["max_gap_s"] for r in reports),
+        **keepalive_stats(reports),
+        "lease_ttl_s": reports[0]["lease_ttl_s"],
+        "load_avg": os.getloadavg(),
+    }

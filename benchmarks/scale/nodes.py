@@ -45,14 +45,26 @@ def fake_record(node_id: str, rng: random.Random) -> dict:
 
     j = lambda x, f=0.02: x * (1 + rng.uniform(-f, f))  # noqa: E731
     resources = ResourceSummary(
-        t=time.time(), samples=10, cpu_util_mean=j(0.6), cpu_util_max=j(0.7), cpu_util_last=j(0.6),
-        mem_used_bytes=int(j(8e9)), mem_available_bytes=int(j(24e9)), mem_total_bytes=32 * 2**30,
-        workers=(WorkerSummary(pid=1000, rss_bytes=int(j(2e9)), cpu_util=j(0.95)),), gpus=(),
-    )  # fmt: skip
+        t=time.time(),
+        samples=10,
+        cpu_util_mean=j(0.6),
+        cpu_util_max=j(0.7),
+        cpu_util_last=j(0.6),
+        mem_used_bytes=int(j(8e9)),
+        mem_available_bytes=int(j(24e9)),
+        mem_total_bytes=32 * 2**30,
+        workers=(WorkerSummary(pid=1000, rss_bytes=int(j(2e9)), cpu_util=j(0.95)),),
+        gpus=(),
+    )
     steps = StepSummary(
-        p50_s=j(0.05), p90_s=j(0.06), busy_p50_s=j(0.04), samples_per_s=j(1000.0), steps=int(j(200)),
-        age_s=rng.uniform(0, 0.1), workers=1,
-    )  # fmt: skip
+        p50_s=j(0.05),
+        p90_s=j(0.06),
+        busy_p50_s=j(0.04),
+        samples_per_s=j(1000.0),
+        steps=int(j(200)),
+        age_s=rng.uniform(0, 0.1),
+        workers=1,
+    )
     return build_record(node_id, resources, steps)
 
 
@@ -121,10 +133,15 @@ def main() -> None:
         run, lo, hi, count = spec.split(":")
         for _ in range(int(count)):
             params = RendezvousParameters(
-                "elastic-rm", args.endpoint, run, int(lo), int(hi),
-                join_timeout=args.join_timeout, local_addr="127.0.0.1",
+                "elastic-rm",
+                args.endpoint,
+                run,
+                int(lo),
+                int(hi),
+                join_timeout=args.join_timeout,
+                local_addr="127.0.0.1",
                 **({"lease_ttl": args.lease_ttl} if args.lease_ttl else {}),
-            )  # fmt: skip
+            )
             nodes.append(Node(run, get_rendezvous_handler(params)))
     k = len(nodes)
     if args.ckpt_ports:
@@ -184,8 +201,18 @@ def main() -> None:
         try:
             info = node.handler.next_rendezvous()
             r = node.handler.joined_round
-            say({"ev": "round", "run": node.run, "round": r.round, "rank": info.rank, "world": info.world_size,
-                 "t": time.time(), "round_time": r.time, "node": node.handler.node_id})  # fmt: skip
+            say(
+                {
+                    "ev": "round",
+                    "run": node.run,
+                    "round": r.round,
+                    "rank": info.rank,
+                    "world": info.world_size,
+                    "t": time.time(),
+                    "round_time": r.time,
+                    "node": node.handler.node_id,
+                }
+            )
         except Exception as exc:  # noqa: BLE001 - reported
             say(
                 {
@@ -260,9 +287,21 @@ def main() -> None:
             lost = sum(n.handler._session._incarnation for n in nodes)  # leases lost, rejoined under a new id
             gaps = [n.max_gap for n in nodes]
             ttl = nodes[0].services.lease_ttl if nodes else 0.0
-            say({"ev": "report", "nodes": k, "published": stats["published"], "rejoins": stats["rejoins"],
-                 "lease_lost": lost, "max_gap_s": max(gaps, default=0.0), "lease_ttl_s": ttl,
-                 "leading": sum(1 for n in nodes if n.services.leading), "max_loop_lag_s": lag["max_s"], "keepalive_reopens": dict(REOPENS), "keepalive_streams": STREAMS["opened"]})  # fmt: skip
+            say(
+                {
+                    "ev": "report",
+                    "nodes": k,
+                    "published": stats["published"],
+                    "rejoins": stats["rejoins"],
+                    "lease_lost": lost,
+                    "max_gap_s": max(gaps, default=0.0),
+                    "lease_ttl_s": ttl,
+                    "leading": sum(1 for n in nodes if n.services.leading),
+                    "max_loop_lag_s": lag["max_s"],
+                    "keepalive_reopens": dict(REOPENS),
+                    "keepalive_streams": STREAMS["opened"],
+                }
+            )
         elif command == "exit":
             break
     os._exit(0)
