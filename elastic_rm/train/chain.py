@@ -72,17 +72,18 @@ def take_delta(state: dict, touched: dict[str, torch.Tensor], tables: dict[str, 
                     out.pieces.append(DeltaPiece(path, off, t.detach().clone()))
                     continue
                 sel = space[(space >= off[0]) & (space < off[0] + t.shape[0])]
-                out.pieces.append(DeltaPiece(path, off, t.index_select(0, sel - off[0]), sel))
+                values = t.index_select(0, sel - off[0])
+                out.pieces.append(DeltaPiece(path, off, values, sel, list(t.shape)))
             if table is not None:
                 sharded.add(table)
-                if space is None:
-                    full.add(table)
+            if space is None and path[0] in ("model", "optim"):
+                full.add(table or path[1])  # a sharded tensor of no table the tracker knows: by its key
         elif isinstance(value, torch.Tensor):
             if rank == 0:
                 out.pieces.append(DeltaPiece(path, [0] * value.dim(), value.detach().clone()))
         else:
             raise TypeError(f"{'.'.join(path)}: a {type(value).__name__} cannot go into a delta checkpoint")
-    out.tables_full = sorted(full & set(touched))
+    out.tables_full = sorted(full)
     for table in sorted((sharded & set(touched)) - full):
         out.rows_total += tables[table]
         out.rows_touched += len(touched[table])
@@ -199,10 +200,28 @@ def delta_files(
     return out
 
 
+def _overlaps_local(state: dict) -> Any:
+    """wanted(key, offsets, extent) for DeltaReader.pieces: does that piece overlap a piece of `state`
+    this rank holds?"""
+
+    def wanted(key: list[str], offsets: list[int], extent: list[int]) -> bool:
+        target = _target(state, key)
+        if not isinstance(target, torch.Tensor):
+            return False
+        return any(
+            len(off) == len(offsets) and (not off or _overlap(off, t.shape, offsets, extent) is not None)
+            for off, t in local_pieces(target)
+        )
+
+    return wanted
+
+
 def apply_chain(state: dict, deltas: list[tuple[int, list[Path], dict[str, str]]]) -> int:
-    """Apply each delta's files to `state`, in chain order."""
+    """Apply each delta's files to `state`, in chain order, reading only the pieces that overlap
+    this rank's shards."""
     written = 0
+    wanted = _overlaps_local(state)
     for _, paths, _ in deltas:
         for path in paths:
-            written += apply_delta(state, DeltaReader(path).pieces())
+            written += apply_delta(state, DeltaReader(path).pieces(wanted))
     return written

@@ -3,6 +3,9 @@ node's shared-memory directory in the background, optionally replicate it into o
 (pushed to that node's agent over HTTP) and persist it to a durable directory; restore it into any world
 size with a new plan, reading each file from this node's memory, a peer's memory over HTTP, or durable.
 
+With FlashConfig.differential a save after the first copies only the table rows looked up since the
+previous save (plus the dense state): a chain of delta steps on a full base (elastic_rm/train/chain.py).
+
 Every collective of the background work runs on a private gloo group, so training collectives on the
 default group can proceed meanwhile. Manifests and the training position are JSON.
 """
@@ -70,6 +73,9 @@ class FlashConfig:
     peers: the other members' checkpoint servers (node id -> endpoint), from ELASTIC_RM_CKPT_PEERS, which
     ermrun's agent sets; None (plain torchrun): no peers, so restores read local memory and durable only,
     and replicate=True has no peer to replicate to.
+    differential: a save copies the dense state and only the embedding rows touched since this
+    checkpointer's previous save (with their optimizer rows); the first save, and the one after a chain's
+    deltas pass compact_ratio x its base's bytes, is full. A restart starts a new chain.
     """
 
     run_id: str = field(default_factory=_default_run_id)
@@ -226,7 +232,9 @@ class FlashCheckpointer:
         fold of a chain is that full save (its pause is a full snapshot's); every rank decides alike
         from the same committed manifests."""
         c = self._chain
-        return c is not None and c["delta_bytes"] <= self.cfg.compact_ratio * c["base_bytes"]
+        if c is None or self._touched is None or not self._touched.attached:  # closed: nothing recorded
+            return False
+        return c["delta_bytes"] <= self.cfg.compact_ratio * c["base_bytes"]
 
     def _run(self, step: int, snap: dict | DeltaTake, pos_json: str, persist: bool) -> None:
         phases: dict[str, float] = {}
@@ -467,6 +475,8 @@ class FlashCheckpointer:
             self.wait()
         finally:
             self._snap.clear()
+            if self._touched is not None:
+                self._touched.detach()
             gc.collect()
         if finished and self.cfg.memory_root is None:
             dist.barrier(group=self.pg)  # every rank of this node is done with its memory copies

@@ -11,7 +11,9 @@ The manifest carries the file's checksum; reading checks that every entry lies i
 from __future__ import annotations
 
 import json
+import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +50,7 @@ class DeltaPiece:
     offsets: list[int]
     values: torch.Tensor
     rows: torch.Tensor | None = None
+    extent: list[int] | None = None  # the shape of the piece the rows come from (None: values' shape)
 
 
 def _raw(t: torch.Tensor) -> memoryview:
@@ -82,6 +85,7 @@ def write_delta(path: Path, pieces: list[DeltaPiece]) -> int:
         entry: dict[str, Any] = {
             "key": p.key,
             "offsets": list(p.offsets),
+            "extent": list(p.extent) if p.extent is not None else list(p.values.shape),
             "shape": list(p.values.shape),
             "dtype": _NAMES[p.values.dtype],
             "data": place(p.values),
@@ -100,11 +104,16 @@ def write_delta(path: Path, pieces: list[DeltaPiece]) -> int:
 
 
 class DeltaReader:
-    """A delta file read into memory (it holds only the touched rows); `pieces()` gives views into it."""
+    """A delta file's header, read at once; `pieces()` reads the entries a caller wants (a rank
+    restoring into another plan reads only the pieces that overlap its shards)."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self._buf = bytearray(self.path.read_bytes())
+        with open(self.path, "rb") as f:
+            self._size = os.fstat(f.fileno()).st_size
+            lead = f.read(16)
+            n = int.from_bytes(lead[8:16], "little") if len(lead) == 16 else 0
+            self._buf = lead + f.read(min(n, max(0, self._size - 16)))
         self.entries, self._data_at = self._header()
 
     def _bad(self, what: str) -> CorruptCheckpointError:
@@ -115,7 +124,7 @@ class DeltaReader:
         if len(buf) < 16 or buf[:8] != MAGIC:
             raise self._bad("wrong magic bytes")
         n = int.from_bytes(buf[8:16], "little")
-        if 16 + n > len(buf):
+        if 16 + n > self._size:
             raise self._bad("header runs past the end of the file")
         try:
             doc = json.loads(bytes(buf[16 : 16 + n]))
@@ -125,7 +134,7 @@ class DeltaReader:
             raise self._bad("header is not a v1 delta header")
         data_at = 16 + n + _pad(16 + n)
         for e in doc["entries"]:
-            self._check(e, len(buf) - data_at)
+            self._check(e, self._size - data_at)
         return doc["entries"], data_at
 
     def _check(self, e: Any, room: int) -> None:
@@ -143,7 +152,12 @@ class DeltaReader:
             and all(isinstance(k, str) for k in e["key"])
             and isinstance(e.get("offsets"), list)
             and isinstance(e.get("shape"), list)
-            and all(isinstance(x, int) and x >= 0 for x in e["shape"] + e["offsets"])
+            and isinstance(e.get("extent"), list)
+            and len(e["extent"]) == len(e["offsets"]) == len(e["shape"])
+            and all(
+                isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                for x in e["shape"] + e["offsets"] + e["extent"]
+            )
             and e.get("dtype") in DTYPES
             and span_ok(e.get("data"))
             and (e.get("rows") is None or span_ok(e["rows"]))
@@ -158,21 +172,27 @@ class DeltaReader:
         if e["rows"] is not None and (not e["shape"] or e["rows"][1] != 8 * e["shape"][0]):
             raise self._bad(f"entry {'.'.join(e['key'])}: row ids and values disagree")
 
-    def _tensor(self, span: list[int], dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
+    def _tensor(self, f: Any, span: list[int], dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
         if span[1] == 0:
             return torch.empty(shape, dtype=dtype)
-        raw = torch.frombuffer(self._buf, dtype=torch.uint8, count=span[1], offset=self._data_at + span[0])
-        return raw.view(dtype).reshape(shape)
+        f.seek(self._data_at + span[0])
+        raw = bytearray(span[1])
+        if f.readinto(raw) != span[1]:
+            raise self._bad("an entry runs past the end of the file")
+        return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(shape)
 
-    def pieces(self) -> list[DeltaPiece]:
+    def pieces(
+        self, wanted: Callable[[list[str], list[int], list[int]], bool] | None = None
+    ) -> list[DeltaPiece]:
+        """The entries for which wanted(key, offsets, extent) holds (all without `wanted`)."""
         out = []
-        for e in self.entries:
-            rows = None
-            if e["rows"] is not None:
-                rows = self._tensor(e["rows"], torch.int64, [e["shape"][0]])
-            out.append(
-                DeltaPiece(
-                    e["key"], e["offsets"], self._tensor(e["data"], DTYPES[e["dtype"]], e["shape"]), rows
-                )
-            )
+        with open(self.path, "rb") as f:
+            for e in self.entries:
+                if wanted is not None and not wanted(e["key"], e["offsets"], e["extent"]):
+                    continue
+                rows = None
+                if e["rows"] is not None:
+                    rows = self._tensor(f, e["rows"], torch.int64, [e["shape"][0]])
+                values = self._tensor(f, e["data"], DTYPES[e["dtype"]], e["shape"])
+                out.append(DeltaPiece(e["key"], e["offsets"], values, rows, e["extent"]))
         return out

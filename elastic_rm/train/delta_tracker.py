@@ -47,6 +47,8 @@ class TouchedRows:
         self._pending: list[list[tuple[str, torch.Tensor]]] = []  # per batch handed to input_dist
         self._touched: dict[str, list[torch.Tensor]] = {}
         self._calls = 0
+        self._wrapped: list[tuple[nn.Module, str, Any]] = []
+        self.attached = True
         for name, module in dmp.named_modules():
             found = _table_configs(module)
             if found is None or "Sharded" not in type(module).__name__:
@@ -70,6 +72,7 @@ class TouchedRows:
             return dist_input(ctx, features, *args, **kwargs)
 
         module.input_dist = input_dist  # type: ignore[method-assign]
+        self._wrapped.append((module, "input_dist", input_dist))
         for name in ("compute_and_output_dist", "compute"):
             inner = getattr(module, name, None)
             if inner is None:
@@ -87,8 +90,20 @@ class TouchedRows:
                         busy["on"] = False
 
             setattr(module, name, computed)
+            self._wrapped.append((module, name, computed))
+
+    def detach(self) -> None:
+        """Stop recording and give the modules their own methods back (a later tracker on the same
+        model may have wrapped ours: then ours stays in its chain, recording nothing)."""
+        self.attached = False
+        for module, name, wrapper in self._wrapped:
+            if module.__dict__.get(name) is wrapper:
+                del module.__dict__[name]
+        self._wrapped, self._pending, self._touched = [], [], {}
 
     def _record(self, features: Any) -> None:
+        if not self.attached:
+            return
         batch = []
         for feature in features.keys():
             key = self._feature_table.get(feature)
@@ -98,7 +113,7 @@ class TouchedRows:
         self._pending.append(batch)
 
     def _consume(self) -> None:
-        if not self._pending:
+        if not self._pending or not self.attached:
             return
         for key, ids in self._pending.pop(0):
             self._touched.setdefault(key, []).append(ids)
@@ -111,6 +126,8 @@ class TouchedRows:
         """The sorted global row ids each table looked up on any rank since the last take (collective),
         and forget them. Batches handed out but not computed yet stay pending."""
         keys = sorted(self.tables)
+        if not keys:  # the same model on every rank: all return here
+            return {}
         mine = [
             torch.unique(torch.cat(self._touched[k])).to("cpu", torch.int64)
             if self._touched.get(k)

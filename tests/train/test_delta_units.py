@@ -43,6 +43,8 @@ def test_delta_file_round_trips_every_dtype_and_shape(tmp_path: Path) -> None:
         assert (a.rows is None) == (b.rows is None)
         if a.rows is not None:
             assert torch.equal(a.rows, b.rows)
+    only = DeltaReader(tmp_path / "d.erm").pieces(lambda key, off, extent: key[0] == "optim")
+    assert [p.key for p in only] == [pieces[1].key]
 
 
 @pytest.mark.parametrize(
