@@ -1,5 +1,10 @@
 """Restore the newest good checkpoint into the current world: agree on a step, resolve every file
-from the fastest source holding a verified copy, and fall back to older steps with a clear log line."""
+from the fastest source holding a verified copy, and fall back to older steps with a clear log line.
+
+A delta step is restored from its chain: every link and delta file is verified first (a chain with a
+missing, corrupt or foreign step is refused as a whole, never mixed), then the base is loaded through
+DCP with the current plan and each delta's rows that fall into this rank's shards are written over it,
+in chain order."""
 
 from __future__ import annotations
 
