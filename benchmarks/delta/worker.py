@@ -192,10 +192,15 @@ def step_bytes(node_dir: Path, step: int, node: str) -> dict[str, int] | None:
 
 def run_interval(tr: Trainer, ckpt: FlashCheckpointer | None, interval: int, steps: int) -> dict[str, Any]:
     """`steps` training steps with a save every `interval` (none without a checkpointer): the loop's
-    wall time, each save's pause and stats, the node memory after each save."""
+    wall time, each save's pause and stats, the node memory after each save. A save before the loop,
+    waited for, sets the steady state: the loop's first save has a committed predecessor to extend."""
     node_dir = ckpt.node_dir if ckpt is not None else None
     saves: list[dict[str, Any]] = []
     shm_max = 0
+    if ckpt is not None:  # steady state: the timed loop starts after a committed save (a delta's base)
+        tr.train_step()  # a step of its own: a save's step must be newer than the last one
+        ckpt.save(tr.step, {"step": tr.step})
+        ckpt.wait()
     first = tr.step
     dist.barrier()
     t0 = time.perf_counter()
@@ -279,9 +284,14 @@ def phase_train(spec: dict[str, Any], rank: int) -> dict[str, Any]:
     for interval, steps in spec["intervals"]:
         if rank == 0:
             print(f"[{spec['mode']}] checkpoint every {interval} steps, {steps} steps", flush=True)
+        # the baseline next to it: the same number of steps without saves, right before (the machine's
+        # load moves; in the differential mode the tracker records the ids meanwhile, as it does when
+        # checkpoints are rare, and the settle save of run_interval takes them)
+        plain = run_interval(tr, None, interval, steps)
         run = run_interval(tr, ckpt, interval, steps)
         run["touched"] = touched_fraction(spec, run["first_step"], steps, interval) if rank == 0 else None
-        run["throughput_ratio"] = run["steps_per_s"] / res["no_checkpoint"]["steps_per_s"]
+        run["no_checkpoint_steps_per_s"] = plain["steps_per_s"]
+        run["throughput_ratio"] = run["steps_per_s"] / plain["steps_per_s"]
         runs.append(run)
     res["intervals"] = runs
     # one save alone: its pause and the background time until every copy is committed
