@@ -178,7 +178,7 @@ class FlashCheckpointer:
         waited = time.perf_counter() - t0
         pos_json = json.dumps(position if position is not None else {"step": step})
         snap: dict | DeltaTake
-        if self._touched is not None and self._delta_due():
+        if self._touched is not None and self._delta_due(step):
             touched = self._touched.take(self.pg)
             snap = take_delta(
                 app_state(self.dmp, self.dense_optimizer), touched, self._touched.tables, self.rank
@@ -226,13 +226,16 @@ class FlashCheckpointer:
             err, self._error = self._error, None
             raise RuntimeError(f"background flash checkpoint failed: {err}") from err
 
-    def _delta_due(self) -> bool:
+    def _delta_due(self, step: int) -> bool:
         """A delta extends the chain of the previous save unless there is none (the first save, or the
-        previous one failed) or the chain's deltas passed the bound: then this save is a new base. The
-        fold of a chain is that full save (its pause is a full snapshot's); every rank decides alike
-        from the same committed manifests."""
+        previous one failed), the step is not after the previous one (saving a step again replaces
+        its directory: a delta would replace its own parent), or the chain's deltas passed the bound:
+        then this save is a new base. The fold of a chain is that full save (its pause is a full
+        snapshot's); every rank decides alike from the same committed manifests."""
         c = self._chain
         if c is None or self._touched is None or not self._touched.attached:  # closed: nothing recorded
+            return False
+        if step <= c["parent"]:
             return False
         return c["delta_bytes"] <= self.cfg.compact_ratio * c["base_bytes"]
 
@@ -452,6 +455,7 @@ class FlashCheckpointer:
         """Load the newest good checkpoint into this world's model (collective). None: nothing saved
         yet (fresh start). Raises CorruptCheckpointError when checkpoints exist but none is good."""
         self.wait()
+        self._chain = None  # the model is about to change under the chain: the next save is a base
         srcs = sources or self.sources()
         try:
             result = restore_checkpoint(

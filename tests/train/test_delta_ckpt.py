@@ -215,16 +215,33 @@ def test_refused_chains_fall_back_to_the_newest_complete_one(tmp_path: Path) -> 
 
 def test_compaction_bounds_the_chain_and_prune_keeps_it_whole(tmp_path: Path) -> None:
     """A chain whose deltas pass compact_ratio x its base is followed by a new base; node memory keeps
-    exactly the newest chain (keep_memory=1), the durable copy every step its persisted steps need."""
+    exactly the newest chain (keep_memory=1), the durable copy every step its persisted steps need.
+    A step saved twice, and the first save after a restore, are new bases."""
     actions: list[dict[str, Any]] = [{"do": "init"}]
     for step in range(1, 11):
         actions += [{"do": "train", "seeds": [step]}, {"do": "save", "step": step, "block": True}]
     actions += [{"do": "dump", "name": "s10"}]
     extra = {"compact_ratio": 0.3, "keep_memory": 1, "keep_durable": 1, "persist_every": 3}
     restore = [{"do": "restore"}, {"do": "dump", "name": "restored"}]
-    results = run_world(
-        1, spec([phase(1, tmp_path, actions, **extra), phase(1, tmp_path, restore, **extra)]), tmp_path
-    )
+    # elsewhere: a step saved again, and a save after a restore, start a new base
+    other = {"memory_root": str(tmp_path / "shm2"), "durable_dir": str(tmp_path / "durable2")}
+    again = [{"do": "init"}]
+    for step, repeat in ((1, 1), (2, 2), (3, 1), (4, 1)):
+        again += [{"do": "train", "seeds": [20 + step]}]
+        again += [{"do": "save", "step": step, "block": True}] * repeat
+        if step == 2:
+            again += [{"do": "restore"}]
+    again += [{"do": "dump", "name": "again4"}]
+    phases = [
+        phase(1, tmp_path, actions, **extra),
+        phase(1, tmp_path, again, **other),
+        phase(1, tmp_path, [{"do": "restore"}, {"do": "dump", "name": "again_restored"}], **other),
+        phase(1, tmp_path, restore, **extra),
+    ]
+    results = run_world(1, spec(phases), tmp_path)
+    assert [s["kind"] for s in results[0][1]["saves"]] == ["full", "delta", "full", "full", "delta"]
+    assert results[0][1]["restores"][0]["step"] == 2 and results[0][2]["restores"][0]["step"] == 4
+    assert_bit_exact(assemble(tmp_path, "again4"), assemble(tmp_path, "again_restored"), "re-saved")
     saves = results[0][0]["saves"]
     kinds = [s["kind"] for s in saves]
     bases = [s["step"] for s in saves if s["kind"] == "full"]
@@ -233,5 +250,5 @@ def test_compaction_bounds_the_chain_and_prune_keeps_it_whole(tmp_path: Path) ->
     persisted = 9  # the third save of every three
     newest_base = max(b for b in bases if b <= persisted)
     assert steps_in(tmp_path / "durable") == list(range(newest_base, persisted + 1)), kinds
-    assert results[0][1]["restores"][0]["step"] == 10
+    assert results[0][3]["restores"][0]["step"] == 10
     assert_bit_exact(assemble(tmp_path, "s10"), assemble(tmp_path, "restored"), "after compactions")
