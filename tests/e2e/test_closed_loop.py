@@ -105,6 +105,12 @@ def events_of(endpoint: str, run_id: str, kind: str) -> list[ev.Event]:
     return [e for e in found if e.kind == kind]
 
 
+def registered(endpoint: str, run_id: str, node: str) -> bool:
+    """Whether ``node`` has its node record in etcd: the planner counts it from then on."""
+    with EtcdClient(endpoint, timeout=5) as c:
+        return c.get(Keyspace(DEFAULT_PREFIX, run_id).node(node)) is not None
+
+
 def current_round(endpoint: str, run_id: str) -> RoundRecord:
     keys = Keyspace(DEFAULT_PREFIX, run_id)
     with EtcdClient(endpoint, timeout=5) as c:
@@ -286,11 +292,10 @@ def test_a_throttled_node_is_replaced_by_the_standby_and_throughput_recovers(etc
         demo.start_node(name, etcd.endpoint)
     wait_for(demo, lambda rows: len(steps_of(rows, world=2)) >= 5, 240, "training at world 2")
     demo.start_node("node-c", etcd.endpoint)
-    time.sleep(12)  # past the round's warm-up, with node-c waiting as the standby
+    # node-c waits, alive, outside the round: a spare the planner has seen when the straggler shows
+    wait_for(demo, lambda _rows: registered(etcd.endpoint, demo.run_id, "node-c"), 240, "node-c to register")
     r = current_round(etcd.endpoint, demo.run_id)
     assert len(r.members) == 2 and "node-c" not in r.members, r
-    with EtcdClient(etcd.endpoint, timeout=5) as c:  # node-c waits, alive, outside the round: a spare
-        assert c.get(Keyspace(DEFAULT_PREFIX, demo.run_id).node("node-c")) is not None
     t_before = time.time()
     time.sleep(8)
     before = rate(demo.progress(), t_before, time.time())
