@@ -69,10 +69,10 @@ def take_delta(state: dict, touched: dict[str, torch.Tensor], tables: dict[str, 
                 space = _row_space(touched[table], tables[table], value.size(0))
             for off, t in local_pieces(value):
                 if space is None:
-                    out.pieces.append(DeltaPiece(path, off, t.detach().clone()))
+                    out.pieces.append(DeltaPiece(path, off, t.detach().to("cpu", copy=True)))
                     continue
                 sel = space[(space >= off[0]) & (space < off[0] + t.shape[0])]
-                values = t.index_select(0, sel - off[0])
+                values = t.index_select(0, (sel - off[0]).to(t.device)).to("cpu")  # host memory
                 out.pieces.append(DeltaPiece(path, off, values, sel, list(t.shape)))
             if table is not None:
                 sharded.add(table)
@@ -80,7 +80,7 @@ def take_delta(state: dict, touched: dict[str, torch.Tensor], tables: dict[str, 
                 full.add(table or path[1])  # a sharded tensor of no table the tracker knows: by its key
         elif isinstance(value, torch.Tensor):
             if rank == 0:
-                out.pieces.append(DeltaPiece(path, [0] * value.dim(), value.detach().clone()))
+                out.pieces.append(DeltaPiece(path, [0] * value.dim(), value.detach().to("cpu", copy=True)))
         else:
             raise TypeError(f"{'.'.join(path)}: a {type(value).__name__} cannot go into a delta checkpoint")
     out.tables_full = sorted(full)
@@ -151,7 +151,7 @@ def apply_delta(state: dict, pieces: list[DeltaPiece]) -> int:
                 assert rest is not None
                 dst = t[(slice(None), *rest[0])]
                 src = src[(slice(None), *rest[1])]
-            dst.index_copy_(0, p.rows[mask] - off[0], src)
+            dst.index_copy_(0, (p.rows[mask] - off[0]).to(t.device), src.to(t.device))
             written += src.numel()
     return written
 
