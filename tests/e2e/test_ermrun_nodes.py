@@ -122,7 +122,9 @@ def test_node_beyond_max_is_standby_then_promoted(etcd, run_id, tmp_path, procs)
     )
     spare = ermrun(tmp_path, "s", node_args(etcd.endpoint, run_id, "2", "s"))
     procs.append(spare)
-    time.sleep(4)
+    with EtcdClient(etcd.endpoint) as c:  # registered: from now on it waits as the standby
+        key = Keyspace("/elastic-rm", run_id).node("s")
+        wait_until(lambda: c.get(key) is not None, 120, "the third node to register", [spare])
     assert records(tmp_path, "s") == []  # waits as standby, runs no worker
     nodes["a"].signal(signal.SIGKILL)
     killed = time.time()
