@@ -128,6 +128,7 @@ class PreparedStart:
             f"{len(context.from_spares)} from warm spares), while the kept nodes drain",
             round=r.round,
             prepared=True,
+            master=[group.master_addr, group.master_port],  # predicted: the seal keeps them only if equal
             from_spares={str(rank): pid for rank, pid in sorted(context.from_spares.items())},
             new_processes=len(pids) - len(context.from_spares),
         )

@@ -187,7 +187,8 @@ class PortHolder:
         self._thread = threading.Thread(target=self._run, name="port-holder", daemon=True)
 
     def __enter__(self) -> PortHolder:
-        self._hold_advertised()  # the ports advertised now are held before node-c starts
+        with EtcdClient(self._endpoint, timeout=5) as client:
+            self._hold_advertised(client)  # the ports advertised now are held before node-c starts
         self._thread.start()
         return self
 
@@ -204,13 +205,12 @@ class PortHolder:
         return set(self._sockets)
 
     def _run(self) -> None:
-        while not self._stopping.wait(0.02):
-            self._hold_advertised()
-
-    def _hold_advertised(self) -> None:
         with EtcdClient(self._endpoint, timeout=5) as client:
-            kvs = [client.get(self._keys.node(n)) for n in self._nodes]
-        for kv in kvs:
+            while not self._stopping.wait(0.02):
+                self._hold_advertised(client)
+
+    def _hold_advertised(self, client: EtcdClient) -> None:
+        for kv in [client.get(self._keys.node(n)) for n in self._nodes]:
             port = NodeRecord.parse(kv.key, kv.value).master_port if kv is not None else 0
             if port > 0 and port not in self._sockets:
                 sock = socket.socket()
