@@ -206,7 +206,7 @@ def run_interval(tr: Trainer, ckpt: FlashCheckpointer | None, interval: int, ste
     t0 = time.perf_counter()
     for _ in range(steps):
         tr.train_step()
-        if ckpt is not None and tr.step % interval == 0:
+        if ckpt is not None and (tr.step - first) % interval == 0:  # every save covers `interval` steps
             stats = ckpt.save(tr.step, {"step": tr.step})
             row = {k: v for k, v in vars(stats).items() if isinstance(v, int | float | str | list)}
             saves.append(row)
