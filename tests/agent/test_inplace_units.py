@@ -94,8 +94,10 @@ def test_a_new_round_restarts_the_reporters_step_count_and_rank(tmp_path, monkey
         rep.step(1)
         rep.step(1)
         assert seen == [1]  # once, after the round's first step
-        deadline = time.monotonic() + 5
-        while os.getpid() not in channel.workers() and time.monotonic() < deadline:
+        # the hello of the new round carries the new rank: wait for it to be read, not for any hello (the
+        # reporter's first, of rank -1, was there already)
+        deadline = time.monotonic() + 30
+        while (w := channel.workers().get(os.getpid())) is None or w.rank != 4:
+            assert time.monotonic() < deadline, f"the new round's hello never arrived: {w}"
             time.sleep(0.01)
-        assert channel.workers()[os.getpid()].rank == 4  # the hello of the new round carries the new rank
         rep.close()
