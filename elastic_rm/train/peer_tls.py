@@ -59,8 +59,9 @@ def peer_tls(mode: str, ca: str | None, cert: str | None, key: str | None) -> Pe
         return PeerTls(ca, cert, key)
     if mode == "required":
         raise ValueError(
-            "ckpt_tls=required needs the etcd CA and a client certificate and key (--etcd-cacert, --etcd-cert, "
-            "--etcd-key; rdzv-conf ca_cert, ssl_cert, ssl_cert_key): the checkpoint servers use them for HTTPS"
+            "ckpt_tls=required needs the etcd CA and a client certificate and key (--etcd-cacert, "
+            "--etcd-cert, --etcd-key; rdzv-conf ca_cert, ssl_cert, ssl_cert_key): the checkpoint servers "
+            "use them for HTTPS"
         )
     return None
 

@@ -170,8 +170,9 @@ class ElasticTraining:
             saved_batch = self.restored.position.get("global_batch", global_batch)
             if saved_batch != global_batch:
                 raise ValueError(
-                    f"the checkpoint of step {self.step} was trained with global_batch {saved_batch}, this run "
-                    f"asks for {global_batch}: resume with {saved_batch}, or start a new run (another run id)"
+                    f"the checkpoint of step {self.step} was trained with global_batch {saved_batch}, this "
+                    f"run asks for {global_batch}: resume with {saved_batch}, or start a new run (another "
+                    "run id)"
                 )
         self._say(
             f"restored step {self.step}" if self.restored else "fresh start (no checkpoint)",
@@ -214,8 +215,11 @@ class ElasticTraining:
     def position(self) -> dict[str, Any]:
         """What a checkpoint stores beside the state: the step, the ledger of trained samples, the batch."""
         assert self.ledger_batches is not None
-        return {"step": self.step, "ledger": self.ledger_batches.ledger.checkpoint_state(),
-                "global_batch": self.global_batch}  # fmt: skip
+        return {
+            "step": self.step,
+            "ledger": self.ledger_batches.ledger.checkpoint_state(),
+            "global_batch": self.global_batch,
+        }
 
     def _run(self, total: int) -> Iterator[int]:
         assert self.ledger_batches is not None

@@ -21,11 +21,36 @@ TRAIN = os.path.join(REPO, "examples", "dlrm", "train.py")
 
 
 def node(tmp_path: Path, etcd, run_id: str, name: str) -> Proc:
-    argv = [os.path.join(BIN, "ermrun"), "--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-endpoint", etcd.endpoint,
-            "--rdzv-id", run_id, "--node-id", name, "--monitor-interval", "0.1", "--max-restarts", "3",
-            "--rdzv-conf", "lease_ttl=2,last_call_timeout=3,join_timeout=300",
-            TRAIN, "--progress-dir", str(tmp_path), "--checkpoint-every", "5", "--tables", "4", "--rows", "4000",
-            "--global-batch", "60"]  # fmt: skip
+    argv = [
+        os.path.join(BIN, "ermrun"),
+        "--nnodes",
+        "2:3",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-endpoint",
+        etcd.endpoint,
+        "--rdzv-id",
+        run_id,
+        "--node-id",
+        name,
+        "--monitor-interval",
+        "0.1",
+        "--max-restarts",
+        "3",
+        "--rdzv-conf",
+        "lease_ttl=2,last_call_timeout=3,join_timeout=300",
+        TRAIN,
+        "--progress-dir",
+        str(tmp_path),
+        "--checkpoint-every",
+        "5",
+        "--tables",
+        "4",
+        "--rows",
+        "4000",
+        "--global-batch",
+        "60",
+    ]
     return Proc(argv, str(tmp_path / f"{name}.agent.log"), env={"OMP_NUM_THREADS": "1"})
 
 
@@ -84,15 +109,43 @@ def test_the_ledger_in_etcd_ends_at_the_drained_step_after_erm_stop(
     from elastic_rm.etcd.client import EtcdClient
     from elastic_rm.wire.keyspace import Keyspace
 
-    argv = [os.path.join(BIN, "ermrun"), "--nnodes", "1", "--nproc-per-node", "1", "--rdzv-endpoint", etcd.endpoint,
-            "--rdzv-id", run_id, "--node-id", "a", "--monitor-interval", "0.1", "--rdzv-conf", "lease_ttl=2",
-            TRAIN, "--progress-dir", str(tmp_path), "--checkpoint-every", "50", "--tables", "2", "--rows", "1000",
-            "--global-batch", "60"]  # fmt: skip
+    argv = [
+        os.path.join(BIN, "ermrun"),
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-endpoint",
+        etcd.endpoint,
+        "--rdzv-id",
+        run_id,
+        "--node-id",
+        "a",
+        "--monitor-interval",
+        "0.1",
+        "--rdzv-conf",
+        "lease_ttl=2",
+        TRAIN,
+        "--progress-dir",
+        str(tmp_path),
+        "--checkpoint-every",
+        "50",
+        "--tables",
+        "2",
+        "--rows",
+        "1000",
+        "--global-batch",
+        "60",
+    ]
     a = Proc(argv, str(tmp_path / "a.agent.log"), env={"OMP_NUM_THREADS": "1"})
     procs.append(a)
     wait_until(lambda: sum("step" in r for r in records(tmp_path, "a")) >= 60, 300, "60 steps", [a])
-    stop = subprocess.run([os.path.join(BIN, "erm"), "stop", run_id, "--endpoint", etcd.endpoint],
-                          capture_output=True, text=True, timeout=180)  # fmt: skip
+    stop = subprocess.run(
+        [os.path.join(BIN, "erm"), "stop", run_id, "--endpoint", etcd.endpoint],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert stop.returncode == 0, stop.stdout + stop.stderr
     assert a.wait(120) == 0, a.output()[-3000:]
     (drained,) = [r["drained_step"] for r in records(tmp_path, "a") if "drained_step" in r]

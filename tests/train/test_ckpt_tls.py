@@ -30,12 +30,11 @@ from tests.train.test_ckpt_transport import make_step
 def rogue(tmp_path_factory) -> PeerTls:
     """A certificate and key signed by a CA that is not the job's."""
     d = tmp_path_factory.mktemp("rogue")
-    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2", "-subj", "/CN=rogue-ca",
-            "-keyout", "ca.key", "-out", "ca.pem", cwd=d)  # fmt: skip
-    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-subj", "/CN=rogue", "-keyout", "r.key", "-out", "r.csr",
-            cwd=d)  # fmt: skip
-    openssl("x509", "-req", "-in", "r.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2",
-            "-out", "r.pem", cwd=d)  # fmt: skip
+    curve = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes"
+    openssl(*f"req -x509 {curve} -days 2 -subj /CN=rogue-ca -keyout ca.key -out ca.pem".split(), cwd=d)
+    openssl(*f"req {curve} -subj /CN=rogue -keyout r.key -out r.csr".split(), cwd=d)
+    x509 = "x509 -req -in r.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -out r.pem"
+    openssl(*x509.split(), cwd=d)
     return PeerTls(str(d / "ca.pem"), str(d / "r.pem"), str(d / "r.key"))
 
 
@@ -48,9 +47,14 @@ def test_agents_serve_https_and_a_worker_restores_from_a_peer(pki, tls_etcd, run
     with the node's etcd pair, the peer list says https, and a restore fetches and verifies a peer's file."""
     monkeypatch.setenv(TLS_ENV, "")  # start_for_agent sets it for this process's clients; undone after
     conf = {
-        "lease_ttl": "2", "last_call_timeout": "0.3", "join_timeout": "60", "ckpt_tls": "required",
-        "ca_cert": str(pki / "ca.pem"), "ssl_cert": str(pki / "client.pem"), "ssl_cert_key": str(pki / "client.key"),
-    }  # fmt: skip
+        "lease_ttl": "2",
+        "last_call_timeout": "0.3",
+        "join_timeout": "60",
+        "ckpt_tls": "required",
+        "ca_cert": str(pki / "ca.pem"),
+        "ssl_cert": str(pki / "client.pem"),
+        "ssl_cert_key": str(pki / "client.key"),
+    }
     params = RendezvousParameters(
         "elastic-rm", tls_etcd.endpoint, run_id, 2, 2, local_addr="127.0.0.1", **conf
     )

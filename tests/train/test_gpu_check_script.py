@@ -24,7 +24,7 @@ def test_gpu_check_logic_on_cpu(tmp_path):
             "0.02",
             "--results-dir",
             str(tmp_path),
-        ],  # fmt: skip
+        ],
         cwd=REPO,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
         capture_output=True,

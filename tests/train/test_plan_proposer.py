@@ -55,6 +55,7 @@ def test_planning_says_nothing_about_a_directly_built_topology(caplog):
     """The project's own planning call builds TorchRec's Topology through its factory: no warning that
     "the job will fail" at every round."""
     with caplog.at_level(logging.WARNING):
-        plan_sharding(_example_model(), WorldTopology(2, 1), check_same_on_all_ranks=False,
-                      proposer=GreedyProposer())  # fmt: skip
+        plan_sharding(
+            _example_model(), WorldTopology(2, 1), check_same_on_all_ranks=False, proposer=GreedyProposer()
+        )
     assert not [r for r in caplog.records if "job will fail" in r.getMessage()], caplog.text

@@ -16,9 +16,26 @@ CONF = "lease_ttl=2,last_call_timeout=0.5,join_timeout=60"
 
 
 def _node(etcd, run_id: str, tmp_path, name: str, form: str, nnodes: str = "1:2", **env: str) -> Proc:
-    argv = [os.path.join(BIN, "ermrun"), "--nnodes", nnodes, "--nproc-per-node", "1", "--monitor-interval", "0.1",
-            "--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, "--rdzv-conf", CONF, "--node-id", name,
-            "--log-dir", str(tmp_path / f"logs-{name}"), SCRIPT]  # fmt: skip
+    argv = [
+        os.path.join(BIN, "ermrun"),
+        "--nnodes",
+        nnodes,
+        "--nproc-per-node",
+        "1",
+        "--monitor-interval",
+        "0.1",
+        "--rdzv-endpoint",
+        etcd.endpoint,
+        "--rdzv-id",
+        run_id,
+        "--rdzv-conf",
+        CONF,
+        "--node-id",
+        name,
+        "--log-dir",
+        str(tmp_path / f"logs-{name}"),
+        SCRIPT,
+    ]
     env = {"STEPS_DIR": str(tmp_path), "STEPS_NODE": name, "SHORT_FORM": form, **env}
     return Proc(argv, str(tmp_path / f"{name}.log"), env=env)
 
@@ -33,8 +50,12 @@ def test_elastic_run_keeps_the_survivors_process_and_the_for_form_warns_at_start
     a = _node(etcd, run_id, tmp_path, "a", "run")  # elastic_run(train)
     b = _node(etcd, run_id, tmp_path, "b", "for")  # for _ in elastic_rounds(): train()
     procs.extend([a, b])
-    wait_until(lambda: len(_rows(tmp_path, "a", 2)) >= 10 and len(_rows(tmp_path, "b", 2)) >= 10, 180,
-               "both nodes training at world 2", [a, b])  # fmt: skip
+    wait_until(
+        lambda: len(_rows(tmp_path, "a", 2)) >= 10 and len(_rows(tmp_path, "b", 2)) >= 10,
+        180,
+        "both nodes training at world 2",
+        [a, b],
+    )
     assert OUTSIDE_WARNING in b.output(), b.output()[-3000:]  # at the start, before any loss
     assert OUTSIDE_WARNING not in a.output(), a.output()[-3000:]
 

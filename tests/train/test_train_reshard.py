@@ -106,7 +106,8 @@ def test_reshard_chain_2_3_2_1_2_adagrad(tmp_path: Path) -> None:
 
 def test_reshard_with_a_rank_that_holds_no_fused_shard(tmp_path: Path) -> None:
     """Two table-wise tables at world 3 leave rank 2 without fused optimizer state (an empty optim
-    dict is a DCP leaf missing from the checkpoint), on the saving side (3->2) and on the loading side (2->3)."""
+    dict is a DCP leaf missing from the checkpoint), on the saving side (3->2) and on the loading side
+    (2->3)."""
     tables = [t for t in TABLES if t["name"] in ("t0", "t1", "t3")]
     pin = lambda w: {"t0": ["tw"], "t1": ["tw"]} if w == 3 else {"t0": ["rw"], "t1": ["tw"]}  # noqa: E731
     results = check_chain([3, 2, 3], "rowwise_adagrad", tmp_path, tables=tables, column_wise=False, pin=pin)
