@@ -1,12 +1,12 @@
-"""Benchmark: differential flash checkpoints against today's full flash checkpoint, in one run.
+"""Benchmark: differential flash checkpoints against full flash checkpoints, in one run.
 
     nice .venv/bin/python -m benchmarks.delta [--gib 1] [--zipf 1.1] [--modes full,delta]
 
 A DLRM (8 tables, fused row-wise Adagrad, power-law ids) over 2 ranks (gloo, real processes, one
 simulated node each, a checkpoint server process per node as ermrun's agents run). For each mode
-(`full`: every save copies the whole state; `delta`: FlashConfig(differential=True), when the core
-has it) and a checkpoint every 1, 10 and 100 steps: the touched fraction, bytes copied / replicated /
-written per checkpoint, the step pause, the training throughput against training without checkpoints,
+(`full`: every save copies the whole state; `delta`: FlashConfig(differential=True)) and a
+checkpoint every 1, 10 and 100 steps: the touched fraction, bytes copied / replicated / written per
+checkpoint, the step pause, the training throughput against training without checkpoints,
 node memory; then one save alone (its background time), a restore at the same world and one into
 world 3. Every restore is checked bit for bit. Prints the ratios delta / full and writes
 benchmarks/results/<name>.json.

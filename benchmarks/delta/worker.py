@@ -2,7 +2,7 @@
 
 Phase "train" (world 2): a DLRM with fused row-wise Adagrad on power-law (Zipf) ids trains without
 checkpoints (the throughput baseline), then with a flash checkpoint every 1, 10 and 100 steps, in the
-mode of this launch (full copies, or differential when the core supports it); then one save alone (its
+mode of this launch (full copies, or differential); then one save alone (its
 background time) and a restore at the same world. Phase "restore" (world 3): the newest step restored
 into another plan. Every restore is checked bit for bit against the state digest saved with it.
 """
@@ -16,7 +16,6 @@ import os
 import resource
 import sys
 import time
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -38,16 +37,13 @@ from elastic_rm.train import (
     plan_sharding,
     wrap_model,
 )
+from elastic_rm.train.collectives import all_gather_json
 from elastic_rm.train.manifest import MANIFEST, committed_steps, step_dirname
 from elastic_rm.train.peers import PEERS_ENV
 from elastic_rm.train.snapshot import local_pieces
 from elastic_rm.train.state_digest import digest_hex, piece_digest
 
 FILL_ROWS = 1 << 16
-
-
-def differential_supported() -> bool:
-    return any(f.name == "differential" for f in fields(FlashConfig))
 
 
 def build(spec: dict[str, Any], world: int) -> tuple[Any, Any, torch.optim.Optimizer]:
@@ -234,8 +230,7 @@ def run_interval(tr: Trainer, ckpt: FlashCheckpointer | None, interval: int, ste
         got = step_bytes(node_dir, s["step"], ckpt.node) if ckpt.leader else None
         per_step.append(got)
     kept = [p for p in per_step if p is not None]
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, {"kept": kept, "shm_max": shm_max, "saves": saves})
+    gathered = all_gather_json({"kept": kept, "shm_max": shm_max, "saves": saves})
     leaders = [g for g in gathered if g["kept"]]
     if leaders:  # every node's share: written is the whole step (the same manifest on each node)
         deltas = [p for p in leaders[0]["kept"] if p["kind"] == "delta"] or leaders[0]["kept"]

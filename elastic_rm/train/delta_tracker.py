@@ -47,7 +47,8 @@ class TouchedRows:
         self._pending: list[list[tuple[str, torch.Tensor]]] = []  # per batch handed to input_dist
         self._touched: dict[str, list[torch.Tensor]] = {}
         self._calls = 0
-        self._wrapped: list[tuple[nn.Module, str, Any]] = []
+        # (module, method name, our wrapper, what the instance held before: None for the class's own)
+        self._wrapped: list[tuple[nn.Module, str, Any, Any]] = []
         self.attached = True
         for name, module in dmp.named_modules():
             found = _table_configs(module)
@@ -71,8 +72,9 @@ class TouchedRows:
             self._record(features)
             return dist_input(ctx, features, *args, **kwargs)
 
+        before = module.__dict__.get("input_dist")
         module.input_dist = input_dist  # type: ignore[method-assign]
-        self._wrapped.append((module, "input_dist", input_dist))
+        self._wrapped.append((module, "input_dist", input_dist, before))
         for name in ("compute_and_output_dist", "compute"):
             inner = getattr(module, name, None)
             if inner is None:
@@ -89,16 +91,20 @@ class TouchedRows:
                     if outer:
                         busy["on"] = False
 
+            before = module.__dict__.get(name)
             setattr(module, name, computed)
-            self._wrapped.append((module, name, computed))
+            self._wrapped.append((module, name, computed, before))
 
     def detach(self) -> None:
-        """Stop recording and give the modules their own methods back (a later tracker on the same
+        """Stop recording and give the modules the methods they had before (a later tracker on the same
         model may have wrapped ours: then ours stays in its chain, recording nothing)."""
         self.attached = False
-        for module, name, wrapper in self._wrapped:
+        for module, name, wrapper, before in reversed(self._wrapped):
             if module.__dict__.get(name) is wrapper:
-                del module.__dict__[name]
+                if before is None:
+                    del module.__dict__[name]
+                else:
+                    setattr(module, name, before)
         self._wrapped, self._pending, self._touched = [], [], {}
 
     def _record(self, features: Any) -> None:
@@ -124,13 +130,20 @@ class TouchedRows:
 
     def take(self, pg: dist.ProcessGroup | None = None) -> dict[str, torch.Tensor]:
         """The sorted global row ids each table looked up on any rank since the last take (collective),
-        and forget them. Batches handed out but not computed yet stay pending."""
+        and forget them. Batches handed out but not computed yet count too and stay pending (counted
+        again once computed): a batch whose input went out but was never computed (a pipeline dropped
+        mid-stream, an exception between the two) can then shift which batch a compute consumes, yet
+        every id handed out is in this delta or in the next, never in none."""
         keys = sorted(self.tables)
         if not keys:  # the same model on every rank: all return here
             return {}
+        parts_of = {k: list(self._touched.get(k, ())) for k in keys}
+        for batch in self._pending:
+            for key, ids in batch:
+                parts_of[key].append(ids)
         mine = [
-            torch.unique(torch.cat(self._touched[k])).to("cpu", torch.int64)
-            if self._touched.get(k)
+            torch.unique(torch.cat(parts_of[k])).to("cpu", torch.int64)
+            if parts_of[k]
             else torch.empty(0, dtype=torch.int64)
             for k in keys
         ]

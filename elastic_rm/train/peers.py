@@ -297,10 +297,11 @@ class PeerClient:
 
     def replica_links(self, src: str) -> dict[int, Link]:
         """The steps this peer holds for `src`, with their manifests' chain fields."""
-        doc = json.loads(self._request("GET", f"/replicas/{src}/links"))
+        body = self._request("GET", f"/replicas/{src}/links")
         try:
+            doc = json.loads(body)
             return {int(d["step"]): Link(**d) for d in doc["links"]}
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, AttributeError, RecursionError):
             raise PeerError(f"{self.peer.node} ({self.peer.url}): malformed replica links of {src}") from None
 
     def _push_step(

@@ -78,8 +78,8 @@ def restore_checkpoint(
         try:  # a delta: its chain's manifests and every delta file, verified before anything is loaded
             chain = chain_of(manifest, sources)
             deltas = delta_files(chain, sources, verify)
-        except CorruptCheckpointError as e:
-            why = str(e)
+        except Exception as e:  # every rank must reach the gather below, whatever failed here
+            why = str(e) if isinstance(e, CorruptCheckpointError) else f"{type(e).__name__}: {e}"
         whys = [w for w in all_gather_json(why, pg) if w]
         if whys:
             reason = f"step {step} unusable: {whys[0]}"
