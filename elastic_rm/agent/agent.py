@@ -364,8 +364,11 @@ class ElasticRMAgent(LocalElasticAgent):
         if pids is None and self.spares is None:
             pids = super()._start_workers(worker_group)
         elif pids is None:
-            context = start_from_spares(self, worker_group, self.spares, self.events, round_id)
-            self.process_context = context
+
+            def started(context: SpareContext) -> None:
+                self.process_context = context
+
+            context = start_from_spares(self, worker_group, self.spares, self.events, round_id, started)
             pids = context.pids()
         self.monitor.set_pids(pids.values())
         self.guard_processes(list(pids.values()))  # they end with this agent, even by SIGKILL

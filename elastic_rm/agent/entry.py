@@ -63,7 +63,7 @@ def _claim_node_memory(agent: ElasticRMAgent, run_id: str) -> None:
 
 class LeftBeforeWorkers(SignalException):
     """A signal (SIGTERM: a launcher's or Slurm's stop) reached a node that never started its workers: it
-    left the rendezvous and freed what it held, and the run goes on without it; not a failure."""
+    left the rendezvous and stopped its processes, and the run goes on without it; not a failure."""
 
 
 def free_node_memory(run_id: str, agent: ElasticRMAgent, why: str) -> None:
@@ -191,9 +191,10 @@ def launch_agent(
         status = f"stopped by {exc.sigval.name}"
         close_rendezvous = False  # as torch: a signalled agent must not close the run for the others
         events.record(agent.get_event_failed(), config.event_log_handler)
-        if agent.worker_state == WorkerState.INIT:  # a spare never needed: nothing of it to keep
+        if agent.worker_state == WorkerState.INIT:  # a spare never needed: it leaves, the run goes on
+            # Its node memory is left as it is: this process wrote nothing there, and what an earlier
+            # agent with the same node id left (a Slurm node's name comes back) may be a restore's source.
             status += " before its workers started"
-            free_node_memory(config.run_id, agent, status)
             raise LeftBeforeWorkers(str(exc), exc.sigval) from exc
         raise
     except Exception:

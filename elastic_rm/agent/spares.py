@@ -26,6 +26,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from string import Template
 from typing import Any
 
@@ -358,11 +359,20 @@ def spare_pool(
 
 
 def start_from_spares(
-    agent: LocalElasticAgent, worker_group: WorkerGroup, pool: SparePool, events: EventLog, round_id: int
+    agent: LocalElasticAgent,
+    worker_group: WorkerGroup,
+    pool: SparePool,
+    events: EventLog,
+    round_id: int,
+    started: Callable[[SpareContext], None],
 ) -> SpareContext:
     """The agent's ``_start_workers`` with spares: start the round, say which ranks got a spare, and
-    warm the next round's spares at low priority; the workers' process context (torch's ``_pcontext``)."""
+    warm the next round's spares at low priority; the workers' process context (torch's ``_pcontext``).
+
+    ``started`` gets the context as soon as the workers run, before the spares are warmed: a signal or an
+    error from then on finds the workers in the agent's hands, which stops them."""
     context = start_workers(agent, worker_group, pool)
+    started(context)
     pids = context.pids()
     used = context.from_spares
     fresh = len(pids) - len(used)

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 
 from ..etcd.errors import EtcdError
-from ..wire.records import QueueRecord
+from ..wire.records import ClosedRecord, QueueRecord
 from .executor import Executor, RunState, among
 from .hostfile import Host
 from .slurm_cli import BAD_NODE_STATES, NODE_LOST, Slurm, SlurmError, SlurmJob
@@ -284,7 +284,7 @@ class SlurmExecutor(Executor):
         self._release_stragglers(state)
         live = [n for n in self.nodes.values() if not n.stopping]
         # an ended node of ours stays registered until its agent's lease expires: not someone else's node
-        self._ended_ids &= set(state.node_ids)
+        self._ended_ids = {i for i in self._ended_ids if among(i, state.node_ids)}  # a rejoin's id too
         ours = [n.node_id for n in self.nodes.values() if n.slurm_node] + sorted(self._ended_ids)
         foreign = self.foreign(state, ours)
         why = self.demand_reason(state)
@@ -320,7 +320,7 @@ class SlurmExecutor(Executor):
             return
         keep = set(rnd.members) | set(rnd.standby)
         for node in list(self.nodes.values()):
-            if node.stopping or node.node_id not in rnd.stragglers or among(node.node_id, keep):
+            if node.stopping or not among(node.node_id, rnd.stragglers) or among(node.node_id, keep):
                 continue
             self._stop(node, f"round {rnd.round} replaced {node.node_id} as a straggler ({rnd.reason})")
             if node.slurm_node:
@@ -414,7 +414,7 @@ class SlurmExecutor(Executor):
             time.sleep(0.2)
         self.nodes.clear()
 
-    def _closing(self, closed, now: float) -> int | None:
+    def _closing(self, closed: ClosedRecord, now: float) -> int | None:
         """Node jobs that never joined the run (still pending, or still starting) have nothing to finish:
         they stop at once, and the launcher does not wait out --exit-grace for them."""
         for node in list(self.nodes.values()):

@@ -4,6 +4,7 @@ node job the run no longer wants, and Slurm to a job it cancels): it leaves clea
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 
 import psutil
@@ -46,20 +47,28 @@ def test_a_spare_sigtermed_before_its_workers_start_leaves_and_exits_0(etcd, run
     member = ermrun(tmp_path, etcd, run_id, "m1")
     procs.append(member)
     wait_until(lambda: steps_at_world(tmp_path, "m1", 1) > 3, 120, "the member training", [member])
-    spare = ermrun(tmp_path, etcd, run_id, "s1")  # beyond --nnodes MAX: it waits, no worker of its own
-    procs.append(spare)
-    keys = Keyspace("/elastic-rm", run_id)
+    # what an earlier agent with the spare's node id left in node memory (a Slurm node's name comes back)
+    earlier = os.path.join(NODE_MEMORY, run_id, "s1")
+    os.makedirs(earlier)
+    with open(os.path.join(earlier, "kept"), "w") as f:
+        f.write("an earlier member's checkpoint copy")
+    try:
+        spare = ermrun(tmp_path, etcd, run_id, "s1")  # beyond --nnodes MAX: it waits, no worker of its own
+        procs.append(spare)
+        keys = Keyspace("/elastic-rm", run_id)
 
-    def registered() -> set[str]:
-        with EtcdClient(etcd.endpoint) as client:
-            return {kv.key.rsplit("/", 1)[-1] for kv in client.get_prefix(keys.nodes)[0]}
+        def registered() -> set[str]:
+            with EtcdClient(etcd.endpoint) as client:
+                return {kv.key.rsplit("/", 1)[-1] for kv in client.get_prefix(keys.nodes)[0]}
 
-    wait_until(lambda: "s1" in registered(), 60, "the spare registered", [spare])
-    children = [c.pid for c in psutil.Process(spare.pid).children(recursive=True)]
-    os.kill(spare.pid, signal.SIGTERM)
-    assert spare.wait(60) == 0, spare.output()[-3000:]
-    assert "stopped by SIGTERM before its workers started" in spare.output()
-    assert "s1" not in registered()  # it left the rendezvous (its record and lease), not by expiry
-    assert not os.path.exists(os.path.join(NODE_MEMORY, run_id, "s1"))
-    wait_until(lambda: all(gone(pid) for pid in children), 30, "the spare's processes gone", [spare])
-    assert steps_at_world(tmp_path, "m1", 1) > 3 and member.popen.poll() is None  # the run goes on
+        wait_until(lambda: "s1" in registered(), 60, "the spare registered", [spare])
+        children = [c.pid for c in psutil.Process(spare.pid).children(recursive=True)]
+        os.kill(spare.pid, signal.SIGTERM)
+        assert spare.wait(60) == 0, spare.output()[-3000:]
+        assert "stopped by SIGTERM before its workers started" in spare.output()
+        assert "s1" not in registered()  # it left the rendezvous (its record and lease), not by expiry
+        assert os.path.exists(os.path.join(earlier, "kept"))  # it wrote nothing there, so it removes nothing
+        wait_until(lambda: all(gone(pid) for pid in children), 30, "the spare's processes gone", [spare])
+        assert steps_at_world(tmp_path, "m1", 1) > 3 and member.popen.poll() is None  # the run goes on
+    finally:
+        shutil.rmtree(os.path.join(NODE_MEMORY, run_id), ignore_errors=True)
