@@ -35,7 +35,7 @@ class PlannerConfig:
     round_cost_s: float = 60.0  # expected pause of one round (flash checkpoint, restart, reshard)
     explore_budget_frac: float = 0.0  # ours: when > 0, a size not yet measured is profiled only while what
     # that is expected to cost fits this share of the job's expected remaining time (promise.py). Off by
-    # default: it held back the scale-downs of communication-bound jobs (docs/planner.md, "The promise")
+    # default: it holds back the scale-downs of communication-bound jobs (docs/planner.md, "The promise")
     user_loss_max: float = 0.03  # ours: below the user's requested node count, keep >= 97% of the
     # throughput predicted (and then measured) at the request ("never worse than the user", docs/planner.md)
     probe_one_node: bool = True  # ours: measure one node once when the model cannot rule out that it is

@@ -49,8 +49,8 @@ class CutOffClock:
     """Since when each probed peer has failed every probe of it; pure (the caller passes the time).
 
     Why per peer: under packet loss any one connect fails now and then, and a rule checked on each probe's
-    count alone took a node out when different peers failed in turn (two of two peers failed one probe
-    or another for the whole window). A peer counts as unreachable once every probe of it failed for the
+    count alone would take a node out when different peers fail in turn (two of two peers failing one
+    probe or another for the whole window). A peer counts as unreachable once every probe of it failed for the
     window, ``MAJORITY_PROBES`` probes at least; for a tie, two windows and ``TIE_PROBES`` probes."""
 
     def __init__(self, window_s: float) -> None:
