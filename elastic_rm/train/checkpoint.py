@@ -40,6 +40,7 @@ from elastic_rm.train.manifest import (
     DCP_METADATA,
     MANIFEST,
     CorruptCheckpointError,
+    committed_steps,
     copy_file,
     file_entry,
     make_manifest,
@@ -462,6 +463,7 @@ class FlashCheckpointer:
                 self.dmp, self.dense_optimizer, srcs, self.pg, self.rank, self.cfg.verify_checksums
             )
             if result is not None:
+                self._drop_newer_than(result.step)
                 report_restore(result, self.world)  # the reporter counts global steps from here
             return result
         finally:
@@ -470,6 +472,20 @@ class FlashCheckpointer:
                     if src.bytes_fetched:
                         log.info("restore: %d bytes fetched from %s", src.bytes_fetched, src.name)
                     src.clear()
+
+    def _drop_newer_than(self, step: int) -> None:
+        """Steps newer than the one restored were refused (or incomplete): training goes on from
+        ``step`` and saves steps with their numbers again, so the old ones go, from this node's memory and
+        the durable copy; kept, retention would count them as the newest and prune the new chain."""
+        dirs = [self.node_dir] if self.leader else []
+        if self.rank == 0 and self.cfg.durable_dir is not None:
+            dirs.append(Path(self.cfg.durable_dir))
+        for directory in dirs:
+            for newer in [s for s in committed_steps(directory) if s > step]:
+                shutil.rmtree(directory / step_dirname(newer), ignore_errors=True)
+                log.info(
+                    "restore: dropped step %d in %s (newer than the restored step %d)", newer, directory, step
+                )
 
     def close(self, finished: bool = False) -> None:
         """Finish the background save and free the snapshot buffers; call before destroying the group

@@ -294,12 +294,14 @@ def run_action(w: World, a: dict[str, Any], workdir: Path, res: dict[str, Any]) 
         d = workdir / "dump" / a["name"]
         d.mkdir(parents=True, exist_ok=True)
         torch.save(w.pieces(), d / f"rank{w.rank}.pt")
-    elif do in ("corrupt", "rm_dir", "kill"):
+    elif do in ("corrupt", "rm_dir", "copy_dir", "kill"):
         if w.rank == 0:
             if do == "kill":  # a node's agent (its checkpoint server), started by the test: by its pid
                 os.kill(a["pid"], signal.SIGKILL)
             elif do == "rm_dir":
                 shutil.rmtree(a["path"])
+            elif do == "copy_dir":
+                shutil.copytree(a["path"], a["to"])
             else:
                 hits = [p for root in a["roots"] for p in matching(Path(root), a["step"], a["file"])]
                 assert hits, f"nothing to corrupt: {a}"

@@ -188,13 +188,18 @@ def test_refused_chains_fall_back_to_the_newest_complete_one(tmp_path: Path) -> 
         {"do": "save", "step": 3, "block": True},
         {"do": "dump", "name": "other3"},
     ]
+    # a restore drops the steps newer than the one it restored; step 4 (a delta of the first run's step 3)
+    # is kept aside and put back beside the other run's step 3
+    step4 = [(tmp_path / d / "step-00000004", tmp_path / "aside" / d) for d in ("shm/n0", "durable")]
+    aside = [{"do": "copy_dir", "path": str(src), "to": str(dst)} for src, dst in step4]
+    back = [{"do": "copy_dir", "path": str(dst), "to": str(src)} for src, dst in step4]
     restore = [{"do": "restore"}, {"do": "dump", "name": "restored"}]
     phases = [
-        phase(2, tmp_path, p0),
+        phase(2, tmp_path, [*p0, *aside]),
         phase(2, tmp_path, [corrupt, *restore[:1], {"do": "dump", "name": "r1"}]),
         phase(2, tmp_path, [*rm_parent, *restore[:1], {"do": "dump", "name": "r2"}]),
         phase(2, tmp_path, other_run),
-        phase(2, tmp_path, [*restore[:1], {"do": "dump", "name": "r4"}]),
+        phase(2, tmp_path, [*back, *restore[:1], {"do": "dump", "name": "r4"}]),
     ]
     results = run_world(2, spec(phases, optim="adagrad"), tmp_path)  # per-element state, taken by rows
     assert [s["kind"] for s in results[0][0]["saves"]] == ["full", "delta", "delta", "delta"]

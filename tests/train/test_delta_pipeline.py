@@ -69,3 +69,27 @@ def test_every_step_delta_under_a_read_ahead_pipeline(tmp_path: Path, world_of_o
     for key, value in states[6].items():
         assert torch.equal(restored[key], value), f"{key} differs after restoring the chain"
     del pipeline, it, elastic
+
+
+def test_steps_newer_than_the_restored_one_go_and_the_new_chain_is_kept(tmp_path: Path, world_of_one) -> None:  # noqa: F811
+    # keep_memory=1: were the refused steps 4..6 kept, retention would count old step 6 as the newest
+    flash = {"differential": True, "compact_ratio": 100.0, "keep_memory": 1}
+    elastic, pipeline, it = golden_parts(tmp_path, [], checkpoint_every=1, flash=flash)
+    for _ in elastic.steps(6):
+        pipeline.progress(it)
+    del pipeline, it, elastic
+    mem = tmp_path / "mem" / "n0"
+    delta = mem / "step-00000004" / "__0_delta.erm"
+    data = bytearray(delta.read_bytes())
+    data[-1] ^= 0xFF  # step 4's delta is corrupt: steps 4, 5 and 6 (its chain) are refused
+    delta.write_bytes(bytes(data))
+
+    elastic, pipeline, it = golden_parts(tmp_path, [], checkpoint_every=1, flash=flash)
+    assert elastic.restored is not None and elastic.restored.step == 3
+    assert sorted(p.name for p in mem.glob("step-*")) == ["step-00000001", "step-00000002", "step-00000003"]
+    for _ in elastic.steps(5):  # the new steps 4 and 5
+        pipeline.progress(it)
+    del pipeline, it, elastic
+    elastic, pipeline, it = golden_parts(tmp_path, [], checkpoint_every=1, flash=flash)
+    assert elastic.restored is not None and elastic.restored.step == 5
+    del pipeline, it, elastic
