@@ -13,12 +13,9 @@ import pytest
 from elastic_rm.demo.checks import checks
 from tests.e2e.test_closed_loop import (
     cleanup,  # noqa: F401 - a fixture
-    make_demo,
     steps_of,
-    stop_job,
-    wait_for,
 )
-from tests.e2e.test_inplace_loss import kill_a_member
+from tests.e2e.test_inplace_loss import lose_a_member_of_three
 from tests.e2e.test_inplace_rounds import assert_ledger_ok, pids_of
 
 ARGS = ["--in-place", "--differential", "--checkpoint-every", "1", "--checksum-every", "1", "--zipf", "1.1"]
@@ -26,16 +23,7 @@ ARGS = ["--in-place", "--differential", "--checkpoint-every", "1", "--checksum-e
 
 @pytest.mark.slow
 def test_checkpoint_every_step_loses_only_the_saves_in_flight(etcd, tmp_path, cleanup):  # noqa: F811
-    demo = make_demo(tmp_path, "2:3", script_args=ARGS)
-    cleanup.append(demo)
-    for name in ("node-a", "node-b", "node-c"):
-        demo.start_node(name, etcd.endpoint)
-    wait_for(demo, lambda rows: len(steps_of(rows, world=3)) >= 25, 300, "25 steps at world 3")
-    victim, survivors, t_kill = kill_a_member(demo, etcd.endpoint)
-    wait_for(demo, lambda rows: len(steps_of(rows, world=2, since=t_kill)) >= 10, 240, "10 steps at world 2")
-    stop_job(demo)
-    for name in survivors:
-        assert demo.nodes[name].proc.returncode == 0
+    demo, victim, survivors, t_kill = lose_a_member_of_three(etcd, tmp_path, cleanup, ARGS)
 
     rows = demo.progress()
     for name in survivors:  # the same processes before and after the loss

@@ -42,8 +42,11 @@ def kill_a_member(demo, endpoint: str) -> tuple[str, list[str], float]:
     return victim, [m for m in members if m != victim], t
 
 
-def test_survivors_of_a_sigkill_keep_their_processes_and_restore_the_committed_step(etcd, tmp_path, cleanup):  # noqa: F811
-    demo = make_demo(tmp_path, "2:3", script_args=ARGS)
+def lose_a_member_of_three(etcd, tmp_path, cleanup, script_args: list[str]):  # noqa: F811
+    """Three nodes train 25 steps at world 3, a member is SIGKILLed with its node memory, the survivors
+    train 10 steps at world 2 and the job is stopped; every survivor exits 0.
+    Returns (demo, victim, survivors, the kill's time)."""
+    demo = make_demo(tmp_path, "2:3", script_args=script_args)
     cleanup.append(demo)
     for name in ("node-a", "node-b", "node-c"):
         demo.start_node(name, etcd.endpoint)
@@ -53,6 +56,11 @@ def test_survivors_of_a_sigkill_keep_their_processes_and_restore_the_committed_s
     stop_job(demo)
     for name in survivors:
         assert demo.nodes[name].proc.returncode == 0
+    return demo, victim, survivors, t_kill
+
+
+def test_survivors_of_a_sigkill_keep_their_processes_and_restore_the_committed_step(etcd, tmp_path, cleanup):  # noqa: F811
+    demo, victim, survivors, t_kill = lose_a_member_of_three(etcd, tmp_path, cleanup, ARGS)
 
     rows = demo.progress()
     for name in survivors:  # one process each, before and after the loss
