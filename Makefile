@@ -39,7 +39,7 @@ REPEAT_ARGS ?=
 
 test-repeat: setup
 	$(BIN)/python -m benchmarks.repeat --runs $(N) --hog $(HOG) $(if $(filter 1,$(RANDOM)),--random) \
-		$(if $(SEED),--seed $(SEED)) $(if $(RESULTS),--results $(RESULTS)) \
+		$(if $(SEED),--seed $(SEED)) $(if $(RESULTS),--results $(RESULTS)) $(if $(filter 1,$(APPEND)),--append) \
 		$(if $(PYTEST_ARGS),--pytest-args="$(PYTEST_ARGS)") $(REPEAT_ARGS)
 
 BENCHMARKS ?= rendezvous agent_overhead reshard planner recovery lease keepalive scale

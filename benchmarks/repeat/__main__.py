@@ -9,6 +9,7 @@ directory, and to benchmarks/results/ only when ``--results NAME`` asks for it.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import shutil
 import subprocess
@@ -48,8 +49,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--work-dir", type=Path, help="where logs and results go (default: a new directory in /tmp)"
     )
     p.add_argument("--results", metavar="NAME", help="also write benchmarks/results/NAME.json")
+    p.add_argument(
+        "--results-dir",
+        type=Path,
+        default=Path(RESULTS),
+        help="where --results goes (default: benchmarks/results)",
+    )
+    p.add_argument(
+        "--append",
+        action="store_true",
+        help="keep the runs already in the --results file and add these (runs spread over days)",
+    )
     p.add_argument("--keep-clones", action="store_true", help="keep each run's clone (default: removed)")
     args = p.parse_args(argv)
+    if args.append and not args.results:
+        p.error("--append adds to the results file named by --results NAME: give it")
     if args.runs < 1 or args.hog < 0 or args.timeout <= 0:
         p.error("--runs must be at least 1, --hog at least 0 and --timeout above 0")
     if subprocess.run(["git", "-C", str(args.repo), "rev-parse", "HEAD"], capture_output=True).returncode:
@@ -78,8 +92,31 @@ def replay(args: argparse.Namespace, seed: int | None) -> str:
     return f"make test PYTEST_ARGS='{joined}'" if joined else "make test"
 
 
+def earlier_runs(path: Path) -> list[dict]:
+    """The runs of an existing results file that ``--append`` adds to ([] when there is none yet)."""
+    if not path.exists():
+        return []
+    try:
+        body = json.loads(path.read_text())
+    except ValueError as e:
+        raise SystemExit(f"{path} is not JSON ({e}): move it away or drop --append") from None
+    runs = body.get("runs") if isinstance(body, dict) else None
+    if not isinstance(runs, list) or body.get("benchmark") != "repeat":
+        raise SystemExit(f"{path} is not a repeat harness results file: choose another --results NAME")
+    return runs
+
+
+def condition(run: dict) -> str:
+    """What a run stood for: the whole suite or a part, idle or beside a hog, fixed or random order."""
+    scope = "part" if run.get("pytest_args") else "suite"
+    load = f"hog{run['hog_cpus']}" if run["hog_cpus"] else "idle"
+    order = "random" if run["seed"] is not None else "fixed"
+    return f"{scope}-{load}-{order}"
+
+
 def summary(args: argparse.Namespace, runs: list[dict]) -> dict:
     per_test = Counter(f["test"] for run in runs for f in run["failures"])
+    passed = Counter(condition(run) for run in runs if not run["failures"])
     return {
         "benchmark": "repeat",
         "settings": {
@@ -92,6 +129,8 @@ def summary(args: argparse.Namespace, runs: list[dict]) -> dict:
         },
         "runs_total": len(runs),
         "runs_failed": sum(1 for run in runs if run["failures"]),
+        "runs_passed_by_condition": dict(sorted(passed.items())),
+        "commits": sorted({run["commit"] for run in runs}),
         "failures_per_test": dict(sorted(per_test.items())),
         "wall_s": [run["wall_s"] for run in runs],
         "runs": runs,
@@ -107,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         args.repo.resolve(), venv, args.pytest_args, args.hog, args.timeout, args.keep_clones
     )
     print(f"work directory: {work}", flush=True)
+    results = args.results_dir / f"{args.results}.json" if args.results else None
+    earlier = earlier_runs(results) if args.append and results else []
     runs = []
     for index, seed in enumerate(seeds(args), 1):
         order = f"random order, seed {seed}" if seed is not None else "fixed order"
@@ -128,10 +169,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  replay: {replay(args, seed)}", flush=True)
     body = {**provenance(), **summary(args, runs), "commit": runs[0]["commit"]}
     print(f"results: {write_json(work / 'repeat.json', body)}")
-    if args.results:
-        print(f"results: {write_json(Path(RESULTS) / f'{args.results}.json', body)}")
     failed = body["runs_failed"]
     print(f"{len(runs) - failed} of {len(runs)} run(s) passed")
+    if results:
+        merged = earlier + [{**run, "index": len(earlier) + run["index"]} for run in runs]
+        everything = {**provenance(), **summary(args, merged), "commit": runs[-1]["commit"]}
+        print(f"results: {write_json(results, everything)}")
+        by_condition = everything["runs_passed_by_condition"]
+        print(f"passed, with the earlier runs of {results.name}, by condition: {by_condition}")
     return 1 if failed else 0
 
 

@@ -119,6 +119,7 @@ def run_once(index: int, settings: RunSettings, seed: int | None, work: Path) ->
     # the plugin, and nothing inherited: a PYTHONPATH naming another checkout would come before the clone
     env = {**os.environ, "PYTHONPATH": str(plugin_dir), ENV_RECORD: str(record)}
     load_start = list(os.getloadavg())
+    date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     hog = start_hog(settings.hog_cpus, settings.timeout_s)
     started = time.monotonic()
     timed_out = False
@@ -155,8 +156,10 @@ def run_once(index: int, settings: RunSettings, seed: int | None, work: Path) ->
     return {
         "index": index,
         "commit": commit,
+        "date": date,
         "seed": seed,
         "hog_cpus": settings.hog_cpus,
+        "pytest_args": settings.pytest_args,
         "wall_s": round(wall_s, 1),
         "returncode": returncode,
         "timed_out": timed_out,

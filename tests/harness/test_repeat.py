@@ -94,3 +94,38 @@ def test_make_passes_pytest_options_that_start_with_a_dash():
     start = argv.index("benchmarks.repeat") + 1
     args = parse_args([*argv[start:], "--repo", str(REPO)])
     assert args.pytest_args == "--durations=40 -x tests/etcd"
+
+
+def test_append_adds_runs_to_the_results_file_and_counts_them_by_condition(tmp_path):
+    """Runs spread over days add up in one results file: each run keeps its own commit, date, order and
+    hog, and the file counts the runs that passed per condition."""
+    repo, results = tiny_repo(tmp_path / "tiny"), tmp_path / "results"
+    where = ["--results", "rep", "--results-dir", str(results), "--append"]
+    first = repeat(repo, tmp_path / "w1", "--pytest-args", "test_tiny.py -k passes", *where)
+    assert first.returncode == 0, first.stdout + first.stderr
+    second = repeat(repo, tmp_path / "w2", "--seed", "7", "--pytest-args", "test_tiny.py -k fails", *where)
+    assert second.returncode == 1, second.stdout + second.stderr
+    body = json.loads((results / "rep.json").read_text())
+    assert [run["index"] for run in body["runs"]] == [1, 2]
+    assert [run["seed"] for run in body["runs"]] == [None, 7]
+    assert all({"commit", "date", "pytest_args"} <= run.keys() for run in body["runs"])
+    assert body["runs_total"] == 2 and body["runs_failed"] == 1
+    assert body["runs_passed_by_condition"] == {"part-idle-fixed": 1}
+    assert body["failures_per_test"] == {"test_tiny.py::test_fails": 1}
+    assert "by condition: {'part-idle-fixed': 1}" in second.stdout
+
+
+def test_append_refuses_a_file_that_is_not_the_harness_results(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "other.json").write_text(json.dumps({"benchmark": "scale", "runs": 3}))
+    argv = [sys.executable, "-m", "benchmarks.repeat", "--results", "other", "--append"]
+    done = subprocess.run(
+        argv + ["--results-dir", str(results), "--repo", str(tiny_repo(tmp_path / "tiny"))],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert "not a repeat harness results file" in done.stdout + done.stderr
