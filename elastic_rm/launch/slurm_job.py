@@ -5,6 +5,12 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
+# A node job past the run's request runs at this Slurm nice value: the scheduler starts every other
+# pending job of the partition first (priority/basic and priority/multifactor both subtract it; a
+# positive nice needs no admin rights).
+GROWTH_NICE = 10000
+GROWTH_MARK = "; past its request"  # ends the comment of such a node job
+
 
 @dataclass(frozen=True)
 class SlurmOptions:
@@ -31,6 +37,10 @@ class SlurmOptions:
     def comment(self) -> str:
         return f"erm launch run {self.run_id}"
 
+    @property
+    def growth_comment(self) -> str:
+        return self.comment + GROWTH_MARK
+
     def batch_script(self) -> str:
         """The batch script: ermrun, exec'ed so that the job's batch signal reaches it, with the Slurm
         node's name as its node id."""
@@ -45,17 +55,20 @@ class SlurmOptions:
             f'--node-id "$SLURMD_NODENAME" {script}\n'
         )
 
-    def sbatch_options(self, exclude: list[str]) -> list[str]:
+    def sbatch_options(self, exclude: list[str], growth: bool = False) -> list[str]:
+        """A node job's options; ``growth``: a node past the run's request, which other jobs go before."""
         opts = [
             "--nodes=1",
             "--ntasks=1",
             "--exclusive",
             "--no-requeue",
             f"--job-name={self.job_name}",
-            f"--comment={self.comment}",
+            f"--comment={self.growth_comment if growth else self.comment}",
             f"--output={self.output}",
             f"--chdir={self.workdir}",
         ]
+        if growth:
+            opts.append(f"--nice={GROWTH_NICE}")
         if self.partition:
             opts.append(f"--partition={self.partition}")
         hosts = sorted(set(self.exclude) | set(exclude))

@@ -13,8 +13,13 @@ executor (elastic_rm.launch.executor), over jobs instead of hosts:
 - a node job that ends while the run is open failed; when Slurm ended it (NODE_FAIL, an admin's cancel)
   or its node is DOWN or DRAIN, its host is blacklisted at once and the replacement excludes it;
 - on start, the run's jobs that Slurm still has (same name and comment) are adopted, not duplicated;
-- every few seconds the run's ``queue`` key gets the nodes that other pending jobs of the run's
-  partitions ask for (``waiting_nodes``): the planner gives nodes back while others wait.
+- the run's ``queue`` key gets the nodes that other pending jobs of the run's partitions ask for
+  (``waiting_nodes``; at once when it changes, else every few seconds): the planner gives nodes back
+  while others wait;
+- growth yields to other jobs: a node job past the run's request (the job description's, else --nnodes'
+  minimum) is submitted with a large ``--nice`` (Slurm starts every other pending job first), and while
+  other jobs of the partition wait, no such job is submitted and the pending ones are cancelled. Other
+  runs' growth jobs are not counted as waiting (they yield as well).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from ..wire.records import ClosedRecord, QueueRecord
 from .executor import Executor, RunState, among
 from .hostfile import Host
 from .slurm_cli import BAD_NODE_STATES, NODE_LOST, Slurm, SlurmError, SlurmJob
-from .slurm_job import SlurmOptions
+from .slurm_job import GROWTH_MARK, GROWTH_NICE, SlurmOptions
 
 QUEUE_EVERY_S = 5.0  # the queue key is rewritten at most this often
 
@@ -35,8 +40,9 @@ QUEUE_EVERY_S = 5.0  # the queue key is rewritten at most this often
 class SlurmNode:
     """One node job: pending, then running on a Slurm node (whose name is the node id), then ended."""
 
-    def __init__(self, job_id: str, state: str = "PENDING", nodes: str = ""):
+    def __init__(self, job_id: str, state: str = "PENDING", nodes: str = "", growth: bool = False):
         self.job_id = job_id
+        self.growth = growth  # past the run's request: niced, cancelled while pending if others wait
         self.state = state
         self.slurm_node = nodes
         self.reason = ""
@@ -85,7 +91,9 @@ class SlurmExecutor(Executor):
         self.slurm, self.options, self.partitions = slurm, options, set(partitions)
         self._clock = clock
         self._queue_at = float("-inf")
-        self.waiting_nodes: int | None = None
+        self.waiting_nodes: int | None = None  # as last written to the queue key
+        self.others_waiting = 0  # nodes other pending jobs of the partitions ask for, at the last poll
+        self._holding = False  # growth held back because others wait (reported once per hold)
         self.submitted = 0
         self._node_names: set[str] | None = None  # every Slurm node's name
         self._ended_ids: set[str] = set()  # our ended nodes' ids, while etcd still lists them (lease)
@@ -100,7 +108,8 @@ class SlurmExecutor(Executor):
         """The run's node jobs that Slurm still has (a restarted erm launch): taken over, not duplicated."""
         found = [j for j in self.slurm.jobs() if self._ours(j) and not j.ended]
         for job in found:
-            node = SlurmNode(job.job_id, job.state, job.nodes)
+            growth = job.comment == self.options.growth_comment
+            node = SlurmNode(job.job_id, job.state, job.nodes, growth=growth)
             self.nodes[job.job_id] = node
             self._emit(
                 "adopt", node.host, f"adopted Slurm job {job.job_id} ({job.state} {job.nodes})".strip()
@@ -108,7 +117,22 @@ class SlurmExecutor(Executor):
         return [j.job_id for j in found]
 
     def _ours(self, job: SlurmJob) -> bool:
-        return job.name == self.options.job_name and job.comment == self.options.comment
+        return job.name == self.options.job_name and job.comment in (
+            self.options.comment,
+            self.options.growth_comment,
+        )
+
+    def _others_waiting(self, jobs: list[SlurmJob]) -> int:
+        """Nodes that other pending jobs of the run's partitions ask for; another run's growth node jobs
+        (niced, yielding themselves) are no demand to give nodes back for."""
+        return sum(
+            j.node_count
+            for j in jobs
+            if j.state == "PENDING"
+            and not self._ours(j)
+            and self.partitions & set(j.partitions)
+            and not (j.name.startswith("erm-") and j.comment.endswith(GROWTH_MARK))
+        )
 
     def tick(self) -> int | None:
         now = self._clock()
@@ -133,7 +157,8 @@ class SlurmExecutor(Executor):
         for host in self._pool.expired_blacklist():
             self._emit("reinstate", host, f"host {host.name} is off the blacklist; it may run a node again")
         self._check_node_health()
-        self._write_queue(jobs, now)
+        self.others_waiting = self._others_waiting(jobs)
+        self._write_queue(now)
         self._report_pending(now)
         self._scale(state)
         return None
@@ -214,15 +239,13 @@ class SlurmExecutor(Executor):
                 self._stop(node, f"{error}; a replacement excludes it")
                 self._blacklist(node.slurm_node, error, at_once=True)
 
-    def _write_queue(self, jobs: list[SlurmJob], now: float) -> None:
-        if now - self._queue_at < QUEUE_EVERY_S:
+    def _write_queue(self, now: float) -> None:
+        """The queue key: at once when the count changed (the planner gives nodes back sooner), else
+        refreshed every QUEUE_EVERY_S."""
+        waiting = self.others_waiting
+        if waiting == self.waiting_nodes and now - self._queue_at < QUEUE_EVERY_S:
             return
         self._queue_at = now
-        waiting = sum(
-            j.node_count
-            for j in jobs
-            if j.state == "PENDING" and not self._ours(j) and self.partitions & set(j.partitions)
-        )
         rec = QueueRecord(
             waiting_nodes=waiting,
             source="erm launch --slurm: nodes that other pending jobs of "
@@ -279,20 +302,61 @@ class SlurmExecutor(Executor):
         d = state.demand
         return bool(self.options.requested_nodes) and (d is None or d.target_nodes <= 0)
 
+    def request(self) -> int:
+        """The nodes the run asks for (the job description's request, else --nnodes' minimum): node jobs
+        past it are growth, which yields to other jobs."""
+        asked = self.options.requested_nodes or self._cfg.min_nodes
+        return max(self._cfg.min_nodes, min(asked, self._cfg.max_nodes))
+
+    def _yield_growth(self, live: list[SlurmNode]) -> list[SlurmNode]:
+        """While other jobs wait: cancel our pending growth node jobs; the live node jobs left."""
+        if self.others_waiting <= 0:
+            return live
+        for node in live:
+            if node.pending and node.growth:
+                self._stop(
+                    node,
+                    f"{self.others_waiting} node(s) wanted by other pending jobs: a node job past the "
+                    f"run's request of {self.request()} yields to them",
+                )
+        return [n for n in live if not n.stopping]
+
+    def _hold(self, holding: bool, target: int) -> None:
+        """Report once when growth is held back for other pending jobs, and once when it resumes."""
+        if holding == self._holding:
+            return
+        self._holding = holding
+        if holding:
+            message = (
+                f"growth to {target} node(s) held: other pending jobs want {self.others_waiting} node(s) "
+                f"and the run has its request of {self.request()}"
+            )
+        else:
+            message = "growth resumes: no other job waits, or the demand is within the request"
+        self._events.emit("launch", message, action="hold" if holding else "resume", target_nodes=target)
+        self._say(message)
+
     def _scale(self, state: RunState) -> None:
         target = self.target(state)
         self._release_stragglers(state)
-        live = [n for n in self.nodes.values() if not n.stopping]
+        live = self._yield_growth([n for n in self.nodes.values() if not n.stopping])
         # an ended node of ours stays registered until its agent's lease expires: not someone else's node
         self._ended_ids = {i for i in self._ended_ids if among(i, state.node_ids)}  # a rejoin's id too
         ours = [n.node_id for n in self.nodes.values() if n.slurm_node] + sorted(self._ended_ids)
         foreign = self.foreign(state, ours)
         why = self.demand_reason(state)
+        held = False
         while len(live) + foreign < target:
-            node = self._submit(state, f"{len(live) + foreign} of {target} node(s) running or pending; {why}")
+            growth = len(live) + foreign >= self.request()
+            if growth and self.others_waiting > 0:
+                held = True
+                break
+            reason = f"{len(live) + foreign} of {target} node(s) running or pending; {why}"
+            node = self._submit(state, reason, growth)
             if node is None:
                 return
             live.append(node)
+        self._hold(held, target)
         surplus = len(live) + foreign - target
         if surplus <= 0:
             return
@@ -338,17 +402,26 @@ class SlurmExecutor(Executor):
                 return sorted(out)
         return sorted(out | (set(state.node_ids) & self._node_names))
 
-    def _submit(self, state: RunState, reason: str) -> SlurmNode | None:
-        options = self.options.sbatch_options(self._exclusions(state))
+    def _submit(self, state: RunState, reason: str, growth: bool = False) -> SlurmNode | None:
+        options = self.options.sbatch_options(self._exclusions(state), growth)
         try:
             job_id = self.slurm.submit(options, self.options.batch_script())
         except SlurmError as exc:
             self._warn(f"sbatch:{exc}", f"{exc}; trying again at the next poll")
             return None
         self.submitted += 1
-        node = SlurmNode(job_id)
+        node = SlurmNode(job_id, growth=growth)
         self.nodes[job_id] = node
-        self._emit("submit", node.host, f"submitted Slurm job {job_id}: {reason}", reason=reason, job=job_id)
+        if growth:
+            reason += f"; past the run's request of {self.request()}: --nice={GROWTH_NICE}"
+        self._emit(
+            "submit",
+            node.host,
+            f"submitted Slurm job {job_id}: {reason}",
+            reason=reason,
+            job=job_id,
+            growth=growth,
+        )
         return node
 
     def _stop(self, node, reason: str) -> None:

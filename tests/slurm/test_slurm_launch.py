@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from elastic_rm.etcd.client import EtcdClient
+from elastic_rm.launch.slurm_job import GROWTH_MARK
 from elastic_rm.wire.keyspace import Keyspace
 from elastic_rm.wire.records import RoundRecord
 from tests.conftest import BIN, REPO
@@ -35,7 +36,10 @@ def test_grows_to_the_wanted_count_reports_the_queue_and_ctrl_c_leaves_nothing(
     assert len(submits) == 3 and max(in_flight) == 3  # no demand yet: --nnodes MAX, never more
     running = {e["host"] for e in actions(events, "running")}
     assert len(running) == 3 and running <= set(slurm.node_names)
-    assert {j["comment"] for j in run_jobs(slurm, run_id)} == {f"erm launch run {run_id}"}
+    # --nnodes' minimum is the run's request without a job description: the third node is growth
+    comments = sorted(j["comment"] for j in run_jobs(slurm, run_id))
+    base = f"erm launch run {run_id}"
+    assert comments == [base, base, base + GROWTH_MARK], comments
 
     # another user's job that cannot start (it wants every node): its nodes wait, ours do not count
     r = slurm.cmd(

@@ -8,7 +8,7 @@ from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.launch.executor import ExecutorConfig
 from elastic_rm.launch.pool import HostPool
 from elastic_rm.launch.slurm_cli import Slurm, parse_jobs
-from elastic_rm.launch.slurm_job import SlurmOptions
+from elastic_rm.launch.slurm_job import GROWTH_MARK, SlurmOptions
 from elastic_rm.launch.slurm_nodes import SlurmExecutor
 from elastic_rm.obs.events import EventLog
 from elastic_rm.wire.keyspace import Keyspace
@@ -79,12 +79,33 @@ def test_waiting_nodes_are_other_pending_jobs_of_the_runs_partitions(etcd, run_i
     )
     with EtcdClient(etcd.endpoint) as client:
         executor = _executor(client, run_id, Slurm(), [])
-        executor._write_queue(jobs, now=100.0)
+        executor.others_waiting = executor._others_waiting(jobs)
+        executor._write_queue(now=100.0)
         kv = client.get(Keyspace("/elastic-rm", run_id).queue)
         rec = QueueRecord.parse("queue", kv.value)
         assert rec.waiting_nodes == 6 and "debug" in rec.source
-        executor._write_queue(jobs[1:2], now=101.0)  # within the refresh interval: not rewritten
-        assert QueueRecord.parse("queue", client.get(kv.key).value).waiting_nodes == 6
+        client.put(kv.key, QueueRecord(waiting_nodes=99, source="marker").to_json())
+        executor._write_queue(now=101.0)  # the same count within the refresh interval: not rewritten
+        assert QueueRecord.parse("queue", client.get(kv.key).value).waiting_nodes == 99
+        executor.others_waiting = executor._others_waiting(jobs[1:2])
+        executor._write_queue(now=102.0)  # a new count: written at once
+        assert QueueRecord.parse("queue", client.get(kv.key).value).waiting_nodes == 4
+
+
+def test_other_runs_growth_node_jobs_are_not_waiting_but_their_requested_ones_are(etcd, run_id):
+    """Another erm run's node job past its request yields by itself: no reason to give nodes back."""
+    other_request = _job(7, "erm-other", "PENDING", "debug", 1)
+    other_growth = {
+        **_job(8, "erm-other", "PENDING", "debug", 1),
+        "comment": "erm launch run other; past its request",
+    }
+    own_growth = {**_job(9, f"erm-{run_id}", "PENDING", "debug", 1)}
+    own_growth["comment"] += GROWTH_MARK
+    jobs = parse_jobs(json.dumps({"jobs": [other_request, other_growth, own_growth]}))
+    with EtcdClient(etcd.endpoint) as client:
+        executor = _executor(client, run_id, Slurm(), [])
+        assert executor._others_waiting(jobs) == 1
+        assert executor._ours(jobs[2])
 
 
 def test_a_failing_squeue_keeps_the_last_value_and_is_reported_once(etcd, run_id, tmp_path):

@@ -1,0 +1,145 @@
+"""Growth past the run's request yields to other jobs on the local Slurm: its node jobs are niced (another
+job submitted later starts first), and while another job waits, pending ones are cancelled and no more are
+submitted until the queue is empty. The executor runs against the real cluster and etcd; its node jobs'
+batch script only sleeps (what ermrun would do in them does not matter to Slurm's queue)."""
+
+from __future__ import annotations
+
+import time
+
+from elastic_rm.etcd.client import EtcdClient
+from elastic_rm.launch.executor import ExecutorConfig
+from elastic_rm.launch.pool import HostPool
+from elastic_rm.launch.slurm_cli import Slurm
+from elastic_rm.launch.slurm_job import GROWTH_MARK, GROWTH_NICE, SlurmOptions
+from elastic_rm.launch.slurm_nodes import SlurmExecutor
+from elastic_rm.obs.events import EventLog
+from elastic_rm.wire.keyspace import Keyspace
+from elastic_rm.wire.records import DemandRecord, QueueRecord
+from tests.slurm.helpers import actions, launch_events
+
+NODES = 6  # tests/slurm/conftest.py's cluster
+
+
+def _executor(client, cluster, run_id: str, tmp_path, request: int) -> SlurmExecutor:
+    sleeper = tmp_path / "python"  # stands in for the python that would run ermrun: the job just holds
+    sleeper.write_text("#!/bin/sh\nexec sleep 300\n")
+    sleeper.chmod(0o755)
+    keys = Keyspace("/elastic-rm", run_id)
+    options = SlurmOptions(
+        run_id=run_id,
+        partition="debug",
+        sbatch_args=(),
+        exclude=(),
+        output=str(tmp_path / "%j.out"),
+        workdir=str(tmp_path),
+        python=str(sleeper),
+        ermrun_flags=(),
+        script=("train.py",),
+        requested_nodes=request,
+    )
+    events = EventLog(run_id, "erm-launch", client=client, keys=keys)
+    return SlurmExecutor(
+        client,
+        keys,
+        HostPool(),
+        Slurm(env=cluster.env()),
+        options,
+        events,
+        ExecutorConfig(1, NODES),
+        lambda message: None,
+        partitions=("debug",),
+    )
+
+
+def _squeue(cluster) -> dict[str, dict]:
+    """Job id -> name, state, nice, priority, comment."""
+    r = cluster.cmd("squeue", "-h", "-o", "%i|%j|%T|%y|%Q|%k")
+    out = {}
+    for line in r.stdout.splitlines():
+        job_id, name, state, nice, prio, comment = line.split("|", 5)
+        out[job_id] = {"name": name, "state": state, "nice": int(nice), "prio": int(prio), "comment": comment}
+    return out
+
+
+def _sbatch(cluster, name: str, nodes: int) -> str:
+    r = cluster.cmd(
+        "sbatch",
+        "--parsable",
+        "-N",
+        str(nodes),
+        "--exclusive",
+        "-J",
+        name,
+        "-o",
+        "/dev/null",
+        "--wrap",
+        "sleep 300",
+    )
+    return r.stdout.strip().split(";")[0]
+
+
+def _wait_state(cluster, job_id: str, state: str) -> None:
+    deadline = time.monotonic() + 30
+    while _squeue(cluster).get(job_id, {}).get("state") != state:
+        assert time.monotonic() < deadline, f"job {job_id} not {state}: {_squeue(cluster)}"
+        time.sleep(0.1)
+
+
+def _fill_and_grow(client, cluster, executor, run_id: str) -> list[str]:
+    """Another user's job holds every node; the leader wants 3 nodes of a run that requests 1: one node
+    job at the run's request, two growth node jobs (all pending). Their job ids, request first."""
+    _wait_state(cluster, _sbatch(cluster, "blocker", NODES), "RUNNING")
+    client.put(Keyspace("/elastic-rm", run_id).demand, DemandRecord(3, "test: grow to 3").to_json())
+    assert executor.tick() is None
+    ids = sorted(executor.nodes, key=int)
+    assert len(ids) == 3 and [executor.nodes[i].growth for i in ids] == [False, True, True]
+    jobs = _squeue(cluster)
+    assert [jobs[i]["nice"] for i in ids] == [0, GROWTH_NICE, GROWTH_NICE], jobs
+    assert [jobs[i]["comment"].endswith(GROWTH_MARK) for i in ids] == [False, True, True], jobs
+    return ids
+
+
+def test_growth_node_jobs_are_niced_so_a_later_job_starts_before_them(slurm, etcd, run_id, tmp_path):
+    with EtcdClient(etcd.endpoint) as client:
+        executor = _executor(client, slurm, run_id, tmp_path, request=1)
+        request, *growth = _fill_and_grow(client, slurm, executor, run_id)
+        later = _sbatch(slurm, "other-user", NODES - 1)  # submitted after the growth jobs, no tick since
+        jobs = _squeue(slurm)
+        assert all(jobs[later]["prio"] > jobs[g]["prio"] for g in growth), jobs
+        blocker = next(i for i, j in jobs.items() if j["name"] == "blocker")
+        slurm.cmd("scancel", blocker)
+        _wait_state(slurm, later, "RUNNING")
+        jobs = _squeue(slurm)
+        # the 6 freed nodes: the run's requested node and the later job; the growth jobs wait
+        assert jobs[request]["state"] == "RUNNING", jobs
+        assert [jobs[g]["state"] for g in growth] == ["PENDING", "PENDING"], jobs
+
+
+def test_pending_growth_is_cancelled_while_another_job_waits(slurm, etcd, run_id, tmp_path):
+    with EtcdClient(etcd.endpoint) as client:
+        executor = _executor(client, slurm, run_id, tmp_path, request=1)
+        request, *growth = _fill_and_grow(client, slurm, executor, run_id)
+        waiting = _sbatch(slurm, "other-user", 2)
+        assert executor.tick() is None
+        jobs = _squeue(slurm)
+        assert request in jobs and not any(jobs.get(g, {}).get("state") == "PENDING" for g in growth), jobs
+        queue = QueueRecord.parse("queue", client.get(Keyspace("/elastic-rm", run_id).queue).value)
+        assert queue.waiting_nodes == 2
+        assert executor.tick() is None and executor.tick() is None
+        assert executor.submitted == 3  # held: nothing submitted while the other job waits
+        slurm.cmd("scancel", waiting)
+        deadline = time.monotonic() + 30
+        while waiting in _squeue(slurm):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert executor.tick() is None
+        assert executor.submitted == 5  # the queue is empty: growth resumes
+        assert sum(n.growth and n.pending for n in executor.nodes.values()) == 2
+        executor._events.flush()
+    events = launch_events(etcd, run_id)
+    stops = actions(events, "stop")
+    assert sorted(s["job"] for s in stops) == sorted(growth)
+    assert all("yields to them" in s["reason"] for s in stops)
+    order = [e.data["action"] for e in events if e.data.get("action") in ("hold", "resume")]
+    assert order == ["hold", "resume"]
