@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 
 from ..etcd.errors import EtcdError
-from ..wire.records import ClosedRecord, QueueRecord
+from ..wire.records import ClosedRecord, QueueRecord, RecordError, RoundRecord
 from .executor import Executor, RunState, among
 from .hostfile import Host
 from .slurm_cli import BAD_NODE_STATES, NODE_LOST, Slurm, SlurmError, SlurmJob
@@ -94,6 +94,7 @@ class SlurmExecutor(Executor):
         self.waiting_nodes: int | None = None  # as last written to the queue key
         self.others_waiting = 0  # nodes other pending jobs of the partitions ask for, at the last poll
         self._holding = False  # growth held back because others wait (reported once per hold)
+        self._rounds_read = False  # the run's round records, read once it closed (_note_round_members)
         self.submitted = 0
         self._node_names: set[str] | None = None  # every Slurm node's name
         self._ended_ids: set[str] = set()  # our ended nodes' ids, while etcd still lists them (lease)
@@ -153,6 +154,8 @@ class SlurmExecutor(Executor):
         self._note_registrations(state)
         self._enforce_stop_deadlines(now)
         if state.closed is not None:
+            if not self._rounds_read:
+                self._rounds_read = self._note_round_members()
             return self._closing(state.closed, now)
         for host in self._pool.expired_blacklist():
             self._emit("reinstate", host, f"host {host.name} is off the blacklist; it may run a node again")
@@ -486,6 +489,29 @@ class SlurmExecutor(Executor):
                     )
             time.sleep(0.2)
         self.nodes.clear()
+
+    def _note_round_members(self) -> bool:
+        """A node job whose node was ever a member or standby of one of the run's rounds joined it, even if
+        its agent registered and left between two polls (a short run's last one): it gets --exit-grace to
+        finish. Read from the round records once the run closed; False when etcd could not say."""
+        try:
+            kvs, _ = self._client.get_prefix(self._keys.rounds)
+        except EtcdError as exc:
+            self._warn("rounds", f"cannot read the run's rounds ({exc}); joined nodes judged from polls")
+            return False
+        joined: set[str] = set()
+        for kv in kvs:
+            if not kv.key.endswith("/record"):
+                continue
+            try:
+                rnd = RoundRecord.parse(kv.key, kv.value)
+            except RecordError:
+                continue  # the leader reports a malformed record; it names no node here
+            joined.update(rnd.members, rnd.standby)
+        for node in self.nodes.values():
+            if node.slurm_node and among(node.node_id, joined):
+                node.registered = True
+        return True
 
     def _closing(self, closed: ClosedRecord, now: float) -> int | None:
         """Node jobs that never joined the run (still pending, or still starting) have nothing to finish:

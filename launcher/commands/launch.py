@@ -342,13 +342,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_slurm(args: argparse.Namespace) -> int:
     from elastic_rm.launch.slurm_cli import SlurmError
-    from launcher.commands.launch_slurm import check_slurm, execute_slurm
+    from launcher.commands.launch_slurm import check_slurm, execute_slurm, job_file_of
 
     try:
         ns, flags, script = _ermrun_command_line(args)
         nnodes = _nnodes(ns)
         settings = _settings(ns, *nnodes)
-        checked = check_slurm(args, ns.rdzv_id, flags, script, ns.job)
+        checked = check_slurm(args, ns.rdzv_id, flags, script, job_file_of(ns))
         client = _connect(settings, ns.rdzv_id)
     except SystemExit as exc:
         return int(exc.code or 2)

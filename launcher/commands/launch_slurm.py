@@ -84,6 +84,15 @@ def _options(args: argparse.Namespace, run_id: str, flags: list[str], script: li
     )
 
 
+def job_file_of(ns: argparse.Namespace) -> str | None:
+    """The job description the nodes will read: ermrun's --job, else its --rdzv-conf job_file=."""
+    if ns.job:
+        return ns.job
+    from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
+
+    return _parse_rendezvous_config(ns.rdzv_conf or "").get("job_file") or None
+
+
 def _requested_nodes(job_file: str | None, workdir: str) -> int | None:
     """The nodes the job description requests, read here as the nodes will (relative to --workdir); None
     when there is none or it cannot be read here (the nodes' leader then reports what is wrong with it)."""

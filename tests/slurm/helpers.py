@@ -8,7 +8,12 @@ import os
 import psutil
 
 from elastic_rm.etcd.client import EtcdClient
-from elastic_rm.obs.events import read_etcd
+from elastic_rm.launch.executor import ExecutorConfig
+from elastic_rm.launch.pool import HostPool
+from elastic_rm.launch.slurm_cli import Slurm
+from elastic_rm.launch.slurm_job import SlurmOptions
+from elastic_rm.launch.slurm_nodes import SlurmExecutor
+from elastic_rm.obs.events import EventLog, read_etcd
 from elastic_rm.wire.keyspace import Keyspace
 from tests.conftest import BIN, REPO, Proc
 from tests.e2e.helpers import records
@@ -94,3 +99,36 @@ def queue_record(etcd, run_id) -> dict | None:
     with EtcdClient(etcd.endpoint) as client:
         kv = client.get(Keyspace("/elastic-rm", run_id).queue)
     return json.loads(kv.value) if kv is not None else None
+
+
+def sleeper_executor(client, cluster, run_id: str, tmp_path, request: int, nodes: int = 6) -> SlurmExecutor:
+    """The Slurm executor of a run on ``cluster``, driven by the test's calls to tick(); its node jobs'
+    batch script only sleeps (what ermrun would do in them does not matter to Slurm's queue)."""
+    sleeper = tmp_path / "python"  # stands in for the python that would run ermrun: the job just holds
+    sleeper.write_text("#!/bin/sh\nexec sleep 300\n")
+    sleeper.chmod(0o755)
+    keys = Keyspace("/elastic-rm", run_id)
+    options = SlurmOptions(
+        run_id=run_id,
+        partition="debug",
+        sbatch_args=(),
+        exclude=(),
+        output=str(tmp_path / "%j.out"),
+        workdir=str(tmp_path),
+        python=str(sleeper),
+        ermrun_flags=(),
+        script=("train.py",),
+        requested_nodes=request,
+    )
+    events = EventLog(run_id, "erm-launch", client=client, keys=keys)
+    return SlurmExecutor(
+        client,
+        keys,
+        HostPool(),
+        Slurm(env=cluster.env()),
+        options,
+        events,
+        ExecutorConfig(1, nodes, exit_grace_s=60),
+        lambda message: None,
+        partitions=("debug",),
+    )

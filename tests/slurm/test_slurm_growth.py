@@ -1,55 +1,19 @@
 """Growth past the run's request yields to other jobs on the local Slurm: its node jobs are niced (another
 job submitted later starts first), and while another job waits, pending ones are cancelled and no more are
 submitted until the queue is empty. The executor runs against the real cluster and etcd; its node jobs'
-batch script only sleeps (what ermrun would do in them does not matter to Slurm's queue)."""
+batch script only sleeps (tests/slurm/helpers.py: sleeper_executor)."""
 
 from __future__ import annotations
 
 import time
 
 from elastic_rm.etcd.client import EtcdClient
-from elastic_rm.launch.executor import ExecutorConfig
-from elastic_rm.launch.pool import HostPool
-from elastic_rm.launch.slurm_cli import Slurm
-from elastic_rm.launch.slurm_job import GROWTH_MARK, GROWTH_NICE, SlurmOptions
-from elastic_rm.launch.slurm_nodes import SlurmExecutor
-from elastic_rm.obs.events import EventLog
+from elastic_rm.launch.slurm_job import GROWTH_MARK, GROWTH_NICE
 from elastic_rm.wire.keyspace import Keyspace
 from elastic_rm.wire.records import DemandRecord, QueueRecord
-from tests.slurm.helpers import actions, launch_events
+from tests.slurm.helpers import actions, launch_events, sleeper_executor
 
 NODES = 6  # tests/slurm/conftest.py's cluster
-
-
-def _executor(client, cluster, run_id: str, tmp_path, request: int) -> SlurmExecutor:
-    sleeper = tmp_path / "python"  # stands in for the python that would run ermrun: the job just holds
-    sleeper.write_text("#!/bin/sh\nexec sleep 300\n")
-    sleeper.chmod(0o755)
-    keys = Keyspace("/elastic-rm", run_id)
-    options = SlurmOptions(
-        run_id=run_id,
-        partition="debug",
-        sbatch_args=(),
-        exclude=(),
-        output=str(tmp_path / "%j.out"),
-        workdir=str(tmp_path),
-        python=str(sleeper),
-        ermrun_flags=(),
-        script=("train.py",),
-        requested_nodes=request,
-    )
-    events = EventLog(run_id, "erm-launch", client=client, keys=keys)
-    return SlurmExecutor(
-        client,
-        keys,
-        HostPool(),
-        Slurm(env=cluster.env()),
-        options,
-        events,
-        ExecutorConfig(1, NODES),
-        lambda message: None,
-        partitions=("debug",),
-    )
 
 
 def _squeue(cluster) -> dict[str, dict]:
@@ -102,7 +66,7 @@ def _fill_and_grow(client, cluster, executor, run_id: str) -> list[str]:
 
 def test_growth_node_jobs_are_niced_so_a_later_job_starts_before_them(slurm, etcd, run_id, tmp_path):
     with EtcdClient(etcd.endpoint) as client:
-        executor = _executor(client, slurm, run_id, tmp_path, request=1)
+        executor = sleeper_executor(client, slurm, run_id, tmp_path, request=1)
         request, *growth = _fill_and_grow(client, slurm, executor, run_id)
         later = _sbatch(slurm, "other-user", NODES - 1)  # submitted after the growth jobs, no tick since
         jobs = _squeue(slurm)
@@ -118,7 +82,7 @@ def test_growth_node_jobs_are_niced_so_a_later_job_starts_before_them(slurm, etc
 
 def test_pending_growth_is_cancelled_while_another_job_waits(slurm, etcd, run_id, tmp_path):
     with EtcdClient(etcd.endpoint) as client:
-        executor = _executor(client, slurm, run_id, tmp_path, request=1)
+        executor = sleeper_executor(client, slurm, run_id, tmp_path, request=1)
         request, *growth = _fill_and_grow(client, slurm, executor, run_id)
         waiting = _sbatch(slurm, "other-user", 2)
         assert executor.tick() is None

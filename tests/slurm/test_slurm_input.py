@@ -148,3 +148,23 @@ def test_the_stragglers_a_round_drops_are_its_records_field():
     assert back.stragglers == ("b3",)
     assert RoundRecord(round=1, members=("b1",)).stragglers == ()  # written by a leader without the field
     assert RoundRecord(round=1, members=("b1",), extra={STRAGGLERS: "b3"}).stragglers == ()  # malformed
+
+
+@pytest.mark.parametrize("how", [["--job", "job.json"], ["--rdzv-conf", f"{CONF},job_file=job.json"]])
+def test_the_job_descriptions_request_is_read_from_job_or_rdzv_conf_job_file(
+    tmp_path, run_id, etcd, slurm, how, monkeypatch
+):
+    """Before the leader's first demand the run asks for the description's request, however it is given."""
+    from launcher.commands.launch import _ermrun_command_line
+    from launcher.commands.launch_slurm import check_slurm, job_file_of
+    from launcher.erm import build_parser
+
+    (tmp_path / "job.json").write_text(json.dumps({"request": {"nodes": 3}}))
+    argv = ["launch", "--slurm", "--workdir", str(tmp_path), "--nnodes", "1:4"]
+    argv += ["--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, *how, WORKER]
+    args = build_parser("launch").parse_args(argv)
+    ns, flags, script = _ermrun_command_line(args)
+    monkeypatch.setenv("SLURM_CONF", slurm.env()["SLURM_CONF"])
+    _, options, _ = check_slurm(args, ns.rdzv_id, flags, script, job_file_of(ns))
+    assert options.requested_nodes == 3
+    assert run_jobs(slurm, run_id) == []  # checked with --test-only: nothing submitted
