@@ -18,8 +18,11 @@ from pathlib import Path
 
 from benchmarks.common import write_result
 from benchmarks.slurm_jobs.trace import NODES, STEP_S, TRACE, TraceJob, requested_load
+from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.etcd.server import EtcdServer
+from elastic_rm.obs.events import Event, read_etcd
 from elastic_rm.proc import kill_tree
+from elastic_rm.wire.keyspace import Keyspace
 from tests.slurm.cluster import SlurmCluster, why_not
 
 REPO = Path(__file__).resolve().parents[2]
@@ -128,9 +131,9 @@ class PolicyRun:
     """One policy over the trace on its own cluster: submits each job at its arrival, records its first
     step, its end, and the nodes Slurm gives it (sampled from squeue)."""
 
-    def __init__(self, policy: str, cluster: SlurmCluster, etcd, root: Path, tag: str):
+    def __init__(self, policy: str, cluster: SlurmCluster, etcd, root: Path, tag: str, count: int):
         self.policy, self.cluster, self.etcd, self.root = policy, cluster, etcd, root
-        self.tag = tag
+        self.tag, self.count = tag, count  # count: the jobs of the trace
         self.jobs: dict[str, dict] = {}
         self.procs: list[subprocess.Popen] = []
         self.slurm_ids: list[str] = []
@@ -203,7 +206,7 @@ class PolicyRun:
             row["max_nodes"] = max(row["max_nodes"], n)
 
     def finished(self) -> bool:
-        return len(self.jobs) == len(TRACE) and all(r["end"] is not None for r in self.jobs.values())
+        return len(self.jobs) == self.count and all(r["end"] is not None for r in self.jobs.values())
 
     def stop(self) -> None:
         """Every erm launch by its pid (SIGTERM: it stops its node jobs), then anything Slurm still has."""
@@ -235,9 +238,82 @@ class PolicyRun:
         return out
 
 
-def run_round(etcd, clusters: dict[str, SlurmCluster], root: Path, tag: str, timeout_s: float, trace) -> dict:
+def give_backs(events: list[Event], arrivals: list[float]) -> list[dict]:
+    """The path by which a grown run gives nodes back to a queue, from its events: each time the run's
+    queue key turned non-zero (the executor's ``queue`` event), how long since another run last submitted
+    its first node job (``arrivals``: squeue's refresh and the queue key's write), to the leader's next
+    smaller demand (``demand``), to the launcher's stop of a node the round no longer uses (the drain) and
+    to that node job's end in Slurm. ``given_back`` False: the queue emptied first (or the run ended)
+    without a smaller demand."""
+    out, chain, demand = [], None, None
+    for e in events:
+        d, action = e.data, e.data.get("action")
+        if e.kind == "launch" and action == "queue":
+            waiting = d.get("waiting_nodes", 0)
+            if waiting > 0 and chain is None:
+                before = [a for a in arrivals if a <= e.time]
+                chain = {"t": e.time, "waiting_nodes": waiting, "demand_before": demand, "given_back": False}
+                chain["since_submit_s"] = e.time - max(before) if before else None
+            elif waiting == 0 and chain is not None:
+                out.append(chain)
+                chain = None
+        elif e.kind == "demand":
+            new = d.get("target_nodes")
+            if chain is not None and "decision_s" not in chain and demand and new and new < demand:
+                chain.update(decision_s=e.time - chain["t"], demand_after=new, t_decision=e.time)
+            demand = new
+        elif e.kind == "launch" and action == "stop" and chain is not None and "t_decision" in chain:
+            if "drain_s" not in chain and "neither uses" in d.get("reason", ""):
+                chain.update(drain_s=e.time - chain["t_decision"], job=d.get("job"), t_stop=e.time)
+        elif e.kind == "launch" and action == "stopped" and chain is not None and "t_stop" in chain:
+            if d.get("job") == chain["job"] and "ended_s" not in chain:
+                chain.update(ended_s=e.time - chain["t_stop"], given_back=True)
+                chain["total_s"] = e.time - chain["t"]
+    if chain is not None:
+        out.append(chain)
+    for c in out:
+        c.pop("t_decision", None)
+        c.pop("t_stop", None)
+    return out
+
+
+def collect_give_backs(etcd, run: PolicyRun, t0: float) -> dict[str, list[dict]]:
+    """Per elastic job, its give-back chains (give_backs), times from the round's start."""
+    with EtcdClient(etcd.endpoint) as client:
+        events = {n: read_etcd(client, Keyspace("/elastic-rm", r["run_id"]))[0] for n, r in run.jobs.items()}
+    first_submit = {
+        n: min((e.time for e in evs if e.kind == "launch" and e.data.get("action") == "submit"), default=None)
+        for n, evs in events.items()
+    }
+    out = {}
+    for name, evs in events.items():
+        others = [t for n, t in first_submit.items() if n != name and t is not None]
+        chains = give_backs(evs, others)
+        for c in chains:
+            c["t"] -= t0
+        out[name] = chains
+    return out
+
+
+def give_back_summary(rounds: list[dict]) -> dict:
+    """Medians and maxima of each stage over every give-back of every round; how many queues got none."""
+    chains = [c for r in rounds for job in r.get("give_backs", {}).values() for c in job]
+    done = [c for c in chains if c["given_back"]]
+    out = {"queued_while_running": len(chains), "given_back": len(done)}
+    for stage in ("since_submit_s", "decision_s", "drain_s", "ended_s", "total_s"):
+        values = [
+            c[stage] for c in (done if stage != "since_submit_s" else chains) if c.get(stage) is not None
+        ]
+        if values:
+            out[stage] = {"median": statistics.median(values), "max": max(values), "n": len(values)}
+    return out
+
+
+def run_round(
+    etcds: dict, clusters: dict[str, SlurmCluster], root: Path, tag: str, timeout_s: float, trace
+) -> dict:
     """Both policies at once over the trace; returns per policy its job rows, and the load averages."""
-    runs = {p: PolicyRun(p, clusters[p], etcd, root / p, tag) for p in POLICIES}
+    runs = {p: PolicyRun(p, clusters[p], etcds[p], root / p, tag, len(trace)) for p in POLICIES}
     pending = sorted(trace, key=lambda j: j.submit_s)
     loads: list[float] = []
     t0 = last = time.time()
@@ -265,6 +341,7 @@ def run_round(etcd, clusters: dict[str, SlurmCluster], root: Path, tag: str, tim
             run.stop()
     return {
         "jobs": {p: r.rows() for p, r in runs.items()},
+        "give_backs": collect_give_backs(etcds["elastic"], runs["elastic"], t0),
         "load_avg_1m": loads,
         "timed_out": timed_out,
         "wall_s": time.time() - t0,
@@ -327,7 +404,7 @@ def _interrupt(signum, frame):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--rounds", type=int, default=2, help="times the comparison runs (default 2)")
+    ap.add_argument("--rounds", type=int, default=1, help="times the comparison runs (default 1)")
     ap.add_argument("--timeout-s", type=float, default=1800, help="bound on each round's wall time")
     ap.add_argument("--jobs", type=int, default=len(TRACE), help="only the first N jobs of the trace (a try)")
     ap.add_argument("--name", default="slurm-jobs", help="results file benchmarks/results/<name>.json")
@@ -344,15 +421,22 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="erm-bench-slurm-jobs-"))
     rounds = []
     try:
-        with EtcdServer() as etcd, SlurmCluster(NODES) as a, SlurmCluster(NODES) as b:
-            clusters = {"static": a, "elastic": b}
+        with (
+            EtcdServer() as etcd_a,
+            EtcdServer() as etcd_b,
+            SlurmCluster(NODES) as a,
+            SlurmCluster(NODES) as b,
+        ):
+            clusters, etcds = {"static": a, "elastic": b}, {"static": etcd_a, "elastic": etcd_b}
             for i in range(args.rounds):
                 print(f"round {i + 1} of {args.rounds}", flush=True)
-                rounds.append(run_round(etcd, clusters, root / f"round{i}", str(i), args.timeout_s, trace))
+                rounds.append(run_round(etcds, clusters, root / f"round{i}", str(i), args.timeout_s, trace))
                 clusters = {"static": clusters["elastic"], "elastic": clusters["static"]}  # swap clusters
+                etcds = {"static": etcds["elastic"], "elastic": etcds["static"]}
     finally:
         shutil.rmtree(root, ignore_errors=True)
     result = summary(rounds, trace)
+    result["give_back"] = give_back_summary(rounds)
     result["rounds"] = rounds
     loads = [x for r in rounds for x in r["load_avg_1m"]]
     result["load_avg_1m"] = {"mean": mean(loads), "max": max(loads, default=None)}
@@ -391,6 +475,7 @@ def main() -> int:
         f"worst job {result['max_job_ratio'] or 0:.2f}x (target {TARGET_PER_JOB}x); "
         f"load average {result['load_avg_1m']}"
     )
+    print(f"give-backs to a queue (stage: median, max): {json.dumps(result['give_back'])}")
     print("wrote", write_result(args.name, result))
     return 0
 
