@@ -18,8 +18,8 @@ from pathlib import Path
 
 import psutil
 
+from elastic_rm.checkpoint.node_memory import ENV_MEMORY_ROOT
 from elastic_rm.proc import kill_tree
-from elastic_rm.train.paths import ENV_MEMORY_ROOT
 
 ENV_SESSION = "ERM_TEST_SESSION"
 WAIT_S = 15.0  # processes get this long to finish exiting (watchdogs clean up after their owners)

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import fmt, write_result
-from elastic_rm.agent.local_ckpt_servers import node_servers, peer_lists
+from elastic_rm.checkpoint.local_servers import node_servers, peer_lists
 
 REPO = Path(__file__).resolve().parents[2]
 PEAK_FACTOR = 6  # peak memory of the full mode, in multiples of the state (module docstring)

@@ -28,6 +28,10 @@ from torchrec.datasets.utils import Batch
 from torchrec.models.dlrm import DLRM, DLRMTrain
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
+from elastic_rm.checkpoint.collectives import all_gather_json
+from elastic_rm.checkpoint.manifest import MANIFEST, committed_steps, step_dirname
+from elastic_rm.checkpoint.peers import PEERS_ENV
+from elastic_rm.checkpoint.snapshot import local_pieces
 from elastic_rm.train import (
     FlashCheckpointer,
     FlashConfig,
@@ -37,10 +41,6 @@ from elastic_rm.train import (
     plan_sharding,
     wrap_model,
 )
-from elastic_rm.train.collectives import all_gather_json
-from elastic_rm.train.manifest import MANIFEST, committed_steps, step_dirname
-from elastic_rm.train.peers import PEERS_ENV
-from elastic_rm.train.snapshot import local_pieces
 from elastic_rm.train.state_digest import digest_hex, piece_digest
 
 FILL_ROWS = 1 << 16

@@ -40,8 +40,8 @@ def plan_times(runs: int) -> dict:
     from torchrec.distributed.planner.proposers import GreedyProposer
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
+    from elastic_rm.checkpoint.plan_record import plan_digest
     from elastic_rm.train import WorldTopology, plan_sharding
-    from elastic_rm.train.sharding import plan_digest
 
     example = _example()
 

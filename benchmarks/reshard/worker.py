@@ -26,10 +26,10 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
+from elastic_rm.checkpoint.peers import PEERS_ENV, PeerEndpoint
+from elastic_rm.checkpoint.snapshot import app_state, load_app_state, local_pieces
+from elastic_rm.checkpoint.sources import DirectorySource, HttpPeerSource
 from elastic_rm.train import FlashCheckpointer, FlashConfig, WorldTopology, plan_sharding, wrap_model
-from elastic_rm.train.peers import PEERS_ENV, PeerEndpoint
-from elastic_rm.train.snapshot import app_state, load_app_state, local_pieces
-from elastic_rm.train.sources import DirectorySource, HttpPeerSource
 
 CHUNK = 1 << 16
 
@@ -233,7 +233,7 @@ def network_vs_memory(spec: dict[str, Any], ckpt: FlashCheckpointer, dmp: Any, r
 
 
 def plan_summary_ebc(plan: Any) -> dict[str, Any]:
-    from elastic_rm.train.sharding import plan_summary
+    from elastic_rm.checkpoint.plan_record import plan_summary
 
     return plan_summary(plan)["ebc"]
 

@@ -34,11 +34,11 @@ from torch.distributed.elastic.multiprocessing.api import PContext
 from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
 from ..background import Background
+from ..checkpoint.node_memory import run_memory_dir
 from ..guard import Watchdog
 from ..obs.events import EventLog
 from ..rendezvous.etcd_store import RoundSupersededError, RunClosedError
 from ..rendezvous.services import WITHOUT_SERVICES, NodeServices
-from ..train.paths import run_memory_dir
 from ..wire.channel import ENV_ROUND
 from ..wire.metrics import encode_record
 from ..wire.records import RoundRecord

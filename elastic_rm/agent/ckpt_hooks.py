@@ -12,10 +12,10 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from ..train.paths import run_memory_dir
-from ..train.peer_tls import TLS_ENV, encode_tls
-from ..train.peers import PEERS_ENV, PeerEndpoint, encode_peers
-from .ckpt_server import CheckpointServer
+from ..checkpoint.node_memory import run_memory_dir
+from ..checkpoint.peer_tls import TLS_ENV, encode_tls
+from ..checkpoint.peers import PEERS_ENV, PeerEndpoint, encode_peers
+from ..checkpoint.server import CheckpointServer
 
 if TYPE_CHECKING:
     from ..rendezvous.services import NodeServices

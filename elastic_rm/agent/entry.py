@@ -24,9 +24,9 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 from torch.distributed.launcher.api import LaunchConfig, _get_addr_and_port, _get_entrypoint_name
 
+from ..checkpoint import owners
+from ..checkpoint.node_memory import remove_node_memory, run_memory_dir
 from ..rendezvous.registration import node_services, register
-from ..train import owners
-from ..train.paths import remove_node_memory, run_memory_dir
 from ..train.world_sizes import ENV_NNODES
 from .agent import AgentOptions, ElasticRMAgent
 

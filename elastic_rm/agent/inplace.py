@@ -33,8 +33,8 @@ from collections.abc import Callable
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 
+from ..checkpoint.peers import PEERS_ENV
 from ..obs.events import EventLog
-from ..train.peers import PEERS_ENV
 from ..wire.channel import (
     ENV_ROUND,
     KIND_FAILED,

@@ -15,9 +15,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint.manifest import (
+    MANIFEST,
+    CorruptCheckpointError,
+    committed_steps,
+    parse_manifest,
+    step_dirname,
+)
+from ..checkpoint.peers import PeerClient, PeerEndpoint, PeerError
 from ..train.ledger import LedgerError, RangeLedger
-from ..train.manifest import MANIFEST, CorruptCheckpointError, committed_steps, parse_manifest, step_dirname
-from ..train.peers import PeerClient, PeerEndpoint, PeerError
 from ..wire.records import LedgerRecord
 
 log = logging.getLogger(__name__)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint.manifest import MANIFEST, committed_steps, step_dirname
 from ..obs.events import EventLog
-from ..train.manifest import MANIFEST, committed_steps, step_dirname
 from ..wire.records import RoundRecord
 
 

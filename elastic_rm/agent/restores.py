@@ -1,7 +1,7 @@
 """The agent's "restore" events: what its workers restored after a round change (step, the world that
 saved and the world that loaded, where each file came from), the steps trained again and the downtime.
 
-Each worker reports after its first step that follows a restore (:mod:`elastic_rm.train.restore_report`,
+Each worker reports after its first step that follows a restore (:mod:`elastic_rm.train.report`,
 over the worker channel). The agent knows what the workers cannot: the newest step its old workers
 completed and when. Downtime is from that step's end to the end of the first step after the restore (the
 node's slowest worker), the same span `erm demo` measures from rank 0's progress lines; steps trained

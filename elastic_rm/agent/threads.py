@@ -5,7 +5,7 @@ otherwise, and torchrun sets it (to 1) only for more than one worker per node. S
 then each run as many threads as there are cores: they oversubscribe the CPU and a scale-up measures as a
 loss. The agent sets ``OMP_NUM_THREADS`` for its workers from the node's share: ``--cpu-limit``, else the
 usable cores divided by the nodes of the run on this machine (their node-memory claims,
-elastic_rm.train.owners), divided by the workers per node. A user's own ``OMP_NUM_THREADS`` wins.
+elastic_rm.checkpoint.owners), divided by the workers per node. A user's own ``OMP_NUM_THREADS`` wins.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def set_worker_env(
     """Choose for this node, set OMP_NUM_THREADS in this process's environment (workers inherit it) and
     say so in the event log when it differs from ``said``; the threads per worker. The nodes here are the
     run's live node-memory claims on this machine (each agent makes one)."""
-    from ..train.owners import live_owners
+    from ..checkpoint.owners import live_owners
 
     choice = choose(nproc, cpu_limit, len(live_owners(run_dir)) or 1, usable_cores())
     os.environ[ENV] = str(choice.threads)

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..agent import cgroup as cg
+from ..checkpoint.node_memory import remove_node_memory, run_memory_dir
 from ..etcd.server import EtcdServer
-from ..train.paths import remove_node_memory, run_memory_dir
 from .checks import checks
 from .harness import DEFAULT_JOB, DEFAULT_SCRIPT, Demo, new_workdir
 from .readers import decisions_from_etcd, outcomes_from_etcd, rounds_from_etcd

@@ -12,10 +12,10 @@ import logging
 import time
 from collections.abc import Callable
 
+from ..checkpoint.peer_tls import PeerTls
 from ..etcd.client import EtcdClient
 from ..obs.events import EventLog
 from ..planner.interface import NodeMetrics
-from ..train.peer_tls import PeerTls
 from ..wire.metrics_gate import PublishGate
 from ..wire.records import LedgerRecord, NodeRecord, RecordError, RoundRecord
 from .history_record import build_history_record

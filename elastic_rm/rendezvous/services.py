@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from ..checkpoint.peer_tls import PeerTls
 from ..obs.events import EventLog
-from ..train.peer_tls import PeerTls
 from ..wire.records import LedgerRecord, NodeRecord, RoundRecord
 
 # What an agent without node services (torch's own rendezvous backends) runs without; it logs this.
@@ -96,7 +96,7 @@ class NodeServices(Protocol):
     @property
     def checkpoint_tls(self) -> tuple[PeerTls | None, bool]:
         """(the TLS files of the checkpoint transport, whether TLS is required): the etcd client's CA and
-        pair when ``ckpt_tls`` is auto or required (train/peer_tls.py)."""
+        pair when ``ckpt_tls`` is auto or required (checkpoint/peer_tls.py)."""
         ...
 
     def checkpoint_peers(self) -> dict[str, tuple[str, int, str]]:

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
+from ..checkpoint.peer_tls import PeerTls, peer_tls
 from ..etcd.client import TlsOptions, parse_endpoints
 from ..planner.job import reject_unknown
-from ..train.peer_tls import PeerTls, peer_tls
 from ..wire.keyspace import DEFAULT_PREFIX, Keyspace, validate_name
 
 log = logging.getLogger(__name__)

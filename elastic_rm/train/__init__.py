@@ -1,6 +1,7 @@
 """Worker side of elastic TorchRec: sharding for the world at hand, flash checkpoint with resharding
 restore, exactly-once dynamic data sharding. See docs/train.md.
 
+The flash checkpoint's names come from :mod:`elastic_rm.checkpoint`, the package below this one.
 Names are imported lazily, so `import elastic_rm.train.<light module>` does not pay for torchrec.
 """
 
@@ -10,17 +11,17 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "FlashCheckpointer": "checkpoint",
-    "FlashConfig": "checkpoint",
-    "SaveStats": "checkpoint",
-    "CorruptCheckpointError": "manifest",
-    "RestoreResult": "restore",
+    "FlashCheckpointer": "elastic_rm.checkpoint.flash",
+    "FlashConfig": "elastic_rm.checkpoint.flash",
+    "SaveStats": "elastic_rm.checkpoint.flash",
+    "CorruptCheckpointError": "elastic_rm.checkpoint.manifest",
+    "RestoreResult": "elastic_rm.checkpoint.restore",
     "ElasticPlanError": "sharding",
     "ElasticRules": "sharding",
     "WorldTopology": "sharding",
     "check_plan_agreement": "sharding",
     "plan_sharding": "sharding",
-    "plan_summary": "sharding",
+    "plan_summary": "elastic_rm.checkpoint.plan_record",
     "wrap_model": "sharding",
     "dense_parameters": "sharding",
     "RangeLedger": "ledger",
@@ -44,4 +45,5 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'elastic_rm.train' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"elastic_rm.train.{module}"), name)
+    full = module if "." in module else f"elastic_rm.train.{module}"
+    return getattr(importlib.import_module(full), name)

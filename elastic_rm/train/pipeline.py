@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from .checkpoint import FlashCheckpointer, FlashConfig
+from ..checkpoint.flash import FlashCheckpointer, FlashConfig
 from .ledger import GlobalBatches, RangeLedger
 from .report import get_reporter
 from .rounds import Round, rounds

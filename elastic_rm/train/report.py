@@ -22,7 +22,9 @@ its peers: the agent terminates it after the grace period, as torchrun would. Ev
 ``sync_every`` and call :meth:`StepReporter.step` once per step.
 
 Wire format (struct-packed, little endian, no pickle): :mod:`elastic_rm.wire.channel` (agent side:
-:mod:`elastic_rm.agent.channel`); a restore report: :mod:`elastic_rm.wire.restore`.
+:mod:`elastic_rm.agent.channel`); a restore report: :mod:`elastic_rm.wire.restore`, sent after the next step
+for every restore the flash checkpoint makes in this process (it listens through
+:mod:`elastic_rm.checkpoint.restore_report`).
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ import socket
 import struct
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..checkpoint.restore_report import listen_for_restores
 from ..wire.channel import (
     ACK,
     ACK_HOOK_FAILED,
@@ -44,19 +47,25 @@ from ..wire.channel import (
     CONTROL,
     CONTROL_NAME,
     ENV_AGENT_DIR,
+    ENV_ROUND,
     HEADER,
     KIND_ACK,
     KIND_BYE,
     KIND_HELLO,
+    KIND_RESTORED,
     KIND_STEPS,
     MAGIC,
     SOCKET_NAME,
     STEPS,
     VERSION,
 )
+from ..wire.restore import encode_restored
 from .busy_clock import BusyClock
 from .worker_env import env_int as _env_int
 from .worker_env import world_size as _world_size
+
+if TYPE_CHECKING:
+    from ..checkpoint.restore import RestoreResult
 
 MAX_BATCH = 1024  # steps that trigger a send before the interval is up (fast steps)
 MAX_PENDING = 4096  # steps kept while the agent is not reading (32 KiB); beyond, the oldest are dropped
@@ -409,3 +418,27 @@ def get_reporter(**kwargs: Any) -> StepReporter:
             "get_reporter() was already called with other arguments; pass them on the first call only"
         )
     return _REPORTER
+
+
+def _report_restore(result: RestoreResult, world_after: int) -> None:
+    """Set the reporter's global step to the restored one; its agent hears the report after the next step
+    (now, or when the script makes its reporter after restoring). A process that trained before the restore
+    (a round in place) says its newest step: that step, not the agent's last report, starts the downtime."""
+
+    def tell(reporter: StepReporter) -> None:
+        body = encode_restored(
+            max(0, _env_int(ENV_ROUND)),
+            result.step,
+            int(result.manifest.get("world_size", world_after)),
+            world_after,
+            result.file_sources,
+            result.load_s,
+            step_before=reporter.newest_step(),
+        )
+        reporter.set_step(result.step)
+        reporter.send_after_next_step(KIND_RESTORED, body)
+
+    when_ready(tell)
+
+
+listen_for_restores(_report_restore)

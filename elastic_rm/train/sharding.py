@@ -12,8 +12,6 @@ would otherwise change the *layout of optimizer state* between worlds:
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +27,8 @@ from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterCons
 from torchrec.distributed.types import ModuleSharder, ShardingEnv, ShardingPlan, ShardingType
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+from ..checkpoint.plan_record import plan_digest, plan_summary
 
 TW, RW, CW, DP = (
     ShardingType.TABLE_WISE.value,
@@ -205,25 +205,6 @@ def plan_sharding(
     if check_same_on_all_ranks and dist.is_initialized():
         check_plan_agreement(plan)
     return plan
-
-
-def plan_summary(plan: ShardingPlan) -> dict[str, Any]:
-    """JSON-able plan: module -> table -> sharding type, kernel and [row_off, col_off, rows, cols, rank]."""
-    out: dict[str, Any] = {}
-    for module_path, mplan in sorted(plan.plan.items()):
-        tables: dict[str, Any] = {}
-        for name, ps in sorted(mplan.items()):  # type: ignore[union-attr]
-            shards = []
-            if ps.sharding_spec is not None:
-                for s in ps.sharding_spec.shards:  # type: ignore[union-attr]
-                    shards.append([*s.shard_offsets, *s.shard_sizes, s.placement.rank()])
-            tables[name] = {"type": ps.sharding_type, "kernel": ps.compute_kernel, "shards": shards}
-        out[module_path] = tables
-    return out
-
-
-def plan_digest(plan: ShardingPlan) -> str:
-    return hashlib.sha256(json.dumps(plan_summary(plan), sort_keys=True).encode()).hexdigest()
 
 
 def check_plan(plan: ShardingPlan, tables: Sequence[EmbeddingBagConfig], rules: ElasticRules) -> None:

@@ -139,7 +139,7 @@ class NodeRecord:
     gpu_count: int = 0  # GPUs the agent's monitor sees (the planner's capacity; 0: cores/16)
     gpu_model: str = ""  # their product name, as NVML says it
     master_port: int = 0  # a free port on addr, for the workers' MASTER_PORT should this node be rank 0
-    # the agent's checkpoint server on addr (elastic_rm/agent/ckpt_server.py) and its bearer token; 0/"": none
+    # the agent's checkpoint server on addr (elastic_rm/checkpoint/server.py) and its bearer token; 0/"": none
     ckpt_port: int = 0
     ckpt_token: str = field(default="", repr=False)
     # its workers keep their processes across rounds (elastic_rm.train.rounds): a node joining the run

@@ -40,6 +40,7 @@ from torchrec.distributed.types import ShardingPlan
 from torchrec.models.dlrm import DLRM, DLRMTrain
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
+from elastic_rm.checkpoint.snapshot import local_pieces
 from elastic_rm.train import (
     FlashCheckpointer,
     FlashConfig,
@@ -56,7 +57,6 @@ from elastic_rm.train import (
 from elastic_rm.train.data import check_zipf_exponent
 from elastic_rm.train.report import get_reporter
 from elastic_rm.train.rounds import Round, rounds
-from elastic_rm.train.snapshot import local_pieces
 from elastic_rm.train.state_digest import digest_hex, piece_digest
 from elastic_rm.train.world_sizes import check_global_batch
 

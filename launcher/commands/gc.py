@@ -24,8 +24,8 @@ def _mb(n: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from elastic_rm.train.owners import scan
-    from elastic_rm.train.paths import memory_root
+    from elastic_rm.checkpoint.node_memory import memory_root
+    from elastic_rm.checkpoint.owners import scan
 
     root = Path(args.root) if args.root else memory_root()
     if args.root and not root.is_dir():

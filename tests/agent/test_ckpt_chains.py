@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from elastic_rm.agent.local_ckpt_servers import NodeServer, node_servers
-from elastic_rm.train.manifest import MANIFEST, committed_steps, file_entry, make_manifest, step_dirname
-from elastic_rm.train.peers import CHAIN_MISSING, PeerClient, PeerEndpoint, PeerError
-from elastic_rm.train.retention import chain, missing_from, prune_chains, read_links, steps_to_keep
+from elastic_rm.checkpoint.local_servers import NodeServer, node_servers
+from elastic_rm.checkpoint.manifest import MANIFEST, committed_steps, file_entry, make_manifest, step_dirname
+from elastic_rm.checkpoint.peers import CHAIN_MISSING, PeerClient, PeerEndpoint, PeerError
+from elastic_rm.checkpoint.retention import chain, missing_from, prune_chains, read_links, steps_to_keep
 
 
 class Chain:

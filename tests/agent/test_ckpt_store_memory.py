@@ -1,4 +1,4 @@
-"""A replica upload must not leave its blocks on the agent's heap (elastic_rm.agent.ckpt_store).
+"""A replica upload must not leave its blocks on the agent's heap (elastic_rm.checkpoint.store).
 
 Each upload runs on a request thread of its own; a block allocated from the Python heap per read lands
 in that thread's glibc arena and stays there after the upload (benchmarks/recovery/memory measured an
@@ -10,8 +10,8 @@ import io
 import os
 import tracemalloc
 
-from elastic_rm.agent.ckpt_store import CHUNK, CheckpointStore
-from elastic_rm.train.manifest import FILE_HASH, new_hasher, step_dirname
+from elastic_rm.checkpoint.manifest import FILE_HASH, new_hasher, step_dirname
+from elastic_rm.checkpoint.store import CHUNK, CheckpointStore
 
 
 def test_an_upload_of_many_blocks_allocates_no_block_on_the_python_heap(tmp_path):
@@ -49,7 +49,7 @@ def test_a_cut_upload_is_refused_and_leaves_no_part_file(tmp_path):
 def test_uploads_one_after_another_reuse_one_mapped_buffer(tmp_path):
     """A mapping per upload made the final checkpoint's replica uploads slow (the swap's drain): uploads
     that do not overlap take the same pooled buffer again."""
-    from elastic_rm.agent import ckpt_store
+    from elastic_rm.checkpoint import store as ckpt_store
 
     store = CheckpointStore(tmp_path / "n0")
     store.begin("n1", 10)

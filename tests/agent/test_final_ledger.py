@@ -13,8 +13,8 @@ import os
 import sys
 from pathlib import Path
 
+from elastic_rm.checkpoint.node_memory import ENV_MEMORY_ROOT
 from elastic_rm.etcd.client import EtcdClient
-from elastic_rm.train.paths import ENV_MEMORY_ROOT
 from elastic_rm.wire.keyspace import Keyspace
 from elastic_rm.wire.records import LedgerRecord
 from tests.conftest import Proc
@@ -25,8 +25,8 @@ WORKER = """
 import os, sys
 from pathlib import Path
 from elastic_rm.train.ledger import GlobalBatches, RangeLedger
-from elastic_rm.train.manifest import make_manifest, step_dirname
-from elastic_rm.train.paths import run_memory_dir
+from elastic_rm.checkpoint.manifest import make_manifest, step_dirname
+from elastic_rm.checkpoint.node_memory import run_memory_dir
 
 step = int(sys.argv[1])
 batches = GlobalBatches(RangeLedger(320, 32), 8)

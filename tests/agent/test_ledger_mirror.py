@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from elastic_rm.agent.ckpt_server import CheckpointServer
 from elastic_rm.agent.ledger_mirror import LedgerMirror, ledger_record
+from elastic_rm.checkpoint.manifest import make_manifest, step_dirname
+from elastic_rm.checkpoint.peers import PeerEndpoint
+from elastic_rm.checkpoint.server import CheckpointServer
 from elastic_rm.etcd.client import EtcdClient, Op
 from elastic_rm.etcd.lease import Election
 from elastic_rm.train.ledger import GlobalBatches, LedgerError, RangeLedger
-from elastic_rm.train.manifest import make_manifest, step_dirname
-from elastic_rm.train.peers import PeerEndpoint
 from elastic_rm.wire.keyspace import Keyspace
 from elastic_rm.wire.records import LedgerRecord, RecordError
 

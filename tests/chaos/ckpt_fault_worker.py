@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
 
 import erm_train_worker  # noqa: E402
 
-import elastic_rm.train.checkpoint as checkpoint  # noqa: E402
-import elastic_rm.train.restore as restore  # noqa: E402
+import elastic_rm.checkpoint.flash as checkpoint  # noqa: E402
+import elastic_rm.checkpoint.restore as restore  # noqa: E402
 
 
 def _hang(point: str) -> None:

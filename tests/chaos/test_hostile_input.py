@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from elastic_rm.agent.channel import AgentChannel
+from elastic_rm.checkpoint.manifest import CorruptCheckpointError, entry_hash, make_manifest, parse_manifest
 from elastic_rm.obs.events import Event, EventError
 from elastic_rm.planner.history import HistoryError
 from elastic_rm.planner.history import parse_record as parse_history
@@ -26,7 +27,6 @@ from elastic_rm.planner.job import JobSpecError, parse_job
 from elastic_rm.planner.sim.trace import FIELDS as TRACE_FIELDS
 from elastic_rm.planner.sim.trace import TraceError, load_trace
 from elastic_rm.train.ledger import LedgerError, RangeLedger
-from elastic_rm.train.manifest import CorruptCheckpointError, entry_hash, make_manifest, parse_manifest
 from elastic_rm.wire.channel import HEADER, KIND_ACK, KIND_BYE, KIND_HELLO, KIND_STEPS, MAGIC, STEPS, VERSION
 from elastic_rm.wire.metrics import MalformedMetricsError, parse_record
 from elastic_rm.wire.records import (

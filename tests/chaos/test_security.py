@@ -231,7 +231,7 @@ PICKLING_APIS = {  # torch APIs that pickle what they send or read
 
 # The one module that may import pickle: it subclasses pickle.Unpickler with a find_class that admits only
 # DCP's metadata classes (torch's DCP stores .metadata as a pickle). It may use nothing else of pickle.
-RESTRICTED_UNPICKLER = "elastic_rm/train/dcp_metadata.py"
+RESTRICTED_UNPICKLER = "elastic_rm/checkpoint/dcp_metadata.py"
 RESTRICTED_UNPICKLER_USES = {"Unpickler"}
 
 

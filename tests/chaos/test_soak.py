@@ -32,13 +32,13 @@ from pathlib import Path
 
 import pytest
 
+from elastic_rm.checkpoint.node_memory import remove_node_memory, run_memory_dir
 from elastic_rm.demo.checks import checks, lineage
 from elastic_rm.demo.harness import DEFAULT_SCRIPT, Demo
 from elastic_rm.demo.summary import summarize, world_reached
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.etcd.server import EtcdServer
 from elastic_rm.obs.results_file import write_soak_results
-from elastic_rm.train.paths import remove_node_memory, run_memory_dir
 from tests.chaos.helpers import check_round_history, record_figures, round_history, round_record
 from tests.conftest import BIN
 

@@ -19,11 +19,11 @@ import uuid
 import pytest
 
 from elastic_rm.agent import cgroup as cg
+from elastic_rm.checkpoint.node_memory import remove_node_memory, run_memory_dir
 from elastic_rm.demo.checks import checks, drained_checksum
 from elastic_rm.demo.harness import DEFAULT_SCRIPT, Demo
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.obs import events as ev
-from elastic_rm.train.paths import remove_node_memory, run_memory_dir
 from elastic_rm.wire.keyspace import DEFAULT_PREFIX, Keyspace
 from elastic_rm.wire.records import LedgerRecord, RoundRecord
 from tests.conftest import BIN, REPO

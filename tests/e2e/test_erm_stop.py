@@ -13,8 +13,8 @@ import time
 import psutil
 import pytest
 
+from elastic_rm.checkpoint.node_memory import memory_root
 from elastic_rm.etcd.client import EtcdClient
-from elastic_rm.train.paths import memory_root
 from tests.conftest import BIN, REPO, Proc
 from tests.e2e.helpers import records, wait_until
 

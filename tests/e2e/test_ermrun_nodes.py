@@ -10,9 +10,9 @@ import time
 
 import pytest
 
+from elastic_rm.checkpoint.node_memory import memory_root
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.etcd.server import EtcdCluster
-from elastic_rm.train.paths import memory_root
 from elastic_rm.wire.keyspace import Keyspace
 from elastic_rm.wire.records import RoundRecord
 from tests.conftest import BIN, Proc

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from elastic_rm.checkpoint.node_memory import run_memory_dir
 from elastic_rm.train.ledger import RangeLedger
-from elastic_rm.train.paths import run_memory_dir
 from tests.conftest import BIN, REPO, Proc
 from tests.e2e.helpers import wait_until
 

@@ -14,8 +14,8 @@ import time
 
 import pytest
 
+from elastic_rm.checkpoint.node_memory import remove_node_memory
 from elastic_rm.demo.checks import checks
-from elastic_rm.train.paths import remove_node_memory
 from tests.e2e.test_closed_loop import (
     cleanup,  # noqa: F401 - a fixture
     current_round,

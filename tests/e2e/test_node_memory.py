@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from elastic_rm.train.owners import OWNERS, live_owners
-from elastic_rm.train.paths import memory_root
+from elastic_rm.checkpoint.node_memory import memory_root
+from elastic_rm.checkpoint.owners import OWNERS, live_owners
 from tests.conftest import BIN, Proc
 from tests.e2e.helpers import wait_until
 
@@ -97,7 +97,7 @@ def test_erm_gc_names_a_bad_root():
 
 
 def test_a_claim_by_a_dead_process_is_not_live(tmp_path):
-    from elastic_rm.train.owners import claim
+    from elastic_rm.checkpoint.owners import claim
 
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:

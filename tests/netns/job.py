@@ -19,12 +19,12 @@ from dataclasses import dataclass
 
 import pytest
 
+from elastic_rm.checkpoint.node_memory import run_memory_dir
 from elastic_rm.demo.checks import checks, lineage
 from elastic_rm.demo.harness import DEFAULT_SCRIPT, jsonl_rows
 from elastic_rm.demo.summary import world_reached
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.etcd.server import EtcdCluster
-from elastic_rm.train.paths import run_memory_dir
 from elastic_rm.wire.keyspace import Keyspace
 from elastic_rm.wire.records import RoundRecord
 from tests.chaos.helpers import round_record, round_records

@@ -96,19 +96,19 @@ def _attributes_used(path: Path, owner: str) -> set[str]:
 @pytest.mark.parametrize(
     "module",
     [
-        "agent.py",
-        "entry.py",
-        "ckpt_hooks.py",
-        "ckpt_server.py",
-        "inplace.py",
-        "ledger_mirror.py",
-        "prepared.py",
-        "stop.py",
+        "agent/agent.py",
+        "agent/entry.py",
+        "agent/ckpt_hooks.py",
+        "checkpoint/server.py",
+        "agent/inplace.py",
+        "agent/ledger_mirror.py",
+        "agent/prepared.py",
+        "agent/stop.py",
     ],
 )
 def test_the_agent_uses_only_declared_members(module):
     """Of the services only NodeServices' members; of the handler only torch's RendezvousHandler API."""
-    path = ROOT / "elastic_rm" / "agent" / module
+    path = ROOT / "elastic_rm" / module
     services = _attributes_used(path, "services") | _attributes_used(path, "_services")
     assert services <= set(MEMBERS), f"{module} uses undeclared services: {services - set(MEMBERS)}"
     handler = _attributes_used(path, "handler") | _attributes_used(path, "_handler")

@@ -30,6 +30,9 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
+from elastic_rm.checkpoint.manifest import CorruptCheckpointError
+from elastic_rm.checkpoint.peers import PEERS_ENV
+from elastic_rm.checkpoint.snapshot import dense_optimizer_state, local_pieces
 from elastic_rm.train import (
     ElasticRules,
     FlashCheckpointer,
@@ -40,9 +43,6 @@ from elastic_rm.train import (
     wrap_model,
 )
 from elastic_rm.train.ledger import RangeLedger
-from elastic_rm.train.manifest import CorruptCheckpointError
-from elastic_rm.train.peers import PEERS_ENV
-from elastic_rm.train.snapshot import dense_optimizer_state, local_pieces
 
 GLOBAL_BATCH = 12  # divisible by 1, 2 and 3: the loss is a mean over a fixed global batch
 LR, EPS = 0.1, 1e-8

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from elastic_rm.train.paths import run_memory_dir
+from elastic_rm.checkpoint.node_memory import run_memory_dir
 from tests.conftest import BIN, REPO, Proc
 from tests.e2e.helpers import records, wait_until
 

@@ -14,14 +14,14 @@ import pytest
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 from elastic_rm.agent.ckpt_hooks import peers_env, start_for_agent
-from elastic_rm.agent.ckpt_server import CheckpointServer
+from elastic_rm.checkpoint.manifest import step_dirname
+from elastic_rm.checkpoint.node_memory import run_memory_dir
+from elastic_rm.checkpoint.peer_tls import TLS_ENV, PeerTls
+from elastic_rm.checkpoint.peers import PeerClient, PeerEndpoint, PeerError, parse_peers
+from elastic_rm.checkpoint.server import CheckpointServer
+from elastic_rm.checkpoint.sources import FileResolver, HttpPeerSource
 from elastic_rm.rendezvous.registration import create_handler
 from elastic_rm.rendezvous.settings import RendezvousSettings
-from elastic_rm.train.manifest import step_dirname
-from elastic_rm.train.paths import run_memory_dir
-from elastic_rm.train.peer_tls import TLS_ENV, PeerTls
-from elastic_rm.train.peers import PeerClient, PeerEndpoint, PeerError, parse_peers
-from elastic_rm.train.sources import FileResolver, HttpPeerSource
 from tests.etcd.test_tls import openssl, pki, tls_etcd  # noqa: F401 - fixtures
 from tests.train.test_ckpt_transport import make_step
 

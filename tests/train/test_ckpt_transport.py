@@ -15,11 +15,17 @@ from pathlib import Path
 import pytest
 
 from elastic_rm.agent.ckpt_hooks import peers_env
-from elastic_rm.agent.ckpt_server import CheckpointServer
-from elastic_rm.agent.local_ckpt_servers import NodeServer, node_servers
-from elastic_rm.train.manifest import CorruptCheckpointError, digest, file_entry, make_manifest, step_dirname
-from elastic_rm.train.peers import PeerClient, PeerEndpoint, PeerError, parse_peers
-from elastic_rm.train.sources import DirectorySource, FileResolver, HttpPeerSource
+from elastic_rm.checkpoint.local_servers import NodeServer, node_servers
+from elastic_rm.checkpoint.manifest import (
+    CorruptCheckpointError,
+    digest,
+    file_entry,
+    make_manifest,
+    step_dirname,
+)
+from elastic_rm.checkpoint.peers import PeerClient, PeerEndpoint, PeerError, parse_peers
+from elastic_rm.checkpoint.server import CheckpointServer
+from elastic_rm.checkpoint.sources import DirectorySource, FileResolver, HttpPeerSource
 from elastic_rm.wire.records import NodeRecord, RecordError, dumps
 
 
@@ -291,9 +297,9 @@ def test_agents_publish_their_servers_through_the_rendezvous(etcd, run_id) -> No
     from torch.distributed.elastic.rendezvous import RendezvousParameters
 
     from elastic_rm.agent.ckpt_hooks import start_for_agent
+    from elastic_rm.checkpoint.node_memory import run_memory_dir
+    from elastic_rm.checkpoint.peers import parse_peers
     from elastic_rm.rendezvous.registration import create_handler
-    from elastic_rm.train.paths import run_memory_dir
-    from elastic_rm.train.peers import parse_peers
 
     conf = {"lease_ttl": "2", "last_call_timeout": "0.3", "join_timeout": "60"}
     params = RendezvousParameters("elastic-rm", etcd.endpoint, run_id, 2, 2, local_addr="127.0.0.1", **conf)

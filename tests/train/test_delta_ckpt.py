@@ -12,7 +12,7 @@ import pytest
 import torch
 from erm_harness import assemble, assert_bit_exact, run_world
 
-from elastic_rm.train.delta_file import DeltaReader
+from elastic_rm.checkpoint.delta_file import DeltaReader
 
 TABLES = [
     {"name": "t0", "rows": 300, "dim": 16},

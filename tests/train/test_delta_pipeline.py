@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 from test_prefetch_batches import golden_parts, world_of_one  # noqa: F401  (a fixture)
 
-from elastic_rm.train.delta_file import DeltaReader
-from elastic_rm.train.snapshot import app_state, local_pieces
+from elastic_rm.checkpoint.delta_file import DeltaReader
+from elastic_rm.checkpoint.snapshot import app_state, local_pieces
 
 
 def flat_state(elastic) -> dict[str, torch.Tensor]:

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torchrec import KeyedJaggedTensor
 
-from elastic_rm.train.delta_tracker import TouchedRows
+from elastic_rm.checkpoint.delta_tracker import TouchedRows
 from tests.train.test_prefetch_batches import world_of_one  # noqa: F401 - a fixture
 
 KEY = "bags.embedding_bags.t0.weight"

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from elastic_rm.train.chain import apply_delta
-from elastic_rm.train.delta_file import DeltaPiece, DeltaReader, write_delta
-from elastic_rm.train.manifest import (
+from elastic_rm.checkpoint.chain import apply_delta
+from elastic_rm.checkpoint.delta_file import DeltaPiece, DeltaReader, write_delta
+from elastic_rm.checkpoint.manifest import (
     MANIFEST,
     CorruptCheckpointError,
     make_manifest,

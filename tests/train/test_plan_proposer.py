@@ -14,8 +14,8 @@ from torchrec.distributed.planner.proposers import GreedyProposer
 from torchrec.models.dlrm import DLRM, DLRMTrain
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
+from elastic_rm.checkpoint.plan_record import plan_digest, plan_summary
 from elastic_rm.train import WorldTopology, plan_sharding
-from elastic_rm.train.sharding import plan_digest, plan_summary
 
 
 def _example_model() -> DLRMTrain:

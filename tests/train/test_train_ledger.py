@@ -10,7 +10,7 @@ from erm_harness import assemble, max_diff, run_world
 from test_train_recovery import phase
 from test_train_reshard import TABLES
 
-from elastic_rm.agent.local_ckpt_servers import node_servers, peer_lists
+from elastic_rm.checkpoint.local_servers import node_servers, peer_lists
 
 NUM_SAMPLES = 120  # 10 ranges of one global batch (12) each
 

@@ -8,8 +8,8 @@ from typing import Any
 from erm_harness import assemble, assert_bit_exact, run_world
 from test_train_reshard import TABLES, pinned
 
-from elastic_rm.agent.local_ckpt_servers import node_servers, peer_lists
-from elastic_rm.train.manifest import step_dirname
+from elastic_rm.checkpoint.local_servers import node_servers, peer_lists
+from elastic_rm.checkpoint.manifest import step_dirname
 
 
 def phase(world: int, flash: dict[str, Any], actions: list[dict[str, Any]]) -> dict[str, Any]:

@@ -14,15 +14,15 @@ from hypothesis import strategies as st
 from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 
-from elastic_rm.train.data import CriteoTSVReader, SyntheticClickData, write_criteo_tsv, zipf_head_share
-from elastic_rm.train.ledger import JsonFileLedgerStore, LedgerError, RangeLedger
-from elastic_rm.train.manifest import (
+from elastic_rm.checkpoint.manifest import (
     CorruptCheckpointError,
     file_entry,
     make_manifest,
     parse_manifest,
     verify_file,
 )
+from elastic_rm.train.data import CriteoTSVReader, SyntheticClickData, write_criteo_tsv, zipf_head_share
+from elastic_rm.train.ledger import JsonFileLedgerStore, LedgerError, RangeLedger
 from elastic_rm.train.sharding import (
     ElasticPlanError,
     ElasticRules,

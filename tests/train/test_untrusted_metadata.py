@@ -29,9 +29,9 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from elastic_rm.agent.local_ckpt_servers import node_servers, peer_lists
-from elastic_rm.train.dcp_metadata import SafeMetadataReader, UnsafeCheckpointError, loads_metadata
-from elastic_rm.train.manifest import file_entry, make_manifest, step_dirname
+from elastic_rm.checkpoint.dcp_metadata import SafeMetadataReader, UnsafeCheckpointError, loads_metadata
+from elastic_rm.checkpoint.local_servers import node_servers, peer_lists
+from elastic_rm.checkpoint.manifest import file_entry, make_manifest, step_dirname
 
 
 class _RunsCode:

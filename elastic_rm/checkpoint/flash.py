@@ -4,7 +4,7 @@ node's shared-memory directory in the background, optionally replicate it into o
 size with a new plan, reading each file from this node's memory, a peer's memory over HTTP, or durable.
 
 With FlashConfig.differential a save after the first copies only the table rows looked up since the
-previous save (plus the dense state): a chain of delta steps on a full base (elastic_rm/train/chain.py).
+previous save (plus the dense state): a chain of delta steps on a full base (elastic_rm/checkpoint/chain.py).
 
 Every collective of the background work runs on a private gloo group, so training collectives on the
 default group can proceed meanwhile. Manifests and the training position are JSON.
@@ -31,12 +31,12 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.types import ShardingPlan
 
-from elastic_rm.train import owners
-from elastic_rm.train.chain import DeltaTake, take_delta
-from elastic_rm.train.collectives import all_gather_json, broadcast_bytes
-from elastic_rm.train.delta_file import write_delta
-from elastic_rm.train.delta_tracker import TouchedRows
-from elastic_rm.train.manifest import (
+from elastic_rm.checkpoint import owners
+from elastic_rm.checkpoint.chain import DeltaTake, take_delta
+from elastic_rm.checkpoint.collectives import all_gather_json, broadcast_bytes
+from elastic_rm.checkpoint.delta_file import write_delta
+from elastic_rm.checkpoint.delta_tracker import TouchedRows
+from elastic_rm.checkpoint.manifest import (
     DCP_METADATA,
     MANIFEST,
     CorruptCheckpointError,
@@ -49,13 +49,13 @@ from elastic_rm.train.manifest import (
     step_dirname,
     write_file,
 )
-from elastic_rm.train.paths import run_memory_dir
-from elastic_rm.train.peers import PeerClient, PeerEndpoint, PeerError, peers_from_env
-from elastic_rm.train.restore import RestoreResult, restore_checkpoint
-from elastic_rm.train.restore_report import report_restore
-from elastic_rm.train.sharding import plan_digest, plan_summary
-from elastic_rm.train.snapshot import Snapshotter, app_state
-from elastic_rm.train.sources import CheckpointSource, DirectorySource, HttpPeerSource
+from elastic_rm.checkpoint.node_memory import run_memory_dir
+from elastic_rm.checkpoint.peers import PeerClient, PeerEndpoint, PeerError, peers_from_env
+from elastic_rm.checkpoint.plan_record import plan_digest, plan_summary
+from elastic_rm.checkpoint.restore import RestoreResult, restore_checkpoint
+from elastic_rm.checkpoint.restore_report import report_restore
+from elastic_rm.checkpoint.snapshot import Snapshotter, app_state
+from elastic_rm.checkpoint.sources import CheckpointSource, DirectorySource, HttpPeerSource
 
 log = logging.getLogger(__name__)
 

@@ -20,11 +20,11 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torchrec.distributed.model_parallel import DistributedModelParallel
 
-from elastic_rm.train.chain import apply_chain, chain_of, delta_files
-from elastic_rm.train.collectives import all_gather_json
-from elastic_rm.train.manifest import CorruptCheckpointError
-from elastic_rm.train.snapshot import app_state, load_app_state
-from elastic_rm.train.sources import CheckpointSource, FileResolver, ResolvingReader, find_manifest
+from elastic_rm.checkpoint.chain import apply_chain, chain_of, delta_files
+from elastic_rm.checkpoint.collectives import all_gather_json
+from elastic_rm.checkpoint.manifest import CorruptCheckpointError
+from elastic_rm.checkpoint.snapshot import app_state, load_app_state
+from elastic_rm.checkpoint.sources import CheckpointSource, FileResolver, ResolvingReader, find_manifest
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Checkpoint servers for simulated nodes on one machine (tests, benchmarks): one real process per node
-(``python -m elastic_rm.agent.local_ckpt_servers``, the stand-alone server: :func:`main`), each serving
+(``python -m elastic_rm.checkpoint.local_servers``, the stand-alone server: :func:`main`), each serving
 only its node's memory directory, on loopback; and the peer lists an agent would hand to each node's
 workers (ELASTIC_RM_CKPT_PEERS). Under ermrun each node's agent runs its own server instead."""
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .ckpt_server import CheckpointServer
+from .server import CheckpointServer
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN_ENV = "ELASTIC_RM_CKPT_TOKEN"  # the server's token (never on the command line, where `ps` shows it)
@@ -56,7 +56,7 @@ def node_servers(root: Path, nodes: list[str], timeout: float = 60.0) -> Iterato
             cmd = [
                 sys.executable,
                 "-m",
-                "elastic_rm.agent.local_ckpt_servers",
+                "elastic_rm.checkpoint.local_servers",
                 "--dir",
                 str(root / node),
                 "--port-file",

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from elastic_rm.train.manifest import CorruptCheckpointError
+from elastic_rm.checkpoint.manifest import CorruptCheckpointError
 
 MAGIC = b"ERMDELT1"
 ALIGN = 64

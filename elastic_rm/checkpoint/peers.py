@@ -1,11 +1,11 @@
 """The worker's side of the checkpoint transport between nodes: who the peers are (the agent's
 ELASTIC_RM_CKPT_PEERS), and a small HTTP client for a peer agent's checkpoint server
-(elastic_rm/agent/ckpt_http.py): list steps, fetch a manifest, download a file, push a replica.
+(elastic_rm/checkpoint/http.py): list steps, fetch a manifest, download a file, push a replica.
 
 Light on purpose (stdlib only): the agent imports the names shared with its server from here.
 Everything on the wire is JSON or raw checkpoint bytes. One of those files, DCP's `.metadata`, is a
 pickle: restore reads it with a restricted unpickler that admits only DCP's metadata classes
-(elastic_rm/train/dcp_metadata.py), so a peer's bytes never reach an unrestricted pickle.load.
+(elastic_rm/checkpoint/dcp_metadata.py), so a peer's bytes never reach an unrestricted pickle.load.
 """
 
 from __future__ import annotations

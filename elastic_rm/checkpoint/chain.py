@@ -20,10 +20,10 @@ from typing import Any
 import torch
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 
-from elastic_rm.train.delta_file import DeltaPiece, DeltaReader
-from elastic_rm.train.manifest import CorruptCheckpointError
-from elastic_rm.train.snapshot import local_pieces
-from elastic_rm.train.sources import CheckpointSource, FileResolver, find_manifest
+from elastic_rm.checkpoint.delta_file import DeltaPiece, DeltaReader
+from elastic_rm.checkpoint.manifest import CorruptCheckpointError
+from elastic_rm.checkpoint.snapshot import local_pieces
+from elastic_rm.checkpoint.sources import CheckpointSource, FileResolver, find_manifest
 
 
 @dataclass

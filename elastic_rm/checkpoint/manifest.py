@@ -6,7 +6,7 @@ Layout (one directory per simulated or real node, so nodes on one machine share 
     <durable_dir>/step-<N>/                       all files, published by one atomic rename
 A step directory counts only once its manifest.json exists; writers fill `step-<N>.tmp` first.
 A full step holds DCP files; a delta step (manifest "kind": "delta") holds the rows touched since its
-"parent" step and needs every step down to its "base" (elastic_rm/train/chain.py).
+"parent" step and needs every step down to its "base" (elastic_rm/checkpoint/chain.py).
 """
 
 from __future__ import annotations

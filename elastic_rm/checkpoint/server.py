@@ -4,10 +4,11 @@ Why: a node's shards live in its memory (/dev/shm). Peers on other machines need
 read the steps it holds (its own and the replicas it keeps for peers) when they restore, and push their
 replicas into it when they save, so that losing one node loses nothing that is only in memory.
 
-The parts: ckpt_store.py (what is served and accepted), ckpt_http.py (the routes and the bearer token),
-this module (bind, serve on one daemon thread, stop) and ckpt_hooks.py (what the agent does with it).
+The parts: store.py (what is served and accepted), http.py (the routes and the bearer token), this
+module (bind, serve on one daemon thread, stop) and elastic_rm/agent/ckpt_hooks.py (what the agent does
+with it).
 Every request needs the server's bearer token (a random one per agent, published with the node's record
-in etcd). With TLS (train/peer_tls.py: the node's etcd certificates) it serves HTTPS and requires a
+in etcd). With TLS (peer_tls.py: the node's etcd certificates) it serves HTTPS and requires a
 client certificate of the job's CA. Stdlib only; one daemon thread plus one short-lived thread per
 request, each bounded by a socket timeout.
 """
@@ -20,9 +21,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..background import HttpThread
-from ..train.peer_tls import PeerTls
-from .ckpt_http import CheckpointHttpServer
-from .ckpt_store import MAX_FILE_BYTES, CheckpointStore
+from .http import CheckpointHttpServer
+from .peer_tls import PeerTls
+from .store import MAX_FILE_BYTES, CheckpointStore
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..guard import start_time
 from ..wire.channel import ENV_AGENT_DIR  # set by an ermrun agent for its workers
-from .paths import memory_root
+from .node_memory import memory_root
 
 OWNERS = ".owners"
 

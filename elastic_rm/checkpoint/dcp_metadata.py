@@ -22,7 +22,7 @@ from torch.distributed.checkpoint import metadata as dcp_md
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan
 
-from elastic_rm.train.manifest import CorruptCheckpointError
+from elastic_rm.checkpoint.manifest import CorruptCheckpointError
 
 MAX_METADATA_BYTES = 256 << 20  # far above a real one (a few KiB per tensor); bounds what is parsed
 

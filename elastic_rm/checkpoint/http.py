@@ -17,7 +17,7 @@
 
 Every request needs ``Authorization: Bearer <token>``; without it: 401. Steps are integers, node ids and
 file names plain names (no separators, no '..', no escapes): nothing can leave the node's directory.
-Why its own module: the routes parse and check what arrives; the store (ckpt_store.py) decides what it
+Why its own module: the routes parse and check what arrives; the store (store.py) decides what it
 means. The request handler reads its configuration (store, token, timeout) from its server.
 """
 
@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from ..train.peer_tls import PeerTls
-from ..train.peers import API, safe_name
-from .ckpt_store import CheckpointStore, Refused
+from .peer_tls import PeerTls
+from .peers import API, safe_name
+from .store import CheckpointStore, Refused
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ from the first place holding a copy whose checksum matches the manifest.
 
 A source is anything with steps / manifest bytes / a local path for a file. `DirectorySource` covers
 this node's memory directory (with the replicas it holds for peers) and the durable directory;
-`HttpPeerSource` is a peer node's memory, fetched from that node's agent (elastic_rm/agent/ckpt_server.py)
+`HttpPeerSource` is a peer node's memory, fetched from that node's agent (elastic_rm/checkpoint/server.py)
 into a cache in this node's own memory. Nodes never read each other's directories, even on one machine:
 a node that is gone has lost its memory copy.
 """
@@ -20,8 +20,8 @@ from typing import Any, Protocol
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.planner import LoadPlan
 
-from elastic_rm.train.dcp_metadata import SafeMetadataReader, refuse_byte_items
-from elastic_rm.train.manifest import (
+from elastic_rm.checkpoint.dcp_metadata import SafeMetadataReader, refuse_byte_items
+from elastic_rm.checkpoint.manifest import (
     DCP_METADATA,
     MANIFEST,
     CorruptCheckpointError,
@@ -31,7 +31,7 @@ from elastic_rm.train.manifest import (
     step_dirname,
     verify_file,
 )
-from elastic_rm.train.peers import PeerClient, PeerEndpoint, PeerError
+from elastic_rm.checkpoint.peers import PeerClient, PeerEndpoint, PeerError
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +241,7 @@ class ResolvingReader(SafeMetadataReader):
     """DCP FileSystemReader whose every file (the .metadata included) comes from the resolver.
     All files a rank needs are verified in prepare_local_plan, before any tensor is overwritten, so a
     corrupt checkpoint fails the load collectively and leaves the model as it was. The .metadata is
-    unpickled admitting only DCP's metadata classes (elastic_rm/train/dcp_metadata.py): a copy from a
+    unpickled admitting only DCP's metadata classes (elastic_rm/checkpoint/dcp_metadata.py): a copy from a
     peer is bytes from the network."""
 
     def __init__(self, resolver: FileResolver) -> None:

@@ -6,7 +6,7 @@ peers (``replicas/<src>/step-<N>/``). Reads see committed steps only (a manifest
 arrives file by file into ``step-<N>.tmp/``, hashed as it arrives, and is published by one rename only
 when every file matches the manifest; a node pushes one step at a time. A delta step (the rows changed
 since its parent step) is accepted only on top of its chain (its parent, back to its base, each the
-checkpoint it names), and pruning keeps whole chains (train/retention.py). Uploads are size-limited and
+checkpoint it names), and pruning keeps whole chains (retention.py). Uploads are size-limited and
 refused when the memory file system lacks the room. A refusal is a :class:`Refused` with the HTTP status
 that says what went wrong.
 """
@@ -25,7 +25,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ..train.manifest import (
+from .manifest import (
     FILE_HASH,
     MANIFEST,
     CorruptCheckpointError,
@@ -38,8 +38,8 @@ from ..train.manifest import (
     step_dirname,
     write_file,
 )
-from ..train.peers import safe_name
-from ..train.retention import chain, link_of, prune_chains, read_links
+from .peers import safe_name
+from .retention import chain, link_of, prune_chains, read_links
 
 log = logging.getLogger(__name__)
 
