@@ -35,6 +35,9 @@ from .slurm_cli import BAD_NODE_STATES, NODE_LOST, Slurm, SlurmError, SlurmJob
 from .slurm_job import GROWTH_MARK, GROWTH_NICE, SlurmOptions
 
 QUEUE_EVERY_S = 5.0  # the queue key is rewritten at most this often
+# the planner's reason for a demand past the round's size that replaces stragglers
+# (elastic_rm/planner/policy.py): their nodes go back once replaced, so those node jobs are no growth
+STRAGGLER_SPARE = "spare for a straggler"
 
 
 class SlurmNode:
@@ -349,8 +352,11 @@ class SlurmExecutor(Executor):
         foreign = self.foreign(state, ours)
         why = self.demand_reason(state)
         held = False
+        spares = 0  # node jobs that replace stragglers: not growth
+        if state.demand is not None and state.demand.reason == STRAGGLER_SPARE and state.round is not None:
+            spares = max(0, target - len(state.round.members))
         while len(live) + foreign < target:
-            growth = len(live) + foreign >= self.request()
+            growth = len(live) + foreign >= self.request() + spares
             if growth and self.others_waiting > 0:
                 held = True
                 break

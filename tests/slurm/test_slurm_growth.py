@@ -9,8 +9,9 @@ import time
 
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.launch.slurm_job import GROWTH_MARK, GROWTH_NICE
+from elastic_rm.launch.slurm_nodes import STRAGGLER_SPARE
 from elastic_rm.wire.keyspace import Keyspace
-from elastic_rm.wire.records import DemandRecord, QueueRecord
+from elastic_rm.wire.records import DemandRecord, QueueRecord, RoundRecord
 from tests.slurm.helpers import actions, launch_events, sleeper_executor
 
 NODES = 6  # tests/slurm/conftest.py's cluster
@@ -107,3 +108,22 @@ def test_pending_growth_is_cancelled_while_another_job_waits(slurm, etcd, run_id
     assert all("yields to them" in s["reason"] for s in stops)
     order = [e.data["action"] for e in events if e.data.get("action") in ("hold", "resume")]
     assert order == ["hold", "resume"]
+
+
+def test_a_spare_that_replaces_a_straggler_is_no_growth_and_is_submitted_while_others_wait(
+    slurm, etcd, run_id, tmp_path
+):
+    keys = Keyspace("/elastic-rm", run_id)
+    with EtcdClient(etcd.endpoint) as client:
+        executor = sleeper_executor(client, slurm, run_id, tmp_path, request=2)
+        _wait_state(slurm, _sbatch(slurm, "blocker", NODES), "RUNNING")
+        _sbatch(slurm, "other-user", 2)  # waits
+        client.put(keys.round, RoundRecord(1, ("b1", "b2"), reason="test").to_json())
+        client.put(keys.demand, DemandRecord(3, STRAGGLER_SPARE).to_json())
+        assert executor.tick() is None
+        assert executor.others_waiting == 2
+        ids = sorted(executor.nodes, key=int)
+        assert [executor.nodes[i].growth for i in ids] == [False, False, False]
+        assert [_squeue(slurm)[i]["nice"] for i in ids] == [0, 0, 0]
+        client.put(keys.demand, DemandRecord(4, "test: grow to 4").to_json())
+        assert executor.tick() is None and executor.submitted == 3  # growth past the request: held
