@@ -5,6 +5,7 @@ size with a new plan, reading each file from this node's memory, a peer's memory
 
 With FlashConfig.differential a save after the first copies only the table rows looked up since the
 previous save (plus the dense state): a chain of delta steps on a full base (elastic_rm/checkpoint/chain.py).
+A chain past its bound is folded into a new base in the background (elastic_rm/checkpoint/fold.py).
 
 Every collective of the background work runs on a private gloo group, so training collectives on the
 default group can proceed meanwhile. Manifests and the training position are JSON.
@@ -36,6 +37,7 @@ from elastic_rm.checkpoint.chain import DeltaTake, take_delta
 from elastic_rm.checkpoint.collectives import all_gather_json, broadcast_bytes
 from elastic_rm.checkpoint.delta_file import write_delta
 from elastic_rm.checkpoint.delta_tracker import TouchedRows
+from elastic_rm.checkpoint.fold import copy_dense, roll_forward
 from elastic_rm.checkpoint.manifest import (
     DCP_METADATA,
     MANIFEST,
@@ -49,7 +51,7 @@ from elastic_rm.checkpoint.manifest import (
     step_dirname,
     write_file,
 )
-from elastic_rm.checkpoint.node_memory import run_memory_dir
+from elastic_rm.checkpoint.node_memory import held_bytes, run_memory_dir
 from elastic_rm.checkpoint.peers import PeerClient, PeerEndpoint, PeerError, peers_from_env
 from elastic_rm.checkpoint.plan_record import plan_digest, plan_summary
 from elastic_rm.checkpoint.restore import RestoreResult, restore_checkpoint
@@ -75,8 +77,9 @@ class FlashConfig:
     ermrun's agent sets; None (plain torchrun): no peers, so restores read local memory and durable only,
     and replicate=True has no peer to replicate to.
     differential: a save copies the dense state and only the embedding rows touched since this
-    checkpointer's previous save (with their optimizer rows); the first save, and the one after a chain's
-    deltas pass compact_ratio x its base's bytes, is full. A restart starts a new chain.
+    checkpointer's previous save (with their optimizer rows); the first save is full (a base). Once a
+    chain's deltas pass compact_ratio x its base's bytes, the next save is a fold: it pauses like a delta
+    and writes a new base in the background. A restart starts a new chain.
     """
 
     run_id: str = field(default_factory=_default_run_id)
@@ -93,7 +96,7 @@ class FlashConfig:
     peers: dict[str, PeerEndpoint] | None = field(default_factory=peers_from_env)
     peer_timeout_s: float = 30.0  # per socket operation with a peer's checkpoint server
     differential: bool = False  # a save copies only the table rows touched since the previous save
-    compact_ratio: float = 1.0  # a chain's deltas past this many times its base's bytes: next save is full
+    compact_ratio: float = 1.0  # a chain's deltas past this many times its base's bytes: next save folds
 
     def __post_init__(self) -> None:
         if not self.compact_ratio > 0:
@@ -112,7 +115,9 @@ class SaveStats:
     pause_s: float  # time the step loop was held (snapshot, plus any wait for the previous save)
     waited_s: float  # part of the pause spent waiting for the previous background save
     bytes: int  # bytes copied on this rank (= bytes_copied)
-    kind: str = "full"  # "full" (a base) or "delta" (rows touched since the previous save)
+    # "full" (a base), "delta" (rows touched since the previous save) or "fold" (a base written in the
+    # background from the chain; its pause copies the touched rows, like a delta)
+    kind: str = "full"
     bytes_copied: int = 0
     rows_touched: int = 0  # of a delta: table rows touched since the previous save, over all ranks
     rows_total: int = 0  # rows of the tables taken by rows (rows_touched / rows_total: the touched fraction)
@@ -157,6 +162,13 @@ class FlashCheckpointer:
         # differential saves: the rows looked up since the last save, and the chain the next delta extends
         self._touched = TouchedRows(dmp) if self.cfg.differential else None
         self._chain: dict[str, Any] | None = None
+        # the snapshot buffers (the last full save's snapshot) and the committed step whose state they
+        # hold: differential saves roll them forward, so that a fold can write them as a new base
+        self._buffers: dict | None = None
+        self._rolled: int | None = None
+        # the node directory's bytes (own steps, replicas, temp dirs) at its largest: sampled by the
+        # node's leader rank right before each publish, when a save's new files sit beside the old ones
+        self.memory_peak_bytes = 0
 
     # ---- saving -------------------------------------------------------------------------------
     def prepare(self) -> float:
@@ -164,6 +176,7 @@ class FlashCheckpointer:
         save pauses as briefly as later ones. Costs one copy of this rank's state in memory."""
         t0 = time.perf_counter()
         self.wait()
+        self._rolled = None  # the buffers now hold the live state, of no committed step
         self._snap.snapshot(app_state(self.dmp, self.dense_optimizer))
         return time.perf_counter() - t0
 
@@ -179,18 +192,25 @@ class FlashCheckpointer:
         waited = time.perf_counter() - t0
         pos_json = json.dumps(position if position is not None else {"step": step})
         snap: dict | DeltaTake
-        if self._touched is not None and self._delta_due(step):
+        kind = self._save_kind(step)
+        roll = False  # this save's rows go into the snapshot buffers once committed
+        if kind != "full":
+            assert self._touched is not None and self._chain is not None
+            live = app_state(self.dmp, self.dense_optimizer)
             touched = self._touched.take(self.pg)
-            snap = take_delta(
-                app_state(self.dmp, self.dense_optimizer), touched, self._touched.tables, self.rank
-            )
+            snap = take_delta(live, touched, self._touched.tables, self.rank)
+            copied = snap.bytes
+            roll = self._buffers is not None and self._rolled == self._chain["parent"]
+            if roll:
+                assert self._buffers is not None
+                copied += copy_dense(self._buffers, live)  # a delta file holds them from rank 0 only
             stats = SaveStats(
                 step,
                 time.perf_counter() - t0,
                 waited,
-                snap.bytes,
-                "delta",
-                snap.bytes,
+                copied,
+                kind,
+                copied,
                 snap.rows_touched,
                 snap.rows_total,
                 snap.tables_full,
@@ -200,13 +220,18 @@ class FlashCheckpointer:
                 self._touched.forget()  # a full save holds every row
             self._snap.bytes_copied = 0
             snap = self._snap.snapshot(app_state(self.dmp, self.dense_optimizer))
+            self._buffers, roll = snap, True
             pause = time.perf_counter() - t0
             copied = self._snap.bytes_copied
             stats = SaveStats(step, pause, waited, copied, "full", copied)
+        self._rolled = None  # set again once this step is committed
         self._saves += 1
         persist = self.cfg.durable_dir is not None and self._saves % max(1, self.cfg.persist_every) == 0
         self._thread = threading.Thread(
-            target=self._run, args=(step, snap, pos_json, persist), name=f"erm-flash-{step}", daemon=True
+            target=self._run,
+            args=(step, snap, pos_json, persist, kind, roll),
+            name=f"erm-flash-{step}",
+            daemon=True,
         )
         self._thread.start()
         if block:
@@ -227,24 +252,36 @@ class FlashCheckpointer:
             err, self._error = self._error, None
             raise RuntimeError(f"background flash checkpoint failed: {err}") from err
 
-    def _delta_due(self, step: int) -> bool:
-        """A delta extends the chain of the previous save unless there is none (the first save, or the
-        previous one failed), the step is not after the previous one (saving a step again replaces
-        its directory: a delta would replace its own parent), or the chain's deltas passed the bound:
-        then this save is a new base. The fold of a chain is that full save (its pause is a full
-        snapshot's); every rank decides alike from the same committed manifests."""
+    def _save_kind(self, step: int) -> str:
+        """Which save this is. "delta": extends the chain of the previous save. "full" (a new base, a
+        full snapshot) when there is none (the first save, or the previous one failed), the step is not
+        after the previous one (saving a step again replaces its directory: a delta would replace its own
+        parent) or the tracker is closed. "fold" once the chain's deltas passed the bound and every
+        rank's snapshot buffers hold the chain's newest step: the touched rows are taken like a delta's
+        and the new base is written from the buffers in the background; "full" when they do not (after
+        prepare()). Every rank decides alike from the same committed manifests (and, for a fold, one
+        gather)."""
         c = self._chain
         if c is None or self._touched is None or not self._touched.attached:  # closed: nothing recorded
-            return False
+            return "full"
         if step <= c["parent"]:
-            return False
-        return c["delta_bytes"] <= self.cfg.compact_ratio * c["base_bytes"]
+            return "full"
+        if c["delta_bytes"] <= self.cfg.compact_ratio * c["base_bytes"]:
+            return "delta"
+        ready = self._buffers is not None and self._rolled == c["parent"]
+        return "fold" if all(all_gather_json(ready, self.pg)) else "full"
 
-    def _run(self, step: int, snap: dict | DeltaTake, pos_json: str, persist: bool) -> None:
+    def _run(
+        self, step: int, snap: dict | DeltaTake, pos_json: str, persist: bool, kind: str, roll: bool
+    ) -> None:
         phases: dict[str, float] = {}
         self.last_phases = phases
         chain, self._chain = self._chain, None  # set again once this step is committed
         try:
+            if kind == "fold":  # the chain's newest state plus this step's rows: the new base
+                assert self._buffers is not None and isinstance(snap, DeltaTake)
+                roll_forward(self._buffers, snap)
+                snap = self._buffers
             manifest = self._commit_memory(step, snap, pos_json, chain)
             phases["memory"] = time.time()
             if self.cfg.replicate:
@@ -253,6 +290,11 @@ class FlashCheckpointer:
             dist.barrier(group=self.pg)
             phases["barrier"] = time.time()
             self.last_committed = step
+            if kind == "delta" and roll:
+                assert self._buffers is not None and isinstance(snap, DeltaTake)
+                roll_forward(self._buffers, snap)
+            if roll:
+                self._rolled = step
             chain = self._extended(chain, manifest)
             if persist:
                 for s in self._durable_missing(chain["steps"]):
@@ -357,6 +399,7 @@ class FlashCheckpointer:
             if meta and not (tmp / DCP_METADATA).exists():
                 write_file(tmp / DCP_METADATA, meta, sync=False)
             write_file(tmp / MANIFEST, body, sync=False)
+            self.memory_peak_bytes = max(self.memory_peak_bytes, held_bytes(self.node_dir))
             publish_dir(tmp, self.node_dir / step_dirname(step), sync=False)
             prune_steps(self.node_dir, self.cfg.keep_memory)
         return json.loads(body)
@@ -457,6 +500,7 @@ class FlashCheckpointer:
         yet (fresh start). Raises CorruptCheckpointError when checkpoints exist but none is good."""
         self.wait()
         self._chain = None  # the model is about to change under the chain: the next save is a base
+        self._rolled = None
         srcs = sources or self.sources()
         try:
             result = restore_checkpoint(
@@ -495,6 +539,7 @@ class FlashCheckpointer:
             self.wait()
         finally:
             self._snap.clear()
+            self._buffers, self._rolled = None, None
             if self._touched is not None:
                 self._touched.detach()
             gc.collect()

@@ -36,3 +36,24 @@ def remove_node_memory(run_id: str, node_id: str, root: Path | None = None) -> b
         pass
     log.info("removed the in-memory checkpoints of node %s of run %s", node_id, run_id)
     return True
+
+
+def held_bytes(directory: Path) -> int:
+    """Bytes of the files under `directory` (a node's memory directory: its steps, the replicas it keeps
+    for peers, unfinished temporary directories): what the node's checkpoints hold in its memory now."""
+    total = 0
+    stack = [Path(directory)]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:  # absent, or removed meanwhile (a prune)
+            continue
+        for e in entries:
+            try:
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(Path(e.path))
+                elif e.is_file(follow_symlinks=False):
+                    total += e.stat(follow_symlinks=False).st_size
+            except OSError:
+                continue
+    return total

@@ -38,6 +38,7 @@ from .manifest import (
     step_dirname,
     write_file,
 )
+from .node_memory import held_bytes
 from .peers import safe_name
 from .retention import chain, link_of, prune_chains, read_links
 
@@ -95,6 +96,9 @@ class CheckpointStore:
         self._lock = threading.Lock()  # replica upload state and commits
         # (src, step) -> name -> (size, checksum) of the files uploaded so far
         self._pending: dict[tuple[str, int], dict[str, tuple[int, str]]] = {}
+        # the node directory's bytes at their largest, sampled right before each replica is published
+        # (its new files beside the old steps: the peak between two prunes)
+        self.peak_bytes = 0
 
     @property
     def node_dir(self) -> Path:
@@ -122,7 +126,14 @@ class CheckpointStore:
             replicas = {
                 p.name: committed(p) for p in sorted(rep.iterdir()) if safe_name(p.name) and p.is_dir()
             }
-        return {"v": 1, "node": root.name, "steps": committed(root), "replicas": replicas}
+        return {
+            "v": 1,
+            "node": root.name,
+            "steps": committed(root),
+            "replicas": replicas,
+            "held_bytes": held_bytes(root),
+            "peak_bytes": self.peak_bytes,
+        }
 
     def manifest_path(self, step: int) -> Path:
         dirs = self._step_dirs(step)
@@ -219,6 +230,7 @@ class CheckpointStore:
                     "the chain's missing steps, base first",
                 )
             write_file(tmp / MANIFEST, body, sync=False)
+            self.peak_bytes = max(self.peak_bytes, held_bytes(self.node_dir))
             publish_dir(tmp, root / step_dirname(step), sync=False)
             prune_chains(root, keep)
         log.info("replica of step %d (%s) from %s committed (%d files)", step, link.kind, src, len(pending))

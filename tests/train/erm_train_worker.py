@@ -266,6 +266,7 @@ def run_action(w: World, a: dict[str, Any], workdir: Path, res: dict[str, Any]) 
                 "rows_touched": stats.rows_touched,
                 "rows_total": stats.rows_total,
                 "tables_full": stats.tables_full,
+                "memory_peak_bytes": w.ckpt.memory_peak_bytes,  # a blocking save's is final
             }
         )
     elif do == "ledger_train":
@@ -294,7 +295,7 @@ def run_action(w: World, a: dict[str, Any], workdir: Path, res: dict[str, Any]) 
         d = workdir / "dump" / a["name"]
         d.mkdir(parents=True, exist_ok=True)
         torch.save(w.pieces(), d / f"rank{w.rank}.pt")
-    elif do in ("corrupt", "rm_dir", "copy_dir", "kill"):
+    elif do in ("corrupt", "rm_dir", "copy_dir", "kill", "cut"):
         if w.rank == 0:
             if do == "kill":  # a node's agent (its checkpoint server), started by the test: by its pid
                 os.kill(a["pid"], signal.SIGKILL)
@@ -302,6 +303,8 @@ def run_action(w: World, a: dict[str, Any], workdir: Path, res: dict[str, Any]) 
                 shutil.rmtree(a["path"])
             elif do == "copy_dir":
                 shutil.copytree(a["path"], a["to"])
+            elif do == "cut":  # one file, wherever it is (a temporary directory too)
+                corrupt(Path(a["path"]), a["how"])
             else:
                 hits = [p for root in a["roots"] for p in matching(Path(root), a["step"], a["file"])]
                 assert hits, f"nothing to corrupt: {a}"
