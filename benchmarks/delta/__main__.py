@@ -24,57 +24,25 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import fmt, write_result
+from benchmarks.ranks import run_ranks
 from elastic_rm.checkpoint.local_servers import node_servers, peer_lists
 
-REPO = Path(__file__).resolve().parents[2]
 PEAK_FACTOR = 6  # peak memory of the full mode, in multiples of the state (module docstring)
 
 
 def launch(spec: dict[str, Any], nprocs: int, timeout: float) -> list[list[dict[str, Any]]]:
     work = Path(spec["workdir"])
-    path = work / f"spec-{spec['mode']}.json"
+    mode = spec["mode"]
+    path = work / f"spec-{mode}.json"
     path.write_text(json.dumps(spec))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    logs = [open(work / f"log-{spec['mode']}-{r}.txt", "w") for r in range(nprocs)]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.delta.worker", str(path), str(r)],
-            cwd=REPO,
-            env=env,
-            stdout=logs[r],
-            stderr=subprocess.STDOUT,
-        )
-        for r in range(nprocs)
-    ]
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            codes = [p.poll() for p in procs]
-            if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
-                break
-            time.sleep(0.5)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=30)
-        for f in logs:
-            f.close()
-    bad = [r for r, p in enumerate(procs) if p.returncode != 0]
-    if bad:
-        tail = (work / f"log-{spec['mode']}-{bad[0]}.txt").read_text()[-4000:]
-        raise SystemExit(
-            f"{spec['mode']}: ranks {bad} failed (rc {[procs[r].returncode for r in bad]}):\n{tail}"
-        )
-    return [json.loads((work / f"result-{spec['mode']}-{r}.json").read_text()) for r in range(nprocs)]
+    run_ranks("benchmarks.delta.worker", path, nprocs, timeout, lambda r: work / f"log-{mode}-{r}.txt", mode)
+    return [json.loads((work / f"result-{mode}-{r}.json").read_text()) for r in range(nprocs)]
 
 
 def available_bytes() -> int:

@@ -14,52 +14,26 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import fmt, write_result
+from benchmarks.ranks import run_ranks
 from elastic_rm.checkpoint.local_servers import node_servers, peer_lists
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def launch(spec: dict[str, Any], nprocs: int, timeout: float) -> list[list[dict[str, Any]]]:
     work = Path(spec["workdir"])
     (work / "spec.json").write_text(json.dumps(spec))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    logs = [open(work / f"log-{r}.txt", "w") for r in range(nprocs)]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.reshard.worker", str(work / "spec.json"), str(r)],
-            cwd=REPO,
-            env=env,
-            stdout=logs[r],
-            stderr=subprocess.STDOUT,
-        )
-        for r in range(nprocs)
-    ]
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            codes = [p.poll() for p in procs]
-            if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
-                break
-            time.sleep(0.5)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=30)
-        for f in logs:
-            f.close()
-    bad = [r for r, p in enumerate(procs) if p.returncode != 0]
-    if bad:
-        tail = (work / f"log-{bad[0]}.txt").read_text()[-3000:]
-        raise SystemExit(f"benchmark ranks {bad} failed (rc {[procs[r].returncode for r in bad]}):\n{tail}")
+    run_ranks(
+        "benchmarks.reshard.worker",
+        work / "spec.json",
+        nprocs,
+        timeout,
+        lambda r: work / f"log-{r}.txt",
+        "benchmark",
+    )
     return [json.loads((work / f"result-{r}.json").read_text()) for r in range(nprocs)]
 
 
