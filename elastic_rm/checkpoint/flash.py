@@ -166,9 +166,18 @@ class FlashCheckpointer:
         # hold: differential saves roll them forward, so that a fold can write them as a new base
         self._buffers: dict | None = None
         self._rolled: int | None = None
-        # the node directory's bytes (own steps, replicas, temp dirs) at its largest: sampled by the
-        # node's leader rank right before each publish, when a save's new files sit beside the old ones
-        self.memory_peak_bytes = 0
+        self._memory_peak = 0  # see memory_peak_bytes
+        self._samples_due = 0  # publishes left to sample: a base's and the next keep_memory ones
+
+    @property
+    def memory_peak_bytes(self) -> int:
+        """This node directory's bytes at their largest (its own steps, the replicas it keeps, temp
+        directories), on a node's first rank (0 on the others). Sampled right before each publish after
+        which a prune may remove steps (a base's, and the next keep_memory ones: the new files sit beside
+        the old chain), and now; in between a chain only grows, so these are its peaks."""
+        if not self.leader:
+            return 0
+        return max(self._memory_peak, held_bytes(self.node_dir))
 
     # ---- saving -------------------------------------------------------------------------------
     def prepare(self) -> float:
@@ -399,7 +408,11 @@ class FlashCheckpointer:
             if meta and not (tmp / DCP_METADATA).exists():
                 write_file(tmp / DCP_METADATA, meta, sync=False)
             write_file(tmp / MANIFEST, body, sync=False)
-            self.memory_peak_bytes = max(self.memory_peak_bytes, held_bytes(self.node_dir))
+            if link["kind"] == "full":
+                self._samples_due = self.cfg.keep_memory + 1
+            if self._samples_due > 0:
+                self._samples_due -= 1
+                self._memory_peak = max(self._memory_peak, held_bytes(self.node_dir))
             publish_dir(tmp, self.node_dir / step_dirname(step), sync=False)
             prune_steps(self.node_dir, self.cfg.keep_memory)
         return json.loads(body)

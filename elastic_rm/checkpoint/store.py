@@ -96,9 +96,11 @@ class CheckpointStore:
         self._lock = threading.Lock()  # replica upload state and commits
         # (src, step) -> name -> (size, checksum) of the files uploaded so far
         self._pending: dict[tuple[str, int], dict[str, tuple[int, str]]] = {}
-        # the node directory's bytes at their largest, sampled right before each replica is published
-        # (its new files beside the old steps: the peak between two prunes)
-        self.peak_bytes = 0
+        # the node directory's bytes at their largest, sampled right before each replica publish after
+        # which a prune may remove steps (a base's and the next `keep` ones of its source: the new files
+        # beside the old chain); in between a chain only grows
+        self._peak = 0
+        self._samples_due: dict[str, int] = {}
 
     @property
     def node_dir(self) -> Path:
@@ -126,13 +128,14 @@ class CheckpointStore:
             replicas = {
                 p.name: committed(p) for p in sorted(rep.iterdir()) if safe_name(p.name) and p.is_dir()
             }
+        held = held_bytes(root)
         return {
             "v": 1,
             "node": root.name,
             "steps": committed(root),
             "replicas": replicas,
-            "held_bytes": held_bytes(root),
-            "peak_bytes": self.peak_bytes,
+            "held_bytes": held,
+            "peak_bytes": max(self._peak, held),
         }
 
     def manifest_path(self, step: int) -> Path:
@@ -230,7 +233,10 @@ class CheckpointStore:
                     "the chain's missing steps, base first",
                 )
             write_file(tmp / MANIFEST, body, sync=False)
-            self.peak_bytes = max(self.peak_bytes, held_bytes(self.node_dir))
+            due = keep + 1 if link.kind == "full" else self._samples_due.get(src, 0)
+            if due > 0:
+                self._peak = max(self._peak, held_bytes(self.node_dir))
+            self._samples_due[src] = max(0, due - 1)
             publish_dir(tmp, root / step_dirname(step), sync=False)
             prune_chains(root, keep)
         log.info("replica of step %d (%s) from %s committed (%d files)", step, link.kind, src, len(pending))
