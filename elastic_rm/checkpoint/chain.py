@@ -12,7 +12,7 @@ they are the same on every rank.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 
-from elastic_rm.checkpoint.delta_file import DeltaPiece, DeltaReader
+from elastic_rm.checkpoint.delta_file import HEAD, DeltaPiece, DeltaReader, header_end
 from elastic_rm.checkpoint.manifest import CorruptCheckpointError
 from elastic_rm.checkpoint.snapshot import local_pieces
 from elastic_rm.checkpoint.sources import CheckpointSource, FileResolver, find_manifest
@@ -186,21 +186,52 @@ def chain_of(manifest: dict[str, Any], sources: Sequence[CheckpointSource]) -> l
     return chain
 
 
+Wanted = Callable[[list[str], list[int], list[int]], bool]
+
+
+def _wanted_ranges(
+    name: str, m: dict[str, Any], resolver: FileResolver, wanted: Wanted
+) -> list[tuple[int, int]]:
+    """The byte ranges of a delta file that a rank reads: its header, and the values and row ids of the
+    entries `wanted` takes. The header comes first (the checksum blocks covering it, verified)."""
+    size = m["files"][name]["size"]
+    path = resolver.peek(name, [(0, min(HEAD, size))])
+    end = header_end(path)
+    if end > HEAD:  # the header runs past the blocks read so far
+        path = resolver.peek(name, [(0, min(end, size))])
+    reader = DeltaReader(path)
+    ranges = [(0, reader.data_at)]
+    for e in reader.entries:
+        if wanted(e["key"], e["offsets"], e["extent"]):
+            ranges += [(reader.data_at + span[0], span[1]) for span in (e["data"], e["rows"]) if span]
+    return ranges
+
+
 def delta_files(
-    chain: list[dict[str, Any]], sources: Sequence[CheckpointSource], verify: bool = True
+    chain: list[dict[str, Any]],
+    sources: Sequence[CheckpointSource],
+    verify: bool = True,
+    wanted: Wanted | None = None,
 ) -> list[tuple[int, list[Path], dict[str, str]]]:
     """For each delta of the chain, in order: (step, verified local paths of all its files, file ->
-    source name). Every rank reads every delta file: rows of any old rank may fall into its shards."""
+    source name). Rows of any old rank may fall into a rank's shards, so every file is opened; with
+    `wanted` (which entries this rank applies) only the bytes of those entries are read and verified,
+    and a peer sends only them (range requests of whole checksum blocks)."""
     out = []
     for m in chain[1:]:
         resolver = FileResolver(m["step"], m, sources, verify)
-        paths = [resolver.path(name) for name in sorted(m["files"])]
+        paths = []
+        for name in sorted(m["files"]):
+            ranges = None
+            if wanted is not None and "blocks" in m["files"][name]:
+                ranges = _wanted_ranges(name, m, resolver, wanted)
+            paths.append(resolver.path(name, ranges))
         used = {f"{m['step']}/{f}": src for f, (src, _) in resolver.resolved.items()}
         out.append((m["step"], paths, used))
     return out
 
 
-def _overlaps_local(state: dict) -> Any:
+def overlaps_local(state: dict) -> Wanted:
     """wanted(key, offsets, extent) for DeltaReader.pieces: does that piece overlap a piece of `state`
     this rank holds?"""
 
@@ -220,7 +251,7 @@ def apply_chain(state: dict, deltas: list[tuple[int, list[Path], dict[str, str]]
     """Apply each delta's files to `state`, in chain order, reading only the pieces that overlap
     this rank's shards."""
     written = 0
-    wanted = _overlaps_local(state)
+    wanted = overlaps_local(state)
     for _, paths, _ in deltas:
         for path in paths:
             written += apply_delta(state, DeltaReader(path).pieces(wanted))

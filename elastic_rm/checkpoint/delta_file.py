@@ -23,7 +23,13 @@ import torch
 from elastic_rm.checkpoint.manifest import CorruptCheckpointError
 
 MAGIC = b"ERMDELT1"
+HEAD = 16  # the magic and the header's length
+DELTA_SUFFIX = ".erm"
 ALIGN = 64
+# checksum blocks of a delta file: small enough that a rank restoring a few shards reads (and a peer
+# sends) little more than their rows, few enough that the manifest stays small
+MIN_BLOCK = 64 << 10
+MAX_BLOCKS = 64
 DTYPES = {
     "float32": torch.float32,
     "float16": torch.float16,
@@ -51,6 +57,20 @@ class DeltaPiece:
     values: torch.Tensor
     rows: torch.Tensor | None = None
     extent: list[int] | None = None  # the shape of the piece the rows come from (None: values' shape)
+
+
+def checksum_block(size: int) -> int:
+    """The manifest's checksum block size for a delta file of `size` bytes."""
+    return max(MIN_BLOCK, -(-size // MAX_BLOCKS))
+
+
+def header_end(path: Path) -> int:
+    """Where the header of the delta file at `path` ends (only its first HEAD bytes are read)."""
+    with open(path, "rb") as f:
+        lead = f.read(HEAD)
+    if len(lead) < HEAD or lead[:8] != MAGIC:
+        raise CorruptCheckpointError(f"{path}: not a valid delta checkpoint file: wrong magic bytes")
+    return HEAD + int.from_bytes(lead[8:16], "little")
 
 
 def _raw(t: torch.Tensor) -> memoryview:
@@ -114,7 +134,7 @@ class DeltaReader:
             lead = f.read(16)
             n = int.from_bytes(lead[8:16], "little") if len(lead) == 16 else 0
             self._buf = lead + f.read(min(n, max(0, self._size - 16)))
-        self.entries, self._data_at = self._header()
+        self.entries, self.data_at = self._header()  # data_at: where the tensor bytes start
 
     def _bad(self, what: str) -> CorruptCheckpointError:
         return CorruptCheckpointError(f"{self.path}: not a valid delta checkpoint file: {what}")
@@ -175,7 +195,7 @@ class DeltaReader:
     def _tensor(self, f: Any, span: list[int], dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
         if span[1] == 0:
             return torch.empty(shape, dtype=dtype)
-        f.seek(self._data_at + span[0])
+        f.seek(self.data_at + span[0])
         raw = bytearray(span[1])
         if f.readinto(raw) != span[1]:
             raise self._bad("an entry runs past the end of the file")

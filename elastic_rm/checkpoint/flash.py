@@ -35,7 +35,7 @@ from torchrec.distributed.types import ShardingPlan
 from elastic_rm.checkpoint import owners
 from elastic_rm.checkpoint.chain import DeltaTake, take_delta
 from elastic_rm.checkpoint.collectives import all_gather_json, broadcast_bytes
-from elastic_rm.checkpoint.delta_file import write_delta
+from elastic_rm.checkpoint.delta_file import DELTA_SUFFIX, checksum_block, write_delta
 from elastic_rm.checkpoint.delta_tracker import TouchedRows
 from elastic_rm.checkpoint.fold import copy_dense, roll_forward
 from elastic_rm.checkpoint.manifest import (
@@ -378,7 +378,9 @@ class FlashCheckpointer:
             writer = FileSystemWriter(tmp, sync_files=False, thread_count=1, overwrite=True)
             dcp.save(snap, storage_writer=writer, process_group=self.pg)
         mine = {
-            p.name: file_entry(p, node=self.node, rank=self.rank)
+            p.name: file_entry(p, checksum_block(p.stat().st_size), node=self.node, rank=self.rank)
+            if p.suffix == DELTA_SUFFIX
+            else file_entry(p, node=self.node, rank=self.rank)
             for p in sorted(tmp.glob(f"__{self.rank}_*"))
         }
         files: dict[str, Any] = {}

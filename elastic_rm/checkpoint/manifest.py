@@ -91,18 +91,18 @@ def file_digest(path: Path, algorithm: str = FILE_HASH, chunk: int = 8 << 20) ->
     return h.hexdigest()
 
 
-def file_entry(path: Path, **extra: object) -> dict[str, object]:
-    """Manifest entry: size, whole-file checksum and one checksum per BLOCK bytes (one mapped pass)."""
+def file_entry(path: Path, block: int = BLOCK, **extra: object) -> dict[str, object]:
+    """Manifest entry: size, whole-file checksum and one checksum per `block` bytes (one mapped pass)."""
     whole = new_hasher()
     blocks = []
     with _mapped(path) as view:
-        for off in range(0, len(view), BLOCK):
-            whole.update(view[off : off + BLOCK])
-            blocks.append(digest(view[off : off + BLOCK]))
+        for off in range(0, len(view), block):
+            whole.update(view[off : off + block])
+            blocks.append(digest(view[off : off + block]))
     return {
         FILE_HASH: whole.hexdigest(),
         "size": path.stat().st_size,
-        "block": BLOCK,
+        "block": block,
         "blocks": blocks,
         **extra,
     }

@@ -1,10 +1,11 @@
 """Restore the newest good checkpoint into the current world: agree on a step, resolve every file
 from the fastest source holding a verified copy, and fall back to older steps with a clear log line.
 
-A delta step is restored from its chain: every link and delta file is verified first (a chain with a
-missing, corrupt or foreign step is refused as a whole, never mixed), then the base is loaded through
-DCP with the current plan and each delta's rows that fall into this rank's shards are written over it,
-in chain order."""
+A delta step is restored from its chain: every link and the parts of the delta files this rank
+applies are verified first (a chain with a missing, corrupt or foreign step is refused as a whole, never
+mixed), then the base is loaded through DCP with the current plan and each delta's rows that fall into
+this rank's shards are written over it, in chain order. A rank reads (and a peer sends it) only the
+header of each delta file and the entries that overlap its shards."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torchrec.distributed.model_parallel import DistributedModelParallel
 
-from elastic_rm.checkpoint.chain import apply_chain, chain_of, delta_files
+from elastic_rm.checkpoint.chain import apply_chain, chain_of, delta_files, overlaps_local
 from elastic_rm.checkpoint.collectives import all_gather_json
 from elastic_rm.checkpoint.manifest import CorruptCheckpointError
 from elastic_rm.checkpoint.snapshot import app_state, load_app_state
@@ -74,10 +75,12 @@ def restore_checkpoint(
             continue
         assert manifest is not None
         t0 = time.perf_counter()
+        state = app_state(dmp, dense_optimizer)
         deltas, chain, why = [], [manifest], None
-        try:  # a delta: its chain's manifests and every delta file, verified before anything is loaded
+        try:  # a delta: its chain's manifests and the parts of its delta files this rank applies,
+            # verified before anything is loaded
             chain = chain_of(manifest, sources)
-            deltas = delta_files(chain, sources, verify)
+            deltas = delta_files(chain, sources, verify, overlaps_local(state))
         except Exception as e:  # every rank must reach the gather below, whatever failed here
             why = str(e) if isinstance(e, CorruptCheckpointError) else f"{type(e).__name__}: {e}"
         whys = [w for w in all_gather_json(why, pg) if w]
@@ -89,7 +92,6 @@ def restore_checkpoint(
             continue
         base = chain[0]
         resolver = FileResolver(base["step"], base, sources, verify)
-        state = app_state(dmp, dense_optimizer)
         try:
             dcp.load(state, storage_reader=ResolvingReader(resolver), process_group=pg)
             why = None

@@ -26,6 +26,7 @@ from elastic_rm.checkpoint.manifest import (
     MANIFEST,
     CorruptCheckpointError,
     block_spans,
+    blocks_covering,
     committed_steps,
     parse_manifest,
     step_dirname,
@@ -98,6 +99,9 @@ class HttpPeerSource:
         self.cache_dir = Path(cache_dir)
         self.down: str | None = None  # why, once a request failed
         self.bytes_fetched = 0
+        # the checksum blocks each downloaded copy holds (None: the whole file), so that a reader asking
+        # for more of a file (a delta's entries after its header) is sent only the blocks it lacks
+        self._have: dict[Path, set[int] | None] = {}
 
     def _failed(self, what: str, e: PeerError) -> None:
         if e.status is None:  # could not talk to it at all: do not try again in this restore
@@ -134,11 +138,19 @@ class HttpPeerSource:
         if self.down:
             raise SourceUnavailable(f"peer unreachable ({self.down})")
         dest = self.cache_dir / step_dirname(step) / file
-        spans, size = None, 0
+        spans, size, need = None, 0, set()
         if entry is not None and ranges is not None and "blocks" in entry:
-            spans, size = block_spans(entry, ranges), entry["size"]
+            have = self._have.get(dest, set()) if dest.is_file() else set()
+            if have is None:
+                return dest
+            bs, size = entry["block"], entry["size"]
+            need = set(blocks_covering(bs, ranges)) - have
+            if not need:
+                return dest
+            spans = block_spans(entry, [(b * bs, 1) for b in sorted(need)])
+        into = dest.with_name(dest.name + ".more") if spans is not None and self._have.get(dest) else dest
         try:
-            got = self.client.download(step, file, dest, spans, size)
+            got = self.client.download(step, file, into, spans, size)
         except PeerError as e:
             if e.status is None:
                 self.down = str(e)
@@ -146,11 +158,28 @@ class HttpPeerSource:
         if got is None:
             return None
         self.bytes_fetched += got
+        if spans is None:
+            self._have[dest] = None
+            return dest
+        if into != dest:  # the blocks it lacked, into the copy that holds the others
+            _copy_spans(into, dest, spans)
+            into.unlink()
+        held = self._have.get(dest) or set()
+        self._have[dest] = held | need
         return dest
 
     def clear(self) -> None:
         """Drop the downloaded copies (after the load: they only hold memory)."""
         shutil.rmtree(self.cache_dir, ignore_errors=True)
+        self._have.clear()
+
+
+def _copy_spans(src: Path, dst: Path, spans: list[tuple[int, int]]) -> None:
+    with open(src, "rb") as fi, open(dst, "r+b") as fo:
+        for off, n in spans:
+            fi.seek(off)
+            fo.seek(off)
+            fo.write(fi.read(n))
 
 
 def find_manifest(step: int, sources: Sequence[CheckpointSource]) -> tuple[dict[str, Any] | None, list[str]]:
@@ -184,9 +213,17 @@ class FileResolver:
 
     def path(self, file: str, ranges: list[tuple[int, int]] | None = None) -> Path:
         """A local path of a copy of `file` whose checksums match: of the whole file, or with `ranges`
-        of the blocks covering them."""
-        if file in self.resolved:
-            return self.resolved[file][1]
+        of the blocks covering them. The first answer for a file is kept (and reported in `resolved`)."""
+        if file not in self.resolved:
+            self.resolved[file] = self._find(file, ranges)
+        return self.resolved[file][1]
+
+    def peek(self, file: str, ranges: list[tuple[int, int]]) -> Path:
+        """Like path(), for a first look (a delta file's header, before the reader knows which of its
+        entries it needs): the answer is not kept; a later path() of the file asks again."""
+        return self._find(file, ranges)[1]
+
+    def _find(self, file: str, ranges: list[tuple[int, int]] | None) -> tuple[str, Path]:
         entry = self.files.get(file)
         if entry is None:
             raise CorruptCheckpointError(f"step {self.step}: file {file!r} is not in the manifest")
@@ -212,8 +249,7 @@ class FileResolver:
             )
             self.verify_s += time.perf_counter() - t0
             if bad is None:
-                self.resolved[file] = (src.name, p)
-                return p
+                return src.name, p
             why.append(f"{src.name}: {bad}")
             log.warning(
                 "checkpoint step %d: %s in %s is %s; trying the next copy", self.step, file, src.name, bad

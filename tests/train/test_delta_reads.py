@@ -1,0 +1,127 @@
+"""A restoring rank reads only the parts of a delta file it applies: the header and the entries that
+overlap its shards (the checksum blocks covering them, verified), fetched from a peer's checkpoint server
+(a real server process on loopback) with range requests. The bytes received are counted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from elastic_rm.checkpoint.chain import delta_files
+from elastic_rm.checkpoint.delta_file import DeltaPiece, DeltaReader, checksum_block, write_delta
+from elastic_rm.checkpoint.local_servers import node_servers
+from elastic_rm.checkpoint.manifest import (
+    MANIFEST,
+    CorruptCheckpointError,
+    file_entry,
+    make_manifest,
+    step_dirname,
+)
+from elastic_rm.checkpoint.peers import PeerEndpoint
+from elastic_rm.checkpoint.sources import HttpPeerSource
+
+ROWS, DIM = 40000, 32
+
+
+def rows_of(table: str, rank: int, gen: torch.Generator) -> DeltaPiece:
+    """Touched rows of the half of `table` that `rank` held (row-wise: rank r holds rows r*ROWS/2...)."""
+    lo = rank * ROWS // 2
+    rows = torch.randperm(ROWS // 2, generator=gen)[: ROWS // 5].sort().values + lo
+    values = torch.randn(len(rows), DIM, generator=gen)
+    return DeltaPiece(["model", table], [lo, 0], values, rows, [ROWS // 2, DIM])
+
+
+def write_step(node_dir: Path, step: int, files: dict[str, list[DeltaPiece]], fields: dict[str, Any]) -> dict:
+    d = node_dir / step_dirname(step)
+    d.mkdir(parents=True)
+    entries = {}
+    for name, pieces in files.items():
+        size = write_delta(d / name, pieces)
+        entries[name] = file_entry(d / name, checksum_block(size), node="n0", rank=int(name[2]))
+    body = make_manifest(
+        {"step": step, "world_size": 2, "nodes": ["n0", "n0"], "position": {}, "files": entries} | fields
+    )
+    (d / MANIFEST).write_bytes(body)
+    return json.loads(body)
+
+
+@pytest.fixture
+def delta_chain(tmp_path: Path) -> dict[str, Any]:
+    """A base (a stand-in file) and a delta saved by two ranks: rank 0's file holds its halves of
+    tables t0 and t1 and a dense tensor, rank 1's the other halves."""
+    gen = torch.Generator().manual_seed(3)
+    node = tmp_path / "shm" / "n0"
+    base_dir = node / step_dirname(1)
+    base_dir.mkdir(parents=True)
+    (base_dir / "__0_0.distcp").write_bytes(b"base")
+    base = make_manifest(
+        {"step": 1, "world_size": 2, "nodes": ["n0", "n0"], "position": {}}
+        | {"files": {"__0_0.distcp": file_entry(base_dir / "__0_0.distcp", node="n0", rank=0)}}
+    )
+    (base_dir / MANIFEST).write_bytes(base)
+    bm = json.loads(base)
+    dense = DeltaPiece(["model", "dense"], [0], torch.randn(1000, generator=gen))
+    files = {
+        "__0_delta.erm": [rows_of("t0", 0, gen), rows_of("t1", 0, gen), dense],
+        "__1_delta.erm": [rows_of("t0", 1, gen), rows_of("t1", 1, gen)],
+    }
+    link = {
+        "parent": 1,
+        "parent_sha256": bm["manifest_sha256"],
+        "base": 1,
+        "base_sha256": bm["manifest_sha256"],
+    }
+    m2 = write_step(node, 2, files, {"kind": "delta", **link})
+    return {"root": tmp_path / "shm", "chain": [bm, m2], "files": files, "tmp": tmp_path}
+
+
+def test_a_rank_fetches_the_rows_of_its_shards_not_every_delta_file(delta_chain) -> None:
+    """A rank of a new world that holds table t1's rows 25000..29999 and the dense tensor: it receives
+    the headers and the blocks of those entries (rank 1's piece of t1, rank 0's dense tensor), about a
+    quarter of what downloading every delta file whole took."""
+
+    def wanted(key: list[str], offsets: list[int], extent: list[int]) -> bool:
+        if key == ["model", "dense"]:
+            return True
+        return key == ["model", "t1"] and offsets[0] < 30000 and offsets[0] + extent[0] > 25000
+
+    c = delta_chain
+    with node_servers(c["root"], ["n0"]) as s:
+        peer = PeerEndpoint("n0", s["n0"].url, s["n0"].token)
+        whole = HttpPeerSource(peer, c["tmp"] / "fetch-whole")
+        before = delta_files(c["chain"], [whole])
+        ranged = HttpPeerSource(peer, c["tmp"] / "fetch-ranged")
+        after = delta_files(c["chain"], [ranged], wanted=wanted)
+    sizes = sum(e["size"] for e in c["chain"][1]["files"].values())
+    assert whole.bytes_fetched == sizes  # every file, whole: what each rank received before
+    assert 0 < ranged.bytes_fetched < 0.3 * sizes, (ranged.bytes_fetched, sizes)
+    # what the rank applies is read from the partial copies, equal to what was saved
+    read = [p for path in after[0][1] for p in DeltaReader(path).pieces(wanted)]
+    saved = [
+        p for name in sorted(c["files"]) for p in c["files"][name] if wanted(p.key, p.offsets, p.extent or [])
+    ]
+    assert len(read) == len(saved) == 2
+    for got, exp in zip(read, saved, strict=True):
+        assert got.key == exp.key and torch.equal(got.values, exp.values)
+        assert (got.rows is None) == (exp.rows is None) and (
+            got.rows is None or torch.equal(got.rows, exp.rows)
+        )
+    assert [sorted(used.values()) for _, _, used in before] == [["peer:n0", "peer:n0"]]
+
+
+def test_a_corrupt_block_of_an_entry_a_rank_reads_is_refused(delta_chain) -> None:
+    c = delta_chain
+    path = c["root"] / "n0" / step_dirname(2) / "__1_delta.erm"
+    data = bytearray(path.read_bytes())
+    data[-100] ^= 0xFF  # inside rank 1's last entry (t1's rows)
+    path.write_bytes(bytes(data))
+    with node_servers(c["root"], ["n0"]) as s:
+        src = HttpPeerSource(PeerEndpoint("n0", s["n0"].url, s["n0"].token), c["tmp"] / "fetch")
+        with pytest.raises(CorruptCheckpointError, match="__1_delta.erm.*checksum mismatch in block"):
+            delta_files(c["chain"], [src], wanted=lambda key, off, ext: key == ["model", "t1"])
+        # a rank that does not read that entry is not stopped by it
+        delta_files(c["chain"], [src], wanted=lambda key, off, ext: key == ["model", "dense"])
