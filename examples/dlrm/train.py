@@ -413,6 +413,12 @@ def train(
         dense_opt.step()
         batches.consumed()  # the batch is in the model: the ledger marks it
         step += 1
+        if args.checkpoint_every == 1 and last_save["step"] == step - 1:
+            # a step counts as done once the previous step's checkpoint is committed on every node, its
+            # replica included: a lost node then costs the step in flight and at most the one before it.
+            # No pause of its own: this step's save waits for that one anyway (with rarer saves, waiting
+            # here would hold the step after each save for the whole background of it)
+            ckpt.wait()
         emit(
             step=step,
             samples=local_batch,
