@@ -9,19 +9,28 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+INLINE_BYTES = 4096  # a rank's data up to this size is gathered in one round
+
 
 def all_gather_bytes(data: bytes, pg: dist.ProcessGroup | None = None) -> list[bytes]:
+    """Every rank's `data`, in rank order. One round (length and data together) when every rank's data
+    fits INLINE_BYTES, as the small JSON of a checkpoint's save does; a second round otherwise."""
     world = dist.get_world_size(pg)
-    size = torch.tensor([len(data)], dtype=torch.int64)
-    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-    dist.all_gather(sizes, size, group=pg)
-    longest = max(int(s) for s in sizes)
-    buf = torch.zeros(max(longest, 1), dtype=torch.uint8)
-    if data:
-        buf[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    buf = torch.zeros(8 + INLINE_BYTES, dtype=torch.uint8)
+    buf[:8] = torch.tensor([len(data)], dtype=torch.int64).view(torch.uint8)
+    if data and len(data) <= INLINE_BYTES:
+        buf[8 : 8 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     out = [torch.empty_like(buf) for _ in range(world)]
     dist.all_gather(out, buf, group=pg)
-    return [bytes(o[: int(s)].numpy().tobytes()) for o, s in zip(out, sizes, strict=True)]
+    sizes = [int(o[:8].view(torch.int64)) for o in out]
+    if max(sizes) <= INLINE_BYTES:
+        return [bytes(o[8 : 8 + n].numpy().tobytes()) for o, n in zip(out, sizes, strict=True)]
+    big = torch.zeros(max(sizes), dtype=torch.uint8)
+    if data:
+        big[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    out = [torch.empty_like(big) for _ in range(world)]
+    dist.all_gather(out, big, group=pg)
+    return [bytes(o[:n].numpy().tobytes()) for o, n in zip(out, sizes, strict=True)]
 
 
 def all_gather_json(obj: Any, pg: dist.ProcessGroup | None = None) -> list[Any]:

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 _MERGE_EVERY = 64  # record calls between merges of a table's pending ids into one unique tensor
+_MIN_CAPACITY = 1 << 12  # ids per rank a take's gather holds in its first round, at least
 
 
 def _table_configs(module: nn.Module) -> tuple[str, list[Any]] | None:
@@ -47,6 +48,7 @@ class TouchedRows:
         self._pending: list[list[tuple[str, torch.Tensor]]] = []  # per batch handed to input_dist
         self._touched: dict[str, list[torch.Tensor]] = {}
         self._calls = 0
+        self._capacity = _MIN_CAPACITY  # see _gather
         # (module, method name, our wrapper, what the instance held before: None for the class's own)
         self._wrapped: list[tuple[nn.Module, str, Any, Any]] = []
         self.attached = True
@@ -148,22 +150,42 @@ class TouchedRows:
             for k in keys
         ]
         self._touched = {}
-        counts = torch.tensor([len(m) for m in mine], dtype=torch.int64)
-        world = dist.get_world_size(pg)
-        all_counts = [torch.zeros_like(counts) for _ in range(world)]
-        dist.all_gather(all_counts, counts, group=pg)
-        longest = max(int(c.sum()) for c in all_counts)
-        flat = torch.zeros(max(longest, 1), dtype=torch.int64)
-        if mine:
-            joined = torch.cat(mine)
-            flat[: len(joined)] = joined
-        gathered = [torch.empty_like(flat) for _ in range(world)]
-        dist.all_gather(gathered, flat, group=pg)
         per_table: dict[str, list[torch.Tensor]] = {k: [] for k in keys}
-        for c, g in zip(all_counts, gathered, strict=True):
-            for k, part in zip(keys, torch.split(g[: int(c.sum())], c.tolist()), strict=True):
+        for counts, ids in self._gather(mine, pg):
+            for k, part in zip(keys, torch.split(ids, counts.tolist()), strict=True):
                 per_table[k].append(part)
         return {k: torch.unique(torch.cat(parts)) for k, parts in per_table.items()}
+
+    def _gather(
+        self, mine: list[torch.Tensor], pg: dist.ProcessGroup | None
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every rank's (ids per table, their concatenation). One round in the usual case: each rank
+        sends its counts and ids in a buffer of the capacity every rank derived from the previous
+        take; a second round, sized by the longest, when a rank's ids do not fit."""
+        k, world = len(mine), dist.get_world_size(pg)
+        counts = torch.tensor([len(m) for m in mine], dtype=torch.int64)
+        n = int(counts.sum())
+        joined = torch.cat(mine) if mine else torch.empty(0, dtype=torch.int64)
+        buf = torch.zeros(1 + k + self._capacity, dtype=torch.int64)
+        buf[0] = n
+        buf[1 : 1 + k] = counts
+        if n <= self._capacity:
+            buf[1 + k : 1 + k + n] = joined
+        out = [torch.empty_like(buf) for _ in range(world)]
+        dist.all_gather(out, buf, group=pg)
+        sizes = [int(o[0]) for o in out]
+        longest = max(sizes)
+        if longest <= self._capacity:
+            ids = [o[1 + k : 1 + k + m] for o, m in zip(out, sizes, strict=True)]
+        else:
+            flat = torch.zeros(longest, dtype=torch.int64)
+            flat[:n] = joined
+            full = [torch.empty_like(flat) for _ in range(world)]
+            dist.all_gather(full, flat, group=pg)
+            ids = [g[:m] for g, m in zip(full, sizes, strict=True)]
+        # the same on every rank (from the same gathered sizes): room for twice the longest next time
+        self._capacity = max(_MIN_CAPACITY, 1 << (2 * longest).bit_length())
+        return [(o[1 : 1 + k], part) for o, part in zip(out, ids, strict=True)]
 
     def forget(self) -> None:
         """Drop what was computed so far (a full save copies everything anyway)."""

@@ -168,6 +168,8 @@ class FlashCheckpointer:
         self._rolled: int | None = None
         self._memory_peak = 0  # see memory_peak_bytes
         self._samples_due = 0  # publishes left to sample: a base's and the next keep_memory ones
+        self._plan_cache: dict[str, Any] | None = None
+        self._peer_clients: dict[PeerEndpoint, PeerClient] = {}  # one kept connection per peer
 
     @property
     def memory_peak_bytes(self) -> int:
@@ -361,20 +363,28 @@ class FlashCheckpointer:
     def _commit_memory(
         self, step: int, snap: dict | DeltaTake, pos_json: str, chain: dict[str, Any] | None
     ) -> dict[str, Any]:
+        """Write this rank's files into the step's temp directory; then one all-gather gives every rank
+        every file's entry and rank 0's part of the manifest (position, time, plan), from which each
+        builds the same manifest, and each node's leader publishes its directory. A full step's
+        `.metadata` (rank 0's) is broadcast besides."""
         tmp = self.node_dir / (step_dirname(step) + ".tmp")
-        if self.leader:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        dist.barrier(group=self.pg)
         link: dict[str, Any] = {"kind": "full"}
         if isinstance(snap, DeltaTake):
             assert chain is not None
+            # no barrier first: a delta's temp directory is new (after a failed save the next one is
+            # full, and a restore removes the temp directories of the steps after it), so every rank
+            # may make it
+            tmp.mkdir(parents=True, exist_ok=True)
             write_delta(tmp / f"__{self.rank}_delta.erm", snap.pieces)
             link = {
                 "kind": "delta",
                 **{k: chain[k] for k in ("base", "base_sha256", "parent", "parent_sha256")},
             }
         else:
+            if self.leader:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+            dist.barrier(group=self.pg)
             writer = FileSystemWriter(tmp, sync_files=False, thread_count=1, overwrite=True)
             dcp.save(snap, storage_writer=writer, process_group=self.pg)
         mine = {
@@ -383,29 +393,24 @@ class FlashCheckpointer:
             else file_entry(p, node=self.node, rank=self.rank)
             for p in sorted(tmp.glob(f"__{self.rank}_*"))
         }
-        files: dict[str, Any] = {}
-        for part in all_gather_json(mine, self.pg):
-            files.update(part)
-        meta = body = None
+        head: dict[str, Any] | None = None
         if self.rank == 0:
+            head = {"position": json.loads(pos_json), "created_unix": time.time(), **self._plan_fields()}
             if link["kind"] == "full":
-                meta = (tmp / DCP_METADATA).read_bytes()
-                files[DCP_METADATA] = file_entry(tmp / DCP_METADATA, node="*", rank=0)
-            body = make_manifest(
-                {
-                    **link,
-                    "step": step,
-                    "world_size": self.world,
-                    "nodes": self.rank_nodes,
-                    "plan": plan_summary(self.plan) if self.plan is not None else None,
-                    "plan_digest": plan_digest(self.plan) if self.plan is not None else None,
-                    "position": json.loads(pos_json),
-                    "files": files,
-                    "created_unix": time.time(),
-                }
-            )
-        meta = broadcast_bytes(meta, 0, self.pg)
-        body = broadcast_bytes(body, 0, self.pg)
+                head["metadata"] = file_entry(tmp / DCP_METADATA, node="*", rank=0)
+        parts = all_gather_json({"files": mine, "head": head}, self.pg)
+        files: dict[str, Any] = {}
+        for part in parts:
+            files.update(part["files"])
+        head = parts[0]["head"]
+        if "metadata" in head:
+            files[DCP_METADATA] = head.pop("metadata")
+        body = make_manifest(
+            {**link, **head, "step": step, "world_size": self.world, "nodes": self.rank_nodes, "files": files}
+        )
+        meta = None
+        if link["kind"] == "full":
+            meta = broadcast_bytes((tmp / DCP_METADATA).read_bytes() if self.rank == 0 else None, 0, self.pg)
         if self.leader:
             if meta and not (tmp / DCP_METADATA).exists():
                 write_file(tmp / DCP_METADATA, meta, sync=False)
@@ -418,6 +423,16 @@ class FlashCheckpointer:
             publish_dir(tmp, self.node_dir / step_dirname(step), sync=False)
             prune_steps(self.node_dir, self.cfg.keep_memory)
         return json.loads(body)
+
+    def _plan_fields(self) -> dict[str, Any]:
+        """The plan's summary and digest for a manifest, computed once (a checkpointer's plan is fixed)."""
+        if self._plan_cache is None:
+            p = self.plan
+            self._plan_cache = {
+                "plan": plan_summary(p) if p is not None else None,
+                "plan_digest": plan_digest(p) if p is not None else None,
+            }
+        return self._plan_cache
 
     def peer_of(self, node: str) -> str | None:
         """The node that holds `node`'s replica: the next one in sorted order (a ring)."""
@@ -447,7 +462,10 @@ class FlashCheckpointer:
         files = sorted(n for n, e in manifest["files"].items() if e["node"] in (self.node, "*"))
         t0 = time.perf_counter()
         try:
-            sent = PeerClient(endpoint, self.cfg.peer_timeout_s).push_replica(
+            client = self._peer_clients.get(endpoint)
+            if client is None:
+                client = self._peer_clients[endpoint] = PeerClient(endpoint, self.cfg.peer_timeout_s)
+            sent = client.push_replica(
                 self.node, step, src, files, (src / MANIFEST).read_bytes(), self.cfg.keep_memory
             )
         except (PeerError, OSError) as e:
@@ -535,7 +553,9 @@ class FlashCheckpointer:
     def _drop_newer_than(self, step: int) -> None:
         """Steps newer than the one restored were refused (or incomplete): training goes on from
         ``step`` and saves steps with their numbers again, so the old ones go, from this node's memory and
-        the durable copy; kept, retention would count them as the newest and prune the new chain."""
+        the durable copy, with the temp directories of unfinished saves after it (a delta's save writes
+        into its temp directory without clearing it); kept, retention would count them as the newest and
+        prune the new chain. Collective: no rank saves before every directory is clean."""
         dirs = [self.node_dir] if self.leader else []
         if self.rank == 0 and self.cfg.durable_dir is not None:
             dirs.append(Path(self.cfg.durable_dir))
@@ -545,6 +565,11 @@ class FlashCheckpointer:
                 log.info(
                     "restore: dropped step %d in %s (newer than the restored step %d)", newer, directory, step
                 )
+            for tmp in directory.glob("step-*.tmp") if directory.is_dir() else []:
+                number = tmp.name.removeprefix("step-").removesuffix(".tmp")
+                if number.isdigit() and int(number) > step:
+                    shutil.rmtree(tmp, ignore_errors=True)
+        dist.barrier(group=self.pg)
 
     def close(self, finished: bool = False) -> None:
         """Finish the background save and free the snapshot buffers; call before destroying the group
@@ -555,6 +580,9 @@ class FlashCheckpointer:
         finally:
             self._snap.clear()
             self._buffers, self._rolled = None, None
+            for client in self._peer_clients.values():
+                client.close()
+            self._peer_clients.clear()
             if self._touched is not None:
                 self._touched.detach()
             gc.collect()

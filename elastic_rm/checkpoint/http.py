@@ -83,6 +83,12 @@ class CheckpointRequestHandler(BaseHTTPRequestHandler):
 
     server: CheckpointHttpServer
     server_version = "elastic-rm-ckpt/1"
+    # keep-alive: a node pushing a replica at every step sends its requests on one connection; every
+    # answer has a Content-Length, and a refusal closes the connection (its body may be unread). Without
+    # Nagle: an answer's headers and body are two writes, and on a kept connection the second waited
+    # for the client's delayed ACK
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
 
     tls_refused = False
 

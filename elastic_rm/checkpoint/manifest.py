@@ -39,14 +39,19 @@ def step_dirname(step: int) -> str:
 
 
 def committed_steps(directory: Path) -> list[int]:
-    """Steps with a step directory (committed or not: a missing manifest is reported at restore)."""
-    if not directory.is_dir():
+    """Steps with a step directory (committed or not: a missing manifest is reported at restore).
+    One directory read (os.scandir knows which entries are directories): retention lists every step
+    of a chain at every save."""
+    try:
+        entries = os.scandir(directory)
+    except (FileNotFoundError, NotADirectoryError):
         return []
     steps = []
-    for p in directory.iterdir():
-        m = _STEP_RE.match(p.name)
-        if m and p.is_dir():
-            steps.append(int(m.group(1)))
+    with entries:
+        for e in entries:
+            m = _STEP_RE.match(e.name)
+            if m and e.is_dir():
+                steps.append(int(m.group(1)))
     return sorted(steps)
 
 
@@ -281,13 +286,42 @@ def publish_dir(tmp: Path, final: Path, sync: bool) -> None:
         fsync_dir(final.parent)
 
 
+CHAIN_FIELDS = ("step", "manifest_sha256", "kind", "parent", "parent_sha256", "base", "base_sha256")
+_CHAIN_CACHE_MAX = 4096
+_chain_cache: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = {}
+
+
+def chain_fields(step_dir: str | Path) -> dict[str, Any]:
+    """The fields of a step's manifest that link it into a chain (CHAIN_FIELDS; the absent ones left out).
+
+    Why cached: retention and the replica commit look at every step of a chain at every save, and a
+    chain of a checkpoint per step holds hundreds. A step is published by renaming a new directory, so
+    one read per version of the file (its inode, modification time and size) suffices. Raises OSError
+    or ValueError (RecursionError) like reading it would."""
+    path = os.path.join(step_dir, MANIFEST)
+    st = os.stat(path)
+    key, version = path, (st.st_ino, st.st_mtime_ns, st.st_size)
+    hit = _chain_cache.get(key)
+    if hit is not None and hit[0] == version:
+        return dict(hit[1])
+    with open(path, "rb") as f:
+        doc = json.loads(f.read())
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    fields = {k: doc[k] for k in CHAIN_FIELDS if k in doc}
+    if len(_chain_cache) >= _CHAIN_CACHE_MAX:
+        _chain_cache.clear()
+    _chain_cache[key] = (version, fields)
+    return dict(fields)
+
+
 def chain_steps(directory: Path, step: int) -> list[int]:
     """`step` and, for a delta, the steps it needs in `directory` (its parent, the parent's parent, ...
     down to its base), as far as their manifests name them."""
     out, cur = [step], step
     while True:
         try:
-            doc = json.loads((directory / step_dirname(cur) / MANIFEST).read_bytes())
+            doc = chain_fields(directory / step_dirname(cur))
         except (OSError, ValueError, RecursionError):
             return out
         parent = doc.get("parent") if isinstance(doc, dict) and doc.get("kind") == "delta" else None

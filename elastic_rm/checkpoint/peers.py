@@ -121,6 +121,7 @@ class PeerClient:
         self._tls = tls
         self._required = required or tls is not None
         self._context: ssl.SSLContext | None = None
+        self._kept: http.client.HTTPConnection | None = None  # see _request(reuse=True)
 
     def _conn(self) -> http.client.HTTPConnection:
         host, port = self.peer.hostport
@@ -160,30 +161,66 @@ class PeerClient:
         return PeerError(f"{self.peer.node} ({self.peer.url}): {what}: HTTP {resp.status} {msg}", resp.status)
 
     def _request(
-        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+        reuse: bool = False,
     ) -> bytes:
-        """A whole small response body; PeerError on any failure (404 included, with status 404)."""
-        conn = self._conn()
+        """A whole small response body; PeerError on any failure (404 included, with status 404).
+
+        ``reuse``: send it on the connection this client keeps open (replica pushes: a checkpoint at
+        every step would otherwise pay a TCP connect, and a server thread, per request). A kept
+        connection the server has closed meanwhile (its idle timeout) is opened again once, for a
+        body that can be sent again (bytes or none)."""
+        conn = self._kept if reuse and self._kept is not None else self._conn()
+        stale_ok = conn is self._kept and not hasattr(body, "read")
         try:
             try:
                 conn.request(method, API + path, body=body, headers=self._headers(**(headers or {})))
+                resp = conn.getresponse()
             except ssl.SSLError:
                 raise
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                if not stale_ok:
+                    raise
+                conn.close()  # the server closed the kept connection: once more on a new one
+                conn.request(method, API + path, body=body, headers=self._headers(**(headers or {})))
+                resp = conn.getresponse()
             except OSError:  # the server may have answered (401, 413, 507) and closed while we were sending
                 if conn.sock is None:  # not even connected
                     raise
                 resp = conn.getresponse()
                 raise self._fail(f"{method} {path}", resp) from None
-            resp = conn.getresponse()
+            if reuse:
+                self._kept = conn
             if resp.status != 200:
                 raise self._fail(f"{method} {path}", resp)
             return resp.read()
         except ssl.SSLError as e:
+            self._drop(conn)
             raise self._tls_error(f"{method} {path}", e) from e
         except (OSError, http.client.HTTPException) as e:
+            self._drop(conn)
             raise PeerError(f"{self.peer.node} ({self.peer.url}): {method} {path}: {e}") from e
+        except PeerError:
+            self._drop(conn)  # a refusal's answer may close the connection: the next request opens one
+            raise
         finally:
-            conn.close()
+            if conn is not self._kept:
+                conn.close()
+
+    def _drop(self, conn: http.client.HTTPConnection) -> None:
+        conn.close()
+        if conn is self._kept:
+            self._kept = None
+
+    def close(self) -> None:
+        """Close the connection kept for pushes (if any)."""
+        if self._kept is not None:
+            self._kept.close()
+            self._kept = None
 
     # ---- reading a peer's memory --------------------------------------------------------------
     def steps(self) -> list[int]:
@@ -297,7 +334,7 @@ class PeerClient:
 
     def replica_links(self, src: str) -> dict[int, Link]:
         """The steps this peer holds for `src`, with their manifests' chain fields."""
-        body = self._request("GET", f"/replicas/{src}/links")
+        body = self._request("GET", f"/replicas/{src}/links", reuse=True)
         try:
             doc = json.loads(body)
             return {int(d["step"]): Link(**d) for d in doc["links"]}
@@ -308,7 +345,7 @@ class PeerClient:
         self, src: str, step: int, step_dir: Path, files: list[str], manifest: bytes, keep: int
     ) -> int:
         base = f"/replicas/{src}/{step}"
-        self._request("POST", base + "/begin", body=b"")
+        self._request("POST", base + "/begin", body=b"", reuse=True)
         sent = 0
         for name in files:
             size = (step_dir / name).stat().st_size
@@ -318,9 +355,14 @@ class PeerClient:
                     f"{base}/files/{name}",
                     body=f,
                     headers={"Content-Length": str(size), "Content-Type": "application/octet-stream"},
+                    reuse=True,
                 )
             sent += size
         self._request(
-            "POST", f"{base}/commit?keep={keep}", body=manifest, headers={"Content-Type": "application/json"}
+            "POST",
+            f"{base}/commit?keep={keep}",
+            body=manifest,
+            headers={"Content-Type": "application/json"},
+            reuse=True,
         )
         return sent

@@ -9,14 +9,14 @@ a manifest without ``kind`` is a full step.
 
 from __future__ import annotations
 
-import json
+import os
 import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .manifest import MANIFEST, committed_steps, step_dirname
+from .manifest import chain_fields, committed_steps, step_dirname
 
 
 @dataclass(frozen=True)
@@ -54,11 +54,11 @@ def link_of(manifest: dict[str, Any]) -> Link:
 def read_links(directory: Path) -> dict[int, Link]:
     """The committed steps of `directory` (a manifest that reads as JSON with a step) by step."""
     links = {}
+    root = str(directory)
     for step in committed_steps(directory):
         try:
-            doc = json.loads((directory / step_dirname(step) / MANIFEST).read_bytes())
-            link = link_of(doc)
-        except (OSError, ValueError, KeyError, TypeError):
+            link = link_of(chain_fields(os.path.join(root, step_dirname(step))))
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
             continue  # uncommitted or unreadable: restore reports it, retention skips it
         if link.step == step:
             links[step] = link

@@ -1,0 +1,45 @@
+"""The chain fields of a step's manifest are read once per version of the file: retention and a replica's
+commit look at every step of a chain at every save, and a checkpoint per step makes chains long."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from elastic_rm.checkpoint import manifest
+from elastic_rm.checkpoint.manifest import chain_fields, publish_dir, step_dirname
+from elastic_rm.checkpoint.retention import read_links
+from tests.train.test_ckpt_transport import make_step
+
+
+def test_unchanged_manifests_are_not_read_again_and_a_replaced_one_is(tmp_path: Path, monkeypatch) -> None:
+    node = tmp_path / "n0"
+    for step in (1, 2, 3):
+        make_step(node, step, {"__0_0.distcp": bytes([step]) * 100})
+    links = read_links(node)
+    assert sorted(links) == [1, 2, 3] and all(link.kind == "full" for link in links.values())
+
+    def unread(path, *args, **kwargs):
+        raise AssertionError(f"{path} read again")
+
+    with monkeypatch.context() as m:
+        m.setattr(manifest, "open", unread, raising=False)  # the module's reads go through open()
+        assert read_links(node) == links  # from the cache: no manifest was opened
+
+    # step 2 published again (another checkpoint of the same step): its new manifest is read
+    other = tmp_path / "other"
+    make_step(other, 2, {"__0_0.distcp": b"new" * 50})
+    publish_dir(other / step_dirname(2), node / step_dirname(2), sync=False)
+    again = read_links(node)
+    assert again[2].sha != links[2].sha and again[1] == links[1] and again[3] == links[3]
+
+
+def test_a_torn_manifest_is_skipped_like_before(tmp_path: Path) -> None:
+    node = tmp_path / "n0"
+    make_step(node, 1, {"__0_0.distcp": b"a" * 10})
+    make_step(node, 2, {"__0_0.distcp": b"b" * 10})
+    (node / step_dirname(2) / "manifest.json").write_bytes(b'{"step": 2, "files": {')
+    assert sorted(read_links(node)) == [1]
+    with pytest.raises(ValueError):
+        chain_fields(node / step_dirname(2))
