@@ -1,15 +1,18 @@
 """Benchmark: differential flash checkpoints against full flash checkpoints, in one run.
 
-    nice .venv/bin/python -m benchmarks.delta [--gib 1] [--zipf 1.1] [--modes full,delta]
+    .venv/bin/python -m benchmarks.delta [--gib 1] [--zipf 1.1] [--modes full,delta]
 
 A DLRM (8 tables, fused row-wise Adagrad, power-law ids) over 2 ranks (gloo, real processes, one
 simulated node each, a checkpoint server process per node as ermrun's agents run). For each mode
 (`full`: every save copies the whole state; `delta`: FlashConfig(differential=True)) and a
 checkpoint every 1, 10 and 100 steps: the touched fraction, bytes copied / replicated / written per
-checkpoint, the step pause, the training throughput against training without checkpoints,
-node memory; then one save alone (its background time), a restore at the same world and one into
-world 3. Every restore is checked bit for bit. Prints the ratios delta / full and writes
-benchmarks/results/<name>.json.
+checkpoint, the step pause, the training throughput against training without checkpoints, the
+kinds of saves (a chain past its bound folds), node memory (the node directory's bytes at their
+peak, as the checkpointer and each node's checkpoint server sample them, and after each interval);
+then one save alone (its background time), a restore at the same world and one into world 3. Every
+restore is checked bit for bit. Prints the ratios delta / full and writes
+benchmarks/results/<name>.json. The differential mode's checkpoint-every-step run is longer
+(--delta-every-step-steps): its throughput is a target, and its chain then passes a fold.
 
 Memory: the full mode holds about 6x the state at its peak (the model, the snapshot buffers, the old
 and the new step in node memory, the same for the peer's replica); the run refuses to start when the
@@ -20,6 +23,7 @@ machine's available memory is short of that, and says what --gib fits. The defau
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import shutil
@@ -31,7 +35,7 @@ from typing import Any
 
 from benchmarks.common import fmt, write_result
 from benchmarks.ranks import run_ranks
-from elastic_rm.checkpoint.local_servers import node_servers, peer_lists
+from elastic_rm.checkpoint.local_servers import NodeServer, node_servers, peer_lists
 
 PEAK_FACTOR = 6  # peak memory of the full mode, in multiples of the state (module docstring)
 
@@ -43,6 +47,21 @@ def launch(spec: dict[str, Any], nprocs: int, timeout: float) -> list[list[dict[
     path.write_text(json.dumps(spec))
     run_ranks("benchmarks.delta.worker", path, nprocs, timeout, lambda r: work / f"log-{mode}-{r}.txt", mode)
     return [json.loads((work / f"result-{mode}-{r}.json").read_text()) for r in range(nprocs)]
+
+
+def store_peak(server: NodeServer) -> int | None:
+    """The node directory's bytes at their largest as its checkpoint server sampled them (before each
+    replica it published), from the server's step listing."""
+    host, port = server.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        conn.request("GET", "/v1/steps", headers={"Authorization": f"Bearer {server.token}"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise SystemExit(f"checkpoint server of {server.node}: GET /v1/steps: HTTP {resp.status}")
+        return json.loads(resp.read()).get("peak_bytes")
+    finally:
+        conn.close()
 
 
 def available_bytes() -> int:
@@ -91,6 +110,13 @@ def main() -> None:
     ap.add_argument("--global-batch", type=int, default=4096)
     ap.add_argument("--modes", default="full,delta", help="comma-separated: full, delta")
     ap.add_argument("--intervals", default="1:20,10:50,100:100", help="interval:steps, comma-separated")
+    ap.add_argument(
+        "--delta-every-step-steps",
+        type=int,
+        default=200,
+        help="steps of the differential mode's checkpoint-every-step run (its throughput is the target; "
+        "the full mode's every-step run, a pause of seconds per step, keeps --intervals' count)",
+    )
     ap.add_argument("--timeout", type=float, default=1500, help="seconds per mode")
     ap.add_argument("--name", default="delta", help="results file benchmarks/results/<name>.json")
     args = ap.parse_args()
@@ -125,6 +151,7 @@ def main() -> None:
             "zipf": args.zipf,
             "global_batch": args.global_batch,
             "intervals": intervals,
+            "delta_every_step_steps": args.delta_every_step_steps,
         },
         "modes": {},
     }
@@ -133,6 +160,10 @@ def main() -> None:
             shm = Path(tempfile.mkdtemp(prefix="erm-delta-bench-", dir="/dev/shm"))
             spec = {
                 **report["config"],
+                "intervals": [
+                    (i, args.delta_every_step_steps if mode == "delta" and i == 1 else n)
+                    for i, n in intervals
+                ],
                 "mode": mode,
                 "workdir": str(work),
                 "shm": str(shm),
@@ -146,12 +177,14 @@ def main() -> None:
                     spec["phases"][0]["peers"] = peer_lists(servers, ["n0", "n1"])
                     spec["phases"][1]["peers"] = peer_lists(servers, ["n0", "n1", "n2"])
                     per_rank = launch(spec, 3, args.timeout)
+                    store_peaks = {n: store_peak(servers[n]) for n in ("n0", "n1")}
             finally:
                 shutil.rmtree(shm, ignore_errors=True)
             train, restore = per_rank[0][0], per_rank[0][1]
             restore["exact"] = (
                 restore["digest"] == train["saved_digest"] and restore["step"] == train["saved_step"]
             )
+            train["store_peak_bytes"] = store_peaks  # the train phase's nodes, as their servers saw them
             report["modes"][mode] = {"train": train, "restore": restore}
             print_mode(mode, train, restore)
     finally:
@@ -174,10 +207,16 @@ def print_mode(mode: str, train: dict[str, Any], restore: dict[str, Any]) -> Non
             f"  replicated {r.get('bytes_replicated_mean', 0) / gib:.3f} GiB"
             f"  written {r.get('bytes_written_mean', 0) / gib:.3f} GiB"
             f"  throughput x{r['throughput_ratio']:.2f}"
-            f"  node memory {r['node_memory_max_bytes'] / gib:.2f} GiB  kinds {r['kinds']}"
+            f"  node memory {r['node_memory_end_bytes'] / gib:.2f} GiB (peak so far"
+            f" {r['node_memory_peak_bytes'] / gib:.2f})  saves {r['kind_counts']}"
         )
     a = train["alone"]
     print(f"  one save alone ({a['kind']}): pause {fmt(a['pause_s'])}, background {fmt(a['background_s'])}")
+    print(
+        f"  node memory at its peak: {train['node_memory_peak_bytes'] / gib:.2f} GiB (checkpointer),"
+        f" {max((v or 0 for v in train.get('store_peak_bytes', {}).values()), default=0) / gib:.2f} GiB"
+        " (checkpoint servers)"
+    )
     print(
         f"  restore: same world {fmt(train['restore_same_world_s'])}"
         f" (exact: {train['restore_same_world_exact']}),"

@@ -16,6 +16,7 @@ import os
 import resource
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -188,11 +189,13 @@ def step_bytes(node_dir: Path, step: int, node: str) -> dict[str, int] | None:
 
 def run_interval(tr: Trainer, ckpt: FlashCheckpointer | None, interval: int, steps: int) -> dict[str, Any]:
     """`steps` training steps with a save every `interval` (none without a checkpointer): the loop's
-    wall time, each save's pause and stats, the node memory after each save. A save before the loop,
-    waited for, sets the steady state: the loop's first save has a committed predecessor to extend."""
+    wall time, each save's pause and stats; after the loop, the node memory (the node directory's
+    bytes then, and the checkpointer's peak so far, sampled by it before its publishes: the timed loop
+    does not walk the directory). A save before the loop, waited for, sets the steady state: the
+    loop's first save has a committed predecessor to extend."""
     node_dir = ckpt.node_dir if ckpt is not None else None
     saves: list[dict[str, Any]] = []
-    shm_max = 0
+    held_end = 0
     if ckpt is not None:  # steady state: the timed loop starts after a committed save (a delta's base)
         tr.train_step()  # a step of its own: a save's step must be newer than the last one
         ckpt.save(tr.step, {"step": tr.step})
@@ -206,13 +209,11 @@ def run_interval(tr: Trainer, ckpt: FlashCheckpointer | None, interval: int, ste
             stats = ckpt.save(tr.step, {"step": tr.step})
             row = {k: v for k, v in vars(stats).items() if isinstance(v, int | float | str | list)}
             saves.append(row)
-            if ckpt.leader and node_dir is not None:
-                shm_max = max(shm_max, shm_bytes(node_dir))
     loop_s = time.perf_counter() - t0
     if ckpt is not None:
         ckpt.wait()
         if ckpt.leader and node_dir is not None:
-            shm_max = max(shm_max, shm_bytes(node_dir))
+            held_end = shm_bytes(node_dir)
     out: dict[str, Any] = {"interval": interval, "steps": steps, "first_step": first}
     out["loop_s"] = slowest(loop_s)
     out["steps_per_s"] = steps / out["loop_s"]
@@ -225,12 +226,15 @@ def run_interval(tr: Trainer, ckpt: FlashCheckpointer | None, interval: int, ste
     copied = [s.get("bytes_copied", s["bytes"]) for s in saves]
     out["bytes_copied_mean"] = total(float(np.mean(copied)))
     out["kinds"] = sorted({s.get("kind", "full") for s in saves})
+    out["kind_counts"] = dict(Counter(s.get("kind", "full") for s in saves))
     per_step = []
     for s in saves:
         got = step_bytes(node_dir, s["step"], ckpt.node) if ckpt.leader else None
         per_step.append(got)
     kept = [p for p in per_step if p is not None]
-    gathered = all_gather_json({"kept": kept, "shm_max": shm_max, "saves": saves})
+    gathered = all_gather_json(
+        {"kept": kept, "held_end": held_end, "peak": ckpt.memory_peak_bytes, "saves": saves}
+    )
     leaders = [g for g in gathered if g["kept"]]
     if leaders:  # every node's share: written is the whole step (the same manifest on each node)
         deltas = [p for p in leaders[0]["kept"] if p["kind"] == "delta"] or leaders[0]["kept"]
@@ -242,7 +246,8 @@ def run_interval(tr: Trainer, ckpt: FlashCheckpointer | None, interval: int, ste
             )
         )
         out["steps_measured_for_bytes"] = len(deltas)
-    out["node_memory_max_bytes"] = max(g["shm_max"] for g in gathered)
+    out["node_memory_end_bytes"] = max(g["held_end"] for g in gathered)
+    out["node_memory_peak_bytes"] = max(g["peak"] for g in gathered)  # since the checkpointer's start
     out["save_stats_rank0"] = saves[:3] + saves[-2:] if len(saves) > 5 else saves
     return out
 
@@ -307,6 +312,8 @@ def phase_train(spec: dict[str, Any], rank: int) -> dict[str, Any]:
     res["saved_digest"] = state_digest(dmp, dense_opt)
     chain = committed_steps(ckpt.node_dir)
     res["memory_steps_n0"] = chain if rank == 0 else None
+    # the node directory's bytes at their largest over the whole run (own steps, replicas, temp dirs)
+    res["node_memory_peak_bytes"] = max(all_gather_json(ckpt.memory_peak_bytes))
     # restore at the same world, into a model that is zeroed first (so nothing stale can pass)
     with torch.no_grad():
         for v in dmp.state_dict().values():
