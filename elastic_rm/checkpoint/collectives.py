@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-INLINE_BYTES = 4096  # a rank's data up to this size is gathered in one round
+INLINE_BYTES = 16 << 10  # a rank's data up to this size is gathered in one round
 
 
 def all_gather_bytes(data: bytes, pg: dist.ProcessGroup | None = None) -> list[bytes]:

@@ -77,3 +77,44 @@ def test_every_rank_gets_every_ranks_ids_in_one_round_or_two(tmp_path: Path) -> 
         expected.append([len(ids), min(ids), max(ids), True])
     for r in range(2):
         assert json.loads((tmp_path / f"out-{r}.json").read_text()) == expected, r
+
+
+def bytes_main(init: str, rank: int, out: str) -> None:
+    import torch.distributed as dist
+
+    from elastic_rm.checkpoint.collectives import INLINE_BYTES, all_gather_bytes
+
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
+    try:
+        got = []
+        for sizes in ([10, 20], [INLINE_BYTES + 1, 0], [0, 3 * INLINE_BYTES], [INLINE_BYTES, INLINE_BYTES]):
+            data = bytes([65 + rank]) * sizes[rank]
+            got.append([b.decode() for b in all_gather_bytes(data)])
+        Path(out).write_text(json.dumps(got))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_all_gather_bytes_in_one_round_or_two(tmp_path: Path) -> None:
+    from elastic_rm.checkpoint.collectives import INLINE_BYTES
+
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from tests.train.test_delta_gather import bytes_main; "
+                "bytes_main(sys.argv[1], int(sys.argv[2]), sys.argv[3])",
+                str(tmp_path / "pg"),
+                str(r),
+                str(tmp_path / f"out-{r}.json"),
+            ],
+            cwd=REPO,
+        )
+        for r in range(2)
+    ]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0]
+    n = INLINE_BYTES
+    expected = [["A" * a, "B" * b] for a, b in ([10, 20], [n + 1, 0], [0, 3 * n], [n, n])]
+    for r in range(2):
+        assert json.loads((tmp_path / f"out-{r}.json").read_text()) == expected, r
