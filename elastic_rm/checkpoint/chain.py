@@ -23,7 +23,7 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 from elastic_rm.checkpoint.delta_file import HEAD, DeltaPiece, DeltaReader, header_end
 from elastic_rm.checkpoint.manifest import CorruptCheckpointError
 from elastic_rm.checkpoint.snapshot import local_pieces
-from elastic_rm.checkpoint.sources import CheckpointSource, FileResolver, find_manifest
+from elastic_rm.checkpoint.sources import CheckpointSource, FileResolver, find_manifest_of
 
 
 @dataclass
@@ -158,21 +158,24 @@ def apply_delta(state: dict, pieces: list[DeltaPiece]) -> int:
 
 def chain_of(manifest: dict[str, Any], sources: Sequence[CheckpointSource]) -> list[dict[str, Any]]:
     """The manifests a step needs, base first: itself for a full step, else its base and every delta up
-    to it, each link checked against the manifest digest its child was built on."""
+    to it. Each link is the manifest its child names by digest, taken from a source that holds that
+    one: where sources hold different checkpoints of a step (another run's, a replaced one), the
+    matching copy is chosen, and the chain is refused when no source holds it."""
     chain = [manifest]
     cur = manifest
     while cur.get("kind") == "delta":
         step, parent = cur["step"], cur["parent"]
-        pm, problems = find_manifest(parent, sources)
+        pm, problems, others = find_manifest_of(parent, cur["parent_sha256"], sources)
+        if pm is None and others:
+            raise CorruptCheckpointError(
+                f"step {step} is a delta of step {parent}, but step {parent}'s manifest.json in "
+                f"{', '.join(others)} is another checkpoint than the one it was built on (another run's "
+                "or a replaced step)"
+            )
         if pm is None:
             raise CorruptCheckpointError(
                 f"step {step} is a delta of step {parent}, whose manifest.json is missing or corrupt "
-                f"({'; '.join(problems)})"
-            )
-        if pm["manifest_sha256"] != cur["parent_sha256"]:
-            raise CorruptCheckpointError(
-                f"step {step} is a delta of step {parent}, but step {parent}'s manifest.json is another "
-                "checkpoint than the one it was built on (another run's or a replaced step)"
+                f"({'; '.join(problems) or 'no source holds it'})"
             )
         chain.insert(0, pm)
         cur = pm

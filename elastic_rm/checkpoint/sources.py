@@ -198,8 +198,31 @@ def find_manifest(step: int, sources: Sequence[CheckpointSource]) -> tuple[dict[
     return None, problems
 
 
+def find_manifest_of(
+    step: int, sha: str, sources: Sequence[CheckpointSource]
+) -> tuple[dict[str, Any] | None, list[str], list[str]]:
+    """The manifest of `step` whose digest is `sha` (the one a delta was built on), from the first source
+    holding it; else None, why the others failed, and the sources holding another checkpoint of `step`."""
+    problems, others = [], []
+    for src in sources:
+        data = src.manifest_bytes(step)
+        if data is None:
+            continue
+        try:
+            m = parse_manifest(data, f"{src.name} step {step}")
+        except CorruptCheckpointError as e:
+            problems.append(str(e))
+            continue
+        if m["manifest_sha256"] == sha:
+            return m, problems, others
+        others.append(src.name)
+    return None, problems, others
+
+
 class FileResolver:
-    """Maps a checkpoint file name to a verified local path, trying sources in order."""
+    """Maps a checkpoint file name to a verified local path, trying sources in order. A source whose
+    manifest of the step is another checkpoint (another run's, a replaced step) is passed over: its
+    files are never read into this one, even where their sizes match and checksums are not verified."""
 
     def __init__(
         self, step: int, manifest: dict[str, Any], sources: Sequence[CheckpointSource], verify: bool = True
@@ -208,8 +231,22 @@ class FileResolver:
         self.verify = verify
         self.files: dict[str, Any] = manifest["files"]
         self.sources = list(sources)
+        self.sha = manifest.get("manifest_sha256")
         self.resolved: dict[str, tuple[str, Path]] = {}
         self.verify_s = 0.0
+        self._foreign: dict[str, bool] = {}  # source name -> holds another checkpoint of this step
+
+    def _holds_another(self, src: CheckpointSource) -> bool:
+        """Does `src` hold a sound manifest of this step that is not this one? (A source without one,
+        or with a corrupt one, may still hold good files: the checksums decide.)"""
+        if src.name not in self._foreign:
+            data = src.manifest_bytes(self.step) if self.sha is not None else None
+            try:
+                other = data is not None and parse_manifest(data, src.name)["manifest_sha256"] != self.sha
+            except CorruptCheckpointError:
+                other = False
+            self._foreign[src.name] = other
+        return self._foreign[src.name]
 
     def path(self, file: str, ranges: list[tuple[int, int]] | None = None) -> Path:
         """A local path of a copy of `file` whose checksums match: of the whole file, or with `ranges`
@@ -229,6 +266,9 @@ class FileResolver:
             raise CorruptCheckpointError(f"step {self.step}: file {file!r} is not in the manifest")
         why = []
         for src in self.sources:
+            if self._holds_another(src):
+                why.append(f"{src.name}: holds another checkpoint of step {self.step}")
+                continue
             partial = getattr(src, "file_blocks", None)  # a network source fetches only what is read
             try:
                 if partial is not None and ranges is not None:
