@@ -1,4 +1,4 @@
-"""The cluster's queue for the planner's snapshot: ``queue`` (a QueueRecord), read at most every few seconds.
+"""The cluster's queue for the planner's snapshot: ``queue`` (a QueueRecord), read at most once a second.
 
 Who knows whether other jobs wait for the nodes this run grows into is whatever places the run's nodes on
 a shared pool: `erm launch --slurm` writes the key from squeue (elastic_rm.launch.slurm_nodes). `erm launch`
@@ -19,7 +19,8 @@ from ..wire.records import QueueRecord, RecordError
 
 log = logging.getLogger(__name__)
 
-READ_EVERY_S = 5.0  # the queue changes on job arrivals and starts: minutes, not the leader's pace
+# one key read at most once a second: a node given back to a waiting job waits for this read first
+READ_EVERY_S = 1.0
 
 
 class QueueSignal:
