@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -129,10 +130,10 @@ def test_cleared_drain_lets_the_next_workers_run(channel, pyprocs, step_worker, 
     assert not (tmp_path / "ckpt-0.json").exists()
 
 
-def test_ranks_agree_on_the_stop_step(pyprocs, step_worker, tmp_path, free_port):
-    # Two ranks on two "nodes" (two agent channels). Only node A drains: with sync_every the all_reduce(MAX)
-    # makes rank 1 stop too, at the same step, a multiple of sync_every. Without it rank 0 would stop alone
-    # and rank 1 would hang in its next all_reduce.
+@contextlib.contextmanager
+def two_nodes_of_one_rank(pyprocs, step_worker, tmp_path, free_port):
+    """Two agent channels (two "nodes") and a gloo rank of the step worker on each (``--sync-every 4``),
+    both stepping: (channel a, channel b, [rank 0, rank 1])."""
     a, b = AgentChannel(window_s=5).start(), AgentChannel(window_s=5).start()
     try:
         ps = []
@@ -142,6 +143,17 @@ def test_ranks_agree_on_the_stop_step(pyprocs, step_worker, tmp_path, free_port)
             args = ["--out", str(tmp_path), "--step-ms", "5", "--gloo", "--sync-every", "4"]
             ps.append(pyprocs.python(step_worker, *args, env=env))
         wait_for(lambda: a.steps_total >= 10 and b.steps_total >= 10, 30, "both ranks to step")
+        yield a, b, ps
+    finally:
+        a.close()
+        b.close()
+
+
+def test_ranks_agree_on_the_stop_step(pyprocs, step_worker, tmp_path, free_port):
+    # Two ranks on two "nodes" (two agent channels). Only node A drains: with sync_every the all_reduce(MAX)
+    # makes rank 1 stop too, at the same step, a multiple of sync_every. Without it rank 0 would stop alone
+    # and rank 1 would hang in its next all_reduce.
+    with two_nodes_of_one_rank(pyprocs, step_worker, tmp_path, free_port) as (a, b, ps):
         a.request_drain()
         result = a.wait_for_acks(timeout_s=10)
         assert result.complete and len(result.acked) == 1, result
@@ -150,9 +162,6 @@ def test_ranks_agree_on_the_stop_step(pyprocs, step_worker, tmp_path, free_port)
         assert steps[0] == steps[1] and steps[0] % 4 == 0
         for r in (0, 1):
             assert int((tmp_path / f"log-{r}.txt").read_text().split()[-1]) == steps[r]
-    finally:
-        a.close()
-        b.close()
 
 
 def test_multi_rank_without_sync_never_stops_alone(pyprocs, step_worker, tmp_path, free_port, channel):
@@ -240,15 +249,7 @@ def test_a_worker_stopped_by_its_peers_before_its_agent_asks_counts_as_drained(
     # node B stops at the same step and acks to B's agent, which sees the request only afterwards. B's
     # agent must count that ack: a worker it took for one without the API was never told to leave (in
     # rounds()), waited out the stop's exit limit and was killed.
-    a, b = AgentChannel(window_s=5).start(), AgentChannel(window_s=5).start()
-    try:
-        ps = []
-        for rank, ch in enumerate((a, b)):
-            env = {**ch.env(), "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0"}
-            env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port)}
-            args = ["--out", str(tmp_path), "--step-ms", "5", "--gloo", "--sync-every", "4"]
-            ps.append(pyprocs.python(step_worker, *args, env=env))
-        wait_for(lambda: a.steps_total >= 10 and b.steps_total >= 10, 30, "both ranks to step")
+    with two_nodes_of_one_rank(pyprocs, step_worker, tmp_path, free_port) as (a, b, ps):
         a.request_drain()
         assert len(a.wait_for_acks(timeout_s=10).acked) == 1
         assert [p.wait(timeout=10) for p in ps] == [0, 0]  # rank 1 acked to B and exited
@@ -259,9 +260,6 @@ def test_a_worker_stopped_by_its_peers_before_its_agent_asks_counts_as_drained(
         b.clear_drain()  # the next round's workers: what the old ones said is forgotten
         b.request_drain()
         assert b.wait_for_acks(timeout_s=0, pids=[ps[1].pid]).unregistered == (ps[1].pid,)
-    finally:
-        a.close()
-        b.close()
 
 
 def test_a_late_goodbye_of_the_last_round_does_not_count_in_the_next_drain():

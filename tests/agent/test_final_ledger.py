@@ -18,6 +18,7 @@ from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.wire.keyspace import Keyspace
 from elastic_rm.wire.records import LedgerRecord
 from tests.conftest import Proc
+from tests.ermrun_argv import flags
 
 FINAL_STEP = 17
 
@@ -56,27 +57,16 @@ def test_the_ledger_in_etcd_is_the_final_checkpoints_when_no_poll_came_after_it(
 ) -> None:
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
-    argv = [
-        sys.executable,
-        "-c",
-        AGENT,
-        "--nnodes",
-        "1",
-        "--nproc-per-node",
-        "1",
-        "--rdzv-endpoint",
-        etcd.endpoint,
-        "--rdzv-id",
-        run_id,
-        "--node-id",
-        "a",
-        "--monitor-interval",
-        "0.1",
-        "--spares",
-        "off",
-        worker.as_posix(),
-        str(FINAL_STEP),
-    ]
+    ermrun_flags = flags(
+        nnodes=1,
+        nproc_per_node=1,
+        rdzv_endpoint=etcd.endpoint,
+        rdzv_id=run_id,
+        node_id="a",
+        monitor_interval=0.1,
+        spares="off",
+    )
+    argv = [sys.executable, "-c", AGENT, *ermrun_flags, worker.as_posix(), str(FINAL_STEP)]
     memory = tmp_path / "memory"
     env = {ENV_MEMORY_ROOT: str(memory), "PYTHONPATH": os.getcwd()}
     agent = Proc(argv, str(tmp_path / "a.agent.log"), env=env)

@@ -15,23 +15,6 @@ from elastic_rm.etcd.server import EtcdCluster
 FIGURES_ENV = "ERM_CHAOS_FIGURES"  # a directory: each chaos test leaves its measurements there as JSON
 
 
-def node_args(endpoint: str, run_id: str, nnodes: str, node: str, conf: str, nproc: int = 1) -> list[str]:
-    return [
-        "--nnodes",
-        nnodes,
-        "--nproc-per-node",
-        str(nproc),
-        "--rdzv-endpoint",
-        endpoint,
-        "--rdzv-id",
-        run_id,
-        "--rdzv-conf",
-        conf,
-        "--node-id",
-        node,
-    ]
-
-
 def record_figures(tmp_path, name: str, figures: dict) -> None:
     """Measurements are recorded, never asserted: into the test's directory and $ERM_CHAOS_FIGURES."""
     text = json.dumps(figures, indent=1, sort_keys=True, default=str)

@@ -25,7 +25,6 @@ from elastic_rm.etcd.server import EtcdCluster, EtcdServer
 from tests.chaos.helpers import (
     check_round_history,
     leader_index,
-    node_args,
     node_keys,
     record_figures,
     round_history,
@@ -33,6 +32,7 @@ from tests.chaos.helpers import (
     round_records,
 )
 from tests.e2e.helpers import ermrun, records, steps_at_world, wait_until
+from tests.ermrun_argv import node_args
 
 OUTAGE_S = 30.0
 CONF = "lease_ttl=5,last_call_timeout=0.5,join_timeout=120,etcd_timeout=3"

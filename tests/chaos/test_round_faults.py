@@ -18,9 +18,10 @@ import time
 import pytest
 
 from elastic_rm.etcd.client import EtcdClient
-from tests.chaos.helpers import check_round_history, node_args, node_keys, record_figures, round_history
+from tests.chaos.helpers import check_round_history, node_keys, record_figures, round_history
 from tests.chaos.helpers import round_record as read_round
 from tests.e2e.helpers import ermrun, steps_at_world, wait_until
+from tests.ermrun_argv import node_args
 
 CONF = "lease_ttl=2,last_call_timeout=0.5,join_timeout=60"
 

@@ -40,7 +40,7 @@ from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.etcd.server import EtcdServer
 from elastic_rm.obs.results_file import write_soak_results
 from tests.chaos.helpers import check_round_history, record_figures, round_history, round_record
-from tests.conftest import BIN
+from tests.ermrun_argv import ermrun_argv, flags
 
 MINUTES = float(os.environ.get("ERM_SOAK_MINUTES", "30"))
 FAULT_EVERY_S = float(os.environ.get("ERM_SOAK_FAULT_EVERY", "60"))
@@ -71,24 +71,10 @@ def replay(workdir, schedule: list[tuple[int, int, int]]) -> dict:
     end: dict = {}
     for k, (world, first, last) in enumerate(schedule):
         progress = os.path.join(out, f"stretch-{k}")
-        argv = [
-            os.path.join(BIN, "ermrun"),
-            "--quiet",
-            "--standalone",
-            "--nproc-per-node",
-            str(world),
-            DEFAULT_SCRIPT,
-            "--steps",
-            str(last),
-            "--progress-dir",
-            progress,
-            "--checkpoint-every",
-            "100000",
-            "--checkpoint-dir",
-            ckpt,
-            "--persist-every",
-            "1",
-        ]
+        script_args = flags(
+            steps=last, progress_dir=progress, checkpoint_every=100000, checkpoint_dir=ckpt, persist_every=1
+        )
+        argv = ermrun_argv(DEFAULT_SCRIPT, *script_args, quiet=True, standalone=True, nproc_per_node=world)
         os.makedirs(progress)
         with open(os.path.join(progress, "log"), "wb") as log:
             proc = subprocess.run(

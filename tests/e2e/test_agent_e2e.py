@@ -13,16 +13,16 @@ from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.wire.metrics import parse_record
 from tests.conftest import BIN, REPO, Proc
 from tests.e2e.helpers import records, wait_until
+from tests.ermrun_argv import ermrun_argv, node_args
 
 REPORTING = os.path.join(REPO, "tests", "workers", "reporting.py")
 DDP = os.path.join(REPO, "tests", "workers", "ddp_linear.py")
-CONF = "lease_ttl=2,last_call_timeout=0.5,join_timeout=60"
 
 
 def node(tmp_path, etcd, run_id, name, nnodes="2:3", script=REPORTING, nproc=1, extra=()):
-    argv = [os.path.join(BIN, "ermrun"), "--nnodes", nnodes, "--nproc-per-node", str(nproc)]
-    argv += ["--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, "--rdzv-conf", CONF, "--node-id", name]
-    argv += ["--monitor-interval", "0.1", *extra, script]
+    argv = ermrun_argv(
+        *node_args(etcd.endpoint, run_id, nnodes, name, nproc=nproc), *extra, script, monitor_interval=0.1
+    )
     return Proc(
         argv, str(tmp_path / f"{name}.agent.log"), env={"STEPS_DIR": str(tmp_path), "STEPS_NODE": name}
     )
@@ -87,11 +87,8 @@ def test_new_round_drains_workers_at_a_step_boundary(etcd, run_id, tmp_path, pro
 def test_unmodified_ddp_script_matches_torchrun(etcd, run_id, tmp_path, procs):
     outs = {}
     for name in ("x", "y"):
-        argv = [os.path.join(BIN, "ermrun"), "--nnodes", "2", "--nproc-per-node", "2"]
-        argv += ["--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, "--rdzv-conf", CONF]
-        argv += ["--node-id", name]
         p = Proc(
-            [*argv, DDP],
+            ermrun_argv(*node_args(etcd.endpoint, run_id, "2", name, nproc=2), DDP),
             str(tmp_path / f"{name}.log"),
             env={"DDP_OUT": str(tmp_path / "ermrun.out")},
         )

@@ -26,7 +26,8 @@ from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.obs import events as ev
 from elastic_rm.wire.keyspace import DEFAULT_PREFIX, Keyspace
 from elastic_rm.wire.records import LedgerRecord, RoundRecord
-from tests.conftest import BIN, REPO
+from tests.conftest import REPO
+from tests.ermrun_argv import ermrun_argv, flags
 
 EXAMPLE_JOB = os.path.join(REPO, "examples", "dlrm", "job.json")
 
@@ -139,19 +140,8 @@ def reference_checksum(tmp_path, steps: int, nproc: int) -> float:
     """The embedding checksum after ``steps`` steps of a plain fixed-size run (no rounds, no restore)."""
     out = tmp_path / "reference"
     out.mkdir()
-    argv = [
-        os.path.join(BIN, "ermrun"),
-        "--standalone",
-        "--nproc-per-node",
-        str(nproc),
-        DEFAULT_SCRIPT,
-        "--steps",
-        str(steps),
-        "--progress-dir",
-        str(out / "progress"),
-        "--checkpoint-every",
-        "1000",
-    ]
+    script_args = flags(steps=steps, progress_dir=out / "progress", checkpoint_every=1000)
+    argv = ermrun_argv(DEFAULT_SCRIPT, *script_args, standalone=True, nproc_per_node=nproc)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with open(out / "log", "wb") as log:
         proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=300)

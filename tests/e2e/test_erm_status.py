@@ -34,6 +34,7 @@ from elastic_rm.wire.keyspace import Keyspace
 from launcher.erm import main as erm_main
 from tests.conftest import BIN, REPO, Proc
 from tests.e2e.helpers import exit_code_after, records, wait_until
+from tests.ermrun_argv import ermrun_argv, node_args
 
 REPORTING = os.path.join(REPO, "tests", "workers", "reporting.py")
 ERM = os.path.join(BIN, "erm")
@@ -68,29 +69,26 @@ def status(job: Job) -> dict:
     return json.loads(out.stdout)
 
 
+def follow_events(endpoint: str, run_id: str) -> subprocess.Popen:
+    """``erm events --follow`` of the run, its output in pipes (faulthandler on: a hang shows its stacks)."""
+    return subprocess.Popen(
+        [ERM, "events", "--endpoint", endpoint, "--run-id", run_id, "--follow"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONFAULTHANDLER="1"),
+    )
+
+
 def start_node(endpoint: str, run_id: str, tmp: Path, name: str, *extra: str) -> Proc:
     """A node of the job: ermrun with the reporting worker, which stops when ``tmp/stop`` exists."""
-    argv = [
-        os.path.join(BIN, "ermrun"),
-        "--nnodes",
-        "1:2",
-        "--nproc-per-node",
-        "1",
-        "--rdzv-endpoint",
-        endpoint,
-        "--rdzv-id",
-        run_id,
-        "--rdzv-conf",
-        "lease_ttl=2",
-        "--node-id",
-        name,
-        "--event-log",
-        str(tmp / f"{name}.events.jsonl"),
-        "--event-sample-interval",
-        "1",
+    argv = ermrun_argv(
+        *node_args(endpoint, run_id, "1:2", name, conf="lease_ttl=2"),
         *extra,
         REPORTING,
-    ]
+        event_log=tmp / f"{name}.events.jsonl",
+        event_sample_interval=1,
+    )
     return Proc(argv, str(tmp / f"{name}.log"), env={"STEPS_DIR": str(tmp), "STEPS_NODE": name})
 
 
@@ -327,13 +325,7 @@ def test_erm_events_follow_prints_new_events_as_they_come(etcd, run_id):
         log = EventLog(run_id, "n0", client=c, keys=keys)
         log.emit("job", "already there", status="started")
         assert log.flush()
-        p = subprocess.Popen(
-            [ERM, "events", "--endpoint", etcd.endpoint, "--run-id", run_id, "--follow"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=dict(os.environ, PYTHONFAULTHANDLER="1"),
-        )
+        p = follow_events(etcd.endpoint, run_id)
         try:
             assert "already there" in p.stdout.readline()  # printed before the watch starts
             log.emit("failure", "rank 1 exited 7", ranks=[1], exit_codes=[7])
@@ -388,13 +380,7 @@ def test_erm_events_follow_ends_when_the_run_is_closed_and_every_node_left(etcd,
         log.emit("job", "started", status="started")
         assert log.flush()
         c.put(keys.nodes + "n0", b"{}")  # a node still in the run
-        p = subprocess.Popen(
-            [ERM, "events", "--endpoint", etcd.endpoint, "--run-id", run_id, "--follow"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=dict(os.environ, PYTHONFAULTHANDLER="1"),
-        )
+        p = follow_events(etcd.endpoint, run_id)
         try:
             assert "started" in p.stdout.readline()
             c.put(keys.closed, json.dumps({"by": "erm stop"}).encode())

@@ -17,32 +17,15 @@ from elastic_rm.checkpoint.node_memory import memory_root
 from elastic_rm.etcd.client import EtcdClient
 from tests.conftest import BIN, REPO, Proc
 from tests.e2e.helpers import records, wait_until
+from tests.ermrun_argv import ermrun_argv, node_args
 
 ERM = os.path.join(BIN, "erm")
 REPORTING = os.path.join(REPO, "tests", "workers", "reporting.py")
 STEPS = os.path.join(REPO, "tests", "workers", "steps.py")
-CONF = "lease_ttl=2,last_call_timeout=0.5,join_timeout=60"
 
 
 def _node(etcd, run_id: str, tmp_path, name: str, nnodes: str) -> Proc:
-    argv = [
-        os.path.join(BIN, "ermrun"),
-        "--nnodes",
-        nnodes,
-        "--nproc-per-node",
-        "1",
-        "--monitor-interval",
-        "0.1",
-        "--rdzv-endpoint",
-        etcd.endpoint,
-        "--rdzv-id",
-        run_id,
-        "--rdzv-conf",
-        CONF,
-        "--node-id",
-        name,
-        REPORTING,
-    ]
+    argv = ermrun_argv(*node_args(etcd.endpoint, run_id, nnodes, name), REPORTING, monitor_interval=0.1)
     return Proc(argv, str(tmp_path / f"{name}.log"), env={"STEPS_DIR": str(tmp_path), "STEPS_NODE": name})
 
 
@@ -54,8 +37,10 @@ def _steps_at(tmp_path, node: str, world: int) -> int:
     return sum(1 for r in records(tmp_path, node) if "step" in r and r.get("world") == world)
 
 
-def test_erm_stop_drains_closes_and_every_agent_exits_0(etcd, run_id, tmp_path, procs):
-    nodes = {n: _node(etcd, run_id, tmp_path, n, "2") for n in ("a", "b")}
+def _two_nodes_at_world_2(start, run_id: str, tmp_path, procs) -> dict[str, Proc]:
+    """Nodes a and b (``start(name)``) training at world 2, each with a step in node memory as a flash
+    checkpoint leaves it."""
+    nodes = {n: start(n) for n in ("a", "b")}
     procs.extend(nodes.values())
     wait_until(
         lambda: all(_steps_at(tmp_path, n, 2) >= 5 for n in nodes),
@@ -63,9 +48,14 @@ def test_erm_stop_drains_closes_and_every_agent_exits_0(etcd, run_id, tmp_path, 
         "both nodes at world 2",
         nodes.values(),
     )
-    for n in nodes:  # what a flash checkpoint leaves in node memory
+    for n in nodes:
         (memory_root() / run_id / n / "step-5").mkdir(parents=True)
         (memory_root() / run_id / n / "step-5" / "shard").write_bytes(b"0" * 4096)
+    return nodes
+
+
+def test_erm_stop_drains_closes_and_every_agent_exits_0(etcd, run_id, tmp_path, procs):
+    nodes = _two_nodes_at_world_2(lambda n: _node(etcd, run_id, tmp_path, n, "2"), run_id, tmp_path, procs)
 
     result = _erm("stop", run_id, "--endpoint", etcd.endpoint)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -115,43 +105,15 @@ def test_erm_stop_node_takes_one_node_down_and_the_run_goes_on(etcd, run_id, tmp
 
 def _plain_node(etcd, run_id: str, tmp_path, name: str) -> Proc:
     """A node of a plain torch script (no elastic-rm API: nothing to drain)."""
-    argv = [
-        os.path.join(BIN, "ermrun"),
-        "--nnodes",
-        "2",
-        "--nproc-per-node",
-        "1",
-        "--monitor-interval",
-        "0.1",
-        "--drain-grace",
-        "3",
-        "--rdzv-endpoint",
-        etcd.endpoint,
-        "--rdzv-id",
-        run_id,
-        "--rdzv-conf",
-        CONF,
-        "--node-id",
-        name,
-        STEPS,
-    ]
+    node = node_args(etcd.endpoint, run_id, "2", name)
+    argv = ermrun_argv(*node, STEPS, monitor_interval=0.1, drain_grace=3)
     return Proc(argv, str(tmp_path / f"{name}.log"), env={"STEPS_DIR": str(tmp_path), "STEPS_NODE": name})
 
 
 def test_erm_stop_of_a_plain_script_terminates_its_workers_and_every_agent_exits_0(
     etcd, run_id, tmp_path, procs
 ):
-    nodes = {n: _plain_node(etcd, run_id, tmp_path, n) for n in ("a", "b")}
-    procs.extend(nodes.values())
-    wait_until(
-        lambda: all(_steps_at(tmp_path, n, 2) >= 5 for n in nodes),
-        120,
-        "both nodes at world 2",
-        nodes.values(),
-    )
-    for n in nodes:  # what a flash checkpoint leaves in node memory
-        (memory_root() / run_id / n / "step-5").mkdir(parents=True)
-        (memory_root() / run_id / n / "step-5" / "shard").write_bytes(b"0" * 4096)
+    nodes = _two_nodes_at_world_2(lambda n: _plain_node(etcd, run_id, tmp_path, n), run_id, tmp_path, procs)
     workers = [r["pid"] for n in nodes for r in records(tmp_path, n) if r.get("start")]
 
     result = _erm("stop", run_id, "--endpoint", etcd.endpoint)
@@ -177,24 +139,7 @@ SHORT_FORM = os.path.join(REPO, "tests", "workers", "short_form.py")
 
 def _api_node(etcd, run_id: str, tmp_path, name: str) -> Proc:
     """A node whose workers use the API (elastic_run: rounds in place, drained at a step boundary)."""
-    argv = [
-        os.path.join(BIN, "ermrun"),
-        "--nnodes",
-        "1:3",
-        "--nproc-per-node",
-        "1",
-        "--monitor-interval",
-        "0.1",
-        "--rdzv-endpoint",
-        etcd.endpoint,
-        "--rdzv-id",
-        run_id,
-        "--rdzv-conf",
-        CONF,
-        "--node-id",
-        name,
-        SHORT_FORM,
-    ]
+    argv = ermrun_argv(*node_args(etcd.endpoint, run_id, "1:3", name), SHORT_FORM, monitor_interval=0.1)
     return Proc(argv, str(tmp_path / f"{name}.log"), env={"STEPS_DIR": str(tmp_path), "STEPS_NODE": name})
 
 

@@ -17,25 +17,7 @@ from elastic_rm.wire.keyspace import Keyspace
 from elastic_rm.wire.records import RoundRecord
 from tests.conftest import BIN, Proc
 from tests.e2e.helpers import STEPS, ermrun, records, steps_at_world, wait_until
-
-CONF = "lease_ttl=2,last_call_timeout=0.5,join_timeout=60"
-
-
-def node_args(endpoint: str, run_id: str, nnodes: str, node: str, nproc: int = 1) -> list[str]:
-    return [
-        "--nnodes",
-        nnodes,
-        "--nproc-per-node",
-        str(nproc),
-        "--rdzv-endpoint",
-        endpoint,
-        "--rdzv-id",
-        run_id,
-        "--rdzv-conf",
-        CONF,
-        "--node-id",
-        node,
-    ]
+from tests.ermrun_argv import node_args
 
 
 def test_two_nodes_run_to_completion_with_torchrun_environment(etcd, run_id, tmp_path, procs):
@@ -178,7 +160,7 @@ def test_sigstop_of_a_node_is_detected_within_the_lease(etcd, run_id, tmp_path, 
         record = client.get(ks.node("c"))
         assert record is not None and record.lease
         granted = client.run(lambda c: c.get_lease_info(record.lease, keys=False))
-        assert granted.grantedTTL == 2  # lease_ttl=2 in CONF
+        assert granted.grantedTTL == 2  # lease_ttl=2 in tests.ermrun_argv.CONF
         cancel = client.watch_prefix(ks.run, client.ping() + 1, history.extend)
         nodes["c"].signal(signal.SIGSTOP)
         stopped = time.time()

@@ -11,10 +11,8 @@ import time
 
 import pytest
 
-from tests.conftest import BIN
 from tests.e2e.helpers import STEPS
-
-ERMRUN = os.path.join(BIN, "ermrun")
+from tests.ermrun_argv import ERMRUN, ermrun_argv
 
 
 def test_a_failure_is_one_event_line_and_an_event_quiet_prints_none(tmp_path):
@@ -22,18 +20,7 @@ def test_a_failure_is_one_event_line_and_an_event_quiet_prints_none(tmp_path):
     script.write_text("import sys; sys.exit(3)\n")
     log = tmp_path / "events.jsonl"
     result = subprocess.run(
-        [
-            ERMRUN,
-            "--nproc-per-node",
-            "1",
-            "--membership-grace",
-            "0",
-            "--rdzv-id",
-            "fails",
-            "--event-log",
-            str(log),
-            str(script),
-        ],
+        ermrun_argv(str(script), nproc_per_node=1, membership_grace=0, rdzv_id="fails", event_log=log),
         capture_output=True,
         text=True,
         timeout=120,

@@ -1,8 +1,8 @@
 """Nodes that finish apart (elastic_rm.agent.finish): a node whose workers fail after the other node's
 succeeded does not wait the membership grace for a new round (the other node is in torch's exit barrier:
 the job ends, its membership does not change), and the node in the exit barrier leaves it when the failing
-node closes the run, not after torch's 300 s. Before, the first waited --membership-grace (here 600 s) and
-the second up to 300 s: this test's wait ran out."""
+node closes the run, not after torch's 300 s. Otherwise the first would wait --membership-grace (here
+600 s) and the second up to 300 s, past this test's wait."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import json
 import os
 
 from elastic_rm.etcd.client import EtcdClient
-from tests.conftest import BIN, REPO, Proc
+from tests.conftest import REPO, Proc
 from tests.e2e.exits import exit_codes
+from tests.ermrun_argv import ermrun_argv, node_args
 
 FINISH_APART = os.path.join(REPO, "tests", "workers", "finish_apart.py")
 
@@ -19,28 +20,8 @@ FINISH_APART = os.path.join(REPO, "tests", "workers", "finish_apart.py")
 def test_a_node_failing_after_its_peer_finished_ends_both_agents_at_once(etcd, run_id, tmp_path, procs):
     nodes = {}
     for name in ("a", "b"):
-        argv = [
-            os.path.join(BIN, "ermrun"),
-            "--nnodes",
-            "2",
-            "--nproc-per-node",
-            "1",
-            "--monitor-interval",
-            "0.1",
-            "--rdzv-endpoint",
-            etcd.endpoint,
-            "--rdzv-id",
-            run_id,
-            "--rdzv-conf",
-            "lease_ttl=2,last_call_timeout=0.5,join_timeout=60",
-            "--node-id",
-            name,
-            "--membership-grace",
-            "600",
-            "--spares",
-            "off",
-            FINISH_APART,
-        ]
+        node = node_args(etcd.endpoint, run_id, "2", name)
+        argv = ermrun_argv(*node, FINISH_APART, monitor_interval=0.1, membership_grace=600, spares="off")
         nodes[name] = Proc(argv, str(tmp_path / f"{name}.log"))
     procs.extend(nodes.values())
     codes = exit_codes(nodes, 120)

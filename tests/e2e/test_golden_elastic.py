@@ -22,6 +22,7 @@ from elastic_rm.checkpoint.node_memory import run_memory_dir
 from elastic_rm.train.ledger import RangeLedger
 from tests.conftest import BIN, REPO, Proc
 from tests.e2e.helpers import wait_until
+from tests.ermrun_argv import ermrun_argv, flags, node_args
 
 SCRIPT = os.path.join(REPO, "examples", "golden", "train_dlrm.py")
 GLOBAL_BATCH = 16
@@ -45,31 +46,14 @@ RESTORED = re.compile(r"elastic-rm: world (\d+): (?:restored step (\d+)|fresh st
 
 
 def node(tmp_path: Path, etcd, run_id: str, name: str, log: str) -> Proc:
-    argv = [
-        os.path.join(BIN, "ermrun"),
-        "--nnodes",
-        "1:2",
-        "--nproc-per-node",
-        "1",
-        "--rdzv-endpoint",
-        etcd.endpoint,
-        "--rdzv-id",
-        run_id,
-        "--node-id",
-        name,
-        "--monitor-interval",
-        "0.1",
-        "--max-restarts",
-        "3",
-        "--rdzv-conf",
-        "lease_ttl=2,last_call_timeout=3",
+    argv = ermrun_argv(
+        *node_args(etcd.endpoint, run_id, "1:2", name, conf="lease_ttl=2,last_call_timeout=3"),
         SCRIPT,
         *ARGS,
-        "--num-iterations",
-        "1000000",
-        "--checkpoint-dir",
-        str(tmp_path / "ckpt"),
-    ]
+        *flags(num_iterations=1000000, checkpoint_dir=tmp_path / "ckpt"),
+        monitor_interval=0.1,
+        max_restarts=3,
+    )
     return Proc(argv, str(tmp_path / log), env={"OMP_NUM_THREADS": "1"})
 
 

@@ -8,10 +8,8 @@ import subprocess
 import pytest
 
 from elastic_rm.agent.threads import choose, usable_cores
-from tests.conftest import BIN
 from tests.e2e.helpers import STEPS, ermrun, records
-
-CONF = "lease_ttl=2,last_call_timeout=0.5,join_timeout=60"
+from tests.ermrun_argv import ermrun_argv, node_args
 
 
 def test_the_share_is_the_cpu_limit_else_the_cores_over_the_nodes_here():
@@ -27,19 +25,7 @@ def test_the_share_is_the_cpu_limit_else_the_cores_over_the_nodes_here():
 
 def test_two_nodes_on_one_machine_split_its_cores(etcd, run_id, tmp_path, procs, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    args = [
-        "--nnodes",
-        "2",
-        "--nproc-per-node",
-        "1",
-        "--rdzv-endpoint",
-        etcd.endpoint,
-        "--rdzv-id",
-        run_id,
-        "--rdzv-conf",
-        CONF,
-    ]
-    nodes = [ermrun(tmp_path, n, [*args, "--node-id", n], steps_max=3) for n in ("a", "b")]
+    nodes = [ermrun(tmp_path, n, node_args(etcd.endpoint, run_id, "2", n), steps_max=3) for n in ("a", "b")]
     procs.extend(nodes)
     for p in nodes:
         assert p.wait(120) == 0, p.output()[-3000:]
@@ -56,7 +42,7 @@ def test_a_node_alone_uses_its_cores_and_a_users_value_wins(tmp_path, user):
     env.update({"STEPS_DIR": str(tmp_path), "STEPS_NODE": "s", "STEPS_MAX": "2"})
     if user is not None:
         env["OMP_NUM_THREADS"] = user
-    argv = [os.path.join(BIN, "ermrun"), "--standalone", "--nproc-per-node", "1", STEPS]
+    argv = ermrun_argv(STEPS, standalone=True, nproc_per_node=1)
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     starts = [r for r in records(tmp_path, "s") if r.get("start")]

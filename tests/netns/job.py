@@ -29,9 +29,10 @@ from elastic_rm.wire.keyspace import Keyspace
 from elastic_rm.wire.records import RoundRecord
 from tests.chaos.helpers import round_record, round_records
 from tests.chaos.test_soak import replay
-from tests.conftest import BIN, Proc
+from tests.conftest import Proc
 from tests.e2e.exits import exit_codes
 from tests.e2e.helpers import STEPS, wait_until
+from tests.ermrun_argv import ermrun_argv, flags, node_args
 from tests.netns.hosts import Host, Network
 
 
@@ -76,34 +77,16 @@ class Job:
         os.makedirs(self.progress_dir, exist_ok=True)
 
     def start(self, host: Host, endpoint: str) -> None:
-        argv = [
-            os.path.join(BIN, "ermrun"),
-            "--monitor-interval",
-            "0.1",
-            "--nnodes",
-            self.nnodes,
-            "--nproc-per-node",
-            "1",
-            "--max-restarts",
-            "3",
-            "--rdzv-endpoint",
-            endpoint,
-            "--rdzv-id",
-            self.run_id,
-            "--node-id",
-            host.name,
-            "--local-addr",
-            host.addr,
-            "--membership-grace",
-            "60",
-            "--rdzv-conf",
-            f"lease_ttl={self.lease_ttl},last_call_timeout=0.5,join_timeout=120{self.conf}",
+        conf = f"lease_ttl={self.lease_ttl},last_call_timeout=0.5,join_timeout=120{self.conf}"
+        argv = ermrun_argv(
+            *node_args(endpoint, self.run_id, self.nnodes, host.name, conf),
             *SCRIPTS[self.worker],
-            "--progress-dir",
-            self.progress_dir,
-            "--checkpoint-dir",
-            str(self.tmp_path / "ckpt"),
-        ]
+            *flags(progress_dir=self.progress_dir, checkpoint_dir=self.tmp_path / "ckpt"),
+            monitor_interval=0.1,
+            max_restarts=3,
+            local_addr=host.addr,
+            membership_grace=60,
+        )
         env = {
             "STEPS_DIR": self.progress_dir,
             "STEPS_NODE": host.name,

@@ -1,6 +1,7 @@
-"""End to end under ermrun: three agents train the example DLRM with replicated flash checkpoints and no
-durable copy; one node is killed and its memory deleted; the survivors restore its shards from the
-replica its ring peer received over HTTP (the only copy left)."""
+"""Flash checkpoints end to end under ermrun. Three agents train the example DLRM with replicated flash
+checkpoints and no durable copy; one node is killed and its memory deleted; the survivors restore its
+shards from the replica its ring peer received over HTTP (the only copy left). And the sample ledger that
+the leader mirrors into etcd ends at the drain's final checkpoint after `erm stop`."""
 
 from __future__ import annotations
 
@@ -16,41 +17,19 @@ import pytest
 from elastic_rm.checkpoint.node_memory import run_memory_dir
 from tests.conftest import BIN, REPO, Proc
 from tests.e2e.helpers import records, wait_until
+from tests.ermrun_argv import ermrun_argv, flags, node_args
 
 TRAIN = os.path.join(REPO, "examples", "dlrm", "train.py")
 
 
 def node(tmp_path: Path, etcd, run_id: str, name: str) -> Proc:
-    argv = [
-        os.path.join(BIN, "ermrun"),
-        "--nnodes",
-        "2:3",
-        "--nproc-per-node",
-        "1",
-        "--rdzv-endpoint",
-        etcd.endpoint,
-        "--rdzv-id",
-        run_id,
-        "--node-id",
-        name,
-        "--monitor-interval",
-        "0.1",
-        "--max-restarts",
-        "3",
-        "--rdzv-conf",
-        "lease_ttl=2,last_call_timeout=3,join_timeout=300",
+    argv = ermrun_argv(
+        *node_args(etcd.endpoint, run_id, "2:3", name, "lease_ttl=2,last_call_timeout=3,join_timeout=300"),
         TRAIN,
-        "--progress-dir",
-        str(tmp_path),
-        "--checkpoint-every",
-        "5",
-        "--tables",
-        "4",
-        "--rows",
-        "4000",
-        "--global-batch",
-        "60",
-    ]
+        *flags(progress_dir=tmp_path, checkpoint_every=5, tables=4, rows=4000, global_batch=60),
+        monitor_interval=0.1,
+        max_restarts=3,
+    )
     return Proc(argv, str(tmp_path / f"{name}.agent.log"), env={"OMP_NUM_THREADS": "1"})
 
 
@@ -109,34 +88,12 @@ def test_the_ledger_in_etcd_ends_at_the_drained_step_after_erm_stop(
     from elastic_rm.etcd.client import EtcdClient
     from elastic_rm.wire.keyspace import Keyspace
 
-    argv = [
-        os.path.join(BIN, "ermrun"),
-        "--nnodes",
-        "1",
-        "--nproc-per-node",
-        "1",
-        "--rdzv-endpoint",
-        etcd.endpoint,
-        "--rdzv-id",
-        run_id,
-        "--node-id",
-        "a",
-        "--monitor-interval",
-        "0.1",
-        "--rdzv-conf",
-        "lease_ttl=2",
+    argv = ermrun_argv(
+        *node_args(etcd.endpoint, run_id, "1", "a", conf="lease_ttl=2"),
         TRAIN,
-        "--progress-dir",
-        str(tmp_path),
-        "--checkpoint-every",
-        "50",
-        "--tables",
-        "2",
-        "--rows",
-        "1000",
-        "--global-batch",
-        "60",
-    ]
+        *flags(progress_dir=tmp_path, checkpoint_every=50, tables=2, rows=1000, global_batch=60),
+        monitor_interval=0.1,
+    )
     a = Proc(argv, str(tmp_path / "a.agent.log"), env={"OMP_NUM_THREADS": "1"})
     procs.append(a)
     wait_until(lambda: sum("step" in r for r in records(tmp_path, "a")) >= 60, 300, "60 steps", [a])

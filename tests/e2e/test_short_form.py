@@ -8,34 +8,20 @@ import re
 import signal
 
 from elastic_rm.train.rounds import OUTSIDE_WARNING
-from tests.conftest import BIN, REPO, Proc
+from tests.conftest import REPO, Proc
 from tests.e2e.helpers import records, wait_until
+from tests.ermrun_argv import ermrun_argv, node_args
 
 SCRIPT = os.path.join(REPO, "tests", "workers", "short_form.py")
-CONF = "lease_ttl=2,last_call_timeout=0.5,join_timeout=60"
 
 
 def _node(etcd, run_id: str, tmp_path, name: str, form: str, nnodes: str = "1:2", **env: str) -> Proc:
-    argv = [
-        os.path.join(BIN, "ermrun"),
-        "--nnodes",
-        nnodes,
-        "--nproc-per-node",
-        "1",
-        "--monitor-interval",
-        "0.1",
-        "--rdzv-endpoint",
-        etcd.endpoint,
-        "--rdzv-id",
-        run_id,
-        "--rdzv-conf",
-        CONF,
-        "--node-id",
-        name,
-        "--log-dir",
-        str(tmp_path / f"logs-{name}"),
+    argv = ermrun_argv(
+        *node_args(etcd.endpoint, run_id, nnodes, name),
         SCRIPT,
-    ]
+        monitor_interval=0.1,
+        log_dir=tmp_path / f"logs-{name}",
+    )
     env = {"STEPS_DIR": str(tmp_path), "STEPS_NODE": name, "SHORT_FORM": form, **env}
     return Proc(argv, str(tmp_path / f"{name}.log"), env=env)
 
