@@ -38,6 +38,9 @@ QUEUE_EVERY_S = 5.0  # the queue key is rewritten at most this often
 # the planner's reason for a demand past the round's size that replaces stragglers
 # (elastic_rm/planner/policy.py): their nodes go back once replaced, so those node jobs are no growth
 STRAGGLER_SPARE = "spare for a straggler"
+# a pending job held by one of these reasons does not wait for nodes: no node given back would start it
+# (squeue's reasons: Dependency, JobHeldUser, BeginTime, QOSMaxNodePerUserLimit, AssocGrpCpuLimit...)
+NOT_WAITING_FOR_NODES = ("Dependency", "JobHeld", "BeginTime", "Limit")
 
 
 class SlurmNode:
@@ -128,7 +131,8 @@ class SlurmExecutor(Executor):
 
     def _others_waiting(self, jobs: list[SlurmJob]) -> int:
         """Nodes that other pending jobs of the run's partitions ask for; another run's growth node jobs
-        (niced, yielding themselves) are no demand to give nodes back for."""
+        (niced, yielding themselves) and jobs held for something else than nodes (a dependency, a hold, a
+        start time, a limit) are no demand to give nodes back for."""
         return sum(
             j.node_count
             for j in jobs
@@ -136,6 +140,7 @@ class SlurmExecutor(Executor):
             and not self._ours(j)
             and self.partitions & set(j.partitions)
             and not (j.name.startswith("erm-") and j.comment.endswith(GROWTH_MARK))
+            and not any(why in j.reason for why in NOT_WAITING_FOR_NODES)
         )
 
     def tick(self) -> int | None:

@@ -108,6 +108,17 @@ def test_other_runs_growth_node_jobs_are_not_waiting_but_their_requested_ones_ar
         assert executor._ours(jobs[2])
 
 
+def test_pending_jobs_held_for_something_else_than_nodes_are_not_waiting(etcd, run_id):
+    held = [
+        {**_job(10 + i, "train", "PENDING", "debug", 2), "state_reason": reason}
+        for i, reason in enumerate(("Dependency", "JobHeldUser", "BeginTime", "QOSMaxNodePerUserLimit"))
+    ]
+    waiting = [{**_job(20, "train", "PENDING", "debug", 3), "state_reason": "Resources"}]
+    jobs = parse_jobs(json.dumps({"jobs": held + waiting}))
+    with EtcdClient(etcd.endpoint) as client:
+        assert _executor(client, run_id, Slurm(), [])._others_waiting(jobs) == 3
+
+
 def test_a_failing_squeue_keeps_the_last_value_and_is_reported_once(etcd, run_id, tmp_path):
     broken = Slurm(env={"PATH": str(tmp_path)})  # squeue gone from PATH: every call fails
     said: list[str] = []
