@@ -7,8 +7,11 @@ An OOM after a raise that took only up to the node's size (the node grew, short 
 grow more), with no node to shard onto, suspends the run until the nodes its memory fits on are there
 (``PlannerState.fit_nodes``): restarting on the same nodes only repeats the OOM until the restarts run
 out, and a job that started below its request (the cluster had fewer nodes free) then failed where the
-user's own configuration, waiting for its nodes, completed. A raise that did not take at all (the
-machine had no room then) is asked again: room may come, and a suspended job holds its nodes idle.
+user's own configuration, waiting for its nodes, completed. So does such an OOM of a run below its start
+size (the cluster gave it fewer nodes than its memory was planned for) when the raise, asked again, did
+not take again. A
+raise that did not take at all (the machine had no room then) on a run at its start size is asked again:
+room may come, and a suspended job holds its nodes idle.
 Pure: the answer and the new state from the snapshot and the old state.
 """
 
@@ -44,6 +47,11 @@ def oom_check(
     # the raise took in part (the node grew, short of the ask): it is as large as it gets; a raise that
     # did not take at all may take later, when the machine has room again
     capped = resize_failed and state.mem_asked_from > 0 and node_mem > 1.01 * state.mem_asked_from
+    # a run the cluster started short of its start size has a size its memory was planned for: an OOM
+    # whose raise did not take when asked again either waits for those nodes, as the user's own
+    # configuration would have
+    start = getattr(state.start, "world", 0)
+    capped = capped or (resize_failed and w < start and state.mem_reasks > 0)
     ask = partial(
         more_memory,
         cfg,
@@ -123,7 +131,7 @@ def more_memory(
     if add <= 0 and capped and floor > w:
         return suspend_until_fit(cfg, cur.number, state, job, members, floor, per_node, growth, why)
     if add <= 0 and cfg.resize_rounds:  # no node to add: ask for memory again all the same
-        state = replace(state, mem_asked=need, last_round_at=snapshot.now)
+        state = replace(state, mem_asked=need, last_round_at=snapshot.now, mem_reasks=state.mem_reasks + 1)
         state = replace(
             state,
             advice=replace(state.advice, mem_per_node_bytes=max(need, state.advice.mem_per_node_bytes)),

@@ -10,10 +10,11 @@ Order of precedence on every call (the first that answers wins):
 3. our previous Decision is not written yet: wait (no duplicate rounds);
 4. OOM predicted within the horizon, or an OOM happened: more nodes (tables shard thinner) or more memory
    (memory_rules.py);
-5. cooldown since the last round;
-6. a flagged straggler: replace it by a standby node, or drop it when that pays;
-7. stage 2: after the profiling window, fit the model and move to the marginal-gain target;
-8. budgets shrink by >= ``resize_when_saving``: a same-members round (only with ``resize_rounds``).
+5. nodes lent past the request while other jobs wait: given back at once (lending.py);
+6. cooldown since the last round;
+7. a flagged straggler: replace it by a standby node, or drop it when that pays;
+8. stage 2: after the profiling window, fit the model and move to the marginal-gain target;
+9. budgets shrink by >= ``resize_when_saving``: a same-members round (only with ``resize_rounds``).
 
 ``step(snapshot, state)`` is pure; ``decide(snapshot)`` threads the state internally (RoundPolicy).
 """
@@ -27,6 +28,7 @@ from .config import PlannerConfig
 from .history import HistoryError, StartPlan, parse_record, warm_start
 from .interface import ClusterSnapshot, NodeState, NodeView, Wait
 from .job import JobSpec, JobSpecError, parse_job
+from .lending import reclaim_check
 from .membership import MembershipPolicy, eligible_nodes
 from .memory_model import estimate_node_memory, rescale_observed
 from .memory_rules import oom_check
@@ -132,7 +134,7 @@ class PlannerPolicy:
         if state.decided_on_round == cur.number:
             return Wait(f"round {cur.number + 1} decided, not yet written"), state
         members = tuple(cur.members)
-        for check in (self._oom, self._cooldown, self._straggler, self._scale, self._resize):
+        for check in (self._oom, self._reclaim, self._cooldown, self._straggler, self._scale, self._resize):
             answer, state = check(snapshot, state, job, members, healthy, nodes)
             if answer is not None:
                 return answer, state
@@ -218,6 +220,12 @@ class PlannerPolicy:
 
     def _oom(self, snapshot, state, job, members, healthy, nodes):
         return oom_check(self.config, snapshot, state, job, members, healthy, nodes)
+
+    def _reclaim(self, snapshot, state, job, members, healthy, nodes):
+        request = job.request.nodes if job.request else 0
+        if not (snapshot.waiting_nodes or 0) > 0 or len(members) <= request:  # nothing lent or nobody asks
+            return None, state
+        return reclaim_check(self.config, snapshot, state, job, members, healthy, nodes, self.fit(state, job))
 
     def _cooldown(self, snapshot, state, job, members, healthy, nodes):
         cur = snapshot.current
@@ -355,7 +363,9 @@ class PlannerPolicy:
                 ), state
             pred = f.throughput(self._shape(job), target, cap)
             gain = pred / t.current_throughput - 1
-            if not forced and not pays(cfg, state, snapshot.now, f, target, gain):
+            # a loan past the request pays its way back too, where a queue can call it in (lending.py)
+            lends = 2 if 0 < request < target and snapshot.waiting_nodes is not None else 1
+            if not forced and not pays(cfg, state, snapshot.now, f, target, gain, rounds=lends):
                 return None, state
             rest = healthy[target - w :]
             reason = f"scale up {w} -> {target}: {t.why}"

@@ -85,6 +85,7 @@ class PlannerState:
     # the fewest nodes the job's memory fits on, learnt from an OOM after a memory raise the node took only
     # in part, with no node to add (memory_rules.py): the run is suspended until that many are there; 0: none
     fit_nodes: int = 0
+    mem_reasks: int = 0  # memory raises asked again after one did not take (memory_rules.py)
     # the promise (promise.py): when the first round was decided; the last measured round downtimes (from
     # a round's decision to every member stepping); the size and rate before our last stage-2 move, until
     # the new size is judged; the sizes a stop-loss refuted; the seconds exploration has cost so far

@@ -319,6 +319,23 @@ def test_an_oom_after_a_raise_capped_by_the_node_suspends_until_the_nodes_it_fit
     assert isinstance(resumed, Decision) and len(resumed.members) >= st.fit_nodes
 
 
+def test_a_run_below_its_start_size_whose_raise_never_takes_suspends_after_asking_twice():
+    """Started on one node of the two its memory was planned for, it OOMs, and the node never grows (it is
+    as large as a machine gets): the raise is asked once more, then the run waits for the nodes instead
+    of restarting into the same OOM until its restarts run out."""
+    p = PlannerPolicy(replace(CFG, resize_rounds=True))
+    job = lambda ooms: {**BIG_TABLES, "oom_count": ooms}  # noqa: E731
+    st = settled(p, ["a"], t0=20, job=job(0), mem_gib=60.0)
+    assert st.start.world >= 2  # the run is below its start size
+    first, st = p.step(running(20, ["a"], job=job(1), mem_gib=60.0), st)
+    assert isinstance(first, Decision) and first.members == ("a",) and "memory budget" in first.reason
+    again, st = p.step(running(40, ["a"], number=1, job=job(2), mem_gib=60.0, decided_at=20.0), st)
+    assert isinstance(again, Decision) and again.members == ("a",) and st.fit_nodes == 0
+    third, st = p.step(running(60, ["a"], number=2, job=job(3), mem_gib=60.0, decided_at=40.0), st)
+    assert isinstance(third, Decision) and third.members == () and "suspended until" in third.reason
+    assert st.fit_nodes >= 2
+
+
 def test_an_oom_after_a_capped_raise_shards_onto_a_free_node_instead():
     p = PlannerPolicy(replace(CFG, resize_rounds=True))
     job = lambda ooms: {**BIG_TABLES, "oom_count": ooms}  # noqa: E731
