@@ -72,7 +72,7 @@ def set_worker_env(services: NodeServices | None) -> None:
     """Called at every worker start (a new round, new peers)."""
     try:
         value = peers_env(services)
-    except Exception as e:  # noqa: BLE001 - etcd trouble must not stop the workers; restores use local + durable
+    except Exception as e:  # noqa: BLE001 - etcd trouble must not stop the workers
         log.warning(
             "checkpoint peers unknown for this round (%s): workers restore from local memory and the "
             "durable copy only",

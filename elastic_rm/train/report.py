@@ -265,7 +265,8 @@ class StepReporter:
     def iterate(self, iterable: Iterable[T], samples: int | Callable[[T], int] = 0) -> Iterator[T]:
         """Yield the items of ``iterable``, calling :meth:`step` after each one's body; ends early (like
         an exhausted loader) on a drain, so check :meth:`should_stop` after the loop."""
-        count: Callable[[T], int] = samples if callable(samples) else (lambda _item: samples)  # type: ignore[assignment]
+        count: Callable[[T], int]
+        count = samples if callable(samples) else (lambda _item: samples)  # type: ignore[assignment]
         if self._stopping:
             return
         self.reset_timer()

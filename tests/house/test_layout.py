@@ -43,3 +43,19 @@ def test_fmt_skip_only_on_literal_tables():
         "`# fmt: skip` outside a literal table (remove it and let `ruff format` lay the code out): "
         + ", ".join(found)
     )
+
+
+LINE_LIMIT = 110
+
+
+def test_no_line_over_110_characters():
+    """ruff's E501 does not count a trailing pragma (``# noqa: ...``, ``# type: ignore``), so a line it
+    passes may still run past the limit; here every character counts."""
+    found = [
+        f"{path.relative_to(ROOT)}:{number} ({len(line)})"
+        for source in SOURCES
+        for path in sorted(source.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if len(line) > LINE_LIMIT
+    ]
+    assert not found, f"lines over {LINE_LIMIT} characters (wrap them; a pragma counts): " + ", ".join(found)
