@@ -273,6 +273,8 @@ def run_action(w: World, a: dict[str, Any], workdir: Path, res: dict[str, Any]) 
         w.ledger_train(a, res)
     elif do == "wait":
         w.ckpt.wait()
+    elif do == "prepare":
+        w.ckpt.prepare()
     elif do == "restore":
         try:
             r = w.ckpt.restore()

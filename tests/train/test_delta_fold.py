@@ -178,3 +178,24 @@ def test_the_peer_holds_the_folded_chain_and_a_new_node_restores_from_it(tmp_pat
     assert (
         assert_bit_exact(assemble(tmp_path, "s4"), assemble(tmp_path, "restored"), "from the peer") > 10_000
     )
+
+
+def test_buffers_that_do_not_hold_the_chain_make_the_fold_a_full_save(tmp_path: Path) -> None:
+    """prepare() refills the snapshot buffers with the live state of no committed step: the next save
+    past the bound cannot fold from them and is a full save (every rank agrees); the buffers follow the
+    new chain again, so the one after can fold. Each restores bit for bit."""
+    flash = {
+        "memory_root": str(tmp_path / "shm"),
+        "durable_dir": str(tmp_path / "durable"),  # a node reads only its own memory: n1's files
+        "differential": True,
+        "compact_ratio": 1e-9,
+    }
+    actions = trained_saves([1, 2])
+    actions += [{"do": "prepare"}, *trained_saves([3, 4, 5], dump=True)[1:]]
+    restore = [{"do": "restore"}, {"do": "dump", "name": "restored"}]
+    results = run_world(2, spec([phase(2, actions, **flash), phase(2, restore, **flash)]), tmp_path)
+    assert [s["kind"] for s in results[0][0]["saves"]] == ["full", "delta", "full", "delta", "fold"]
+    assert results[0][1]["restores"][0].get("step") == 5, results[0][1]["restores"]
+    assert (
+        assert_bit_exact(assemble(tmp_path, "s5"), assemble(tmp_path, "restored"), "after prepare") > 10_000
+    )
