@@ -239,9 +239,10 @@ class PolicyRun:
 
 
 def give_backs(events: list[Event], arrivals: list[float]) -> list[dict]:
-    """The path by which a grown run gives nodes back to a queue, from its events: each time the run's
-    queue key turned non-zero (the executor's ``queue`` event), how long since another run last submitted
-    its first node job (``arrivals``: squeue's refresh and the queue key's write), to the leader's next
+    """The path by which a grown run gives nodes back to a queue, from its events: each spell in which the
+    run's queue key is above 0 (from the executor's first such ``queue`` event, which is the run's first
+    when it starts while others wait), how long since another run last submitted its first node job
+    (``arrivals``: squeue's refresh and the queue key's write), to the leader's next
     smaller demand (``demand``), to the launcher's stop of a node the round no longer uses (the drain) and
     to that node job's end in Slurm. ``given_back`` False: the queue emptied first (or the run ended)
     without a smaller demand."""
