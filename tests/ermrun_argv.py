@@ -1,5 +1,6 @@
-"""ermrun's command line as the tests write it: keyword arguments for its flags, so that a node's command
-reads as one call instead of a column of strings, and the rendezvous flags of one node in one place."""
+"""ermrun's (and torchrun's) command line as the tests write it: keyword arguments for flags, so that a
+node's command reads as one call instead of a column of strings, and the rendezvous flags of one node in
+one place."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 from tests.conftest import BIN
 
 ERMRUN = os.path.join(BIN, "ermrun")
+TORCHRUN = os.path.join(BIN, "torchrun")
 CONF = "lease_ttl=2,last_call_timeout=0.5,join_timeout=60"  # short leases: a lost node is seen in seconds
 
 

@@ -13,7 +13,7 @@ from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.wire.metrics import parse_record
 from tests.conftest import BIN, REPO, Proc
 from tests.e2e.helpers import records, wait_until
-from tests.ermrun_argv import ermrun_argv, node_args
+from tests.ermrun_argv import TORCHRUN, ermrun_argv, flags, node_args
 
 REPORTING = os.path.join(REPO, "tests", "workers", "reporting.py")
 DDP = os.path.join(REPO, "tests", "workers", "ddp_linear.py")
@@ -97,15 +97,7 @@ def test_unmodified_ddp_script_matches_torchrun(etcd, run_id, tmp_path, procs):
     for p in outs.values():
         assert p.wait(120) == 0, p.output()[-2000:]
     ref = subprocess.run(
-        [
-            os.path.join(BIN, "torchrun"),
-            "--log-dir",
-            str(tmp_path / "logs"),
-            "--standalone",
-            "--nproc-per-node",
-            "4",
-            DDP,
-        ],
+        [TORCHRUN, *flags(log_dir=tmp_path / "logs", standalone=True, nproc_per_node=4), DDP],
         env={**os.environ, "DDP_OUT": str(tmp_path / "torchrun.out")},
         capture_output=True,
         timeout=120,

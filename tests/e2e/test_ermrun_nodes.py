@@ -15,9 +15,9 @@ from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.etcd.server import EtcdCluster
 from elastic_rm.wire.keyspace import Keyspace
 from elastic_rm.wire.records import RoundRecord
-from tests.conftest import BIN, Proc
+from tests.conftest import Proc
 from tests.e2e.helpers import STEPS, ermrun, records, steps_at_world, wait_until
-from tests.ermrun_argv import node_args
+from tests.ermrun_argv import TORCHRUN, flags, node_args
 
 
 def test_two_nodes_run_to_completion_with_torchrun_environment(etcd, run_id, tmp_path, procs):
@@ -42,15 +42,7 @@ def test_two_nodes_run_to_completion_with_torchrun_environment(etcd, run_id, tmp
     ref = tmp_path / "ref"
     ref.mkdir()
     # --log-dir: torchrun leaves its default one (torchelastic_*) in /tmp
-    argv = [
-        os.path.join(BIN, "torchrun"),
-        "--log-dir",
-        str(ref / "logs"),
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        STEPS,
-    ]
+    argv = [TORCHRUN, *flags(log_dir=ref / "logs", standalone=True, nproc_per_node=2), STEPS]
     env = {**os.environ, "STEPS_DIR": str(ref), "STEPS_NODE": "ref", "STEPS_MAX": "5"}
     assert subprocess.run(argv, env=env, capture_output=True, timeout=120).returncode == 0
     ref_names = {tuple(r["names"]) for r in records(ref, "ref") if r.get("start")}
@@ -58,9 +50,8 @@ def test_two_nodes_run_to_completion_with_torchrun_environment(etcd, run_id, tmp
     assert ours == ref_names
 
 
-def test_sigkill_of_the_leader_node_gives_survivors_a_new_round_and_a_joiner_restores_three(
-    etcd, run_id, tmp_path, procs
-):
+def three_nodes_training(etcd, run_id: str, tmp_path, procs) -> dict[str, Proc]:
+    """Nodes a, b and c of a run of 2 to 3 nodes, each past its fifth step at world 3."""
     nodes = {n: ermrun(tmp_path, n, node_args(etcd.endpoint, run_id, "2:3", n)) for n in ("a", "b", "c")}
     procs.extend(nodes.values())
     wait_until(
@@ -69,6 +60,13 @@ def test_sigkill_of_the_leader_node_gives_survivors_a_new_round_and_a_joiner_res
         "3 nodes training",
         nodes.values(),
     )
+    return nodes
+
+
+def test_sigkill_of_the_leader_node_gives_survivors_a_new_round_and_a_joiner_restores_three(
+    etcd, run_id, tmp_path, procs
+):
+    nodes = three_nodes_training(etcd, run_id, tmp_path, procs)
     with EtcdClient(etcd.endpoint) as c:
         leader = c.get(f"/elastic-rm/{run_id}/leader").value.decode()
         assert leader in nodes
@@ -146,14 +144,7 @@ def test_sigstop_of_a_node_is_detected_within_the_lease(etcd, run_id, tmp_path, 
     """The lease bound as an order of etcd's own events: the frozen node's key ends with its lease (a
     lease of 2 s that nothing refreshed), no round leaves it out before that, and the leader's very next
     round write after it does."""
-    nodes = {n: ermrun(tmp_path, n, node_args(etcd.endpoint, run_id, "2:3", n)) for n in ("a", "b", "c")}
-    procs.extend(nodes.values())
-    wait_until(
-        lambda: all(steps_at_world(tmp_path, n, 3) > 5 for n in nodes),
-        120,
-        "3 nodes training",
-        nodes.values(),
-    )
+    nodes = three_nodes_training(etcd, run_id, tmp_path, procs)
     ks = Keyspace("/elastic-rm", run_id)
     history: list = []
     with EtcdClient(etcd.endpoint) as client:
@@ -186,22 +177,15 @@ def test_sigstop_of_a_node_is_detected_within_the_lease(etcd, run_id, tmp_path, 
 
 def test_stock_torchrun_uses_the_elastic_rm_backend(etcd, run_id, tmp_path, procs):
     env = {"STEPS_DIR": str(tmp_path), "STEPS_NODE": "t", "STEPS_MAX": "5"}
-    argv = [
-        os.path.join(BIN, "torchrun"),
-        "--nnodes",
-        "1",
-        "--nproc-per-node",
-        "2",
-        "--rdzv-backend",
-        "elastic-rm",
-        "--rdzv-endpoint",
-        etcd.endpoint,
-        "--rdzv-id",
-        run_id,
-        "--log-dir",
-        str(tmp_path / "logs"),
-        STEPS,
-    ]
+    torchrun_flags = flags(
+        nnodes=1,
+        nproc_per_node=2,
+        rdzv_backend="elastic-rm",
+        rdzv_endpoint=etcd.endpoint,
+        rdzv_id=run_id,
+        log_dir=tmp_path / "logs",
+    )
+    argv = [TORCHRUN, *torchrun_flags, STEPS]
     p = Proc(argv, str(tmp_path / "torchrun.log"), env=env)
     procs.append(p)
     assert p.wait(120) == 0, p.output()[-3000:]
@@ -209,14 +193,7 @@ def test_stock_torchrun_uses_the_elastic_rm_backend(etcd, run_id, tmp_path, proc
 
 
 def test_node_paused_past_its_lease_rejoins_as_a_new_member(etcd, run_id, tmp_path, procs):
-    nodes = {n: ermrun(tmp_path, n, node_args(etcd.endpoint, run_id, "2:3", n)) for n in ("a", "b", "c")}
-    procs.extend(nodes.values())
-    wait_until(
-        lambda: all(steps_at_world(tmp_path, n, 3) > 5 for n in nodes),
-        120,
-        "3 nodes training",
-        nodes.values(),
-    )
+    nodes = three_nodes_training(etcd, run_id, tmp_path, procs)
     shard = memory_root() / run_id / "c" / "step-5" / "shard"  # what a flash checkpoint leaves under c
     shard.parent.mkdir(parents=True)
     shard.write_bytes(b"0" * 4096)

@@ -4,34 +4,25 @@ None that the agent returns after RendezvousGracefulExitError)."""
 
 from __future__ import annotations
 
-import os
-
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.wire.keyspace import Keyspace
-from tests.conftest import BIN, Proc
+from tests.conftest import Proc
 from tests.e2e.helpers import STEPS, records, steps_at_world, wait_until
+from tests.ermrun_argv import TORCHRUN, flags
 
 
 def torchrun(tmp_path, etcd, run_id: str, node: str, steps: int = 3) -> Proc:
     env = {"STEPS_DIR": str(tmp_path), "STEPS_NODE": node, "STEPS_MAX": str(steps)}
-    argv = [
-        os.path.join(BIN, "torchrun"),
-        "--nnodes",
-        "1",
-        "--nproc-per-node",
-        "1",
-        "--rdzv-backend",
-        "elastic-rm",
-        "--rdzv-endpoint",
-        etcd.endpoint,
-        "--rdzv-id",
-        run_id,
-        "--rdzv-conf",
-        "lease_ttl=2,join_timeout=60",
-        "--log-dir",
-        str(tmp_path / f"{node}-logs"),
-        STEPS,
-    ]
+    torchrun_flags = flags(
+        nnodes=1,
+        nproc_per_node=1,
+        rdzv_backend="elastic-rm",
+        rdzv_endpoint=etcd.endpoint,
+        rdzv_id=run_id,
+        rdzv_conf="lease_ttl=2,join_timeout=60",
+        log_dir=tmp_path / f"{node}-logs",
+    )
+    argv = [TORCHRUN, *torchrun_flags, STEPS]
     return Proc(argv, str(tmp_path / f"{node}.log"), env=env)
 
 
