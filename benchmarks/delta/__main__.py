@@ -117,6 +117,12 @@ def main() -> None:
         help="steps of the differential mode's checkpoint-every-step run (its throughput is the target; "
         "the full mode's every-step run, a pause of seconds per step, keeps --intervals' count)",
     )
+    ap.add_argument(
+        "--every-step-blocks",
+        type=int,
+        default=4,
+        help="the differential every-step run alternates this many blocks with and without saves",
+    )
     ap.add_argument("--timeout", type=float, default=1500, help="seconds per mode")
     ap.add_argument("--name", default="delta", help="results file benchmarks/results/<name>.json")
     args = ap.parse_args()
@@ -152,6 +158,7 @@ def main() -> None:
             "global_batch": args.global_batch,
             "intervals": intervals,
             "delta_every_step_steps": args.delta_every_step_steps,
+            "every_step_blocks": args.every_step_blocks,
         },
         "modes": {},
     }
@@ -170,6 +177,7 @@ def main() -> None:
                 "warmup_steps": 3,
                 "baseline_steps": 40,
                 "alone_gap_steps": 5,
+                "every_step_blocks": args.every_step_blocks if mode == "delta" else 1,
                 "phases": [{"kind": "train", "world": 2}, {"kind": "restore", "world": 3}],
             }
             try:

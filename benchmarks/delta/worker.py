@@ -287,11 +287,24 @@ def phase_train(spec: dict[str, Any], rank: int) -> dict[str, Any]:
         # the baseline next to it: the same number of steps without saves, right before (the machine's
         # load moves; in the differential mode the tracker records the ids meanwhile, as it does when
         # checkpoints are rare, and the settle save of run_interval takes them)
-        plain = run_interval(tr, None, interval, steps)
-        run = run_interval(tr, ckpt, interval, steps)
-        run["touched"] = touched_fraction(spec, run["first_step"], steps, interval) if rank == 0 else None
-        run["no_checkpoint_steps_per_s"] = plain["steps_per_s"]
-        run["throughput_ratio"] = run["steps_per_s"] / plain["steps_per_s"]
+        # the every-step run alternates shorter blocks with and without saves (the machine's load moves
+        # between two long blocks): its ratio is the median of the pairs'
+        blocks = spec.get("every_step_blocks", 1) if interval == 1 else 1
+        pairs = []
+        for _ in range(blocks):
+            plain = run_interval(tr, None, interval, steps // blocks)
+            pairs.append((plain, run_interval(tr, ckpt, interval, steps // blocks)))
+        run = pairs[-1][1]  # bytes, pauses and memory: the last block's
+        run["touched"] = (
+            touched_fraction(spec, run["first_step"], run["steps"], interval) if rank == 0 else None
+        )
+        ratios = [c["steps_per_s"] / p["steps_per_s"] for p, c in pairs]
+        run["no_checkpoint_steps_per_s"] = sum(p["steps"] for p, _ in pairs) / sum(
+            p["loop_s"] for p, _ in pairs
+        )
+        run["steps_per_s"] = sum(c["steps"] for _, c in pairs) / sum(c["loop_s"] for _, c in pairs)
+        run["throughput_ratios"] = ratios
+        run["throughput_ratio"] = float(np.median(ratios))
         runs.append(run)
     res["intervals"] = runs
     # one save alone: its pause and the background time until every copy is committed
