@@ -37,7 +37,7 @@ from elastic_rm.checkpoint.chain import DeltaTake, take_delta
 from elastic_rm.checkpoint.collectives import all_gather_json, broadcast_bytes
 from elastic_rm.checkpoint.delta_file import DELTA_SUFFIX, checksum_block, write_delta
 from elastic_rm.checkpoint.delta_tracker import TouchedRows
-from elastic_rm.checkpoint.fold import copy_dense, roll_forward
+from elastic_rm.checkpoint.fold import copy_dense, fold_by_rows, roll_forward
 from elastic_rm.checkpoint.manifest import (
     DCP_METADATA,
     MANIFEST,
@@ -204,11 +204,16 @@ class FlashCheckpointer:
         pos_json = json.dumps(position if position is not None else {"step": step})
         snap: dict | DeltaTake
         kind = self._save_kind(step)
+        touched: dict[str, torch.Tensor] = {}
+        if kind != "full":
+            assert self._touched is not None
+            touched = self._touched.take(self.pg)  # every rank's ids: all ranks decide alike below
+            if kind == "fold" and not fold_by_rows(touched, self._touched.tables):
+                kind = "full"  # so many rows touched that copying everything pauses less
         roll = False  # this save's rows go into the snapshot buffers once committed
         if kind != "full":
             assert self._touched is not None and self._chain is not None
             live = app_state(self.dmp, self.dense_optimizer)
-            touched = self._touched.take(self.pg)
             snap = take_delta(live, touched, self._touched.tables, self.rank)
             copied = snap.bytes
             roll = self._buffers is not None and self._rolled == self._chain["parent"]
