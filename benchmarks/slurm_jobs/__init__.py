@@ -12,8 +12,9 @@ nodes (the fixture of tests/slurm: one slurmctld, 8 slurmd, munge) under two pol
 Both policies run at the same time, each on a cluster and an etcd of its own (so the machine's background
 load hurts both alike and the comparison takes the trace's time once); ``--rounds N`` repeats it with the
 clusters swapped. From the elastic runs' events it also breaks down each give-back to a queue: the queue
-key turning non-zero, the leader's smaller demand, the launcher's stop of the node, its job's end. The workload is examples/emulated/train.py: a job's
-step time follows its speed-up curve in sleep, so 16 nodes fit on 2 cores. Measured per job: JCT (its
+key above 0, the leader's smaller demand, the launcher's stop of the node, its job's end. The workload is
+examples/emulated/train.py: a job's step time follows its speed-up curve in sleep, so 16 nodes fit on 2
+cores. Measured per job: JCT (its
 arrival to its end), queueing (arrival to its first step), node-seconds held (sampled from squeue every
 second); per job the ratio of its JCT under erm launch to its JCT under static. ``erm simulate`` runs the
 same trace (time scaled, curves as ground truth) for the simulator's figure beside it.
