@@ -197,11 +197,11 @@ def _wanted_ranges(
 ) -> list[tuple[int, int]]:
     """The byte ranges of a delta file that a rank reads: its header, and the values and row ids of the
     entries `wanted` takes. The header comes first (the checksum blocks covering it, verified)."""
-    size = m["files"][name]["size"]
-    path = resolver.peek(name, [(0, min(HEAD, size))])
+    entry = m["files"][name]
+    path = resolver.peek(name, [(0, min(HEAD, entry["size"]))])  # the first checksum block
     end = header_end(path)
-    if end > HEAD:  # the header runs past the blocks read so far
-        path = resolver.peek(name, [(0, min(end, size))])
+    if end > entry["block"]:  # the header runs past the block read so far
+        path = resolver.peek(name, [(0, min(end, entry["size"]))])
     reader = DeltaReader(path)
     ranges = [(0, reader.data_at)]
     for e in reader.entries:
