@@ -28,19 +28,24 @@ import time
 from collections.abc import Callable
 
 from ..etcd.errors import EtcdError
+from ..rendezvous.queue_signal import WRITE_EVERY_S as QUEUE_EVERY_S
 from ..wire.records import ClosedRecord, QueueRecord, RecordError, RoundRecord
 from .executor import Executor, RunState, among
 from .hostfile import Host
+from .slurm import SlurmError as HostListError
+from .slurm import expand_hostlist
 from .slurm_cli import BAD_NODE_STATES, NODE_LOST, Slurm, SlurmError, SlurmJob
 from .slurm_job import GROWTH_MARK, GROWTH_NICE, SlurmOptions
 
-QUEUE_EVERY_S = 5.0  # the queue key is rewritten at most this often
 # the planner's reason for a demand past the round's size that replaces stragglers
 # (elastic_rm/planner/policy.py): their nodes go back once replaced, so those node jobs are no growth
 STRAGGLER_SPARE = "spare for a straggler"
-# a pending job held by one of these reasons does not wait for nodes: no node given back would start it
-# (squeue's reasons: Dependency, JobHeldUser, BeginTime, QOSMaxNodePerUserLimit, AssocGrpCpuLimit...)
-NOT_WAITING_FOR_NODES = ("Dependency", "JobHeld", "BeginTime", "Limit")
+# the pending reasons (squeue's first word) of a job that waits for nodes, which a node given back may start;
+# any other (a dependency, a hold, a start time, a limit, a reservation, a partition down, a bad constraint or
+# account, "launch failed requeued held") would not start it. "None": the scheduler has not looked at it yet
+WAITING_FOR_NODES = ("Resources", "Priority", "None", "")
+# waits for named nodes that are unavailable: waiting for nodes only if it names one of this run's
+REQ_NODE_NOT_AVAIL = "ReqNodeNotAvail"
 
 
 class SlurmNode:
@@ -131,8 +136,8 @@ class SlurmExecutor(Executor):
 
     def _others_waiting(self, jobs: list[SlurmJob]) -> int:
         """Nodes that other pending jobs of the run's partitions ask for; another run's growth node jobs
-        (niced, yielding themselves) and jobs held for something else than nodes (a dependency, a hold, a
-        start time, a limit) are no demand to give nodes back for."""
+        (niced, yielding themselves) and jobs pending for something else than nodes are no demand to give
+        nodes back for."""
         return sum(
             j.node_count
             for j in jobs
@@ -140,8 +145,23 @@ class SlurmExecutor(Executor):
             and not self._ours(j)
             and self.partitions & set(j.partitions)
             and not (j.name.startswith("erm-") and j.comment.endswith(GROWTH_MARK))
-            and not any(why in j.reason for why in NOT_WAITING_FOR_NODES)
+            and self._waits_for_nodes(j.reason)
         )
+
+    def _waits_for_nodes(self, reason: str) -> bool:
+        """Whether a pending job's reason says nodes would start it: an allow-list, so that a reason this
+        code does not know is never a reason to give nodes back."""
+        first, _, rest = reason.partition(",")
+        first = first.strip()
+        if first in WAITING_FOR_NODES:
+            return True
+        if first != REQ_NODE_NOT_AVAIL or "UnavailableNodes:" not in rest:
+            return False
+        try:
+            named = set(expand_hostlist(rest.split("UnavailableNodes:", 1)[1].strip()))
+        except HostListError:
+            return False
+        return bool(named & {n.slurm_node for n in self.nodes.values() if n.slurm_node})
 
     def tick(self) -> int | None:
         now = self._clock()
@@ -333,18 +353,26 @@ class SlurmExecutor(Executor):
         return [n for n in live if not n.stopping]
 
     def _hold(self, holding: bool, target: int) -> None:
-        """Report once when growth is held back for other pending jobs, and once when it resumes."""
+        """Report once when growth is held back for other pending jobs, and once when it is no longer held:
+        "resume" when no other job waits, "drop" when the demand fell within the request while they wait."""
         if holding == self._holding:
             return
         self._holding = holding
         if holding:
+            action = "hold"
             message = (
                 f"growth to {target} node(s) held: other pending jobs want {self.others_waiting} node(s) "
                 f"and the run has its request of {self.request()}"
             )
+        elif self.others_waiting <= 0:
+            action, message = "resume", f"growth to {target} node(s) resumes: no other job waits"
         else:
-            message = "growth resumes: no other job waits, or the demand is within the request"
-        self._events.emit("launch", message, action="hold" if holding else "resume", target_nodes=target)
+            action = "drop"
+            message = (
+                f"growth no longer wanted: the demand of {target} node(s) needs no node job past the run's "
+                f"request of {self.request()} ({self.others_waiting} node(s) still wanted by other jobs)"
+            )
+        self._events.emit("launch", message, action=action, target_nodes=target)
         self._say(message)
 
     def _scale(self, state: RunState) -> None:
@@ -357,9 +385,7 @@ class SlurmExecutor(Executor):
         foreign = self.foreign(state, ours)
         why = self.demand_reason(state)
         held = False
-        spares = 0  # node jobs that replace stragglers: not growth
-        if state.demand is not None and state.demand.reason == STRAGGLER_SPARE and state.round is not None:
-            spares = max(0, target - len(state.round.members))
+        spares = self._straggler_spares(state)  # node jobs that replace stragglers: not growth
         while len(live) + foreign < target:
             growth = len(live) + foreign >= self.request() + spares
             if growth and self.others_waiting > 0:
@@ -388,6 +414,19 @@ class SlurmExecutor(Executor):
                 f"{len(live) + foreign} node(s), {target} wanted; round {state.round.round} neither uses nor "
                 f"keeps {node.node_id} as standby; {why}",
             )
+
+    @staticmethod
+    def _straggler_spares(state: RunState) -> int:
+        """Node jobs past the request that replace stragglers: the round's members flagged slow (its
+        ``extra.flagged``), when the leader's demand is for spares. Not the demand minus the members: that
+        demand may also hold growth, which must yield to other jobs like any growth."""
+        rnd, demand = state.round, state.demand
+        if rnd is None or demand is None or demand.reason != STRAGGLER_SPARE:
+            return 0
+        flagged = rnd.extra.get("flagged", [])
+        if not isinstance(flagged, list):
+            return 0
+        return sum(1 for m in rnd.members if m in flagged)
 
     def _release_stragglers(self, state: RunState) -> None:
         """The nodes the current round replaced or removed as stragglers (its ``stragglers`` field) leave

@@ -95,14 +95,31 @@ def job_file_of(ns: argparse.Namespace) -> str | None:
 
 def _requested_nodes(job_file: str | None, workdir: str) -> int | None:
     """The nodes the job description requests, read here as the nodes will (relative to --workdir); None
-    when there is none or it cannot be read here (the nodes' leader then reports what is wrong with it)."""
+    when there is none. A job file named but unreadable here is refused (ValueError): without its request,
+    every node job past --nnodes' minimum would be growth, held while any other job waits."""
     if not job_file:
         return None
+    path = os.path.join(workdir, job_file)
     try:
-        with open(os.path.join(workdir, job_file)) as fh:
-            nodes = json.load(fh).get("request", {}).get("nodes")
-    except (OSError, ValueError, AttributeError):
-        return None
+        with open(path) as fh:
+            job = json.load(fh)
+    except OSError as exc:
+        raise ValueError(
+            f"cannot read the job description {path} on this login node ({exc.strerror}): erm launch --slurm "
+            "reads its request of nodes before it submits any; give a path the login node and the nodes "
+            "both read (relative to --workdir), or fix its permissions"
+        ) from None
+    except ValueError as exc:
+        raise ValueError(
+            f"the job description {path} is not JSON ({exc}): fix it, then launch again"
+        ) from None
+    request = job.get("request", {}) if isinstance(job, dict) else None
+    if not isinstance(request, dict):
+        raise ValueError(
+            f"the job description {path} is not a JSON object with a 'request' object: "
+            "fix it, then launch again"
+        )
+    nodes = request.get("nodes")
     return nodes if isinstance(nodes, int) and nodes > 0 else None
 
 
@@ -110,7 +127,14 @@ def check_slurm(args: argparse.Namespace, run_id: str, flags: list[str], script:
     """Slurm is there, the partitions exist, and sbatch accepts the node job (``--test-only``: nothing
     submitted); SlurmError with Slurm's own words otherwise. Returns (slurm, options, partitions)."""
     from elastic_rm.launch.slurm_cli import Slurm
+    from elastic_rm.rendezvous.queue_signal import WRITE_EVERY_S
 
+    if args.poll_interval > WRITE_EVERY_S:
+        raise ValueError(
+            f"--poll-interval {args.poll_interval:g}: with --slurm at most {WRITE_EVERY_S:g}s, the "
+            "queue key's refresh (the leader takes a key left unchanged for three of them as written by "
+            "a launcher that is gone)"
+        )
     options = _options(args, run_id, flags, script, job_file)
     slurm = Slurm()
     slurm.check_installed()

@@ -118,7 +118,9 @@ def test_a_spare_that_replaces_a_straggler_is_no_growth_and_is_submitted_while_o
         executor = sleeper_executor(client, slurm, run_id, tmp_path, request=2)
         _wait_state(slurm, _sbatch(slurm, "blocker", NODES), "RUNNING")
         _sbatch(slurm, "other-user", 2)  # waits
-        client.put(keys.round, RoundRecord(1, ("b1", "b2"), reason="test").to_json())
+        client.put(
+            keys.round, RoundRecord(1, ("b1", "b2"), reason="test", extra={"flagged": ["b2"]}).to_json()
+        )
         client.put(keys.demand, DemandRecord(3, STRAGGLER_SPARE).to_json())
         assert executor.tick() is None
         assert executor.others_waiting == 2
@@ -127,3 +129,37 @@ def test_a_spare_that_replaces_a_straggler_is_no_growth_and_is_submitted_while_o
         assert [_squeue(slurm)[i]["nice"] for i in ids] == [0, 0, 0]
         client.put(keys.demand, DemandRecord(4, "test: grow to 4").to_json())
         assert executor.tick() is None and executor.submitted == 3  # growth past the request: held
+
+
+def test_growth_inside_a_straggler_demand_is_held_and_no_spare_follows_the_swap(
+    slurm, etcd, run_id, tmp_path
+):
+    """The leader's spare demand may hold growth too (its advice's target): only as many node jobs as the
+    round has flagged members are spares; the rest is growth, held while another job waits. Once the round
+    swapped the straggler out, a demand that still says "spare" submits no further spare."""
+    keys = Keyspace("/elastic-rm", run_id)
+    with EtcdClient(etcd.endpoint) as client:
+        executor = sleeper_executor(client, slurm, run_id, tmp_path, request=2)
+        _wait_state(slurm, _sbatch(slurm, "blocker", NODES), "RUNNING")
+        _sbatch(slurm, "other-user", 2)  # waits
+        client.put(
+            keys.round, RoundRecord(1, ("b1", "b2"), reason="test", extra={"flagged": ["b2"]}).to_json()
+        )
+        client.put(keys.demand, DemandRecord(4, STRAGGLER_SPARE).to_json())  # 1 spare + 1 held growth
+        assert executor.tick() is None
+        ids = sorted(executor.nodes, key=int)
+        assert executor.submitted == 3 and [executor.nodes[i].growth for i in ids] == [False] * 3
+        jobs = _squeue(slurm)
+        assert [jobs[i]["nice"] for i in ids] == [0, 0, 0], jobs
+        first, straggler, spare = (executor.nodes[i].node_id for i in ids)
+        swapped = RoundRecord(
+            2, (first, spare), reason="test", extra={"flagged": [], "stragglers": [straggler]}
+        )
+        client.put(keys.round, swapped.to_json())
+        client.put(keys.demand, DemandRecord(3, STRAGGLER_SPARE).to_json())  # the advice kept its reason
+        assert executor.tick() is None
+        assert executor.submitted == 3  # the straggler's job stopped; a job in its place would be growth
+        assert straggler not in {n.node_id for n in executor.nodes.values() if not n.stopping}
+        executor._events.flush()
+    holds = [e.data for e in launch_events(etcd, run_id) if e.data.get("action") == "hold"]
+    assert [h["target_nodes"] for h in holds] == [4], holds

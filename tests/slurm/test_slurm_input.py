@@ -168,3 +168,39 @@ def test_the_job_descriptions_request_is_read_from_job_or_rdzv_conf_job_file(
     _, options, _ = check_slurm(args, ns.rdzv_id, flags, script, job_file_of(ns))
     assert options.requested_nodes == 3
     assert run_jobs(slurm, run_id) == []  # checked with --test-only: nothing submitted
+
+
+@pytest.mark.parametrize(
+    "content,said",
+    [
+        (None, "cannot read the job description"),
+        ("{not json", "is not JSON"),
+        ("[1, 2]", "not a JSON object with a 'request' object"),
+    ],
+)
+def test_a_job_file_named_but_unreadable_on_the_login_node_is_refused_before_any_submit(
+    tmp_path, run_id, etcd, slurm, content, said
+):
+    """Without the description's request every node job past --nnodes' minimum would be growth: refused,
+    saying what to do, before anything is submitted."""
+    from launcher.commands.launch import _ermrun_command_line
+    from launcher.commands.launch_slurm import check_slurm, job_file_of
+    from launcher.erm import build_parser
+
+    if content is not None:
+        (tmp_path / "job.json").write_text(content)
+    argv = ["launch", "--slurm", "--workdir", str(tmp_path), "--nnodes", "1:4"]
+    argv += ["--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, "--job", "job.json", WORKER]
+    args = build_parser("launch").parse_args(argv)
+    ns, flags, script = _ermrun_command_line(args)
+    with pytest.raises(ValueError, match=said) as err:
+        check_slurm(args, ns.rdzv_id, flags, script, job_file_of(ns))
+    assert str(tmp_path / "job.json") in str(err.value)
+    assert run_jobs(slurm, run_id) == []
+
+
+def test_a_poll_interval_longer_than_the_queue_keys_refresh_is_refused(tmp_path, run_id, etcd, slurm):
+    r = erm_launch(tmp_path, slurm.env(), etcd.endpoint, run_id, "--poll-interval", "6")
+    assert r.returncode == 2, r.stderr
+    assert "--poll-interval 6: with --slurm at most 5s" in r.stderr, r.stderr
+    assert run_jobs(slurm, run_id) == []

@@ -9,12 +9,13 @@ from elastic_rm.launch.executor import ExecutorConfig
 from elastic_rm.launch.pool import HostPool
 from elastic_rm.launch.slurm_cli import Slurm, parse_jobs
 from elastic_rm.launch.slurm_job import GROWTH_MARK, SlurmOptions
-from elastic_rm.launch.slurm_nodes import SlurmExecutor
+from elastic_rm.launch.slurm_nodes import SlurmExecutor, SlurmNode
 from elastic_rm.obs.events import EventLog
 from elastic_rm.wire.keyspace import Keyspace
 from elastic_rm.wire.records import QueueRecord
 from launcher.commands.status import render
 from tests.e2e.test_status_render import status_of, text
+from tests.slurm.helpers import launch_events
 
 
 def _executor(client, run_id: str, slurm: Slurm, said: list[str]) -> SlurmExecutor:
@@ -117,6 +118,57 @@ def test_pending_jobs_held_for_something_else_than_nodes_are_not_waiting(etcd, r
     jobs = parse_jobs(json.dumps({"jobs": held + waiting}))
     with EtcdClient(etcd.endpoint) as client:
         assert _executor(client, run_id, Slurm(), [])._others_waiting(jobs) == 3
+
+
+def test_only_reasons_that_wait_for_nodes_count_and_req_node_not_avail_only_for_the_runs_nodes(etcd, run_id):
+    """An allow-list: a reason not known to wait for nodes (a reservation, a partition down, a bad
+    constraint or account, a requeued hold, one Slurm adds later) is no reason to give nodes back."""
+    not_waiting = (
+        "ReqNodeNotAvail, UnavailableNodes:n[7-8]",
+        "ReqNodeNotAvail, Reserved for maintenance",
+        "Reservation",
+        "PartitionDown",
+        "PartitionInactive",
+        "BadConstraints",
+        "InvalidQOS",
+        "InvalidAccount",
+        "launch failed requeued held",
+        "SomeReasonOfALaterRelease",
+    )
+    waiting = ("Resources", "Priority", "ReqNodeNotAvail, UnavailableNodes:n[1-2],n9")
+    pending = [
+        {**_job(10 + i, "train", "PENDING", "debug", 1 + i), "state_reason": reason}
+        for i, reason in enumerate(not_waiting + waiting)
+    ]
+    jobs = parse_jobs(json.dumps({"jobs": pending}))
+    with EtcdClient(etcd.endpoint) as client:
+        executor = _executor(client, run_id, Slurm(), [])
+        assert executor._others_waiting(jobs) == 11 + 12  # Resources, Priority
+        executor.nodes["5"] = SlurmNode("5", "RUNNING", "n2")  # the run's node n2 is one the job names
+        assert executor._others_waiting(jobs) == 11 + 12 + 13
+
+
+def test_growth_held_then_no_longer_wanted_while_others_wait_is_no_resume(etcd, run_id):
+    said: list[str] = []
+    with EtcdClient(etcd.endpoint) as client:
+        executor = _executor(client, run_id, Slurm(), said)
+        executor.others_waiting = 2
+        executor._hold(True, 4)
+        executor._hold(False, 1)  # the demand fell to the request: others still wait, growth is not back
+        executor._hold(True, 4)
+        executor.others_waiting = 0
+        executor._hold(False, 4)  # nobody waits: growth resumes
+        executor._events.flush()
+    events = [
+        e.data for e in launch_events(etcd, run_id) if e.data.get("action") in ("hold", "drop", "resume")
+    ]
+    assert [(e["action"], e["target_nodes"]) for e in events] == [
+        ("hold", 4),
+        ("drop", 1),
+        ("hold", 4),
+        ("resume", 4),
+    ]
+    assert "no longer wanted" in said[1] and "resumes" not in said[1] and "resumes" in said[3], said
 
 
 def test_a_failing_squeue_keeps_the_last_value_and_is_reported_once(etcd, run_id, tmp_path):
