@@ -76,6 +76,12 @@ def _count(value) -> int:
     return int(value or 0)
 
 
+def _reason(reason: str, description: str) -> str:
+    """The pending reason, with its details when squeue's description carries them: ``ReqNodeNotAvail``'s
+    description names the unavailable nodes (``ReqNodeNotAvail, UnavailableNodes:b1``)."""
+    return description if reason and description.startswith(reason + ",") else reason
+
+
 def parse_jobs(text: str) -> list[SlurmJob]:
     """``squeue --json``'s jobs. SlurmError when it is not squeue's JSON."""
     try:
@@ -87,7 +93,7 @@ def parse_jobs(text: str) -> list[SlurmJob]:
                 comment=_text(j.get("comment")),
                 state=_text(j.get("job_state")).upper(),
                 nodes=_text(j.get("nodes")),
-                reason=_text(j.get("state_reason")),
+                reason=_reason(_text(j.get("state_reason")), _text(j.get("state_description"))),
                 partitions=tuple(p for p in _text(j.get("partition")).split(",") if p),
                 node_count=_count(j.get("node_count")),
                 user=_text(j.get("user_name")),

@@ -99,6 +99,10 @@ def test_squeue_json_is_read_as_22_05_and_later_releases_print_it():
         )
     )[0]
     assert (new.state, new.node_count, new.exit_code, new.ended) == ("RUNNING", 3, 0, False)
+    named = _job(state_reason="ReqNodeNotAvail", state_description="ReqNodeNotAvail, UnavailableNodes:b1")
+    other = _job(state_description="Nodes required for job are DOWN, DRAINED or reserved for jobs in ...")
+    reasons = [j.reason for j in parse_jobs(json.dumps({"jobs": [named, other]}))]
+    assert reasons == ["ReqNodeNotAvail, UnavailableNodes:b1", "Resources"]  # as squeue --json prints them
     with pytest.raises(SlurmError, match="other than its job list"):
         parse_jobs("sbatch: error: something")
 
