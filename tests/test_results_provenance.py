@@ -53,3 +53,16 @@ def test_a_run_s_own_file_is_copied_with_the_run_s_date_and_machine(tmp_path):
     assert got["date"] == "2026-12-04T15:15:55Z" and "time" not in got and got["wall_s"] == 94.0
     assert got["machine"]["load_avg_at_end"] == [1.0] and got["machine"]["cpus"] >= 1
     assert got["commit"].startswith(head())
+
+
+def test_the_load_average_is_recorded_as_the_benchmark_started_and_as_it_ended(tmp_path):
+    """The load at the start is read when benchmarks.common is imported, before the benchmark's work,
+    not when the file is written at the end (the two differ on a shared machine)."""
+    code = (
+        "import benchmarks.common as c; c.LOAD_AT_START = (9.5, 8.5, 7.5); "
+        f"c.write_result('z', {{}}, {str(tmp_path)!r})"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)
+    recorded = json.loads((tmp_path / "z.json").read_text())["machine"]
+    assert recorded["load_avg_at_process_start"] == [9.5, 8.5, 7.5]
+    assert len(recorded["load_avg_when_written"]) == 3 and "load_avg_at_start" not in recorded

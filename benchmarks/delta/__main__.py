@@ -149,7 +149,7 @@ def main() -> None:
         flush=True,
     )
     report: dict[str, Any] = {
-        "load_avg_at_run_start": os.getloadavg(),  # the results' machine.load_avg_at_start is read at the end
+        "load_avg_at_run_start": os.getloadavg(),
         "config": {
             "gib": args.gib,
             "tables": args.tables,
