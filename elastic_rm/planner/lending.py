@@ -4,8 +4,12 @@ Why a rule of its own, ahead of the cooldown: a node a job holds past its user's
 shared cluster lends while nobody asks for it. A job that arrives and waits behind it pays for the loan,
 and the user who waits was promised nothing about it; the lender was. So the loan is called in at the
 first decision that sees waiting demand (``waiting_nodes`` > 0), without waiting for the cooldown or a
-profiling window: at most as many nodes as wait, never below the request nor below the memory floor, and
-only the nodes that do not clear ``queued_node_gain`` on the job's model (all of them without a model).
+profiling window: at most as many nodes as wait, less those already given back to the same queue (its
+count stays up until the waiting job starts), never below the request, the memory floor or the size an OOM
+showed the memory fits on, and only the nodes that do not clear ``queued_node_gain`` on the job's model
+(all of them without a model). The nodes given back are neither members nor standby of the new round: a
+launcher keeps both, and the waiting job needs the node freed. Nor does the run ask the cluster for more
+nodes past its request while others wait, unless they clear the same bar or its memory needs them.
 Nodes taken past the request while the cluster queued are judged the same way as soon as they are
 measured: they were taken on the model's prediction, and the measurement decides whether they stay.
 The lender knew it might be called in: a scale-up past the request pays for its round back as well
@@ -25,6 +29,50 @@ from .scaling import memory_floor, shape_of
 from .state import PlannerState, node_capacity
 
 
+def settle_loans(state: PlannerState, waiting: int) -> PlannerState:
+    """The nodes given back still answer the queue while its count stays; as it falls (a waiting job
+    started), that many given-back nodes were taken up; with no queue, none are owed."""
+    if not state.given_back and not state.given_back_for:
+        return state
+    if waiting <= 0:
+        return replace(state, given_back=0, given_back_for=0)
+    taken = max(state.given_back_for - waiting, 0)
+    return replace(state, given_back=max(state.given_back - taken, 0), given_back_for=waiting)
+
+
+def lower_demand(
+    cfg: PlannerConfig,
+    snapshot: ClusterSnapshot,
+    state: PlannerState,
+    job: JobSpec,
+    members: tuple[str, ...],
+    nodes: list[NodeView],
+    fit: Fit | None,
+) -> PlannerState:
+    """While other jobs wait, the advice (what a launcher adds nodes for) drops to what the run needs: its
+    request, its members and spares for its stragglers, the memory's floor, and the nodes that clear
+    ``queued_node_gain``; nodes that arrived for growth wait idle otherwise until stage 2 runs again."""
+    want = state.advice.target_nodes
+    if max((snapshot.waiting_nodes or 0) - state.given_back, 0) <= 0 or job.request is None:
+        return state
+    w = len(members)
+    need = max(w + sum(m in state.flagged for m in members), job.request.nodes, state.fit_nodes)
+    known = [m for m in members if state.nodes.get(m)]
+    if want <= need or not known:
+        return state
+    by_id = {n.node_id: n for n in nodes}
+    if fit is not None:
+        cap = sum(node_capacity(by_id[m]) for m in members) / w
+        need = max(need, best_world(fit, shape_of(job), cap, need, want, cfg.queued_node_gain)[0])
+    per_node = max(state.nodes[m][-1].mem_used for m in known)
+    node_mem = min(state.nodes[m][-1].mem_total for m in known)
+    growth = (state.growth_total or 0.0) / w
+    need = max(need, memory_floor(job, cfg, w, per_node, growth, node_mem, need, want))
+    if want <= need:
+        return state
+    return replace(state, advice=replace(state.advice, target_nodes=need, reason="other jobs wait for nodes"))
+
+
 def reclaim_check(
     cfg: PlannerConfig,
     snapshot: ClusterSnapshot,
@@ -36,23 +84,30 @@ def reclaim_check(
     fit: Fit | None,
 ) -> tuple[Answer | None, PlannerState]:
     """A round without the lent nodes other jobs wait for, else (None, state)."""
-    waiting = snapshot.waiting_nodes or 0
+    waiting = max((snapshot.waiting_nodes or 0) - state.given_back, 0)
     request = job.request.nodes if job.request else 0
     w = len(members)
-    if waiting <= 0 or request <= 0 or w <= max(request, snapshot.min_nodes, 1):
+    floor = max(request, snapshot.min_nodes, 1, state.fit_nodes)
+    if waiting <= 0 or request <= 0 or w <= floor:
+        return None, state
+    known = [m for m in members if state.nodes.get(m)]
+    if not known:  # no member measured yet: the memory floor is unknown, so nothing is given back
         return None, state
     by_id = {n.node_id: n for n in nodes}
-    keep = max(request, snapshot.min_nodes, 1)
+    keep = floor
     if fit is not None:
         cap = sum(node_capacity(by_id[m]) for m in members) / w
-        keep = best_world(fit, shape_of(job), cap, keep, w, cfg.queued_node_gain)[0]
-    known = all(m in state.nodes and state.nodes[m] for m in members)
-    if known:  # never below what the memory needs, with the scale-down's headroom
-        per_node = max(state.nodes[m][-1].mem_used for m in members)
-        node_mem = min(state.nodes[m][-1].mem_total for m in members)
-        growth = (state.growth_total or 0.0) / w
-        strict = replace(cfg, oom_threshold=cfg.oom_threshold * 0.85)
-        keep = max(keep, memory_floor(job, strict, w, per_node, growth, node_mem, keep, w))
+        keep = max(keep, best_world(fit, shape_of(job), cap, keep, w, cfg.queued_node_gain)[0])
+    # never below what the memory needs, with the scale-down's headroom; members not measured yet hold
+    # as much as the measured ones (the same shards)
+    per_node = max(state.nodes[m][-1].mem_used for m in known)
+    node_mem = min(
+        [state.nodes[m][-1].mem_total for m in known]
+        + [by_id[m].mem_total_bytes for m in members if m in by_id]
+    )
+    growth = (state.growth_total or 0.0) / w
+    strict = replace(cfg, oom_threshold=cfg.oom_threshold * 0.85)
+    keep = max(keep, memory_floor(job, strict, w, per_node, growth, node_mem, keep, w))
     target = max(keep, w - waiting)
     if target >= w:
         return None, state
@@ -60,14 +115,15 @@ def reclaim_check(
         state,
         last_round_at=snapshot.now,
         moved_from=(),
+        given_back=state.given_back + w - target,
+        given_back_for=snapshot.waiting_nodes or 0,
         advice=replace(state.advice, target_nodes=target, reason="lent nodes given back"),
     )
     reason = (
         f"scale down {w} -> {target}: {waiting} node(s) wanted by queued jobs; nodes lent past the "
         f"request of {request} given back at once"
     )
-    rest = list(members[target:]) + healthy
-    spare = standby(rest, state.flagged, cfg.standby_max)
+    spare = standby(healthy, state.flagged, cfg.standby_max)
     gain = None
     if fit is not None:
         shape = shape_of(job)

@@ -28,7 +28,7 @@ from .config import PlannerConfig
 from .history import HistoryError, StartPlan, parse_record, warm_start
 from .interface import ClusterSnapshot, NodeState, NodeView, Wait
 from .job import JobSpec, JobSpecError, parse_job
-from .lending import reclaim_check
+from .lending import lower_demand, reclaim_check, settle_loans
 from .membership import MembershipPolicy, eligible_nodes
 from .memory_model import estimate_node_memory, rescale_observed
 from .memory_rules import oom_check
@@ -97,6 +97,7 @@ class PlannerPolicy:
         fresh = state.last_sample_at == snapshot.now and prev_sample != snapshot.now
         if (snapshot.waiting_nodes or 0) > 0:  # the cluster queues (None: unknown, as not)
             state = replace(state, queued_at=snapshot.now)
+        state = settle_loans(state, snapshot.waiting_nodes or 0)
         if state.start is None:
             start = self._start(snapshot, job)
             state = replace(
@@ -222,10 +223,14 @@ class PlannerPolicy:
         return oom_check(self.config, snapshot, state, job, members, healthy, nodes)
 
     def _reclaim(self, snapshot, state, job, members, healthy, nodes):
-        request = job.request.nodes if job.request else 0
-        if not (snapshot.waiting_nodes or 0) > 0 or len(members) <= request:  # nothing lent or nobody asks
+        if not (snapshot.waiting_nodes or 0) > 0:  # nobody asks
             return None, state
-        return reclaim_check(self.config, snapshot, state, job, members, healthy, nodes, self.fit(state, job))
+        fit = self.fit(state, job)
+        state = lower_demand(self.config, snapshot, state, job, members, nodes, fit)
+        request = job.request.nodes if job.request else 0
+        if len(members) <= request:  # nothing lent
+            return None, state
+        return reclaim_check(self.config, snapshot, state, job, members, healthy, nodes, fit)
 
     def _cooldown(self, snapshot, state, job, members, healthy, nodes):
         cur = snapshot.current
@@ -318,7 +323,8 @@ class PlannerPolicy:
         measured = state.measured_cap or None
         floor, floor_why = self._user_floor(state, job, f, cap, lo, hi, points)
         request = job.request.nodes if job.request else 0
-        waiting = snapshot.waiting_nodes or 0  # the cluster's queue (None: unknown, as none)
+        # the cluster's queue (None: unknown, as none), less the nodes already given back to it (lending.py)
+        waiting = max((snapshot.waiting_nodes or 0) - state.given_back, 0)
         queues = snapshot.now - state.queued_at < cfg.queue_memory_s
         args = (cfg, measured, floor, floor_why, request, waiting, queues)
         rate_now = measured_rate(state, cur.number, job.global_batch)
@@ -365,10 +371,18 @@ class PlannerPolicy:
             gain = pred / t.current_throughput - 1
             # a loan past the request pays its way back too, where a queue can call it in (lending.py)
             lends = 2 if 0 < request < target and snapshot.waiting_nodes is not None else 1
+            why = t.why
             if not forced and not pays(cfg, state, snapshot.now, f, target, gain, rounds=lends):
-                return None, state
+                # below the request, the way up to it is no loan: it pays one round on its own
+                if not w < request < target:
+                    return None, state
+                target, why = request, f"up to the request of {request} (past it does not repay two rounds)"
+                new = list(members) + healthy[: target - w]
+                gain = f.throughput(self._shape(job), target, cap) / t.current_throughput - 1
+                if not pays(cfg, state, snapshot.now, f, target, gain, rounds=1):
+                    return None, state
             rest = healthy[target - w :]
-            reason = f"scale up {w} -> {target}: {t.why}"
+            reason = f"scale up {w} -> {target}: {why}"
         else:
             new = list(members)[:target]
             rest = [m for m in members[target:]] + healthy
@@ -380,6 +394,10 @@ class PlannerPolicy:
         expect = back is None and rate_now is not None and (gain or 0.0) > 0  # a move for speed: judged next
         moved = (w, rate_now, error_bound(f)) if expect else ()
         state = replace(state, last_round_at=snapshot.now, moved_from=moved)
+        if target < w and waiting > 0:  # the freed nodes answer the queue as a give-back does: not standby
+            back_to = snapshot.waiting_nodes or 0
+            state = replace(state, given_back=state.given_back + w - target, given_back_for=back_to)
+            rest = list(healthy)
         spare = self._standby(rest, state.flagged)
         return decide(state, cur.number, new, spare, reason, gain, t.confidence)
 

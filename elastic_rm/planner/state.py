@@ -86,6 +86,10 @@ class PlannerState:
     # in part, with no node to add (memory_rules.py): the run is suspended until that many are there; 0: none
     fit_nodes: int = 0
     mem_reasks: int = 0  # memory raises asked again after one did not take (memory_rules.py)
+    # lent nodes given back to the queue that still waits for them (lending.py), and the waiting node count
+    # they answered: the queue key stays up until the waiting job starts, and those nodes already answer it
+    given_back: int = 0
+    given_back_for: int = 0
     # the promise (promise.py): when the first round was decided; the last measured round downtimes (from
     # a round's decision to every member stepping); the size and rate before our last stage-2 move, until
     # the new size is judged; the sizes a stop-loss refuted; the seconds exploration has cost so far

@@ -5,6 +5,8 @@ queued bar stay."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from elastic_rm.planner.config import PlannerConfig
 from elastic_rm.planner.interface import ClusterSnapshot, Decision, RoundView
 from elastic_rm.planner.policy import PlannerPolicy
@@ -23,9 +25,9 @@ def linear_step(world: int) -> float:
     return 1e-4 * 8192 / world + 0.1
 
 
-def _run(waiting_of, steps: int = 150, request: int = 2, cfg: PlannerConfig = CFG, step_of=None):
+def _run(waiting_of, steps: int = 150, request: int = 2, cfg: PlannerConfig = CFG, step_of=None, log=None):
     """The planner on ``step_of`` (``linear_step``) with ``waiting_of(now)`` nodes wanted by queued jobs;
-    returns the rounds [(time, size, reason)]."""
+    returns the rounds [(time, size, reason)]; ``log`` (a list) also gets every (time, Decision)."""
     job = {**JOB, "request": {**JOB["request"], "nodes": request}}
     pool = [f"n{i}" for i in range(8)]
     members, number, decided_at = pool[:request], 0, 1.0
@@ -38,6 +40,8 @@ def _run(waiting_of, steps: int = 150, request: int = 2, cfg: PlannerConfig = CF
         cur = RoundView(number, tuple(members), (), decided_at)
         snap = ClusterSnapshot(now, 1, 8, 5.0, tuple(views), cur, job, (), waiting_of(now))
         answer, state = p.step(snap, state)
+        if isinstance(answer, Decision) and log is not None:
+            log.append((now, answer))
         if isinstance(answer, Decision) and answer.members:
             members, number, decided_at = list(answer.members), number + 1, now
             rounds.append((now, len(members), answer.reason))
@@ -73,3 +77,93 @@ def test_nodes_that_clear_the_queued_bar_stay():
     rounds = _run(lambda now: 5, step_of=scales)
     assert rounds and max(w for _, w, _ in rounds) > 2, rounds  # grown past its request of 2
     assert not any("given back" in why for _, _, why in rounds), rounds
+
+
+def test_one_waiting_job_is_answered_once_while_it_still_waits():
+    """The queue key stays up until the waiting job starts: the nodes already given back answer it, so the
+    run stays at its size after the give-back for every later decision, not one node less each time."""
+    grown = _run(lambda now: 0)
+    t_up, w_up = next((t, w) for t, w, _ in grown if w > 3)
+    queue_at = t_up + 20.0
+    rounds = _run(lambda now: 1 if now >= queue_at else 0)
+    after = [(t, w) for t, w, _ in rounds if t >= queue_at]
+    assert after and after[0] == (queue_at, w_up - 1), rounds
+    assert all(w == w_up - 1 for _, w in after), rounds  # the whole chain: constant after the give-back
+    assert rounds[-1][0] < 10.0 * 150, rounds
+
+
+def test_given_back_nodes_are_not_the_rounds_standby():
+    """A launcher that keeps every member and standby node (the Slurm one) frees only nodes outside both:
+    a node given back must be in neither, or the waiting job never gets it."""
+    grown = _run(lambda now: 0)
+    t_up = next(t for t, w, _ in grown if w > 3)
+    log = []
+    _run(lambda now: 1 if now >= t_up + 20.0 else 0, log=log)
+    before = [d for t, d in log if t < t_up + 20.0][-1]
+    back = next(d for t, d in log if "given back" in d.reason)
+    gone = set(before.members) - set(back.members)
+    assert len(gone) == 1 and len(back.members) == len(before.members) - 1, (before, back)
+    assert not gone & set(back.standby), (before, back)  # members | standby: what the launcher keeps
+    assert set(back.standby) <= set(before.standby), (before, back)  # from the nodes that were not members
+
+
+def _at_four(mem_gib: float, measured: tuple[str, ...], fit_nodes: int = 0):
+    """The lending rule on a run of 4 (request 2) with 2 nodes wanted: ``measured`` members have a sample
+    at ``mem_gib`` of 64 GiB; the others joined the round and have not reported yet."""
+    from elastic_rm.planner.job import parse_job
+    from elastic_rm.planner.lending import reclaim_check
+    from elastic_rm.planner.state import NodeSample
+
+    members = ("n0", "n1", "n2", "n3")
+    gib = 2**30
+    views = tuple(node(m, k, mem_gib=mem_gib) for k, m in enumerate(members)) + (node("n4", 9),)
+    sample = NodeSample(5.0, 0.1, 100.0, mem_gib * gib, 64.0 * gib, 4.0, 0.8, False)
+    state = PlannerState(nodes={m: (sample,) for m in measured}, fit_nodes=fit_nodes)
+    snap = ClusterSnapshot(10.0, 1, 8, 5.0, views, RoundView(1, members, (), 1.0), JOB, (), 2)
+    return reclaim_check(CFG, snap, state, parse_job(JOB), members, ["n4"], list(views), None)
+
+
+def test_the_memory_floor_holds_while_new_members_have_not_reported():
+    """The memory rule grew the run to 4 (the memory needs them); a queue forms before the two new nodes
+    report: the measured members' memory stands for them, and nothing is given back below the floor."""
+    measured = ("n0", "n1", "n2", "n3")
+    answer, _ = _at_four(55.0, measured)
+    assert answer is None  # all measured: the memory floor keeps the 4
+    answer, _ = _at_four(55.0, measured[:2])
+    assert answer is None, answer
+    answer, _ = _at_four(55.0, ())
+    assert answer is None, answer  # nobody measured: the floor is unknown, nothing is given back
+    answer, _ = _at_four(8.0, measured[:2])
+    assert isinstance(answer, Decision) and len(answer.members) == 2, answer  # little memory: given back
+
+
+def test_nothing_is_given_back_below_the_size_an_oom_showed_the_memory_fits_on():
+    answer, _ = _at_four(8.0, ("n0", "n1", "n2", "n3"), fit_nodes=4)
+    assert answer is None, answer
+    answer, _ = _at_four(8.0, ("n0", "n1", "n2", "n3"), fit_nodes=3)
+    assert isinstance(answer, Decision) and len(answer.members) == 3, answer
+
+
+def test_while_others_wait_the_run_asks_for_no_growth_past_its_request():
+    """Stage 2 asked for 8 nodes while nobody waited; a queue forms before they are members: the advice a
+    launcher adds nodes for drops to the request at once, without a round (no model: nothing clears the
+    queued bar), instead of holding the growth until stage 2 runs again."""
+    job = {**JOB, "request": {**JOB["request"], "nodes": 2}}
+    members, idle = ["n0", "n1"], ["n2", "n3", "n4"]
+    p, state = PlannerPolicy(CFG), PlannerState()
+
+    def snap(now: float, waiting: int) -> ClusterSnapshot:
+        t = linear_step(2)
+        views = [node(m, k, busy=t, tp=8192 / t / 2) for k, m in enumerate(members)]
+        views += [node(n, 100 + k) for k, n in enumerate(idle)]
+        return ClusterSnapshot(
+            now, 1, 8, 5.0, tuple(views), RoundView(1, tuple(members), (), 1.0), job, (), waiting
+        )
+
+    _, state = p.step(snap(10.0, 0), state)  # the members measured once; no step time yet: no model
+    state = replace(state, advice=replace(state.advice, target_nodes=8, reason="growth"))
+    answer, quiet = p.step(snap(15.0, 0), state)
+    assert quiet.advice.target_nodes == 8, quiet.advice  # nobody waits: the growth stands
+    answer, state = p.step(snap(15.0, 3), state)
+    assert not isinstance(answer, Decision), answer
+    assert state.advice.target_nodes == 2, state.advice
