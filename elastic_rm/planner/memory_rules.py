@@ -9,8 +9,8 @@ grow more), with no node to shard onto, suspends the run until the nodes its mem
 out, and a job that started below its request (the cluster had fewer nodes free) then failed where the
 user's own configuration, waiting for its nodes, completed. So does such an OOM of a run below its start
 size (the cluster gave it fewer nodes than its memory was planned for) when the raise, asked again, did
-not take again. A
-raise that did not take at all (the machine had no room then) on a run at its start size is asked again:
+not take again (a raise that takes, or a run that shards, starts that count over). A raise that did not
+take at all (the machine had no room then) on a run at its start size is asked again:
 room may come, and a suspended job holds its nodes idle.
 Pure: the answer and the new state from the snapshot and the old state.
 """
@@ -44,6 +44,8 @@ def oom_check(
     w = len(members)
     node_mem = min((by_id[m].mem_total_bytes for m in members if m in by_id), default=0)
     resize_failed = state.mem_asked > 0 and node_mem < 0.99 * state.mem_asked
+    if not resize_failed and state.mem_reasks:  # the raise took (or none is pending): a later one starts over
+        state = replace(state, mem_reasks=0)
     # the raise took in part (the node grew, short of the ask): it is as large as it gets; a raise that
     # did not take at all may take later, when the machine has room again
     capped = resize_failed and state.mem_asked_from > 0 and node_mem > 1.01 * state.mem_asked_from
@@ -141,7 +143,7 @@ def more_memory(
     if add <= 0:
         return Wait(f"{why}; no node to add, asking for {floor} node(s)"), state
     new = list(members) + healthy[:add]
-    state = replace(state, last_round_at=snapshot.now, mem_asked=0.0)
+    state = replace(state, last_round_at=snapshot.now, mem_asked=0.0, mem_reasks=0)
     reason = f"{why}; sharding over {len(new)} nodes"
     return decide(
         state, cur.number, new, standby(healthy[add:], state.flagged, cfg.standby_max), reason, None, 0.7

@@ -345,3 +345,49 @@ def test_an_oom_after_a_capped_raise_shards_onto_a_free_node_instead():
     second, st = p.step(_grown(snap, 96.0), st)
     assert isinstance(second, Decision) and len(second.members) >= 2 and "sharding over" in second.reason
     assert st.fit_nodes == 0
+
+
+def test_a_raise_asked_again_once_early_does_not_make_a_later_failed_raise_suspend_at_once():
+    """Below its start size, a raise asked again that then took is settled: a later OOM whose fresh raise
+    does not take is asked again too, as the first was, before the run suspends."""
+    p = PlannerPolicy(replace(CFG, resize_rounds=True))
+    job = lambda ooms: {**BIG_TABLES, "oom_count": ooms}  # noqa: E731
+    st = settled(p, ["a"], t0=20, job=job(0), mem_gib=60.0)
+    assert st.start.world >= 2  # the run is below its start size
+    first, st = p.step(running(20, ["a"], job=job(1), mem_gib=60.0), st)
+    assert isinstance(first, Decision) and "memory budget" in first.reason
+    again, st = p.step(running(40, ["a"], number=1, job=job(2), mem_gib=60.0, decided_at=20.0), st)
+    assert isinstance(again, Decision) and again.members == ("a",) and st.mem_reasks == 1
+    took = st.mem_asked / 2**30 + 1.0  # the raise asked again took
+    snap = _grown(running(60, ["a"], number=2, job=job(2), mem_gib=60.0, decided_at=40.0), took)
+    _, st = p.step(snap, st)
+    later = _grown(running(80, ["a"], number=2, job=job(3), mem_gib=took - 2, decided_at=40.0), took)
+    fresh, st = p.step(later, st)
+    assert isinstance(fresh, Decision) and "memory budget" in fresh.reason, fresh
+    # the fresh raise does not take: asked again, not suspended at once
+    snap = _grown(running(100, ["a"], number=3, job=job(4), mem_gib=took - 2, decided_at=80.0), took)
+    retry, st = p.step(snap, st)
+    assert isinstance(retry, Decision) and retry.members == ("a",) and "memory budget" in retry.reason, retry
+
+
+def test_a_run_below_its_request_moves_up_to_it_when_the_loan_past_it_does_not_repay_two_rounds_yet():
+    """History started the run on 2 of the 4 nodes requested; the model wants 8. Past the request a loan
+    repays two rounds (a queue can call it in), which it does not yet; the way up to the request is no
+    loan: it moves there as soon as that repays its one round, instead of not moving at all."""
+    from elastic_rm.planner.state import Advice
+
+    job = {**JOB, "request": {**JOB["request"], "nodes": 4}}
+    p, extra = PlannerPolicy(CFG), ["c", "d", "e", "f", "g", "h"]
+    snap = lambda now: replace(  # noqa: E731  the first round was decided at 1 s; it ran from 101 s
+        running(now, ["a", "b"], extra=extra, job=job, decided_at=1.0), waiting_nodes=0
+    )
+    _, first = p.step(snap(101), PlannerState())
+    start = replace(first.start, world=2)
+    st = PlannerState(start=start, advice=Advice(2, start.cpu_per_node, start.mem_per_node_bytes, "warm"))
+    moves = []
+    for now in range(101, 1000, 10):
+        answer, st = p.step(snap(now), st)
+        if isinstance(answer, Decision):
+            moves.append(answer)
+            break
+    assert moves and len(moves[0].members) == 4 and "up to the request of 4" in moves[0].reason, moves
