@@ -167,3 +167,17 @@ def test_while_others_wait_the_run_asks_for_no_growth_past_its_request():
     answer, state = p.step(snap(15.0, 3), state)
     assert not isinstance(answer, Decision), answer
     assert state.advice.target_nodes == 2, state.advice
+
+
+def test_given_back_nodes_answer_the_queue_until_its_count_falls():
+    """Two nodes given back to a queue of 2: while it stays at 2 both answer it; when one waiting job
+    starts (the count falls to 1) one was taken up and one still answers; an empty queue is owed none."""
+    from elastic_rm.planner.lending import settle_loans
+
+    state = PlannerState(given_back=2, given_back_for=2)
+    assert settle_loans(state, 2) == state
+    one = settle_loans(state, 1)
+    assert (one.given_back, one.given_back_for) == (1, 1)
+    more = settle_loans(one, 3)  # another job queued: the given-back node still answers part of it
+    assert (more.given_back, more.given_back_for) == (1, 3)
+    assert (settle_loans(more, 0).given_back, settle_loans(more, 0).given_back_for) == (0, 0)
