@@ -8,8 +8,7 @@ profiling window: at most as many nodes as wait, less those already given back t
 count stays up until the waiting job starts), never below the request, the memory floor or the size an OOM
 showed the memory fits on, and only the nodes that do not clear ``queued_node_gain`` on the job's model
 (all of them without a model). The nodes given back are neither members nor standby of the new round: a
-launcher keeps both, and the waiting job needs the node freed. Nor does the run ask the cluster for more
-nodes past its request while others wait, unless they clear the same bar or its memory needs them.
+launcher keeps both, and the waiting job needs the node freed.
 Nodes taken past the request while the cluster queued are judged the same way as soon as they are
 measured: they were taken on the model's prediction, and the measurement decides whether they stay.
 The lender knew it might be called in: a scale-up past the request pays for its round back as well
@@ -38,39 +37,6 @@ def settle_loans(state: PlannerState, waiting: int) -> PlannerState:
         return replace(state, given_back=0, given_back_for=0)
     taken = max(state.given_back_for - waiting, 0)
     return replace(state, given_back=max(state.given_back - taken, 0), given_back_for=waiting)
-
-
-def lower_demand(
-    cfg: PlannerConfig,
-    snapshot: ClusterSnapshot,
-    state: PlannerState,
-    job: JobSpec,
-    members: tuple[str, ...],
-    nodes: list[NodeView],
-    fit: Fit | None,
-) -> PlannerState:
-    """While other jobs wait, the advice (what a launcher adds nodes for) drops to what the run needs: its
-    request, its members and spares for its stragglers, the memory's floor, and the nodes that clear
-    ``queued_node_gain``; nodes that arrived for growth wait idle otherwise until stage 2 runs again."""
-    want = state.advice.target_nodes
-    if max((snapshot.waiting_nodes or 0) - state.given_back, 0) <= 0 or job.request is None:
-        return state
-    w = len(members)
-    need = max(w + sum(m in state.flagged for m in members), job.request.nodes, state.fit_nodes)
-    known = [m for m in members if state.nodes.get(m)]
-    if want <= need or not known:
-        return state
-    by_id = {n.node_id: n for n in nodes}
-    if fit is not None:
-        cap = sum(node_capacity(by_id[m]) for m in members) / w
-        need = max(need, best_world(fit, shape_of(job), cap, need, want, cfg.queued_node_gain)[0])
-    per_node = max(state.nodes[m][-1].mem_used for m in known)
-    node_mem = min(state.nodes[m][-1].mem_total for m in known)
-    growth = (state.growth_total or 0.0) / w
-    need = max(need, memory_floor(job, cfg, w, per_node, growth, node_mem, need, want))
-    if want <= need:
-        return state
-    return replace(state, advice=replace(state.advice, target_nodes=need, reason="other jobs wait for nodes"))
 
 
 def reclaim_check(

@@ -28,7 +28,7 @@ from .config import PlannerConfig
 from .history import HistoryError, StartPlan, parse_record, warm_start
 from .interface import ClusterSnapshot, NodeState, NodeView, Wait
 from .job import JobSpec, JobSpecError, parse_job
-from .lending import lower_demand, reclaim_check, settle_loans
+from .lending import reclaim_check, settle_loans
 from .membership import MembershipPolicy, eligible_nodes
 from .memory_model import estimate_node_memory, rescale_observed
 from .memory_rules import oom_check
@@ -223,14 +223,10 @@ class PlannerPolicy:
         return oom_check(self.config, snapshot, state, job, members, healthy, nodes)
 
     def _reclaim(self, snapshot, state, job, members, healthy, nodes):
-        if not (snapshot.waiting_nodes or 0) > 0:  # nobody asks
-            return None, state
-        fit = self.fit(state, job)
-        state = lower_demand(self.config, snapshot, state, job, members, nodes, fit)
         request = job.request.nodes if job.request else 0
-        if len(members) <= request:  # nothing lent
+        if not (snapshot.waiting_nodes or 0) > 0 or len(members) <= request:  # nothing lent or nobody asks
             return None, state
-        return reclaim_check(self.config, snapshot, state, job, members, healthy, nodes, fit)
+        return reclaim_check(self.config, snapshot, state, job, members, healthy, nodes, self.fit(state, job))
 
     def _cooldown(self, snapshot, state, job, members, healthy, nodes):
         cur = snapshot.current

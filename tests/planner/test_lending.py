@@ -5,8 +5,6 @@ queued bar stay."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from elastic_rm.planner.config import PlannerConfig
 from elastic_rm.planner.interface import ClusterSnapshot, Decision, RoundView
 from elastic_rm.planner.policy import PlannerPolicy
@@ -142,31 +140,6 @@ def test_nothing_is_given_back_below_the_size_an_oom_showed_the_memory_fits_on()
     assert answer is None, answer
     answer, _ = _at_four(8.0, ("n0", "n1", "n2", "n3"), fit_nodes=3)
     assert isinstance(answer, Decision) and len(answer.members) == 3, answer
-
-
-def test_while_others_wait_the_run_asks_for_no_growth_past_its_request():
-    """Stage 2 asked for 8 nodes while nobody waited; a queue forms before they are members: the advice a
-    launcher adds nodes for drops to the request at once, without a round (no model: nothing clears the
-    queued bar), instead of holding the growth until stage 2 runs again."""
-    job = {**JOB, "request": {**JOB["request"], "nodes": 2}}
-    members, idle = ["n0", "n1"], ["n2", "n3", "n4"]
-    p, state = PlannerPolicy(CFG), PlannerState()
-
-    def snap(now: float, waiting: int) -> ClusterSnapshot:
-        t = linear_step(2)
-        views = [node(m, k, busy=t, tp=8192 / t / 2) for k, m in enumerate(members)]
-        views += [node(n, 100 + k) for k, n in enumerate(idle)]
-        return ClusterSnapshot(
-            now, 1, 8, 5.0, tuple(views), RoundView(1, tuple(members), (), 1.0), job, (), waiting
-        )
-
-    _, state = p.step(snap(10.0, 0), state)  # the members measured once; no step time yet: no model
-    state = replace(state, advice=replace(state.advice, target_nodes=8, reason="growth"))
-    answer, quiet = p.step(snap(15.0, 0), state)
-    assert quiet.advice.target_nodes == 8, quiet.advice  # nobody waits: the growth stands
-    answer, state = p.step(snap(15.0, 3), state)
-    assert not isinstance(answer, Decision), answer
-    assert state.advice.target_nodes == 2, state.advice
 
 
 def test_given_back_nodes_answer_the_queue_until_its_count_falls():
