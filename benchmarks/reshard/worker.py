@@ -28,7 +28,7 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 
 from elastic_rm.checkpoint.peers import PEERS_ENV, PeerEndpoint
 from elastic_rm.checkpoint.snapshot import app_state, load_app_state, local_pieces
-from elastic_rm.checkpoint.sources import DirectorySource, HttpPeerSource
+from elastic_rm.checkpoint.sources import HttpPeerSource, memory_sources
 from elastic_rm.train import FlashCheckpointer, FlashConfig, WorldTopology, plan_sharding, wrap_model
 
 CHUNK = 1 << 16
@@ -217,7 +217,7 @@ def network_vs_memory(spec: dict[str, Any], ckpt: FlashCheckpointer, dmp: Any, r
     HTTP from the nodes' checkpoint servers (this node's own included), into this node's memory."""
     nodes = sorted(spec["servers"])
     shm = Path(spec["shm"])
-    mem = [DirectorySource(f"mem:{n}", shm / n, with_replicas=True) for n in nodes]
+    mem = [src for n in nodes for src in memory_sources(f"mem:{n}", shm / n)]
     cache = shm / f"n{rank}" / "fetch" / f"bench-rank{rank}"
     http = [HttpPeerSource(PeerEndpoint(**spec["servers"][n]), cache / n, timeout_s=120) for n in nodes]
     out: dict[str, Any] = {}

@@ -42,7 +42,6 @@ from elastic_rm.checkpoint.manifest import (
     DCP_METADATA,
     MANIFEST,
     CorruptCheckpointError,
-    committed_steps,
     copy_file,
     file_entry,
     make_manifest,
@@ -56,8 +55,9 @@ from elastic_rm.checkpoint.peers import PeerClient, PeerEndpoint, PeerError, pee
 from elastic_rm.checkpoint.plan_record import plan_digest, plan_summary
 from elastic_rm.checkpoint.restore import RestoreResult, restore_checkpoint
 from elastic_rm.checkpoint.restore_report import report_restore
+from elastic_rm.checkpoint.retention import drop_newer_than
 from elastic_rm.checkpoint.snapshot import Snapshotter, app_state
-from elastic_rm.checkpoint.sources import CheckpointSource, DirectorySource, HttpPeerSource
+from elastic_rm.checkpoint.sources import CheckpointSource, DirectorySource, HttpPeerSource, memory_sources
 
 log = logging.getLogger(__name__)
 
@@ -519,9 +519,7 @@ class FlashCheckpointer:
     def sources(self) -> list[CheckpointSource]:
         """Fastest first: this node's memory (with the replicas it holds), the other members' memory
         over HTTP (when the agent gave us their servers), the durable copy."""
-        out: list[CheckpointSource] = [
-            DirectorySource(f"local:{self.node}", self.node_dir, with_replicas=True)
-        ]
+        out = memory_sources(f"local:{self.node}", self.node_dir)
         peers = self.cfg.peers or {}
         cache = self.node_dir / "fetch" / f"rank{self.rank}"  # this node's memory, never a step directory
         out += [
@@ -557,23 +555,21 @@ class FlashCheckpointer:
 
     def _drop_newer_than(self, step: int) -> None:
         """Steps newer than the one restored were refused (or incomplete): training goes on from
-        ``step`` and saves steps with their numbers again, so the old ones go, from this node's memory and
-        the durable copy, with the temp directories of unfinished saves after it (a delta's save writes
-        into its temp directory without clearing it); kept, retention would count them as the newest and
-        prune the new chain. Collective: no rank saves before every directory is clean."""
+        ``step`` and saves steps with their numbers again, so the old ones go, from this node's memory
+        (the replicas it holds for peers included: a restore must never mix them with a new step) and the
+        durable copy; kept, retention would count them as the newest and prune the new chain.
+        Collective: no rank saves before every directory is clean."""
         dirs = [self.node_dir] if self.leader else []
+        rep = self.node_dir / "replicas"
+        if self.leader and rep.is_dir():
+            dirs += sorted(p for p in rep.iterdir() if p.is_dir())
         if self.rank == 0 and self.cfg.durable_dir is not None:
             dirs.append(Path(self.cfg.durable_dir))
         for directory in dirs:
-            for newer in [s for s in committed_steps(directory) if s > step]:
-                shutil.rmtree(directory / step_dirname(newer), ignore_errors=True)
+            for newer in drop_newer_than(directory, step):
                 log.info(
                     "restore: dropped step %d in %s (newer than the restored step %d)", newer, directory, step
                 )
-            for tmp in directory.glob("step-*.tmp") if directory.is_dir() else []:
-                number = tmp.name.removeprefix("step-").removesuffix(".tmp")
-                if number.isdigit() and int(number) > step:
-                    shutil.rmtree(tmp, ignore_errors=True)
         dist.barrier(group=self.pg)
 
     def close(self, finished: bool = False) -> None:

@@ -119,6 +119,22 @@ def prune_chains(directory: Path, keep: int) -> list[int]:
     return removed
 
 
+def drop_newer_than(directory: Path, step: int) -> list[int]:
+    """Remove the committed steps newer than `step` and the ``.tmp`` directories of unfinished saves
+    after it; returns the steps removed. After a restore of `step` the steps after it are saved again
+    under the same numbers: an old one kept would be counted as the newest, or read with a new one."""
+    if not directory.is_dir():
+        return []
+    removed = [s for s in committed_steps(directory) if s > step]
+    for s in removed:
+        shutil.rmtree(directory / step_dirname(s), ignore_errors=True)
+    for p in directory.iterdir():
+        m = re.match(r"^step-(\d{8,})\.tmp", p.name)
+        if m and int(m.group(1)) > step:
+            shutil.rmtree(p, ignore_errors=True)
+    return removed
+
+
 def missing_from(links: dict[int, Link], present: dict[int, Link], step: int) -> list[int]:
     """The steps of `step`'s chain (in `links`) that `present` lacks or holds as another checkpoint,
     base first: what a copy (a durable directory, a peer's replicas) needs so that `step` restores

@@ -2,7 +2,7 @@
 from the first place holding a copy whose checksum matches the manifest.
 
 A source is anything with steps / manifest bytes / a local path for a file. `DirectorySource` covers
-this node's memory directory (with the replicas it holds for peers) and the durable directory;
+one directory (this node's memory, a replica it holds for a peer, the durable copy);
 `HttpPeerSource` is a peer node's memory, fetched from that node's agent (elastic_rm/checkpoint/server.py)
 into a cache in this node's own memory. Nodes never read each other's directories, even on one machine:
 a node that is gone has lost its memory copy.
@@ -48,39 +48,33 @@ class CheckpointSource(Protocol):
 
 
 class DirectorySource:
-    """Step directories under `root`, plus (for node memory) the replicas it holds for peers."""
+    """The committed step directories under `root`."""
 
-    def __init__(self, name: str, root: Path, with_replicas: bool = False) -> None:
+    def __init__(self, name: str, root: Path) -> None:
         self.name = name
         self.root = Path(root)
-        self.with_replicas = with_replicas
-
-    def _step_dirs(self, step: int) -> list[Path]:
-        dirs = [self.root / step_dirname(step)]
-        rep = self.root / "replicas"
-        if self.with_replicas and rep.is_dir():
-            dirs += sorted(p / step_dirname(step) for p in rep.iterdir())
-        return [d for d in dirs if d.is_dir()]
 
     def steps(self) -> list[int]:
-        found = set(committed_steps(self.root))
-        rep = self.root / "replicas"
-        if self.with_replicas and rep.is_dir():
-            for p in rep.iterdir():
-                found.update(committed_steps(p))
-        return sorted(found)
+        return committed_steps(self.root)
 
     def manifest_bytes(self, step: int) -> bytes | None:
-        for d in self._step_dirs(step):
-            if (d / MANIFEST).is_file():
-                return (d / MANIFEST).read_bytes()
-        return None
+        path = self.root / step_dirname(step) / MANIFEST
+        return path.read_bytes() if path.is_file() else None
 
     def file_path(self, step: int, file: str) -> Path | None:
-        for d in self._step_dirs(step):
-            if (d / file).is_file():
-                return d / file
-        return None
+        path = self.root / step_dirname(step) / file
+        return path if path.is_file() else None
+
+
+def memory_sources(name: str, root: Path) -> list[CheckpointSource]:
+    """A node's memory directory: its own steps, then one source per peer whose replicas it holds
+    (``replicas/<src>/``, sorted). Each directory is a source of its own because two of them can hold
+    different checkpoints of one step (a replica left from before a restore): a file is read only
+    with the manifest of the directory that holds it."""
+    root = Path(root)
+    rep = root / "replicas"
+    peers = sorted(p for p in rep.iterdir() if p.is_dir()) if rep.is_dir() else []
+    return [DirectorySource(name, root)] + [DirectorySource(f"{name}/replica:{p.name}", p) for p in peers]
 
 
 class SourceUnavailable(RuntimeError):

@@ -145,10 +145,15 @@ class CheckpointStore:
         return dirs[0] / MANIFEST
 
     def file_path(self, step: int, name: str) -> Path:
-        """The first copy of `name` in a step directory whose manifest lists it."""
-        for d in self._step_dirs(step):
+        """The first copy of `name` in a step directory whose manifest is the one manifest_path() serves
+        and lists it: a reader gets files of that checkpoint only, never a same-named file of another
+        checkpoint of the step (a replica left from before a restore)."""
+        dirs = self._step_dirs(step)
+        served = (dirs[0] / MANIFEST).read_bytes() if dirs else b""
+        for d in dirs:
             try:
-                files = json.loads((d / MANIFEST).read_bytes()).get("files", {})
+                body = (d / MANIFEST).read_bytes()
+                files = json.loads(body).get("files", {}) if body == served else {}
             except (OSError, ValueError):
                 continue
             if isinstance(files, dict) and name in files and (d / name).is_file():

@@ -20,7 +20,9 @@ from elastic_rm.checkpoint.manifest import (
     make_manifest,
     step_dirname,
 )
-from elastic_rm.checkpoint.sources import DirectorySource, FileResolver
+from elastic_rm.checkpoint.retention import drop_newer_than
+from elastic_rm.checkpoint.sources import DirectorySource, FileResolver, memory_sources
+from elastic_rm.checkpoint.store import CheckpointStore
 
 
 def write_step(root: Path, step: int, files: dict[str, bytes], fields: dict[str, Any]) -> dict[str, Any]:
@@ -89,3 +91,49 @@ def test_a_link_no_source_holds_is_refused_naming_the_other_checkpoint(disagreei
     resolver = FileResolver(2, d["m2"], [DirectorySource("a", d["a"])], verify=False)
     with pytest.raises(CorruptCheckpointError, match="a: holds another checkpoint of step 2"):
         resolver.path("__0_delta.erm")
+
+
+@pytest.fixture
+def node_memory(tmp_path: Path) -> dict[str, Any]:
+    """A node's memory after a restore went back: its own step 2 and the replica of peer C hold the new
+    checkpoint of step 2 (one manifest; each directory holds its node's file); the replica of peer B
+    still holds an old one, with a file of the same name and size as C's."""
+    root, size = tmp_path / "n0", 4096
+    new = {"__0_0.distcp": os.urandom(size), "__1_0.distcp": os.urandom(size)}
+    m = write_step(tmp_path / "whole", 2, new, {"kind": "full"})
+    old = {"__0_0.distcp": os.urandom(size), "__1_0.distcp": os.urandom(size)}
+    write_step(root / "replicas" / "B", 2, old, {"kind": "full"})
+    for directory, file in ((root, "__0_0.distcp"), (root / "replicas" / "C", "__1_0.distcp")):
+        d = directory / step_dirname(2)
+        d.mkdir(parents=True)
+        (d / file).write_bytes(new[file])
+        (d / MANIFEST).write_bytes((tmp_path / "whole" / step_dirname(2) / MANIFEST).read_bytes())
+    (root / "replicas" / "B" / step_dirname(2) / "__0_0.distcp").unlink()
+    return {"root": root, "new": new, "manifest": m}
+
+
+def test_node_memory_reads_a_file_only_with_its_own_directorys_manifest(node_memory) -> None:
+    d = node_memory
+    sources = memory_sources("local:n0", d["root"])
+    assert [s.name for s in sources] == ["local:n0", "local:n0/replica:B", "local:n0/replica:C"]
+    for verify in (True, False):  # without checksums, B's file of the same size must not be read
+        resolver = FileResolver(2, d["manifest"], sources, verify)
+        assert resolver.path("__1_0.distcp").read_bytes() == d["new"]["__1_0.distcp"]
+        assert resolver.resolved["__1_0.distcp"][0] == "local:n0/replica:C"
+
+
+def test_drop_newer_than_clears_steps_and_unfinished_saves_after_the_restored_one(tmp_path: Path) -> None:
+    for step in (1, 2, 3):
+        write_step(tmp_path, step, {"__0_0.distcp": b"x"}, {"kind": "full"})
+    (tmp_path / f"{step_dirname(4)}.tmp").mkdir()
+    (tmp_path / f"{step_dirname(1)}.tmp").mkdir()
+    assert drop_newer_than(tmp_path, 1) == [2, 3]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [step_dirname(1), f"{step_dirname(1)}.tmp"]
+    assert drop_newer_than(tmp_path / "absent", 1) == []
+
+
+def test_a_peer_serves_files_only_of_the_manifest_it_serves(node_memory) -> None:
+    d = node_memory
+    store = CheckpointStore(d["root"])
+    assert json.loads(store.manifest_path(2).read_bytes()) == d["manifest"]
+    assert store.file_path(2, "__1_0.distcp").read_bytes() == d["new"]["__1_0.distcp"]
