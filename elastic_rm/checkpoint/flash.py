@@ -9,6 +9,10 @@ A chain past its bound is folded into a new base in the background (elastic_rm/c
 
 Every collective of the background work runs on a private gloo group, so training collectives on the
 default group can proceed meanwhile. Manifests and the training position are JSON.
+
+Size: one save's life (snapshot, memory commit, replica push, gathered result, persist) and the
+restore that reads it back share the checkpointer's state; the parts that need none are modules of
+their own (chain, fold, sources, retention, restore).
 """
 
 from __future__ import annotations
@@ -155,6 +159,10 @@ class FlashCheckpointer:
         self.last_committed: int | None = None
         self.last_persisted: int | None = None
         self.last_replicated: int | None = None
+        # the newest step committed on every node, every replica push of it included (all gathered):
+        # the step a lost node can still restore from memory; a failed push leaves it behind
+        self.replicated_everywhere: int | None = None
+        self._push_failures: list[str] = []  # of the newest committed save, as wait() returns them
         # when the last save's background phases ended (wall clock): "memory" (this node's copy
         # committed), "replicated" (its replica pushed to the ring peer), "barrier" (every rank's done)
         self.last_phases: dict[str, float] = {}
@@ -254,8 +262,11 @@ class FlashCheckpointer:
             self.wait()
         return stats
 
-    def wait(self, timeout: float | None = None) -> None:
-        """Block until the background save is committed (and persisted, if due); re-raise its error."""
+    def wait(self, timeout: float | None = None) -> list[str]:
+        """Block until the background save is committed (and persisted, if due); re-raise its error.
+        Returns the replica pushes of the newest committed save that failed ("node -> peer: step N:
+        why"; empty: none failed): that step is committed in memory on every node, but it is not
+        replicated everywhere (see replicated_everywhere)."""
         if self._thread is not None:
             self._thread.join(timeout if timeout is not None else self.cfg.timeout_s)
             if self._thread.is_alive():
@@ -267,6 +278,7 @@ class FlashCheckpointer:
         if self._error is not None:
             err, self._error = self._error, None
             raise RuntimeError(f"background flash checkpoint failed: {err}") from err
+        return list(self._push_failures)
 
     def _save_kind(self, step: int) -> str:
         """Which save this is. "delta": extends the chain of the previous save. "full" (a new base, a
@@ -300,12 +312,16 @@ class FlashCheckpointer:
                 snap = self._buffers
             manifest = self._commit_memory(step, snap, pos_json, chain)
             phases["memory"] = time.time()
+            failed = self._replicate(step, manifest) if self.cfg.replicate else None
             if self.cfg.replicate:
-                self._replicate(step, manifest)
                 phases["replicated"] = time.time()
-            dist.barrier(group=self.pg)
+            # each leader's push result, gathered: a step counts as replicated only where every push went
+            failures = [f for f in all_gather_json(failed, self.pg) if f]
             phases["barrier"] = time.time()
             self.last_committed = step
+            self._push_failures = failures
+            if not failures:
+                self.replicated_everywhere = step
             if kind == "delta" and roll:
                 assert self._buffers is not None and isinstance(snap, DeltaTake)
                 roll_forward(self._buffers, snap)
@@ -445,13 +461,15 @@ class FlashCheckpointer:
             return None
         return self.nodes[(self.nodes.index(node) + 1) % len(self.nodes)]
 
-    def _replicate(self, step: int, manifest: dict[str, Any]) -> None:
+    def _replicate(self, step: int, manifest: dict[str, Any]) -> str | None:
         """Push this node's files of `step` (and .metadata) to its ring peer's checkpoint server, which
-        checks them against the manifest and commits them atomically. A failure is a warning: the memory
-        copy is committed; only the protection against losing this node is missing for this step."""
+        checks them against the manifest and commits them atomically. A failure is returned ("node ->
+        peer: why"), not raised: the memory copy is committed; only the protection against losing this
+        node is missing for this step, and the step does not count as replicated everywhere. None: pushed,
+        or nothing to push (not the leader, a world of one node, no peer server: warned once)."""
         peer = self.peer_of(self.node)
         if not self.leader or peer is None:
-            return
+            return None
         endpoint = (self.cfg.peers or {}).get(peer)
         if endpoint is None:
             if not self._warned_no_peer:
@@ -462,7 +480,7 @@ class FlashCheckpointer:
                     peer,
                     "ELASTIC_RM_CKPT_PEERS" if self.cfg.peers is not None else "FlashConfig.peers (unset)",
                 )
-            return
+            return None
         src = self.node_dir / step_dirname(step)
         files = sorted(n for n, e in manifest["files"].items() if e["node"] in (self.node, "*"))
         t0 = time.perf_counter()
@@ -482,7 +500,7 @@ class FlashCheckpointer:
                 e,
                 step,
             )
-            return
+            return f"{self.node} -> {peer}: step {step}: {e}"
         self.last_replicated = step
         log.info(
             "flash checkpoint: step %d replicated to %s (%d bytes in %.2fs)",
@@ -491,6 +509,7 @@ class FlashCheckpointer:
             sent,
             time.perf_counter() - t0,
         )
+        return None
 
     def _persist(self, step: int, manifest: dict[str, Any]) -> None:
         """Copy every node's files into <durable>/step-N.tmp, then rank 0 publishes it atomically."""

@@ -230,6 +230,8 @@ class ElasticTraining:
                 yield self.step
                 batches.consumed()  # the body trained the oldest batch in flight
                 self.step += 1
+                if self.checkpoint_every == 1 and self._saved == self.step - 1:
+                    self._check_replicated(self.ckpt.wait())
                 if self.step % self.checkpoint_every == 0:
                     self._save(block=False)
                 if self.reporter.step(samples=self.local_batch):
@@ -240,6 +242,16 @@ class ElasticTraining:
             self._say(f"reached step {self.step}; {batches.ledger.samples_done()} samples trained")
         finally:
             self.ckpt.close()
+
+    def _check_replicated(self, failed: list[str]) -> None:
+        """With a checkpoint every step, a step counts as done only once the previous step's checkpoint
+        is on every node and its ring peer: a failed push stops the round (the job resumes from its
+        newest checkpoint) rather than letting a lost node cost more steps than that promises."""
+        if failed:
+            raise RuntimeError(
+                f"step {self.step - 1}: replica push failed ({'; '.join(failed)}); with checkpoint_every=1 "
+                "a step counts only once its checkpoint is replicated everywhere"
+            )
 
     def _save(self, block: bool) -> None:
         self.ckpt.save(self.step, self.position(), block=block)

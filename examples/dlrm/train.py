@@ -414,11 +414,17 @@ def train(
         batches.consumed()  # the batch is in the model: the ledger marks it
         step += 1
         if args.checkpoint_every == 1 and last_save["step"] == step - 1:
-            # a step counts as done once the previous step's checkpoint is committed on every node, its
-            # replica included: a lost node then costs the step in flight and at most the one before it.
-            # No pause of its own: this step's save waits for that one anyway (with rarer saves, waiting
-            # here would hold the step after each save for the whole background of it)
-            ckpt.wait()
+            # a step counts as done once the previous step's checkpoint is committed on every node, every
+            # replica push of it included (gathered by the save). No pause of its own: this step's save
+            # waits for that one anyway (with rarer saves, waiting here would hold the step after each
+            # save for the whole background of it)
+            failed = ckpt.wait()
+            if failed:  # not done: a lost node could now cost more than the docs promise
+                raise RuntimeError(
+                    f"step {step - 1}: replica push failed ({'; '.join(failed)}); with --checkpoint-every 1 "
+                    "a step counts only once its checkpoint is on every node and its ring peer: this round "
+                    "stops and the job resumes from its newest checkpoint"
+                )
         emit(
             step=step,
             samples=local_batch,
@@ -434,8 +440,8 @@ def train(
         if step % args.checkpoint_every == 0:
             ckpt.save(step, position())
             last_save["step"] = step
-        if ckpt.last_committed is not None and ckpt.last_committed != committed:
-            committed = ckpt.last_committed  # every rank's files are in node memory and replicated
+        if ckpt.replicated_everywhere is not None and ckpt.replicated_everywhere != committed:
+            committed = ckpt.replicated_everywhere  # in every node's memory, every replica push included
             emit(committed_step=committed)
         if args.pace > 0:  # sleep off the rest of the step's share of time (sleeping is not busy time)
             time.sleep(max(0.0, paced_at + step / args.pace - time.monotonic()))

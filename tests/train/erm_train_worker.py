@@ -267,12 +267,16 @@ def run_action(w: World, a: dict[str, Any], workdir: Path, res: dict[str, Any]) 
                 "rows_total": stats.rows_total,
                 "tables_full": stats.tables_full,
                 "memory_peak_bytes": w.ckpt.memory_peak_bytes,  # a blocking save's is final
+                "replicated_everywhere": w.ckpt.replicated_everywhere,
             }
         )
     elif do == "ledger_train":
         w.ledger_train(a, res)
     elif do == "wait":
-        w.ckpt.wait()
+        failed = w.ckpt.wait()
+        res.setdefault("waits", []).append(
+            {"failed": failed, "replicated_everywhere": w.ckpt.replicated_everywhere}
+        )
     elif do == "prepare":
         w.ckpt.prepare()
     elif do == "restore":
