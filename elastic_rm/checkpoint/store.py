@@ -54,6 +54,13 @@ _POOL: list[mmap.mmap] = []
 _POOL_LOCK = threading.Lock()
 
 
+def _read_or_none(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
 @contextmanager
 def _block_buffer() -> Iterator[memoryview]:
     """One upload's block buffer: an anonymous mapping, reused from a small pool of them.
@@ -216,11 +223,15 @@ class CheckpointStore:
             pending[name] = (got, h.hexdigest())
 
     def commit(self, src: str, step: int, body: bytes, keep: int) -> None:
-        """Check every uploaded file against the manifest, then publish the replica atomically."""
+        """Check every uploaded file against the manifest, then publish the replica atomically. A commit
+        of the manifest already published for that step succeeds again: a pusher that lost the answer
+        (its connection closed) resends it and must not be told the replica failed."""
         root = self._replica_root(src)
         tmp = root / (step_dirname(step) + ".tmp")
         with self._lock:
             pending = self._pending.pop((src, step), None)
+            if pending is None and _read_or_none(root / step_dirname(step) / MANIFEST) == body:
+                return
             if pending is None:
                 raise Refused(409, f"no upload of step {step} from {src} in progress: POST .../begin first")
             try:

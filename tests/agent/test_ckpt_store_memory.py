@@ -10,8 +10,10 @@ import io
 import os
 import tracemalloc
 
-from elastic_rm.checkpoint.manifest import FILE_HASH, new_hasher, step_dirname
-from elastic_rm.checkpoint.store import CHUNK, CheckpointStore
+import pytest
+
+from elastic_rm.checkpoint.manifest import FILE_HASH, file_entry, make_manifest, new_hasher, step_dirname
+from elastic_rm.checkpoint.store import CHUNK, CheckpointStore, Refused
 
 
 def test_an_upload_of_many_blocks_allocates_no_block_on_the_python_heap(tmp_path):
@@ -63,3 +65,26 @@ def test_uploads_one_after_another_reuse_one_mapped_buffer(tmp_path):
         else:
             assert pooled[-1] is first, "a new mapping was made for an upload that did not overlap another"
     assert len(ckpt_store._POOL) <= ckpt_store.POOLED_BUFFERS
+
+
+def test_a_commit_sent_again_after_it_went_through_succeeds_and_another_is_refused(tmp_path):
+    store = CheckpointStore(tmp_path / "n0")
+    data = os.urandom(1000)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "shard.bin").write_bytes(data)
+    entry = file_entry(src / "shard.bin", node="n1", rank=1)
+
+    def manifest(position: int) -> bytes:
+        return make_manifest(
+            {"step": 10, "world_size": 2, "nodes": ["n0", "n1"], "position": {"step": position}}
+            | {"files": {"shard.bin": entry}}
+        )
+
+    store.begin("n1", 10)
+    store.receive("n1", 10, "shard.bin", len(data), io.BufferedReader(io.BytesIO(data)))
+    store.commit("n1", 10, manifest(10), keep=2)
+    store.commit("n1", 10, manifest(10), keep=2)  # its answer was lost: the pusher sends it again
+    with pytest.raises(Refused) as refused:
+        store.commit("n1", 10, manifest(11), keep=2)
+    assert refused.value.code == 409
