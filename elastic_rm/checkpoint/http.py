@@ -136,6 +136,8 @@ class CheckpointRequestHandler(BaseHTTPRequestHandler):
         except Refused as e:
             self._send_error(e.code, str(e))
         except (BrokenPipeError, ConnectionResetError, TimeoutError) as e:
+            # the rest of a cut body must never be read as the next request on this connection
+            self.close_connection = True
             log.debug("checkpoint server: %s %s: client went away (%s)", method, self.path, e)
         except Exception as e:  # noqa: BLE001 - one bad request must not take the server down
             log.exception("checkpoint server: %s %s failed", method, self.path)

@@ -9,7 +9,9 @@ import json
 import logging
 import os
 import shutil
+import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -379,3 +381,27 @@ def test_range_requests_fetch_only_the_blocks_a_reader_needs(servers, tmp_path: 
     )
     with pytest.raises(CorruptCheckpointError, match=r"peer:n0: checksum mismatch in block 0"):
         FileResolver(1, manifest, [src]).path("__0_0.distcp", [(0, 100)])
+
+
+def test_a_body_cut_by_the_timeout_closes_the_connection(tmp_path: Path) -> None:
+    """After an upload timed out mid-body, what the client sends next is not read as a request."""
+    with CheckpointServer(tmp_path / "n0", timeout_s=0.3) as server:
+        head = f"HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {server.token}\r\n"
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as conn:
+            conn.sendall(f"POST /v1/replicas/n1/10/begin {head}Content-Length: 0\r\n\r\n".encode())
+            got = b""
+            while b"\r\n\r\n" not in got or not got.endswith(b"}"):  # begin's answer, body included
+                chunk = conn.recv(4096)
+                assert chunk, f"the server closed the connection after {got!r}"
+                got += chunk
+            assert got.startswith(b"HTTP/1.0 200") or got.startswith(b"HTTP/1.1 200"), got
+            conn.sendall(
+                f"PUT /v1/replicas/n1/10/files/a.bin {head}Content-Length: 100\r\n\r\n".encode() + b"x" * 10
+            )
+            time.sleep(1.0)  # past the server's socket timeout: the upload is cut
+            try:
+                conn.sendall(f"GET /v1/steps {head}\r\n".encode())
+                answer = conn.recv(4096)
+            except (ConnectionResetError, BrokenPipeError):
+                answer = b""
+            assert answer == b"", f"the rest of a cut body was read as a request: {answer[:80]!r}"
