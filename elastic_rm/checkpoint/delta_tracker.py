@@ -27,6 +27,9 @@ from torch import nn
 
 _MERGE_EVERY = 64  # record calls between merges of a table's pending ids into one unique tensor
 _MIN_CAPACITY = 1 << 12  # ids per rank a take's gather holds in its first round, at least
+# and at most: one unusually large take must not make every later take send (and every rank receive,
+# world times over) a buffer of its size; a take larger than this uses the second round
+MAX_CAPACITY = 1 << 20
 
 
 def _table_configs(module: nn.Module) -> tuple[str, list[Any]] | None:
@@ -184,8 +187,13 @@ class TouchedRows:
             dist.all_gather(full, flat, group=pg)
             ids = [g[:m] for g, m in zip(full, sizes, strict=True)]
         # the same on every rank (from the same gathered sizes): room for twice the longest next time
-        self._capacity = max(_MIN_CAPACITY, 1 << (2 * longest).bit_length())
+        self._capacity = min(MAX_CAPACITY, max(_MIN_CAPACITY, 1 << (2 * longest).bit_length()))
         return [(o[1 : 1 + k], part) for o, part in zip(out, ids, strict=True)]
+
+    @property
+    def capacity(self) -> int:
+        """Ids per rank the next take's first gather round holds."""
+        return self._capacity
 
     def forget(self) -> None:
         """Drop what was computed so far (a full save copies everything anyway)."""

@@ -9,12 +9,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+from elastic_rm.checkpoint.delta_tracker import MAX_CAPACITY
+
 REPO = Path(__file__).resolve().parents[2]
-ROWS = 60_000
-# ids each rank records, per take: rank 0 overflows the first take's buffer, rank 1 the second's
+ROWS = 1_000_000
+# ids each rank records, per take: rank 0 overflows the first take's buffer, rank 1 the second's; the
+# fourth is larger than the capacity's bound, which the fifth's buffer keeps to
 PLAN = [
     {"0": [0, 5000], "1": [59_990, 59_993]},
     {"0": [7, 9], "1": [10_000, 30_000]},
+    {"0": [100, 103], "1": [200, 202]},
+    {"0": [0, 600_000], "1": [5, 7]},
     {"0": [100, 103], "1": [200, 202]},
 ]
 
@@ -47,6 +52,7 @@ def rank_main(init: str, rank: int, out: str) -> None:
             got = tracker.take()[KEY]
             taken.append(
                 [int(got.numel()), int(got.min()), int(got.max()), bool(torch.all(got[1:] > got[:-1]))]
+                + [tracker.capacity]
             )
         tracker.detach()
         Path(out).write_text(json.dumps(taken))
@@ -74,7 +80,10 @@ def test_every_rank_gets_every_ranks_ids_in_one_round_or_two(tmp_path: Path) -> 
     expected = []
     for take in PLAN:
         ids = set(range(*take["0"])) | set(range(*take["1"]))
-        expected.append([len(ids), min(ids), max(ids), True])
+        longest = max(hi - lo for lo, hi in take.values())
+        capacity = min(MAX_CAPACITY, max(1 << 12, 1 << (2 * longest).bit_length()))
+        expected.append([len(ids), min(ids), max(ids), True, capacity])
+    assert expected[3][4] == MAX_CAPACITY
     for r in range(2):
         assert json.loads((tmp_path / f"out-{r}.json").read_text()) == expected, r
 
