@@ -282,25 +282,28 @@ def publish_dir(tmp: Path, final: Path, sync: bool) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.rename(tmp, final)
+    _chain_cache.pop(os.path.join(final, MANIFEST), None)  # the cache must not outlive the old version
     if sync:
         fsync_dir(final.parent)
 
 
 CHAIN_FIELDS = ("step", "manifest_sha256", "kind", "parent", "parent_sha256", "base", "base_sha256")
 _CHAIN_CACHE_MAX = 4096
-_chain_cache: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = {}
+_chain_cache: dict[str, tuple[tuple[int, int, int, int], dict[str, Any]]] = {}
 
 
 def chain_fields(step_dir: str | Path) -> dict[str, Any]:
     """The fields of a step's manifest that link it into a chain (CHAIN_FIELDS; the absent ones left out).
 
     Why cached: retention and the replica commit look at every step of a chain at every save, and a
-    chain of a checkpoint per step holds hundreds. A step is published by renaming a new directory, so
-    one read per version of the file (its inode, modification time and size) suffices. Raises OSError
-    or ValueError (RecursionError) like reading it would."""
+    chain of a checkpoint per step holds hundreds. A step is published by renaming a new directory (which
+    drops its entry), so one read per version of the file suffices; the version is its inode, size and
+    modification and change times (an inode reused after a removal, or a timestamp as coarse as the
+    file system's, alone could pass for the old version). Raises OSError or ValueError (RecursionError)
+    like reading it would."""
     path = os.path.join(step_dir, MANIFEST)
     st = os.stat(path)
-    key, version = path, (st.st_ino, st.st_mtime_ns, st.st_size)
+    key, version = path, (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
     hit = _chain_cache.get(key)
     if hit is not None and hit[0] == version:
         return dict(hit[1])

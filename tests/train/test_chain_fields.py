@@ -3,6 +3,8 @@ commit look at every step of a chain at every save, and a checkpoint per step ma
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -43,3 +45,26 @@ def test_a_torn_manifest_is_skipped_like_before(tmp_path: Path) -> None:
     assert sorted(read_links(node)) == [1]
     with pytest.raises(ValueError):
         chain_fields(node / step_dirname(2))
+
+
+def test_a_manifest_rewritten_with_the_same_size_and_modification_time_is_read_again(tmp_path: Path) -> None:
+    """Coarse timestamps (or an inode reused after a removal) can give a new manifest the old one's
+    inode, size and modification time: the change time still tells them apart."""
+    node = tmp_path / "n0"
+    make_step(node, 1, {"__0_0.distcp": b"a" * 100})
+    path = node / step_dirname(1) / manifest.MANIFEST
+    body = path.read_bytes()
+    first = chain_fields(node / step_dirname(1))
+    old = path.stat()
+    other = body.replace(first["manifest_sha256"].encode(), b"f" * len(first["manifest_sha256"]))
+    assert len(other) == len(body) and other != body
+    for _ in range(200):  # until the file system's clock moves on (its change time is coarse)
+        with open(path, "r+b") as f:  # in place: the same inode
+            f.write(other)
+        os.utime(path, ns=(old.st_atime_ns, old.st_mtime_ns))
+        if path.stat().st_ctime_ns != old.st_ctime_ns:
+            break
+        time.sleep(0.01)
+    now = path.stat()
+    assert (now.st_ino, now.st_size, now.st_mtime_ns) == (old.st_ino, old.st_size, old.st_mtime_ns)
+    assert chain_fields(node / step_dirname(1))["manifest_sha256"] == "f" * len(first["manifest_sha256"])
