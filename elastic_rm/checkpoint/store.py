@@ -228,6 +228,9 @@ class CheckpointStore:
         (its connection closed) resends it and must not be told the replica failed."""
         root = self._replica_root(src)
         tmp = root / (step_dirname(step) + ".tmp")
+        # the memory sample walks the whole node directory: taken before the lock (uploads and commits
+        # of other sources wait on it), when this commit may be one to sample (a base, or one after it)
+        sample = held_bytes(self.node_dir) if self._may_sample(src, body) else None
         with self._lock:
             pending = self._pending.pop((src, step), None)
             if pending is None and _read_or_none(root / step_dirname(step) / MANIFEST) == body:
@@ -250,12 +253,23 @@ class CheckpointStore:
                 )
             write_file(tmp / MANIFEST, body, sync=False)
             due = keep + 1 if link.kind == "full" else self._samples_due.get(src, 0)
-            if due > 0:
-                self._peak = max(self._peak, held_bytes(self.node_dir))
+            if due > 0 and sample is not None:
+                self._peak = max(self._peak, sample)
             self._samples_due[src] = max(0, due - 1)
             publish_dir(tmp, root / step_dirname(step), sync=False)
             prune_chains(root, keep)
         log.info("replica of step %d (%s) from %s committed (%d files)", step, link.kind, src, len(pending))
+
+    def _may_sample(self, src: str, body: bytes) -> bool:
+        """Whether commit() will sample the memory held: a full step (a new base) or one of the steps
+        after it still due. Read without the lock: at worst one sample too many."""
+        if self._samples_due.get(src, 0) > 0:
+            return True
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            return False
+        return isinstance(doc, dict) and doc.get("kind", "full") != "delta"
 
     @staticmethod
     def _check(

@@ -12,6 +12,7 @@ import tracemalloc
 
 import pytest
 
+from elastic_rm.checkpoint import store as store_module
 from elastic_rm.checkpoint.manifest import FILE_HASH, file_entry, make_manifest, new_hasher, step_dirname
 from elastic_rm.checkpoint.store import CHUNK, CheckpointStore, Refused
 
@@ -88,3 +89,29 @@ def test_a_commit_sent_again_after_it_went_through_succeeds_and_another_is_refus
     with pytest.raises(Refused) as refused:
         store.commit("n1", 10, manifest(11), keep=2)
     assert refused.value.code == 409
+
+
+def test_a_commit_samples_the_memory_held_without_holding_the_lock(tmp_path, monkeypatch):
+    """The sample walks the node directory; uploads from other nodes must not wait for the walk."""
+    store = CheckpointStore(tmp_path / "n0")
+    real, locked = store_module.held_bytes, []
+
+    def held_bytes(root):
+        locked.append(store._lock.locked())
+        return real(root)
+
+    monkeypatch.setattr(store_module, "held_bytes", held_bytes)
+    data = os.urandom(1000)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "shard.bin").write_bytes(data)
+    entry = file_entry(src / "shard.bin", node="n1", rank=1)
+    body = make_manifest(
+        {"step": 10, "world_size": 2, "nodes": ["n0", "n1"], "position": {"step": 10}}
+        | {"files": {"shard.bin": entry}}
+    )
+    store.begin("n1", 10)
+    store.receive("n1", 10, "shard.bin", len(data), io.BufferedReader(io.BytesIO(data)))
+    store.commit("n1", 10, body, keep=2)
+    assert locked and not any(locked), "the node directory was walked under the store's lock"
+    assert store.listing()["peak_bytes"] >= len(data)
