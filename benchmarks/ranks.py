@@ -4,12 +4,14 @@ processes of their own (benchmarks.reshard, benchmarks.delta).
 Each rank runs ``python -m <module> <spec> <rank>`` with one OpenMP thread (ranks share the machine's
 cores), writing its output to a log file of its own. The wait ends when every rank has exited, when one
 has failed (the others would wait for it in a collective), or at the deadline; whatever is left then is
-killed, so nothing outlives the call. A failed rank's log tail is in the error.
+killed, each rank with the processes it started (a rank is the leader of a process group of its own), so
+nothing outlives the call. A failed rank's log tail is in the error.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -25,8 +27,8 @@ def run_ranks(
     module: str, spec: Path, nprocs: int, timeout: float, log_of: Callable[[int], Path], what: str
 ) -> None:
     """Run ranks 0..nprocs-1 of `module` on `spec`; SystemExit naming `what` and the failed ranks when a
-    rank fails or the deadline (`timeout` seconds) passes, with the log tail of the first rank that
-    failed by itself (the others were killed here)."""
+    rank fails or the deadline (`timeout` seconds) passes, with the log tail of the lowest-numbered rank
+    that failed by itself (the others were killed here)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     logs = [open(log_of(r), "w") for r in range(nprocs)]
     procs: list[subprocess.Popen] = []
@@ -40,6 +42,7 @@ def run_ranks(
                     env=env,
                     stdout=logs[r],
                     stderr=subprocess.STDOUT,
+                    start_new_session=True,  # its own process group: killed with what it started
                 )
             )
         deadline = time.monotonic() + timeout
@@ -51,9 +54,12 @@ def run_ranks(
     finally:
         for r, p in enumerate(procs):
             if p.poll() is None:
-                p.kill()
-                p.wait(timeout=30)
                 killed.append(r)
+            try:  # the rank and the processes it started (an exited rank's may be left)
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            p.wait(timeout=30)
         for f in logs:
             f.close()
     bad = [r for r, p in enumerate(procs) if p.returncode != 0]

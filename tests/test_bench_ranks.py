@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -47,3 +48,16 @@ def test_the_deadline_kills_what_is_left(tmp_path):
     assert "probe: ranks [1] failed (killed at the deadline, 3 s)" in str(err.value), str(err.value)
     assert not alive(tmp_path, 1)
     assert (tmp_path / "result-0.json").exists()
+
+
+def test_the_processes_a_rank_started_are_killed_with_it(tmp_path):
+    with pytest.raises(SystemExit):
+        run(tmp_path, ["child"], timeout=3.0)  # killed at the deadline, its child started long before
+    pid = int((tmp_path / "child-0").read_text())
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        state = "gone"
+    if state not in ("gone", "Z"):  # left running: clean it up, then fail
+        os.kill(pid, signal.SIGKILL)
+    assert state in ("gone", "Z"), f"the rank's child {pid} outlived it (state {state})"
