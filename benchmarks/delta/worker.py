@@ -223,6 +223,7 @@ def run_interval(tr: Trainer, ckpt: FlashCheckpointer | None, interval: int, ste
     out["saves"] = len(saves)
     out["pause_median_s"] = slowest(float(np.median(pauses)))
     out["pause_max_s"] = slowest(float(np.max(pauses)))
+    out["waited_max_s"] = slowest(float(np.max([s["waited_s"] for s in saves])))  # for the previous save
     copied = [s.get("bytes_copied", s["bytes"]) for s in saves]
     out["bytes_copied_mean"] = total(float(np.mean(copied)))
     out["kinds"] = sorted({s.get("kind", "full") for s in saves})
