@@ -83,7 +83,7 @@ def test_survivors_of_a_sigkill_keep_their_processes_and_restore_the_committed_s
     lost = [src for r in starts for writer, src in r["restore_files"].values() if writer == victim]
     assert lost, [r["restore_files"] for r in starts]
     allowed = {f"local:{n}" for n in survivors} | {f"peer:{n}" for n in survivors}
-    assert set(lost) <= allowed, lost
+    assert {src.split("/")[0] for src in lost} <= allowed, lost  # "/replica:<node>": held there
     after = [r["step"] for r in steps_of(rows, world=2, since=t_kill)]
     assert after[0] == step + 1 and after == list(range(after[0], after[-1] + 1))
     assert_ledger_ok(rows)

@@ -146,7 +146,7 @@ def test_node_lost_restores_from_peer_replica_else_durable(tmp_path: Path) -> No
     r1 = [results[r][1]["restores"][0] for r in range(2)]
     assert all(r["step"] == 10 and r["saved_world"] == 3 for r in r1)
     n2_file = [r["file_sources"].get("__2_0.distcp") for r in r1]
-    assert set(n2_file) - {None} <= {"local:n0", "peer:n0"} and "peer:n0" in n2_file, n2_file
+    assert set(n2_file) - {None} <= {"local:n0/replica:n2", "peer:n0"} and "peer:n0" in n2_file, n2_file
     assert all("durable" not in r["sources"] for r in r1)
     assert_bit_exact(assemble(tmp_path, "b1"), assemble(tmp_path, "r1"), "replica restore 3->2")
     r2 = [results[r][3]["restores"][0] for r in range(2)]
