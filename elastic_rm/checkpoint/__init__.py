@@ -8,8 +8,7 @@ not pay for torchrec.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ..lazy_exports import lazy_getattr
 
 _EXPORTS = {
     "FlashCheckpointer": "flash",
@@ -22,8 +21,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'elastic_rm.checkpoint' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"elastic_rm.checkpoint.{module}"), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

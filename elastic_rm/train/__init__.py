@@ -7,8 +7,7 @@ Names are imported lazily, so `import elastic_rm.train.<light module>` does not 
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from ..lazy_exports import lazy_getattr
 
 _EXPORTS = {
     "FlashCheckpointer": "elastic_rm.checkpoint.flash",
@@ -41,9 +40,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'elastic_rm.train' has no attribute {name!r}")
-    full = module if "." in module else f"elastic_rm.train.{module}"
-    return getattr(importlib.import_module(full), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
