@@ -10,13 +10,22 @@ as written; `erm report` and `erm demo` read the same record.
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Iterable
 from typing import Any
 
 from ..etcd.client import EtcdClient, KeyValue
 from ..wire.keyspace import Keyspace
 from ..wire.metrics import parse_record
-from ..wire.records import LedgerRecord, NodeRecord, QueueRecord, RecordError, RoundRecord, effective_rounds
+from ..wire.records import (
+    QUEUE_STALE_AFTER_S,
+    LedgerRecord,
+    NodeRecord,
+    QueueRecord,
+    RecordError,
+    RoundRecord,
+    effective_rounds,
+)
 from .events import PERIODIC_KINDS, Event, EventError
 from .restores import round_restores, with_restores
 
@@ -123,10 +132,32 @@ def parse_events(keys: Keyspace, kvs: Iterable[KeyValue], errors: list[str]) -> 
     return events
 
 
+def queue_view(record: QueueRecord, now: float | None = None) -> dict[str, Any]:
+    """The queue key as `erm status` shows it: the count written, how old it is (``now`` minus the
+    writer's time: this machine's clock against the writer's), and whether it is older than the bound past
+    which the leader counts it as unknown (the leader measures that bound on its own clock, from when it
+    first read the value)."""
+    now = time.time() if now is None else now
+    age = max(0.0, now - record.time) if record.time > 0 else None
+    return {
+        "waiting_nodes": record.waiting_nodes,
+        "age_s": None if age is None else round(age, 1),
+        "unknown": age is not None and age > QUEUE_STALE_AFTER_S,
+        "stale_after_s": QUEUE_STALE_AFTER_S,
+        "source": record.source,
+    }
+
+
 def status_from_kvs(
-    keys: Keyspace, kvs: list[KeyValue], revision: int, decisions: int = 5, all_events: bool = False
+    keys: Keyspace,
+    kvs: list[KeyValue],
+    revision: int,
+    decisions: int = 5,
+    all_events: bool = False,
+    now: float | None = None,
 ) -> dict[str, Any]:
-    """The status from the run's keys as read (``erm status``) or kept current by a watch (``erm top``)."""
+    """The status from the run's keys as read (``erm status``) or kept current by a watch (``erm top``);
+    ``now``: this machine's time (the queue key's age)."""
     errors: list[str] = []
     by_key = {kv.key: kv for kv in kvs}
     current = None
@@ -180,10 +211,10 @@ def status_from_kvs(
             }
         except RecordError as exc:
             errors.append(str(exc))
-    waiting_nodes = None  # the cluster's queue as the executor wrote it (None: no executor knows it)
+    queue = None  # the cluster's queue as the executor wrote it (None: no executor knows it)
     if keys.queue in by_key:
         try:
-            waiting_nodes = QueueRecord.parse(keys.queue, by_key[keys.queue].value).waiting_nodes
+            queue = queue_view(QueueRecord.parse(keys.queue, by_key[keys.queue].value), now)
         except RecordError as exc:
             errors.append(str(exc))
     records = effective_rounds([kv for kv in kvs if kv.key.startswith(keys.rounds)], errors)
@@ -205,7 +236,9 @@ def status_from_kvs(
         "samples_per_s": sum(r for r in rates if r is not None)
         if any(r is not None for r in rates)
         else None,
-        "waiting_nodes": waiting_nodes,
+        # as the leader counts it: None without a queue key, or with one too old to trust
+        "waiting_nodes": queue["waiting_nodes"] if queue is not None and not queue["unknown"] else None,
+        "queue": queue,
         "data": data,  # the sample ledger as of the newest checkpoint (None: no ledger mirrored)
         # with each round's restore: downtime and steps trained again (the agents' "restore" events)
         "decisions": with_restores(decision_rows(records, outcomes)[-decisions:], round_restores(events)),

@@ -22,14 +22,14 @@ from collections.abc import Callable
 from ..etcd.client import EtcdClient
 from ..etcd.errors import EtcdError
 from ..wire.keyspace import Keyspace
-from ..wire.records import QueueRecord, RecordError
+from ..wire.records import QUEUE_STALE_AFTER_S, QUEUE_WRITE_EVERY_S, QueueRecord, RecordError
 
 log = logging.getLogger(__name__)
 
 # one key read at most once a second: a node given back to a waiting job waits for this read first
 READ_EVERY_S = 1.0
-WRITE_EVERY_S = 5.0  # the writer rewrites the record at least this often, even when its count is the same
-STALE_AFTER_S = 3 * WRITE_EVERY_S  # a record unchanged for this long has lost its writer: unknown
+WRITE_EVERY_S = QUEUE_WRITE_EVERY_S  # the writer rewrites the record at least this often
+STALE_AFTER_S = QUEUE_STALE_AFTER_S  # a record unchanged for this long has lost its writer: unknown
 
 
 class QueueSignal:

@@ -352,6 +352,12 @@ class DemandRecord:
         return dumps(self)
 
 
+# The queue's writer rewrites the record at least this often, even when its count is the same; a record
+# unchanged for three of its refreshes has lost its writer (a killed `erm launch`): its count is unknown.
+QUEUE_WRITE_EVERY_S = 5.0
+QUEUE_STALE_AFTER_S = 3 * QUEUE_WRITE_EVERY_S
+
+
 @dataclass(frozen=True)
 class QueueRecord:
     """``queue``: how many nodes other jobs wait for on the pool this run's nodes come from (the cluster's

@@ -121,6 +121,23 @@ def _rate(x: float | None) -> str:
     return "-" if x is None else f"{x:,.0f}"
 
 
+def _queue_line(s: dict[str, Any]) -> str | None:
+    """The cluster's queue, with how old the count is; "unknown" past the bound where the leader ignores
+    it (as the leader counts it: its launcher is gone, or its squeue failing)."""
+    q = s.get("queue")
+    if q is None:
+        count = s.get("waiting_nodes")
+        return None if count is None else f"cluster queue: other pending jobs wait for {count} node(s)"
+    age = "" if q.get("age_s") is None else f" (written {q['age_s']:g} s ago)"
+    if q.get("unknown"):
+        return (
+            f"cluster queue: unknown: its last count, {q['waiting_nodes']} node(s), was written "
+            f"{q['age_s']:g} s ago, more than the {q['stale_after_s']:g} s after which the leader ignores "
+            "it (is erm launch still running?)"
+        )
+    return f"cluster queue: other pending jobs wait for {q['waiting_nodes']} node(s){age}"
+
+
 def render(s: dict, title: str = "", max_members: int = MAX_MEMBERS) -> Any:
     """The status as rich renderables: headline, members, decisions, recent events, malformed records.
     Tables shrink to the console's width (80 columns is the design target). At most ``max_members`` node
@@ -176,8 +193,9 @@ def render(s: dict, title: str = "", max_members: int = MAX_MEMBERS) -> Any:
                 )
             )
         )
-    if s.get("waiting_nodes") is not None:
-        parts.append(Text(f"cluster queue: other pending jobs wait for {s['waiting_nodes']} node(s)"))
+    queue_line = _queue_line(s)
+    if queue_line:
+        parts.append(Text(queue_line))
     if s.get("data"):
         d = s["data"]
         into = d["samples_done"] - d["epoch"] * d["epoch_samples"]

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 
-from elastic_rm.etcd.client import EtcdClient
+from elastic_rm.etcd.client import EtcdClient, KeyValue
 from elastic_rm.launch.executor import ExecutorConfig
 from elastic_rm.launch.pool import HostPool
 from elastic_rm.launch.slurm_cli import Slurm, parse_jobs
 from elastic_rm.launch.slurm_job import GROWTH_MARK, SlurmOptions
 from elastic_rm.launch.slurm_nodes import SlurmExecutor, SlurmNode
 from elastic_rm.obs.events import EventLog
+from elastic_rm.obs.status import status_from_kvs
+from elastic_rm.rendezvous.queue_signal import STALE_AFTER_S
 from elastic_rm.wire.keyspace import Keyspace
 from elastic_rm.wire.records import QueueRecord
 from launcher.commands.status import render
@@ -185,9 +187,37 @@ def test_a_failing_squeue_keeps_the_last_value_and_is_reported_once(etcd, run_id
     assert len(warnings) == 1 and "keeps its last value" in warnings[0], said
 
 
-def test_erm_status_prints_the_clusters_queue_when_an_executor_wrote_it():
+def _status_with_queue(record: QueueRecord | None, now: float) -> dict:
+    keys = Keyspace("/elastic-rm", "r")
+    kvs = [] if record is None else [KeyValue(keys.queue, record.to_json(), 1, 1, 1, 0)]
+    return status_from_kvs(keys, kvs, 1, now=now)
+
+
+def test_erm_status_shows_the_queue_count_with_its_age_and_unknown_past_the_leaders_bound():
+    now = 1_000_000.0
+    assert _status_with_queue(None, now)["queue"] is None
+    assert _status_with_queue(None, now)["waiting_nodes"] is None
+    fresh = _status_with_queue(QueueRecord(6, "squeue", time=now - 2.0), now)
+    assert fresh["waiting_nodes"] == 6
+    assert fresh["queue"] == {
+        "waiting_nodes": 6,
+        "age_s": 2.0,
+        "unknown": False,
+        "stale_after_s": STALE_AFTER_S,
+        "source": "squeue",
+    }
+    at_bound = _status_with_queue(QueueRecord(6, time=now - STALE_AFTER_S), now)
+    assert at_bound["waiting_nodes"] == 6 and not at_bound["queue"]["unknown"]  # unknown: only older
+    stale = _status_with_queue(QueueRecord(6, time=now - STALE_AFTER_S - 25.0), now)
+    assert stale["waiting_nodes"] is None  # as the leader counts it: unknown
+    assert stale["queue"]["waiting_nodes"] == 6 and stale["queue"]["unknown"]
+    assert stale["queue"]["age_s"] == STALE_AFTER_S + 25.0
+    json.dumps(stale)  # erm status --json prints it as it is
+
     base = status_of(2)
-    assert "cluster queue" not in text(render({**base, "waiting_nodes": None}))
-    assert "cluster queue: other pending jobs wait for 6 node(s)" in text(
-        render({**base, "waiting_nodes": 6})
-    )
+    assert "cluster queue" not in text(render({**base, **_status_with_queue(None, now)}))
+    shown = " ".join(text(render({**base, "waiting_nodes": 6, "queue": fresh["queue"]})).split())
+    assert "cluster queue: other pending jobs wait for 6 node(s) (written 2 s ago)" in shown
+    shown = " ".join(text(render({**base, "waiting_nodes": None, "queue": stale["queue"]})).split())
+    assert "cluster queue: unknown: its last count, 6 node(s), was written 40 s ago" in shown
+    assert f"more than the {STALE_AFTER_S:g} s after which the leader ignores it" in shown
