@@ -1,7 +1,9 @@
 """`ermrun`: a drop-in `torchrun` with the elastic-rm rendezvous, agent and an embedded etcd.
 
 Parsing is torch's own parser (every torchrun flag, same meaning, same PET_* environment variables)
-plus one group of ours. Wiring only: the launch path is `elastic_rm.agent.entry`.
+plus one group of ours. Wiring only: the launch path is `elastic_rm.agent.entry`. This module imports
+neither torch nor the agent at its top: main() starts the node's warm spares first
+(`launcher.early_spares`), so that they import torch while ermrun does.
 """
 
 from __future__ import annotations
@@ -12,12 +14,12 @@ import os
 import shutil
 import sys
 import uuid
+from typing import TYPE_CHECKING
 
-from torch.distributed.elastic.multiprocessing.errors import record
-from torch.distributed.run import config_from_args, get_args_parser, parse_min_max_nnodes
+from launcher.early_spares import EarlySpares
 
-from elastic_rm.agent.agent import AgentOptions
-from elastic_rm.rendezvous.settings import BACKEND
+if TYPE_CHECKING:
+    from elastic_rm.agent.agent import AgentOptions, ElasticRMAgent
 
 log = logging.getLogger("ermrun")
 
@@ -47,6 +49,10 @@ OUR_FLAGS = (
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from torch.distributed.run import get_args_parser
+
+    from elastic_rm.rendezvous.settings import BACKEND
+
     parser = get_args_parser()
     parser.prog = "ermrun"
     parser.description = (
@@ -191,6 +197,10 @@ def _add_rdzv_conf(args: argparse.Namespace, **values: object) -> None:
 
 def prepare(args: argparse.Namespace) -> bool:
     """Apply ermrun's defaults to torch's namespace. True when an embedded etcd is needed."""
+    from torch.distributed.run import parse_min_max_nnodes
+
+    from elastic_rm.rendezvous.settings import BACKEND
+
     embedded = False
     if args.standalone:
         if args.rdzv_endpoint:
@@ -242,6 +252,8 @@ def _apply_node_limits(args: argparse.Namespace, run_id: str):
 def _agent_options(args: argparse.Namespace) -> AgentOptions:
     """The agent's options from our flags, checked (ValueError says which flag is wrong). Read before
     torch's config, which sets OMP_NUM_THREADS=1 for several workers: a user's own value wins."""
+    from elastic_rm.agent.agent import AgentOptions
+
     if args.cpu_limit is not None and not args.cpu_limit > 0:
         raise ValueError(f"--cpu-limit must be a positive number of cores (e.g. 0.5), got {args.cpu_limit:g}")
     options = AgentOptions(
@@ -268,8 +280,15 @@ def _agent_options(args: argparse.Namespace) -> AgentOptions:
     return options
 
 
-@record
-def run(argv: list[str] | None = None) -> int:
+def run(argv: list[str] | None = None, early: EarlySpares | None = None) -> int:
+    """ermrun with these arguments (default: the command line); its exit status. ``early``: the spares
+    main() started before the imports, for the agent to adopt (stopped at the end when it did not)."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    return record(_run)(argv, early or EarlySpares([]))
+
+
+def _run(argv: list[str] | None, early: EarlySpares) -> int:
     from elastic_rm.launch.slurm import SlurmError, apply_slurm
 
     parser = build_parser()
@@ -287,12 +306,24 @@ def run(argv: list[str] | None = None) -> int:
     progress.setup_logging()
     _dump_stacks_on_sigusr1()
     try:
-        return _launch(args, options, progress)
+        return _launch(args, options, progress, early)
     finally:
         progress.close()
 
 
-def _launch(args: argparse.Namespace, options: AgentOptions, progress) -> int:
+def _adopt_early_spares(agent: ElasticRMAgent, early: EarlySpares) -> None:
+    """The agent's pool takes the spares started before the imports (it stops those that do not fit)."""
+    spares = early.hand_over()
+    if not spares:
+        return
+    if agent.spares is None:  # spares off for these workers (the agent said why): not needed
+        for spare in spares:
+            spare.kill()
+        return
+    agent.spares.adopt(spares, agent.get_worker_group().spec.local_world_size)
+
+
+def _launch(args: argparse.Namespace, options: AgentOptions, progress, early: EarlySpares) -> int:
     """Start the embedded etcd when needed, put the node under its limits, run the agent; its exit status."""
     from elastic_rm.agent.cgroup import CgroupError
     from elastic_rm.agent.entry import default_log_dir, launch_agent
@@ -300,6 +331,7 @@ def _launch(args: argparse.Namespace, options: AgentOptions, progress) -> int:
     from elastic_rm.etcd.errors import EtcdError
     from elastic_rm.etcd.server import EtcdServer, EtcdServerError
 
+    early.release_sigterm()  # from here on what ermrun starts is stopped by its own cleanup
     try:
         embedded = prepare(args)
     except ValueError as exc:
@@ -311,6 +343,8 @@ def _launch(args: argparse.Namespace, options: AgentOptions, progress) -> int:
         if embedded:
             server = EtcdServer(binary=args.etcd_binary).start()
             args.rdzv_endpoint = server.endpoint
+        from torch.distributed.run import config_from_args
+
         try:
             config, cmd, cmd_args = config_from_args(args)
         except (AssertionError, ValueError) as exc:
@@ -328,8 +362,13 @@ def _launch(args: argparse.Namespace, options: AgentOptions, progress) -> int:
         _sigterm_leaves()  # also before workers run: a spare stopped early leaves through the cleanup
         release = _slurm_release(args, config)
         cgroup = _apply_node_limits(args, config.run_id)
+
+        def on_agent(agent: ElasticRMAgent) -> None:
+            progress.attach(agent)
+            _adopt_early_spares(agent, early)
+
         try:
-            launch_agent(config, cmd, list(cmd_args), options, on_agent=progress.attach)
+            launch_agent(config, cmd, list(cmd_args), options, on_agent=on_agent, started_at=early.started_at)
         finally:
             if cgroup is not None:
                 cgroup.remove()
@@ -345,9 +384,10 @@ def _launch(args: argparse.Namespace, options: AgentOptions, progress) -> int:
         from elastic_rm.agent.entry import LeftBeforeWorkers
 
         if isinstance(exc, LeftBeforeWorkers):
+            when = "while its workers were stopped" if exc.started else "before its workers started"
             print(
-                f"ermrun: stopped by {exc.sigval.name} before its workers started; the node left the "
-                "rendezvous and the run goes on without it",
+                f"ermrun: stopped by {exc.sigval.name} {when}; the node left the rendezvous and the run "
+                "goes on without it",
                 file=sys.stderr,
             )
             return 0
@@ -411,7 +451,14 @@ def _dump_stacks_on_sigusr1() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    sys.exit(run(argv))  # logging is set up by run() for the chosen output mode (launcher/progress.py)
+    """Start this node's spares first (launcher.early_spares), then everything else. Logging is set up by
+    run() for the chosen output mode (launcher/progress.py)."""
+    early = EarlySpares.start(sys.argv[1:] if argv is None else argv)
+    try:
+        code = run(argv, early)
+    finally:
+        early.stop()  # those the agent did not adopt, by their pid
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -172,6 +172,9 @@ def breakdown(etcd, run_id: str, work: Path, k: int, t0: float, t_train: float, 
     if agent is not None:
         row["ermrun_up_to_training_s"] = t_train - agent
         row.update(node_start(events, node, agent, t_train))
+    process = process_started(events, node, t0)  # ermrun's process (the batch script exec's it)
+    if process is not None and agent is not None:
+        row["process_to_ermrun_up_s"] = agent - process  # its imports and the agent's set-up
     if not direct and submit is not None and running is not None and agent is not None:
         row.update(
             decision_to_submit_s=submit - t0,
@@ -179,20 +182,33 @@ def breakdown(etcd, run_id: str, work: Path, k: int, t0: float, t_train: float, 
             decision_to_running_s=running.time - t0,
             running_to_ermrun_up_s=agent - running.time,
         )
+        if process is not None:  # "running" is the launcher's squeue poll; this is the process itself
+            row["submit_to_process_s"] = process - submit
     elif agent is not None:
         row["start_to_ermrun_up_s"] = agent - t0
+        if process is not None:
+            row["start_to_process_s"] = process - t0
     return row
+
+
+def process_started(events: list, node: str, t0: float) -> float | None:
+    """When the node's ermrun process started, from its first event (the agent's "started")."""
+    started = next(
+        (e for e in events if e.node == node and e.data.get("status") == "started" and e.time >= t0), None
+    )
+    return started.data.get("process_started") if started is not None else None
 
 
 def node_start(events: list, node: str, agent: float, t_train: float) -> dict:
     """The new node's own start, from its events: ermrun up -> its warm spare workers ready (the agent
     joins the rendezvous then; the running job trains meanwhile) -> the leader's round with it -> its
     first step."""
-    warm = next(
-        (e.time for e in events if e.node == node and "spares_warm" in e.data and e.time >= agent), None
+    warm_event = next(
+        (e for e in events if e.node == node and "spares_warm" in e.data and e.time >= agent), None
     )
-    if warm is None:
+    if warm_event is None:
         return {}
+    warm = warm_event.time
     decided = next(
         (
             e.time
@@ -201,7 +217,10 @@ def node_start(events: list, node: str, agent: float, t_train: float) -> dict:
         ),
         None,
     )
-    out = {"ermrun_up_to_spares_warm_s": warm - agent}
+    out = {
+        "ermrun_up_to_spares_warm_s": warm - agent,
+        "spares_started_early": len(warm_event.data.get("early_pids", ())),
+    }
     if decided is not None:
         out.update(spares_warm_to_round_s=decided - warm, round_to_training_s=t_train - decided)
     return out
@@ -328,12 +347,14 @@ def main() -> int:
         "submit_to_running_s",
         "decision_to_running_s",
         "running_to_ermrun_up_s",
+        "submit_to_process_s",
+        "process_to_ermrun_up_s",
         *start,
     )
     up = {k: summarize([r[k] for r in parts["slurm"] if r.get(k) is not None]) for k in keys}
     direct = {
         k: summarize([r[k] for r in parts["direct"] if r.get(k) is not None])
-        for k in ("total_s", "start_to_ermrun_up_s", *start)
+        for k in ("total_s", "start_to_ermrun_up_s", "start_to_process_s", "process_to_ermrun_up_s", *start)
     }
     rel = {k: summarize([r[k] for r in releases]) for k in ("total_s", "stop_to_job_ended_s")}
     ratio = up["total_s"]["median"] / direct["total_s"]["median"]

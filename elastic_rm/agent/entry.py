@@ -62,8 +62,17 @@ def _claim_node_memory(agent: ElasticRMAgent, run_id: str) -> None:
 
 
 class LeftBeforeWorkers(SignalException):
-    """A signal (SIGTERM: a launcher's or Slurm's stop) reached a node that never started its workers: it
-    left the rendezvous and stopped its processes, and the run goes on without it; not a failure."""
+    """A signal (SIGTERM: a launcher's or Slurm's stop) reached a node whose workers did not run: it never
+    started them (a spare), or stopped them for a round without it (a node the run gave back, drained). It
+    left the rendezvous and stopped its processes, and the run goes on without it; not a failure, so
+    ermrun exits 0 (Slurm then records the node's job COMPLETED, not FAILED)."""
+
+    def __init__(self, msg: str, sigval, started: bool) -> None:
+        super().__init__(msg, sigval)
+        self.started = started  # its workers ran before (then stopped for a round without it)
+
+
+IDLE_WORKER_STATES = (WorkerState.INIT, WorkerState.STOPPED)  # never started; stopped for a new round
 
 
 def free_node_memory(run_id: str, agent: ElasticRMAgent, why: str) -> None:
@@ -98,9 +107,11 @@ def launch_agent(
     args: list[Any],
     options: AgentOptions | None = None,
     on_agent: Callable[[ElasticRMAgent], None] | None = None,
+    started_at: float | None = None,
 ) -> dict[int, Any]:
     """Run this node's agent until the job ends; the workers' return values by global rank.
-    ``on_agent`` sees the agent before it starts (ermrun attaches its progress printer)."""
+    ``on_agent`` sees the agent before it starts (ermrun attaches its progress printer); ``started_at``:
+    when the process started (ermrun's first line), said in the node's first event."""
     if not config.run_id:
         config.run_id = str(uuid.uuid4().int)
         log.warning("no --rdzv-id given; using a random run id %s", config.run_id)
@@ -159,6 +170,7 @@ def launch_agent(
         nproc=config.nproc_per_node,
         min_nodes=config.min_nodes,
         max_nodes=config.max_nodes,
+        process_started=started_at,  # its imports and set-up took from then until this event
     )
     close_rendezvous = True
     status = "failed"
@@ -191,11 +203,13 @@ def launch_agent(
         status = f"stopped by {exc.sigval.name}"
         close_rendezvous = False  # as torch: a signalled agent must not close the run for the others
         events.record(agent.get_event_failed(), config.event_log_handler)
-        if agent.worker_state == WorkerState.INIT:  # a spare never needed: it leaves, the run goes on
-            # Its node memory is left as it is: this process wrote nothing there, and what an earlier
-            # agent with the same node id left (a Slurm node's name comes back) may be a restore's source.
-            status += " before its workers started"
-            raise LeftBeforeWorkers(str(exc), exc.sigval) from exc
+        state = agent.worker_state
+        if state in IDLE_WORKER_STATES:  # a spare never needed, or a node given back: the run goes on
+            # Its node memory is left as it is: what it holds (or what an earlier agent with the same node
+            # id left: a Slurm node's name comes back) may be a restore's source, as after any signal.
+            started = state != WorkerState.INIT
+            status += " while its workers were stopped" if started else " before its workers started"
+            raise LeftBeforeWorkers(str(exc), exc.sigval, started) from exc
         raise
     except Exception:
         events.record(agent.get_event_failed(), config.event_log_handler)

@@ -5,7 +5,9 @@ workers, and Python's start plus ``import torch, torchrec`` is most of a round's
 node. While a round trains, the agent keeps one spare per local rank (:mod:`elastic_rm.agent.spare`:
 imports done on a thread at nice 19, waiting for a round); the next round hands each spare torch's
 worker environment and argv, and the spare runs the script with ``runpy``. A node that joins a running
-job starts its spares while it waits in the rendezvous (at normal priority: nothing trains there yet).
+job starts its spares while it waits in the rendezvous (at normal priority: nothing trains there yet);
+``ermrun`` starts them even earlier, first thing, so that they import torch while ermrun itself does
+(launcher.early_spares), and the pool adopts them (:meth:`SparePool.adopt`).
 
 torch's semantics stay: the workers are ``SubprocessHandler``s in a ``SubprocessContext`` (the same
 ``WorkerGroup``, ``RunResult``, redirects, tee and error files); only the ``Popen`` of a rank that gets a
@@ -17,12 +19,9 @@ process as under torch. Spares apply to ``python -u script.py`` and ``python -u 
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -40,13 +39,12 @@ from torch.distributed.elastic.utils import macros
 
 from ..guard import Watchdog
 from ..obs.events import EventLog
-from . import spare as spare_main
 from .channel import pid_alive
+from .spare_process import Spare
 
 log = logging.getLogger(__name__)
 
 WARM_LIMIT_S = 120.0  # how long a node that runs no workers yet waits for its spares before it joins
-LOW_NICE = 19  # a spare warming next to training workers takes only idle CPU
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
@@ -81,71 +79,6 @@ def why_unsupported(spec: WorkerSpec) -> str | None:
     return None
 
 
-class Spare:
-    """One warm process: its ``Popen``, the agent's end of its socket, whether it warms at low priority."""
-
-    def __init__(self, modules: tuple[str, ...], low_priority: bool, label: tuple[str, ...] = ()) -> None:
-        """``label``: the worker command it will run, only shown in its command line (ps, pgrep -f)."""
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-u",
-                    spare_main.__file__,
-                    str(theirs.fileno()),
-                    str(LOW_NICE if low_priority else 0),
-                    ",".join(modules),
-                    *label,
-                ],
-                pass_fds=(theirs.fileno(),),
-                start_new_session=True,  # as torch starts workers: its killpg ends a spare's children too
-            )
-        finally:
-            theirs.close()
-        self.sock = ours
-        self.low_priority = low_priority
-        self.started = time.time()
-        self._ready = False
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def ready(self) -> bool:
-        """Its imports are done (it said so on the socket)."""
-        if not self._ready:
-            try:
-                self._ready = self.sock.recv(1, socket.MSG_DONTWAIT) == spare_main.READY
-            except BlockingIOError:
-                pass
-            except OSError:
-                return False
-        return self._ready
-
-    def hand(self, argv: list[str], env: dict[str, str], stdout: Any, stderr: Any) -> None:
-        """Its round: argv, environment, working directory and redirected stdout/stderr (their fds)."""
-        fds = [f.fileno() for f in (stdout, stderr) if f is not None]
-        message = {"argv": argv, "env": env, "cwd": os.getcwd(), "stdout": stdout is not None}
-        message["stderr"] = stderr is not None
-        socket.send_fds(self.sock, [json.dumps(message).encode()], fds)
-        self.sock.close()
-
-    def kill(self) -> None:
-        self.sock.close()
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            log.warning("spare pid %d did not exit after SIGKILL", self.proc.pid)
-
-
 class SparePool:
     """The node's spares: started ahead of rounds, taken by them, ended with the agent (and its Watchdog)."""
 
@@ -155,7 +88,32 @@ class SparePool:
         self._guard = guard
         self._spares: list[Spare] = []
         self.used_pids: list[int] = []  # spares that became workers, newest last
+        self._adopted: list[int] = []  # adopted spares that no rendezvous has waited for yet
         self.closed = False
+
+    def adopt(self, spares: list[Spare], count: int) -> list[int]:
+        """Take over spares started before the agent (ermrun starts them first thing: launcher.early_spares):
+        up to ``count`` live ones that import this pool's modules for this pool's worker command. The others
+        are stopped by their pid. The pids adopted."""
+        kept: list[Spare] = []
+        for spare in spares:
+            fits = spare.modules == self.modules and spare.label == self.label
+            if not self.closed and fits and spare.alive() and len(self._spares) + len(kept) < count:
+                kept.append(spare)
+            else:
+                spare.kill()
+        pids = [s.pid for s in kept]
+        if kept:
+            self._spares.extend(kept)
+            self._guard.watch(pids)  # from now on they end with the agent, as the spares it starts
+            self._adopted.extend(pids)
+            log.info("adopted %d spare worker process(es) %s started before the agent", len(pids), pids)
+        return pids
+
+    def take_adopted(self) -> list[int]:
+        """The adopted spares that no rendezvous has waited for yet (a node joins once they are warm)."""
+        adopted, self._adopted = self._adopted, []
+        return [pid for pid in adopted if pid in self.pids()]
 
     def fill(self, count: int, low_priority: bool) -> list[int]:
         """Start spares until ``count`` live ones wait; the pids started."""
@@ -393,7 +351,9 @@ def warm_before_joining(worker_group: WorkerGroup, pool: SparePool, events: Even
     trains meanwhile, and the round then waits for no import (a scale-up's critical path). Next to
     running workers (a round in place) they warm at nice 19 and the round does not wait."""
     running = any(pid_alive(w.id) for w in worker_group.workers if w.id is not None)
-    if pool.fill(worker_group.spec.local_world_size, low_priority=running) and not running:
+    early = pool.take_adopted()  # started before ermrun's own imports: mostly warm by now
+    started = pool.fill(worker_group.spec.local_world_size, low_priority=running)
+    if (started or early) and not running:
         t0 = time.monotonic()
         warm = pool.wait_ready(WARM_LIMIT_S)
         waited = time.monotonic() - t0
@@ -404,4 +364,5 @@ def warm_before_joining(worker_group: WorkerGroup, pool: SparePool, events: Even
             "joining the rendezvous",
             spares_warm=warm,
             waited_s=round(waited, 3),
+            early_pids=early,  # spares ermrun started before its imports
         )

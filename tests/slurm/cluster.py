@@ -9,6 +9,7 @@ Clients find the cluster through ``SLURM_CONF`` (``env()``), so nothing outside 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -68,7 +69,8 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
+JobCompType=jobcomp/filetxt
+JobCompLoc={dir}/jobcomp.txt
 SwitchType=switch/none
 MpiDefault=none
 SchedulerType=sched/backfill
@@ -235,6 +237,20 @@ class SlurmCluster:
             parts = line.split("|")
             if len(parts) == 5:
                 out.append(dict(zip(("id", "name", "state", "node", "comment"), parts, strict=True)))
+        return out
+
+    def ended_jobs(self) -> dict[str, dict[str, str]]:
+        """Slurm's record of every job that ended (its job completion log, jobcomp/filetxt): job id ->
+        its fields as Slurm wrote them (``JobState``: COMPLETED, FAILED, CANCELLED...; ``ExitCode``)."""
+        try:
+            lines = (self.dir / "jobcomp.txt").read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return {}
+        out = {}
+        for line in lines:
+            fields = dict(re.findall(r"(\w+)=(\S*)", line))
+            if "JobId" in fields:
+                out[fields["JobId"]] = fields
         return out
 
     def reset(self, timeout_s: float = 30.0) -> None:

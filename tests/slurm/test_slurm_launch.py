@@ -67,7 +67,10 @@ def test_grows_to_the_wanted_count_reports_the_queue_and_ctrl_c_leaves_nothing(
         text=True,
         timeout=60,
     )
-    assert json.loads(status.stdout)["waiting_nodes"] == len(slurm.node_names), status.stderr
+    shown = json.loads(status.stdout)
+    assert shown["waiting_nodes"] == len(slurm.node_names), status.stderr
+    assert shown["queue"]["waiting_nodes"] == len(slurm.node_names) and not shown["queue"]["unknown"]
+    assert 0 <= shown["queue"]["age_s"] <= shown["queue"]["stale_after_s"]  # the launcher rewrites it
     slurm.cmd("scancel", other)
 
     pids = agents_pids(tmp_path, running)
@@ -187,6 +190,7 @@ def test_the_planners_smaller_demand_gives_the_spare_nodes_back_to_slurm(
     )
     kept = {j["node"] for j in run_jobs(slurm, run_id)}
     assert len(kept) == 2 and kept.isdisjoint(released)
+    assert_completed(slurm, [e["job"] for e in actions(events, "stopped")])  # spares: no failure either
     progress = tmp_path / "state" / "progress.json"
     wait_until(lambda: progress.exists(), 60, "the emulated job's progress", [p])
     os.kill(p.pid, signal.SIGINT)
@@ -221,6 +225,13 @@ def test_a_node_job_pending_too_long_is_reported_with_slurms_reason(etcd, run_id
     assert p.wait(60) == 130, p.output()[-3000:]
     assert run_jobs(slurm, run_id) == []  # the pending node job was cancelled
     slurm.cmd("scancel", other)
+
+
+def assert_completed(slurm, job_ids: list[str]) -> None:
+    """Slurm recorded these node jobs (ended) COMPLETED with exit code 0 in its job completion log."""
+    wait_until(lambda: set(job_ids) <= set(slurm.ended_jobs()), 30, f"jobs {job_ids} in the completion log")
+    ended = {j: (slurm.ended_jobs()[j]["JobState"], slurm.ended_jobs()[j]["ExitCode"]) for j in job_ids}
+    assert job_ids and all(state == ("COMPLETED", "0:0") for state in ended.values()), ended
 
 
 @pytest.mark.slow
@@ -262,7 +273,9 @@ def test_a_straggler_is_replaced_by_a_new_node_job_and_its_own_ends(etcd, run_id
         lambda: slow not in {j["node"] for j in run_jobs(slurm, run_id)}, 60, "the straggler's job ended", [p]
     )
     events = launch_events(etcd, run_id)
-    assert any(slow in e["reason"] and "as a straggler" in e["reason"] for e in actions(events, "stop"))
+    stop = next(e for e in actions(events, "stop") if slow in e["reason"] and "as a straggler" in e["reason"])
+    # a member the round dropped, its workers drained and stopped: its job is no failure for Slurm
+    assert_completed(slurm, [stop["job"]])
     assert [e["host"] for e in actions(events, "blacklist")] == [slow]
     assert len(actions(events, "submit")) >= 3  # the spare the leader asked for
     done = json.loads((state / "progress.json").read_text())["samples_done"]
