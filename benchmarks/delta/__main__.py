@@ -89,6 +89,8 @@ def compare(full: dict[str, Any], delta: dict[str, Any]) -> dict[str, Any]:
                 "pause_shorter": ratio(f["pause_median_s"], d["pause_median_s"]),
                 "throughput_full": f["throughput_ratio"],
                 "throughput_delta": d["throughput_ratio"],
+                "checkpoint_cpu_ms_per_step_full": f["checkpoint_cpu_ms_per_step"],
+                "checkpoint_cpu_ms_per_step_delta": d["checkpoint_cpu_ms_per_step"],
             }
         )
     out["restore_same_world_over_full"] = ratio(
@@ -185,6 +187,7 @@ def main() -> None:
                 with node_servers(shm, ["n0", "n1", "n2"]) as servers:
                     spec["phases"][0]["peers"] = peer_lists(servers, ["n0", "n1"])
                     spec["phases"][1]["peers"] = peer_lists(servers, ["n0", "n1", "n2"])
+                    spec["server_pids"] = {n: s.proc.pid for n, s in servers.items()}
                     per_rank = launch(spec, 3, args.timeout)
                     store_peaks = {n: store_peak(servers[n]) for n in ("n0", "n1")}
             finally:
@@ -216,6 +219,10 @@ def print_mode(mode: str, train: dict[str, Any], restore: dict[str, Any]) -> Non
             f"  replicated {r.get('bytes_replicated_mean', 0) / gib:.3f} GiB"
             f"  written {r.get('bytes_written_mean', 0) / gib:.3f} GiB"
             f"  throughput x{r['throughput_ratio']:.2f}"
+            f"  checkpoint CPU {r['checkpoint_cpu_ms_per_step']:.1f} ms/step (servers"
+            f" {r['cpu_ms_per_step']['servers']:.1f}; ranks' saves by part: "
+            + ", ".join(f"{k} {v:.1f}" for k, v in r["checkpoint_cpu_ms_per_step_by_part"].items())
+            + ")"
             f"  node memory {r['node_memory_end_bytes'] / gib:.2f} GiB (peak so far"
             f" {r['node_memory_peak_bytes'] / gib:.2f})  saves {r['kind_counts']}"
         )

@@ -187,7 +187,23 @@ def step_bytes(node_dir: Path, step: int, node: str) -> dict[str, int] | None:
     }
 
 
-def run_interval(tr: Trainer, ckpt: FlashCheckpointer | None, interval: int, steps: int) -> dict[str, Any]:
+def cpu_s(server_pid: int | None) -> tuple[float, float]:
+    """CPU seconds used so far by this rank (every thread: training and the checkpoint's background) and
+    by its node's checkpoint server process (0 without one)."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    server = 0.0
+    if server_pid is not None:
+        try:
+            fields = Path(f"/proc/{server_pid}/stat").read_text().rsplit(")", 1)[1].split()
+            server = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+        except (OSError, IndexError, ValueError):
+            server = 0.0
+    return me.ru_utime + me.ru_stime, server
+
+
+def run_interval(
+    tr: Trainer, ckpt: FlashCheckpointer | None, interval: int, steps: int, server_pid: int | None = None
+) -> dict[str, Any]:
     """`steps` training steps with a save every `interval` (none without a checkpointer): the loop's
     wall time, each save's pause and stats; after the loop, the node memory (the node directory's
     bytes then, and the checkpointer's peak so far, sampled by it before its publishes: the timed loop
@@ -202,6 +218,8 @@ def run_interval(tr: Trainer, ckpt: FlashCheckpointer | None, interval: int, ste
         ckpt.wait()
     first = tr.step
     dist.barrier()
+    cpu0 = cpu_s(server_pid)
+    parts0 = dict(ckpt.cpu_seconds) if ckpt is not None else {}
     t0 = time.perf_counter()
     for _ in range(steps):
         tr.train_step()
@@ -212,15 +230,26 @@ def run_interval(tr: Trainer, ckpt: FlashCheckpointer | None, interval: int, ste
     loop_s = time.perf_counter() - t0
     if ckpt is not None:
         ckpt.wait()
-        if ckpt.leader and node_dir is not None:
-            held_end = shm_bytes(node_dir)
+    cpu1 = cpu_s(server_pid)  # after the last save's background work: its CPU belongs to these steps
+    if ckpt is not None and ckpt.leader and node_dir is not None:
+        held_end = shm_bytes(node_dir)
     out: dict[str, Any] = {"interval": interval, "steps": steps, "first_step": first}
+    # CPU per step over all ranks and their nodes' checkpoint servers (a figure the machine's load moves
+    # less than a time: what the checkpoint takes from training where no core is idle)
+    out["cpu_ms_per_step"] = {
+        "ranks": 1e3 * total(cpu1[0] - cpu0[0]) / steps,
+        "servers": 1e3 * total(cpu1[1] - cpu0[1]) / steps,
+    }
     out["loop_s"] = slowest(loop_s)
     out["steps_per_s"] = steps / out["loop_s"]
     if ckpt is None:
         return out
     pauses = [s["pause_s"] for s in saves]
     out["saves"] = len(saves)
+    # the saves' CPU on the ranks by part (the checkpointer's thread CPU time), over both ranks, per step
+    out["checkpoint_cpu_ms_per_step_by_part"] = {
+        part: 1e3 * total(ckpt.cpu_seconds[part] - parts0[part]) / steps for part in sorted(parts0)
+    }
     out["pause_median_s"] = slowest(float(np.median(pauses)))
     out["pause_max_s"] = slowest(float(np.max(pauses)))
     out["waited_max_s"] = slowest(float(np.max([s["waited_s"] for s in saves])))  # for the previous save
@@ -269,7 +298,8 @@ def phase_train(spec: dict[str, Any], rank: int) -> dict[str, Any]:
     tr = Trainer(spec, dmp, dense_opt)
     for _ in range(spec["warmup_steps"]):
         tr.train_step()
-    res["no_checkpoint"] = run_interval(tr, None, 1, spec["baseline_steps"])
+    server_pid = spec.get("server_pids", {}).get(f"n{rank}")
+    res["no_checkpoint"] = run_interval(tr, None, 1, spec["baseline_steps"], server_pid)
     extra = {"differential": True} if spec["mode"] == "delta" else {}
     cfg = FlashConfig(
         run_id="bench",
@@ -293,8 +323,8 @@ def phase_train(spec: dict[str, Any], rank: int) -> dict[str, Any]:
         blocks = spec.get("every_step_blocks", 1) if interval == 1 else 1
         pairs = []
         for _ in range(blocks):
-            plain = run_interval(tr, None, interval, steps // blocks)
-            pairs.append((plain, run_interval(tr, ckpt, interval, steps // blocks)))
+            plain = run_interval(tr, None, interval, steps // blocks, server_pid)
+            pairs.append((plain, run_interval(tr, ckpt, interval, steps // blocks, server_pid)))
         run = pairs[-1][1]  # bytes, pauses and memory: the last block's
         run["touched"] = (
             touched_fraction(spec, run["first_step"], run["steps"], interval) if rank == 0 else None
@@ -305,6 +335,19 @@ def phase_train(spec: dict[str, Any], rank: int) -> dict[str, Any]:
         )
         run["steps_per_s"] = sum(c["steps"] for _, c in pairs) / sum(c["loop_s"] for _, c in pairs)
         run["throughput_ratios"] = ratios
+        for side, i in (("no_checkpoint_cpu_ms_per_step", 0), ("cpu_ms_per_step", 1)):
+            run[side] = {
+                who: float(np.mean([pair[i]["cpu_ms_per_step"][who] for pair in pairs]))
+                for who in ("ranks", "servers")
+            }
+        run["checkpoint_cpu_ms_per_step_by_part"] = {
+            part: float(np.mean([c["checkpoint_cpu_ms_per_step_by_part"][part] for _, c in pairs]))
+            for part in run["checkpoint_cpu_ms_per_step_by_part"]
+        }
+        # what the saves cost in CPU per training step, over both ranks and both checkpoint servers
+        run["checkpoint_cpu_ms_per_step"] = sum(run["cpu_ms_per_step"].values()) - sum(
+            run["no_checkpoint_cpu_ms_per_step"].values()
+        )
         run["throughput_ratio"] = float(np.median(ratios))
         runs.append(run)
     res["intervals"] = runs

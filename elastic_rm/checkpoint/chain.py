@@ -71,7 +71,9 @@ def take_delta(state: dict, touched: dict[str, torch.Tensor], tables: dict[str, 
                 if space is None:
                     out.pieces.append(DeltaPiece(path, off, t.detach().to("cpu", copy=True)))
                     continue
-                sel = space[(space >= off[0]) & (space < off[0] + t.shape[0])]
+                # the space is sorted: the rows of this piece are one slice of it
+                lo, hi = torch.searchsorted(space, torch.tensor([off[0], off[0] + t.shape[0]])).tolist()
+                sel = space[lo:hi]
                 values = t.index_select(0, (sel - off[0]).to(t.device)).to("cpu")  # host memory
                 out.pieces.append(DeltaPiece(path, off, values, sel, list(t.shape)))
             if table is not None:
@@ -154,6 +156,33 @@ def apply_delta(state: dict, pieces: list[DeltaPiece]) -> int:
             dst.index_copy_(0, (p.rows[mask] - off[0]).to(t.device), src.to(t.device))
             written += src.numel()
     return written
+
+
+@torch.no_grad()
+def apply_own_delta(state: dict, pieces: list[DeltaPiece]) -> int:
+    """apply_delta for the pieces take_delta took from a state of the same layout as `state` (the
+    snapshot buffers): a piece taken by rows goes into the local piece it came from (the same offsets
+    and shape), whose bounds its rows lie in by construction, so they are written without selecting
+    them again. Any other piece goes through apply_delta."""
+    written, rest = 0, []
+    for p in pieces:
+        target = _target(state, p.key)
+        dst = None
+        if p.rows is not None and isinstance(target, torch.Tensor):
+            dst = next(
+                (
+                    t
+                    for off, t in local_pieces(target)
+                    if off == list(p.offsets) and list(t.shape) == p.extent and t.dim() == p.values.dim()
+                ),
+                None,
+            )
+        if dst is None:
+            rest.append(p)
+            continue
+        dst.index_copy_(0, (p.rows - p.offsets[0]).to(dst.device), p.values.to(dst.device))
+        written += p.values.numel()
+    return written + apply_delta(state, rest)
 
 
 def chain_of(manifest: dict[str, Any], sources: Sequence[CheckpointSource]) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -30,6 +31,17 @@ _MIN_CAPACITY = 1 << 12  # ids per rank a take's gather holds in its first round
 # and at most: one unusually large take must not make every later take send (and every rank receive,
 # world times over) a buffer of its size; a take larger than this uses the second round
 MAX_CAPACITY = 1 << 20
+
+
+def sorted_unique(ids: torch.Tensor) -> torch.Tensor:
+    """The distinct values of `ids`, sorted. On the CPU through numpy, whose integer sort is many times
+    faster than torch's (a save at every step takes the union of every table's ids twice)."""
+    if ids.device.type != "cpu":
+        return torch.unique(ids)
+    s = np.sort(ids.numpy())
+    if s.size > 1:
+        s = s[np.concatenate(([True], s[1:] != s[:-1]))]
+    return torch.from_numpy(s)
 
 
 def _table_configs(module: nn.Module) -> tuple[str, list[Any]] | None:
@@ -131,7 +143,7 @@ class TouchedRows:
         self._calls += 1
         if self._calls % _MERGE_EVERY == 0:
             for key, parts in self._touched.items():
-                self._touched[key] = [torch.unique(torch.cat(parts))]
+                self._touched[key] = [sorted_unique(torch.cat(parts))]
 
     def take(self, pg: dist.ProcessGroup | None = None) -> dict[str, torch.Tensor]:
         """The sorted global row ids each table looked up on any rank since the last take (collective),
@@ -147,7 +159,7 @@ class TouchedRows:
             for key, ids in batch:
                 parts_of[key].append(ids)
         mine = [
-            torch.unique(torch.cat(parts_of[k])).to("cpu", torch.int64)
+            sorted_unique(torch.cat(parts_of[k])).to("cpu", torch.int64)
             if parts_of[k]
             else torch.empty(0, dtype=torch.int64)
             for k in keys
@@ -157,7 +169,7 @@ class TouchedRows:
         for counts, ids in self._gather(mine, pg):
             for k, part in zip(keys, torch.split(ids, counts.tolist()), strict=True):
                 per_table[k].append(part)
-        return {k: torch.unique(torch.cat(parts)) for k, parts in per_table.items()}
+        return {k: sorted_unique(torch.cat(parts)) for k, parts in per_table.items()}
 
     def _gather(
         self, mine: list[torch.Tensor], pg: dist.ProcessGroup | None

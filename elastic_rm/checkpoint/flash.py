@@ -65,6 +65,8 @@ from elastic_rm.checkpoint.sources import CheckpointSource, DirectorySource, Htt
 
 log = logging.getLogger(__name__)
 
+CPU_PARTS = ("pause", "memory", "replicate", "gather", "roll", "persist")  # see FlashCheckpointer.cpu_seconds
+
 
 def _default_run_id() -> str:
     return os.environ.get("ERM_RUN_ID") or os.environ.get("TORCHELASTIC_RUN_ID") or "default"
@@ -166,6 +168,12 @@ class FlashCheckpointer:
         # when the last save's background phases ended (wall clock): "memory" (this node's copy
         # committed), "replicated" (its replica pushed to the ring peer), "barrier" (every rank's done)
         self.last_phases: dict[str, float] = {}
+        # CPU seconds this rank's saves spent, by part, since its start (thread CPU time, so training on
+        # other threads does not count): "pause" (in save(): the touched ids, the copy), "memory" (this
+        # node's files, checksums, the manifest's gather and publish), "replicate" (the push to the ring
+        # peer), "gather" (every node's push result), "roll" (the rows written into the snapshot buffers),
+        # "persist" (the durable copy)
+        self.cpu_seconds: dict[str, float] = dict.fromkeys(CPU_PARTS, 0.0)
         self._warned_no_peer = False
         # differential saves: the rows looked up since the last save, and the chain the next delta extends
         self._touched = TouchedRows(dmp) if self.cfg.differential else None
@@ -209,6 +217,7 @@ class FlashCheckpointer:
         t0 = time.perf_counter()
         self.wait()
         waited = time.perf_counter() - t0
+        cpu0 = time.thread_time()
         pos_json = json.dumps(position if position is not None else {"step": step})
         snap: dict | DeltaTake
         kind = self._save_kind(step)
@@ -251,6 +260,7 @@ class FlashCheckpointer:
         self._rolled = None  # set again once this step is committed
         self._saves += 1
         persist = self.cfg.durable_dir is not None and self._saves % max(1, self.cfg.persist_every) == 0
+        self.cpu_seconds["pause"] += time.thread_time() - cpu0
         self._thread = threading.Thread(
             target=self._run,
             args=(step, snap, pos_json, persist, kind, roll),
@@ -305,19 +315,30 @@ class FlashCheckpointer:
         phases: dict[str, float] = {}
         self.last_phases = phases
         chain, self._chain = self._chain, None  # set again once this step is committed
+        cpu = [time.thread_time()]
+
+        def spent(part: str) -> None:  # this thread's CPU since the previous part ended goes to `part`
+            now = time.thread_time()
+            self.cpu_seconds[part] += now - cpu[0]
+            cpu[0] = now
+
         try:
             if kind == "fold":  # the chain's newest state plus this step's rows: the new base
                 assert self._buffers is not None and isinstance(snap, DeltaTake)
                 roll_forward(self._buffers, snap)
                 snap = self._buffers
+                spent("roll")
             manifest = self._commit_memory(step, snap, pos_json, chain)
             phases["memory"] = time.time()
+            spent("memory")
             failed = self._replicate(step, manifest) if self.cfg.replicate else None
             if self.cfg.replicate:
                 phases["replicated"] = time.time()
+            spent("replicate")
             # each leader's push result, gathered: a step counts as replicated only where every push went
             failures = [f for f in all_gather_json(failed, self.pg) if f]
             phases["barrier"] = time.time()
+            spent("gather")
             self.last_committed = step
             self._push_failures = failures
             if not failures:
@@ -327,11 +348,13 @@ class FlashCheckpointer:
                 roll_forward(self._buffers, snap)
             if roll:
                 self._rolled = step
+            spent("roll")
             chain = self._extended(chain, manifest)
             if persist:
                 for s in self._durable_missing(chain["steps"]):
                     self._persist(s, manifest if s == step else self._memory_manifest(s))
                 self.last_persisted = step
+                spent("persist")
             if self._touched is not None:
                 self._chain = chain
         except BaseException as e:  # surfaced by wait()

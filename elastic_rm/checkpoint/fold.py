@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 
-from elastic_rm.checkpoint.chain import DeltaTake, apply_delta
+from elastic_rm.checkpoint.chain import DeltaTake, apply_own_delta
 
 # A fold's pause takes the touched rows by index, which costs more per byte than the full snapshot's plain
 # copy into its buffers; past this share of the tracked tables' rows, the full snapshot pauses less, and it
@@ -50,4 +50,4 @@ def copy_dense(buffers: Any, live: Any) -> int:
 
 def roll_forward(buffers: dict, take: DeltaTake) -> int:
     """Write a delta's rows (and whole pieces) into the snapshot buffers; returns elements written."""
-    return apply_delta(buffers, take.pieces)
+    return apply_own_delta(buffers, take.pieces)

@@ -80,6 +80,10 @@ def test_a_fold_pauses_like_a_delta_and_writes_the_files_of_a_full_save(tmp_path
     results = run_world(2, spec(phases), tmp_path)
     saves = results[0][0]["saves"]
     assert [s["kind"] for s in saves] == ["full", "delta", "fold", "delta", "fold", "delta"], saves
+    # the CPU the saves spent on this rank, by part, only grows; each part that ran has counted some
+    cpu = [s["cpu_seconds"] for s in saves]
+    assert all(a[k] <= b[k] for a, b in zip(cpu[:-1], cpu[1:], strict=True) for k in a), cpu
+    assert all(cpu[-1][k] > 0 for k in ("pause", "memory", "roll", "persist")), cpu[-1]
     full_bytes = results[0][1]["saves"][0]["bytes"]
     for s in saves[1:]:  # the pause of a fold copies the touched rows, like a delta
         assert s["bytes"] < full_bytes / 2, (s, full_bytes)
