@@ -8,7 +8,8 @@
                                                     chain fields of the steps held for `src`
     POST /v1/replicas/<src>/<step>/begin            start a replica upload (clears a stale one)
     PUT  /v1/replicas/<src>/<step>/files/<name>     upload one file (Content-Length required; hashed as
-                                                    it arrives)
+                                                    it arrives); with ``?begin=1``, begin first (the
+                                                    first file of a push)
     POST /v1/replicas/<src>/<step>/commit?keep=N    body: the manifest. Every file of `src` is checked
                                                     against it (size, checksum); then replicas/<src>/step-N
                                                     is published atomically and the replica steps pruned
@@ -161,6 +162,8 @@ class CheckpointRequestHandler(BaseHTTPRequestHandler):
                 store.begin(src, step)
                 return self._send_bytes(_OK, "application/json")
             if method == "PUT" and len(p) == 5 and p[3] == "files":
+                if query.get("begin") == ["1"]:  # the first file of a push: begin, one request fewer
+                    store.begin(src, step)
                 store.receive(src, step, _name(p[4]), self._length(store.max_file_bytes), self.rfile)
                 return self._send_bytes(_OK, "application/json")
             if method == "POST" and p[3:] == ["commit"]:

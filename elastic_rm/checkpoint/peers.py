@@ -173,9 +173,9 @@ class PeerClient:
         ``reuse``: send it on the connection this client keeps open (replica pushes: a checkpoint at
         every step would otherwise pay a TCP connect, and a server thread, per request). A kept
         connection the server has closed meanwhile (its idle timeout) is opened again once, for a
-        body that can be sent again (bytes or none)."""
+        body that can be sent again (bytes, none, or a file: sent again from its start)."""
         conn = self._kept if reuse and self._kept is not None else self._conn()
-        stale_ok = conn is self._kept and not hasattr(body, "read")
+        stale_ok = conn is self._kept and (not hasattr(body, "read") or hasattr(body, "seek"))
         try:
             try:
                 self._send(conn, method, path, body, headers or {})
@@ -186,6 +186,8 @@ class PeerClient:
                 if not stale_ok:
                     raise
                 conn.close()  # the server closed the kept connection: once more on a new one
+                if hasattr(body, "seek"):
+                    body.seek(0)
                 self._send(conn, method, path, body, headers or {})
                 resp = conn.getresponse()
             except OSError:  # the server may have answered (401, 413, 507) and closed while we were sending
@@ -361,14 +363,15 @@ class PeerClient:
         self, src: str, step: int, step_dir: Path, files: list[str], manifest: bytes, keep: int
     ) -> int:
         base = f"/replicas/{src}/{step}"
-        self._request("POST", base + "/begin", body=b"", reuse=True)
+        if not files:
+            self._request("POST", base + "/begin", body=b"", reuse=True)
         sent = 0
-        for name in files:
+        for i, name in enumerate(files):
             size = (step_dir / name).stat().st_size
             with open(step_dir / name, "rb") as f:
                 self._request(
                     "PUT",
-                    f"{base}/files/{name}",
+                    f"{base}/files/{name}" + ("?begin=1" if i == 0 else ""),  # the first file begins
                     body=f,
                     headers={"Content-Length": str(size), "Content-Type": "application/octet-stream"},
                     reuse=True,

@@ -1,6 +1,7 @@
-"""Replica pushes on one kept HTTP connection: a checkpoint at every step sends begin, the files and the
-commit of each step on the same connection (counted by a loopback relay between client and server); a
-connection the server closed while idle, or after refusing a push, is opened again by the next push."""
+"""Replica pushes on one kept HTTP connection: a checkpoint at every step sends the files (the first one
+begins the push) and the commit of each step on the same connection (counted by a loopback relay between
+client and server); a connection the server closed while idle, or after refusing a push, is opened again
+by the next push."""
 
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ def test_pushes_share_one_connection_and_reopen_it_when_the_server_closed_it(rel
         client.push_replica(
             "n0", step, src / step_dirname(step), sorted(files), make_step(src, step, files), 2
         )
-    assert relay.accepted == 1  # three steps, three requests each, one connection
+    assert relay.accepted == 1  # three steps, two files and a commit each, one connection
     assert server.store.listing()["replicas"] == {"n0": [2, 3]}
 
     assert relay.closed.wait(60)  # the server closed the idle connection (its 2 s timeout)
