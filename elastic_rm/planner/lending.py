@@ -12,7 +12,10 @@ launcher keeps both, and the waiting job needs the node freed.
 Nodes taken past the request while the cluster queued are judged the same way as soon as they are
 measured: they were taken on the model's prediction, and the measurement decides whether they stay.
 The lender knew it might be called in: a scale-up past the request pays for its round back as well
-(policy.py asks it to repay two rounds). Pure.
+(policy.py asks it to repay two rounds), and asks for no node before it repays them. Where rounds resize
+the nodes (the simulator), the give-back round carries the memory and cores to the smaller run, up to the
+memory the user asked per node: a run whose budgets were cut to its lent size would otherwise keep the
+loan for want of memory on fewer nodes. Pure.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ from .answers import Answer, decide, standby
 from .config import PlannerConfig
 from .interface import ClusterSnapshot, NodeView
 from .job import JobSpec
+from .memory_model import estimate_node_memory, rescale_observed
 from .perf_model import Fit, best_world
-from .scaling import memory_floor, shape_of
-from .state import PlannerState, node_capacity
+from .scaling import budgets, memory_floor, shape_of
+from .state import Advice, PlannerState, node_capacity
 
 
 def settle_loans(state: PlannerState, waiting: int) -> PlannerState:
@@ -71,19 +75,25 @@ def reclaim_check(
         [state.nodes[m][-1].mem_total for m in known]
         + [by_id[m].mem_total_bytes for m in members if m in by_id]
     )
+    asked = job.request.mem_per_node_bytes
+    if cfg.resize_rounds and asked > node_mem:  # the round resizes its nodes: back to the user's memory
+        node_mem = asked
     growth = (state.growth_total or 0.0) / w
     strict = replace(cfg, oom_threshold=cfg.oom_threshold * 0.85)
     keep = max(keep, memory_floor(job, strict, w, per_node, growth, node_mem, keep, w))
     target = max(keep, w - waiting)
     if target >= w:
         return None, state
+    advice = replace(state.advice, target_nodes=target, reason="lent nodes given back")
+    if cfg.resize_rounds:  # fewer nodes hold more of the tables and feed more samples each
+        advice = _budgets_at(cfg, state, job, advice, known, w, target, node_mem)
     state = replace(
         state,
         last_round_at=snapshot.now,
         moved_from=(),
         given_back=state.given_back + w - target,
         given_back_for=snapshot.waiting_nodes or 0,
-        advice=replace(state.advice, target_nodes=target, reason="lent nodes given back"),
+        advice=advice,
     )
     reason = (
         f"scale down {w} -> {target}: {waiting} node(s) wanted by queued jobs; nodes lent past the "
@@ -95,3 +105,32 @@ def reclaim_check(
         shape = shape_of(job)
         gain = fit.throughput(shape, target, cap) / fit.throughput(shape, w, cap) - 1
     return decide(state, snapshot.current.number, members[:target], spare, reason, gain, 0.9)
+
+
+def _budgets_at(
+    cfg: PlannerConfig,
+    state: PlannerState,
+    job: JobSpec,
+    advice: Advice,
+    known: list[str],
+    w: int,
+    target: int,
+    node_mem: float,
+) -> Advice:
+    """The per-node budgets of a run going from ``w`` to ``target`` nodes, never below the advice: the
+    memory measured on ``w`` nodes carried to ``target`` (at most ``node_mem``), the cores scaled with
+    each node's share of the batch. Without it, a run whose budgets were cut to its lent size would keep
+    its loan for want of memory on fewer nodes."""
+    per_node = max(state.nodes[m][-1].mem_used for m in known)
+    cpu_used = max(state.nodes[m][-1].cpu_used for m in known)
+    oh = cfg.cold_overhead_bytes
+    per_target = rescale_observed(
+        per_node, estimate_node_memory(job, w, oh), estimate_node_memory(job, target, oh)
+    )
+    growth = (state.growth_total or 0.0) / target
+    cpu, mem = budgets(cfg, cpu_used * w / target, max(per_node, per_target), growth)
+    return replace(
+        advice,
+        cpu_per_node=max(advice.cpu_per_node, cpu),
+        mem_per_node_bytes=max(advice.mem_per_node_bytes, min(mem, node_mem)),
+    )

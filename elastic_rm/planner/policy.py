@@ -338,6 +338,9 @@ class PlannerPolicy:
             probe = p is not t and pays(cfg, state, snapshot.now, f, 0, gain, rounds=2)
             t = p if probe else t
         t = self._promise(state, snapshot.now, f, t, w, back, max(request, lo_up), waiting or queues)
+        forced = back is not None or w < lo_up  # a stop-loss or the memory floor: no payback asked
+        if t.world > w and not forced:  # ask for nodes only for a move that will be made when they come
+            t = self._up_that_pays(state, snapshot, f, job, cap, w, t, request, max(want, w))
         est_w = estimate_node_memory(job, w, cfg.cold_overhead_bytes)
         est_t = estimate_node_memory(job, t.world, cfg.cold_overhead_bytes)
         per_target = max(per_node, rescale_observed(per_node, est_w, est_t))  # budget for both sizes
@@ -354,7 +357,6 @@ class PlannerPolicy:
         if target == w:
             return None, state
         gain = t.throughput / t.current_throughput - 1 if target == t.world else None
-        forced = back is not None or w < lo_up  # a stop-loss or the memory floor: no payback asked
         if target > w:
             new = list(members) + healthy[: target - w]
             fresh_nodes = [by_id[n] for n in healthy[: target - w]]
@@ -396,6 +398,29 @@ class PlannerPolicy:
             rest = list(healthy)
         spare = self._standby(rest, state.flagged)
         return decide(state, cur.number, new, spare, reason, gain, t.confidence)
+
+    def _up_that_pays(self, state, snapshot, f, job, cap, w, t, request, hold) -> Target:
+        """The size whose nodes a scale-up asks for: the target when the move there repays its rounds
+        (past the request two: there and back, where a queue can call the loan in), else the request from
+        below when that repays one, else no more than ``hold`` (the current size, or the start size a run
+        started short of). The advice is what a launcher starts nodes for (the simulator allocates them):
+        nodes asked for a move that is then not made would be held idle while later arrivals queue."""
+        cfg, shape, now = self.config, self._shape(job), snapshot.now
+
+        def worth(size: int, rounds: int) -> bool:
+            gain = f.throughput(shape, size, cap) / max(t.current_throughput, 1e-9) - 1
+            sure = pays(cfg, state, now, f, size, gain, rounds)
+            return sure and may_explore(cfg, state, now, f, size, request)
+
+        lends = 2 if 0 < request < t.world and snapshot.waiting_nodes is not None else 1
+        if worth(t.world, lends):
+            return t
+        if w < request < t.world and worth(request, 1):
+            why = f"up to the request of {request} (past it does not repay two rounds)"
+            return Target(request, f.throughput(shape, request, cap), t.current_throughput, t.confidence, why)
+        size = min(t.world, hold)
+        why = f"{t.world} node(s) would not repay the rounds the move costs; staying at {size}"
+        return Target(size, f.throughput(shape, size, cap), t.current_throughput, t.confidence, why)
 
     def _promise(self, state, now, f, t, w, back, floor, others_wait) -> Target:
         """promise.py on stage 2's target: a stop-loss goes back; a refuted size is not tried again; below

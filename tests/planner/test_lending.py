@@ -8,7 +8,7 @@ from __future__ import annotations
 from elastic_rm.planner.config import PlannerConfig
 from elastic_rm.planner.interface import ClusterSnapshot, Decision, RoundView
 from elastic_rm.planner.policy import PlannerPolicy
-from elastic_rm.planner.state import PlannerState
+from elastic_rm.planner.state import Advice, PlannerState
 
 from .helpers import JOB, node
 
@@ -154,3 +154,61 @@ def test_given_back_nodes_answer_the_queue_until_its_count_falls():
     more = settle_loans(one, 3)  # another job queued: the given-back node still answers part of it
     assert (more.given_back, more.given_back_for) == (1, 3)
     assert (settle_loans(more, 0).given_back, settle_loans(more, 0).given_back_for) == (0, 0)
+
+
+def test_a_scale_up_that_does_not_repay_its_rounds_asks_for_no_nodes():
+    """The advice (``wanted_nodes``) is what a launcher starts nodes for and what the simulator allocates:
+    a move past the request that the planner will not make (it does not repay its rounds) must not ask for
+    nodes, or they are held idle, neither members nor standby, while later arrivals queue behind them."""
+    from dataclasses import replace
+
+    job = {**JOB, "request": {**JOB["request"], "nodes": 2}}
+    pool = [f"n{i}" for i in range(8)]
+    for horizon, repays in ((CFG.gain_horizon_s, True), (1.0, False)):
+        p = PlannerPolicy(replace(CFG, gain_horizon_s=horizon))
+        members, wanted, decisions = pool[:2], [], []
+        for i in range(150):
+            t = linear_step(2)
+            views = [node(m, k, busy=t, tp=8192 / t / 2) for k, m in enumerate(members)]
+            views += [node(n, 100 + k) for k, n in enumerate(pool[2:])]
+            cur = RoundView(0, tuple(members), (), 1.0)
+            answer = p.decide(ClusterSnapshot(10.0 * (i + 1), 1, 8, 5.0, tuple(views), cur, job, (), 0))
+            if isinstance(answer, Decision):
+                decisions.append(answer)
+                break
+            wanted.append(p.wanted_nodes()[0])
+        if repays:  # the move pays: the nodes are asked for and the scale-up is made
+            assert decisions and len(decisions[0].members) > 2, decisions
+        else:  # it never repays a round: no scale-up, and no node asked for it
+            assert not decisions and wanted and max(wanted) == 2, (decisions, wanted)
+
+
+def test_lent_nodes_go_back_where_rounds_resize_the_memory_the_smaller_run_needs():
+    """A run lent 2 nodes past its request of 2 whose budgets were cut to its lent size (55 of 64 GiB per
+    node in use): on 2 nodes it would not fit the nodes it has, so without resizable rounds the loan stays.
+    Where rounds resize (the simulator), the give-back round carries the memory to the smaller run, up to
+    what the user asked per node; with no more asked than the nodes hold, the loan stays."""
+    from dataclasses import replace
+
+    from elastic_rm.planner.job import parse_job
+    from elastic_rm.planner.lending import reclaim_check
+    from elastic_rm.planner.state import NodeSample
+
+    gib = 2**30
+    members = ("n0", "n1", "n2", "n3")
+    views = tuple(node(m, k, mem_gib=55.0) for k, m in enumerate(members)) + (node("n4", 9),)
+    sample = NodeSample(5.0, 0.1, 100.0, 55.0 * gib, 64.0 * gib, 4.0, 0.8, False)
+    state = PlannerState(nodes={m: (sample,) for m in members}, advice=Advice(4, 6.0, 64.0 * gib, "x"))
+    snap = ClusterSnapshot(10.0, 1, 8, 5.0, views, RoundView(1, members, (), 1.0), JOB, (), 2)
+
+    def give_back(cfg, asked_gib):
+        job = parse_job({**JOB, "request": {**JOB["request"], "mem_per_node_bytes": int(asked_gib * gib)}})
+        return reclaim_check(cfg, snap, state, job, members, ["n4"], list(views), None)
+
+    resizes = replace(CFG, resize_rounds=True)
+    assert give_back(CFG, 256.0)[0] is None  # the nodes keep their memory: the floor keeps the loan
+    assert give_back(resizes, 64.0)[0] is None  # the user asked no more than the nodes hold
+    answer, after = give_back(resizes, 256.0)
+    assert isinstance(answer, Decision) and len(answer.members) == 2, answer
+    assert after.advice.target_nodes == 2
+    assert 64.0 * gib < after.advice.mem_per_node_bytes <= 256.0 * gib, after.advice  # the carried memory
