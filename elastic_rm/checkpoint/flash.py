@@ -461,11 +461,16 @@ class FlashCheckpointer:
             write_file(tmp / MANIFEST, body, sync=False)
             if link["kind"] == "full":
                 self._samples_due = self.cfg.keep_memory + 1
+            # a prune may remove steps only after a base's publish and the next keep_memory ones (the
+            # old chain goes once the new one holds keep_memory steps); after those, a delta only
+            # extends the kept chain, and a prune would read every manifest of it for nothing
+            may_prune = self._samples_due > 0 or self.cfg.keep_memory < 1
             if self._samples_due > 0:
                 self._samples_due -= 1
                 self._memory_peak = max(self._memory_peak, held_bytes(self.node_dir))
             publish_dir(tmp, self.node_dir / step_dirname(step), sync=False)
-            prune_steps(self.node_dir, self.cfg.keep_memory)
+            if may_prune:
+                prune_steps(self.node_dir, self.cfg.keep_memory)
         return json.loads(body)
 
     def _plan_fields(self) -> dict[str, Any]:

@@ -257,7 +257,8 @@ class CheckpointStore:
                 self._peak = max(self._peak, sample)
             self._samples_due[src] = max(0, due - 1)
             publish_dir(tmp, root / step_dirname(step), sync=False)
-            prune_chains(root, keep)
+            if due > 0:  # after a base and the next `keep` steps a delta only extends the kept chain
+                prune_chains(root, keep)
         log.info("replica of step %d (%s) from %s committed (%d files)", step, link.kind, src, len(pending))
 
     def _may_sample(self, src: str, body: bytes) -> bool:

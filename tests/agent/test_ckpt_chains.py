@@ -108,6 +108,16 @@ def test_only_the_delta_crosses_and_pruning_keeps_the_chain(servers) -> None:
     assert c.manifest(17) == (root / "n0" / step_dirname(17) / MANIFEST).read_bytes()
     assert c.download(17, "delta-r0-17.bin", got / "d") == 4096
     assert (got / "d").read_bytes() == (root / "n0" / step_dirname(17) / "delta-r0-17.bin").read_bytes()
+    # past a base and `keep` steps a commit prunes nothing; the next base's chain prunes again
+    for step in (18, 19, 20):
+        mine.delta(step)
+        mine.push(c, step)
+    assert committed_steps(held) == [16, 17, 18, 19, 20]
+    mine.full(21)
+    mine.push(c, 21)
+    mine.delta(22)
+    mine.push(c, 22)
+    assert committed_steps(held) == [21, 22]
 
 
 def test_a_delta_without_its_chain_is_refused_then_pushed_with_it(servers) -> None:
