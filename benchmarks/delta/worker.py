@@ -325,7 +325,20 @@ def phase_train(spec: dict[str, Any], rank: int) -> dict[str, Any]:
         for _ in range(blocks):
             plain = run_interval(tr, None, interval, steps // blocks, server_pid)
             pairs.append((plain, run_interval(tr, ckpt, interval, steps // blocks, server_pid)))
+        # each block's own figures: a block that holds a fold (a new base written) costs more
+        blocks_out = [
+            {
+                "throughput_ratio": c["steps_per_s"] / plain["steps_per_s"],
+                "kind_counts": c["kind_counts"],
+                "checkpoint_cpu_ms_per_step": sum(c["cpu_ms_per_step"].values())
+                - sum(plain["cpu_ms_per_step"].values()),
+                "servers_cpu_ms_per_step": c["cpu_ms_per_step"]["servers"],
+                "checkpoint_cpu_ms_per_step_by_part": c["checkpoint_cpu_ms_per_step_by_part"],
+            }
+            for plain, c in pairs
+        ]
         run = pairs[-1][1]  # bytes, pauses and memory: the last block's
+        run["blocks"] = blocks_out
         run["touched"] = (
             touched_fraction(spec, run["first_step"], run["steps"], interval) if rank == 0 else None
         )
