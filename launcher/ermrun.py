@@ -384,10 +384,9 @@ def _launch(args: argparse.Namespace, options: AgentOptions, progress, early: Ea
         from elastic_rm.agent.entry import LeftBeforeWorkers
 
         if isinstance(exc, LeftBeforeWorkers):
-            when = "while its workers were stopped" if exc.started else "before its workers started"
             print(
-                f"ermrun: stopped by {exc.sigval.name} {when}; the node left the rendezvous and the run "
-                "goes on without it",
+                f"ermrun: stopped by {exc.sigval.name} {exc.when}; the node left the rendezvous and the "
+                "run goes on without it",
                 file=sys.stderr,
             )
             return 0

@@ -27,6 +27,7 @@ from torch.distributed.launcher.api import LaunchConfig, _get_addr_and_port, _ge
 from ..checkpoint import owners
 from ..checkpoint.node_memory import remove_node_memory, run_memory_dir
 from ..rendezvous.registration import node_services, register
+from ..rendezvous.services import NodeServices
 from ..train.world_sizes import ENV_NNODES
 from .agent import AgentOptions, ElasticRMAgent
 
@@ -62,17 +63,28 @@ def _claim_node_memory(agent: ElasticRMAgent, run_id: str) -> None:
 
 
 class LeftBeforeWorkers(SignalException):
-    """A signal (SIGTERM: a launcher's or Slurm's stop) reached a node whose workers did not run: it never
-    started them (a spare), or stopped them for a round without it (a node the run gave back, drained). It
-    left the rendezvous and stopped its processes, and the run goes on without it; not a failure, so
-    ermrun exits 0 (Slurm then records the node's job COMPLETED, not FAILED)."""
+    """A signal (SIGTERM: a launcher's or Slurm's stop) reached a node the run does not need: it never
+    started its workers (a spare), it stopped them for a new round, or the run's newest round leaves it
+    out (a node given back or replaced as a straggler). It left the rendezvous and stopped its processes,
+    and the run goes on without it; not a failure, so ermrun exits 0 (Slurm then records the node's job
+    COMPLETED, not FAILED)."""
 
-    def __init__(self, msg: str, sigval, started: bool) -> None:
+    def __init__(self, msg: str, sigval, when: str) -> None:
         super().__init__(msg, sigval)
-        self.started = started  # its workers ran before (then stopped for a round without it)
+        self.when = when  # "before its workers started", ...
 
 
-IDLE_WORKER_STATES = (WorkerState.INIT, WorkerState.STOPPED)  # never started; stopped for a new round
+def not_needed(state: WorkerState, services: NodeServices | None, node_id: str) -> str | None:
+    """Why a signal that reaches this node leaves the run without a failure (None: it is a member whose
+    workers run). The newest round is the one this node's watch of the run sees."""
+    if state == WorkerState.INIT:
+        return "before its workers started"
+    newest = services.pending_round if services is not None else None
+    if newest is not None and node_id not in newest.members:
+        return "after the run's newest round left it out"
+    if state == WorkerState.STOPPED:
+        return "while its workers were stopped for a new round"
+    return None
 
 
 def free_node_memory(run_id: str, agent: ElasticRMAgent, why: str) -> None:
@@ -203,13 +215,12 @@ def launch_agent(
         status = f"stopped by {exc.sigval.name}"
         close_rendezvous = False  # as torch: a signalled agent must not close the run for the others
         events.record(agent.get_event_failed(), config.event_log_handler)
-        state = agent.worker_state
-        if state in IDLE_WORKER_STATES:  # a spare never needed, or a node given back: the run goes on
+        when = not_needed(agent.worker_state, services, agent.node_id_now())
+        if when is not None:  # a spare never needed, or a node given back: the run goes on without it
             # Its node memory is left as it is: what it holds (or what an earlier agent with the same node
             # id left: a Slurm node's name comes back) may be a restore's source, as after any signal.
-            started = state != WorkerState.INIT
-            status += " while its workers were stopped" if started else " before its workers started"
-            raise LeftBeforeWorkers(str(exc), exc.sigval, started) from exc
+            status += f" {when}"
+            raise LeftBeforeWorkers(str(exc), exc.sigval, when) from exc
         raise
     except Exception:
         events.record(agent.get_event_failed(), config.event_log_handler)
