@@ -69,11 +69,25 @@ def launch(
     return Proc(argv, str(tmp_path / log), env=cluster.env(), cwd=str(tmp_path))
 
 
-def launch_events(etcd, run_id) -> list:
+def run_events(etcd, run_id) -> list:
+    """Every event of the run in etcd (the launcher's, the leader's, the agents'), oldest first."""
     with EtcdClient(etcd.endpoint) as client:
         events, errors, _ = read_etcd(client, Keyspace("/elastic-rm", run_id))
     assert errors == []
-    return [e for e in events if e.kind == "launch"]
+    return events
+
+
+def launch_events(etcd, run_id) -> list:
+    return [e for e in run_events(etcd, run_id) if e.kind == "launch"]
+
+
+def told(events, kinds=("launch", "demand", "round", "leader")) -> str:
+    """The events an assertion judged, one a line, for its message: a failure shows what happened."""
+    return "\n".join(
+        f"{e.time:.3f} {e.node or '-'} {e.kind}/{e.data.get('action', '')}: {e.message}"
+        for e in events
+        if e.kind in kinds
+    )
 
 
 def actions(events, action: str) -> list:
