@@ -162,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 "  slowest: " + ", ".join(f"{test} {s:.0f} s" for test, s in run["slowest"][:5]), flush=True
             )
+        if run["files"]:
+            print(f"  the files of the slowest and the failed tests: {Path(run['log']).parent / 'tmp'}")
         for f in run["failures"]:
             load = ", ".join(f"{x:.2f}" for x in f["load_avg"])
             print(f"  FAILED {f['test']} ({f['when']}), seed {seed}, load {load}: {f['message']}")

@@ -1,5 +1,5 @@
 """A pytest plugin the repeat harness loads into each run: every failure, the test running, what each test
-took, the run's counts.
+took and where it wrote its files, the run's counts.
 
 Why a plugin: pytest's terminal summary is for people (its ``-r`` flags decide what it lists); this
 records every failed phase with its test id, its message and the load average at that moment, which is
@@ -50,6 +50,13 @@ def _failure(test: str, report: pytest.TestReport | pytest.CollectReport, when: 
 
 
 _SECONDS: dict[str, float] = {}  # test id -> its setup, call and teardown so far
+
+
+def pytest_runtest_call(item: pytest.Item) -> None:
+    # where the test wrote its files and logs: the harness keeps them for its slowest and failed tests
+    tmp_path = getattr(item, "funcargs", {}).get("tmp_path")
+    if tmp_path is not None:
+        _write({"kind": "tmp", "test": item.nodeid, "path": str(tmp_path)})
 
 
 def pytest_runtest_logstart(nodeid: str, location: tuple) -> None:

@@ -1,7 +1,8 @@
 """One run of the suite for the repeat harness: a fresh clone, its virtualenv, an optional CPU hog, a bound.
 
 The clone is of the repository's committed HEAD (what a new user gets), in a directory of its own that is
-removed afterwards; the run's log and its record (record.py) stay. Its virtualenv is either a fresh
+removed afterwards; the run's log, its record (record.py) and the files of its failed and slowest tests
+stay. Its virtualenv is either a fresh
 ``make setup`` in the clone or a thin venv over an installed one (venv.py).
 """
 
@@ -63,22 +64,25 @@ def stop(proc: subprocess.Popen) -> None:
         pass
 
 
-def pytest_args(settings: RunSettings, seed: int | None) -> str:
-    """PYTEST_ARGS of the run: the user's, the recording plugin, and the random order with its seed."""
-    args = [settings.pytest_args, f"-p {PLUGIN}"]
+def pytest_args(settings: RunSettings, seed: int | None, basetemp: Path) -> str:
+    """PYTEST_ARGS of the run: the user's, the recording plugin, the tests' files in the run's directory
+    (``basetemp``: pytest's own place is shared with every other pytest session and pruned by them), and
+    the random order with its seed."""
+    args = [settings.pytest_args, f"-p {PLUGIN}", f"--basetemp={basetemp}"]
     if seed is not None:
         args.append(f"-p randomly --randomly-seed={seed}")
     return " ".join(a for a in args if a)
 
 
 SLOWEST = 25  # the slowest tests each run keeps in the results file
+KEEP_FILES = 5  # the slowest tests whose files (their tmp_path) a run keeps, beside every failed test's
 
 
-def read_record(path: Path) -> tuple[list[dict], dict, str | None, dict[str, float]]:
+def read_record(path: Path) -> tuple[list[dict], dict, str | None, dict[str, float], dict[str, str]]:
     """What record.py wrote: the failures, the session line (counts, exit status; {} when the run ended
-    before pytest did), the test that started and did not finish (None when every one finished) and the
-    seconds each finished test took."""
-    failures, session, running, seconds = [], {}, None, {}
+    before pytest did), the test that started and did not finish (None when every one finished), the
+    seconds each finished test took and where each test wrote its files."""
+    failures, session, running, seconds, files = [], {}, None, {}, {}
     if path.exists():
         for line in path.read_text(encoding="utf-8").splitlines():
             entry = json.loads(line)
@@ -87,13 +91,31 @@ def read_record(path: Path) -> tuple[list[dict], dict, str | None, dict[str, flo
                 failures.append(entry)
             elif kind == "session":
                 session = entry
+            elif kind == "tmp":
+                files[entry["test"]] = entry["path"]
             elif kind == "start":
                 running = entry["test"]
             elif kind == "finish":
                 seconds[entry["test"]] = entry.get("seconds", 0.0)
                 if running == entry["test"]:
                     running = None
-    return failures, session, running, seconds
+    return failures, session, running, seconds, files
+
+
+def keep_files(basetemp: Path, files: dict[str, str], keep: list[str]) -> dict[str, str]:
+    """Remove every test's files under ``basetemp`` but those of the tests in ``keep`` (a test that
+    passed but took far longer than usual leaves its logs to read, as a failed one does); what was kept,
+    by test id."""
+    kept = {test: files[test] for test in keep if test in files}
+    wanted = {Path(path).resolve() for path in kept.values()}
+    for entry in basetemp.iterdir() if basetemp.is_dir() else []:
+        if entry.resolve() in wanted and not entry.is_symlink():
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+    return kept
 
 
 def slowest(seconds: dict[str, float], n: int = SLOWEST) -> list[list]:
@@ -114,7 +136,8 @@ def run_once(index: int, settings: RunSettings, seed: int | None, work: Path) ->
     commit = clone(settings.repo, repo)
     if settings.venv is not None:
         overlay(settings.venv, repo / ".venv", [repo])
-    make = ["make", "--no-print-directory", "test", f"PYTEST_ARGS={pytest_args(settings, seed)}"]
+    basetemp = run_dir / "tmp"
+    make = ["make", "--no-print-directory", "test", f"PYTEST_ARGS={pytest_args(settings, seed, basetemp)}"]
     record, log_path = run_dir / "record.jsonl", run_dir / "pytest.log"
     # the plugin, and nothing inherited: a PYTHONPATH naming another checkout would come before the clone
     env = {**os.environ, "PYTHONPATH": str(plugin_dir), ENV_RECORD: str(record)}
@@ -138,7 +161,7 @@ def run_once(index: int, settings: RunSettings, seed: int | None, work: Path) ->
         if hog is not None:
             stop(hog)
     wall_s = time.monotonic() - started
-    failures, session, running, seconds = read_record(record)
+    failures, session, running, seconds, files = read_record(record)
     if timed_out:
         message = f"the run did not end within {settings.timeout_s:.0f} s and was stopped"
         failures.append(run_failure(running or "<run timed out>", message))
@@ -153,6 +176,8 @@ def run_once(index: int, settings: RunSettings, seed: int | None, work: Path) ->
         failure.pop("kind", None)
     if not settings.keep_clone:
         shutil.rmtree(repo, ignore_errors=True)
+    slow = [test for test, _ in slowest(seconds, KEEP_FILES)]
+    kept = keep_files(basetemp, files, [f["test"] for f in failures] + slow)
     return {
         "index": index,
         "commit": commit,
@@ -166,6 +191,7 @@ def run_once(index: int, settings: RunSettings, seed: int | None, work: Path) ->
         "counts": session.get("counts", {}),
         "failures": failures,
         "slowest": slowest(seconds),
+        "files": kept,  # test id -> its tmp_path, kept for the failed and the slowest tests
         "load_avg_start": load_start,
         "load_avg_end": list(os.getloadavg()),
         "log": str(log_path),

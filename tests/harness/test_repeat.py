@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.repeat.__main__ import parse_args
+from benchmarks.repeat.run import keep_files
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -21,7 +22,8 @@ TESTS = (
     "    argv = [sys.executable, '-c', 'import elastic_rm; print(elastic_rm.__file__)']\n"
     "    out = subprocess.run(argv, env={}, cwd='/', capture_output=True, text=True, check=True)\n"
     "    assert out.stdout.startswith(os.getcwd() + '/elastic_rm/'), out.stdout\n\n\n"
-    "def test_fails():\n    assert 1 == 2, 'deliberately'\n\n\n"
+    "def test_fails(tmp_path):\n    (tmp_path / 'node.log').write_text('what it did')\n"
+    "    assert 1 == 2, 'deliberately'\n\n\n"
     "def test_also_passes():\n    pass\n"
 )
 
@@ -74,6 +76,24 @@ def test_a_failing_test_is_reported_with_its_id_and_seed(tmp_path):
     log = Path(failure["log"]).read_text()
     assert "--randomly-seed=4242" in log and "1 failed, 3 passed" in log  # run in that order
     assert not (work / "run-01" / "repo").exists()  # the clone is removed, the log kept
+    kept = Path(run["files"]["test_tiny.py::test_fails"])  # and the failed test's files
+    assert kept.parent == work / "run-01" / "tmp" and (kept / "node.log").read_text() == "what it did"
+
+
+def test_only_the_files_of_the_tests_named_are_kept(tmp_path):
+    base = tmp_path / "base"
+    for name in ("test_slow0", "test_quick0", "test_failed0"):
+        (base / name).mkdir(parents=True)
+        (base / name / "a.log").write_text(name)
+    (base / "test_slowcurrent").symlink_to(base / "test_slow0")
+    files = {f"t.py::{n[:-1]}": str(base / n) for n in ("test_slow0", "test_quick0", "test_failed0")}
+    kept = keep_files(base, files, ["t.py::test_failed", "t.py::test_slow", "t.py::test_gone"])
+    assert kept == {
+        "t.py::test_failed": str(base / "test_failed0"),
+        "t.py::test_slow": str(base / "test_slow0"),
+    }
+    assert sorted(p.name for p in base.iterdir()) == ["test_failed0", "test_slow0"]
+    assert (base / "test_slow0" / "a.log").read_text() == "test_slow0"
 
 
 def test_a_run_that_ends_inside_a_test_names_that_test(tmp_path):
