@@ -105,6 +105,12 @@ class FlashConfig:
     compact_ratio: float = 1.0  # a chain's deltas past this many times its base's bytes: next save folds
 
     def __post_init__(self) -> None:
+        for name in ("keep_memory", "keep_durable"):
+            if getattr(self, name) < 1:  # 0 would prune every step, the one just committed included
+                raise ValueError(
+                    f"FlashConfig.{name} must be >= 1 (got {getattr(self, name)}): how many of the newest "
+                    "steps to keep (with the chains they need); 1 keeps only the newest"
+                )
         if not self.compact_ratio > 0:
             raise ValueError(
                 f"FlashConfig.compact_ratio must be > 0 (got {self.compact_ratio}); 1.0 starts a new base "

@@ -12,6 +12,7 @@ import torch
 
 from elastic_rm.checkpoint.chain import apply_delta
 from elastic_rm.checkpoint.delta_file import DeltaPiece, DeltaReader, write_delta
+from elastic_rm.checkpoint.flash import FlashConfig
 from elastic_rm.checkpoint.manifest import (
     MANIFEST,
     CorruptCheckpointError,
@@ -111,6 +112,13 @@ def test_prune_keeps_the_whole_chain_of_the_kept_steps(tmp_path: Path) -> None:
     prune_steps(tmp_path, 1)
     assert sorted(p.name for p in tmp_path.iterdir()) == [step_dirname(7)]
     shutil.rmtree(tmp_path / step_dirname(7))
+
+
+@pytest.mark.parametrize("field", ["keep_memory", "keep_durable"])
+def test_keeping_no_step_is_refused_since_the_prune_would_remove_the_newest(field: str) -> None:
+    with pytest.raises(ValueError, match=f"FlashConfig.{field} must be >= 1"):
+        FlashConfig(run_id="r", node_id="n", peers=None, **{field: 0})
+    assert getattr(FlashConfig(run_id="r", node_id="n", peers=None, **{field: 1}), field) == 1
 
 
 def test_manifest_chain_fields_are_checked() -> None:
