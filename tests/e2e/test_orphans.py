@@ -30,12 +30,17 @@ def _start(tmp_path, *flags: str, own_tmp=None) -> subprocess.Popen:
     env = {**os.environ, "STEPS_DIR": str(tmp_path), "STEPS_NODE": "o", "STEPS_MAX": "0"}
     if own_tmp is not None:  # the agent's temporary directories: its channel, etcd's data, torch's logs
         env["TMPDIR"] = str(own_tmp)
-    return subprocess.Popen(
-        [os.path.join(BIN, "ermrun"), "--standalone", "--nproc-per-node", "2", *flags, STEPS],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    with open(tmp_path / "ermrun.log", "wb") as log:  # read by the assertions, kept for a failed test
+        return subprocess.Popen(
+            [os.path.join(BIN, "ermrun"), "--standalone", "--nproc-per-node", "2", *flags, STEPS],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def _log(tmp_path) -> str:
+    return (tmp_path / "ermrun.log").read_text(errors="replace")[-4000:]
 
 
 def _alive(procs: list[psutil.Process]) -> list[tuple[psutil.Process, str]]:
@@ -55,7 +60,9 @@ def _started_workers(
     """(workers, spares, etcd) pids once both workers trained and ``spares`` spares wait."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        assert agent.poll() is None, "ermrun ended before its workers started"
+        assert agent.poll() is None, (
+            f"ermrun ended ({agent.returncode}) before its workers started:\n{_log(tmp_path)}"
+        )
         workers = [r["pid"] for r in records(tmp_path, "o") if r.get("start")]
         children = _alive(psutil.Process(agent.pid).children(recursive=True))
         waiting = [p.pid for p, cmd in children if "spare.py" in cmd and p.pid not in workers]
