@@ -163,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
                 "  slowest: " + ", ".join(f"{test} {s:.0f} s" for test, s in run["slowest"][:5]), flush=True
             )
         if run["files"]:
-            print(f"  the files of the slowest and the failed tests: {Path(run['log']).parent / 'tmp'}")
+            where = sorted({str(Path(path).parent) for path in run["files"].values()})
+            print(f"  the files of the slowest and the failed tests: {', '.join(where)}")
         for f in run["failures"]:
             load = ", ".join(f"{x:.2f}" for x in f["load_avg"])
             print(f"  FAILED {f['test']} ({f['when']}), seed {seed}, load {load}: {f['message']}")

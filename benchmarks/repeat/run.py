@@ -2,8 +2,8 @@
 
 The clone is of the repository's committed HEAD (what a new user gets), in a directory of its own that is
 removed afterwards; the run's log, its record (record.py) and the files of its failed and slowest tests
-stay. Its virtualenv is either a fresh
-``make setup`` in the clone or a thin venv over an installed one (venv.py).
+(in a short directory of /tmp of their own, named in the run's ``files``) stay. Its virtualenv is either
+a fresh ``make setup`` in the clone or a thin venv over an installed one (venv.py).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,7 +137,8 @@ def run_once(index: int, settings: RunSettings, seed: int | None, work: Path) ->
     commit = clone(settings.repo, repo)
     if settings.venv is not None:
         overlay(settings.venv, repo / ".venv", [repo])
-    basetemp = run_dir / "tmp"
+    # short, as pytest's own: tests put Unix sockets under tmp_path, whose paths may not pass 107 bytes
+    basetemp = Path(tempfile.mkdtemp(prefix=f"erm-t{index:02d}-", dir="/tmp"))
     make = ["make", "--no-print-directory", "test", f"PYTEST_ARGS={pytest_args(settings, seed, basetemp)}"]
     record, log_path = run_dir / "record.jsonl", run_dir / "pytest.log"
     # the plugin, and nothing inherited: a PYTHONPATH naming another checkout would come before the clone
@@ -178,6 +180,7 @@ def run_once(index: int, settings: RunSettings, seed: int | None, work: Path) ->
         shutil.rmtree(repo, ignore_errors=True)
     slow = [test for test, _ in slowest(seconds, KEEP_FILES)]
     kept = keep_files(basetemp, files, [f["test"] for f in failures] + slow)
+    (run_dir / "files").write_text(f"{basetemp}\n")  # where the kept files are
     return {
         "index": index,
         "commit": commit,
