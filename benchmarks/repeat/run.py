@@ -66,9 +66,9 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def pytest_args(settings: RunSettings, seed: int | None, basetemp: Path) -> str:
-    """PYTEST_ARGS of the run: the user's, the recording plugin, the tests' files in the run's directory
-    (``basetemp``: pytest's own place is shared with every other pytest session and pruned by them), and
-    the random order with its seed."""
+    """PYTEST_ARGS of the run: the user's, the recording plugin, the tests' files in a directory of the
+    run's own (``basetemp``: pytest's own place is shared with every other pytest session and pruned by
+    them), and the random order with its seed."""
     args = [settings.pytest_args, f"-p {PLUGIN}", f"--basetemp={basetemp}"]
     if seed is not None:
         args.append(f"-p randomly --randomly-seed={seed}")
@@ -180,7 +180,10 @@ def run_once(index: int, settings: RunSettings, seed: int | None, work: Path) ->
         shutil.rmtree(repo, ignore_errors=True)
     slow = [test for test, _ in slowest(seconds, KEEP_FILES)]
     kept = keep_files(basetemp, files, [f["test"] for f in failures] + slow)
-    (run_dir / "files").write_text(f"{basetemp}\n")  # where the kept files are
+    if kept:
+        (run_dir / "files").write_text(f"{basetemp}\n")  # where the kept files are
+    else:
+        shutil.rmtree(basetemp, ignore_errors=True)
     return {
         "index": index,
         "commit": commit,
