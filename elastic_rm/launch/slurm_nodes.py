@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 
 from ..etcd.errors import EtcdError
-from ..rendezvous.queue_signal import WRITE_EVERY_S as QUEUE_EVERY_S
+from ..wire.records import QUEUE_WRITE_EVERY_S as QUEUE_EVERY_S
 from ..wire.records import ClosedRecord, QueueRecord, RecordError, RoundRecord
 from .executor import Executor, RunState, among
 from .hostfile import Host

@@ -6,8 +6,9 @@ over a hostfile (no other run waits for its hosts) and a fixed Slurm allocation 
 absent and the snapshot says None (unknown): the planner keeps its rule for nodes past the request as
 without a queue (docs/planner.md, "The cluster's queue").
 
-The writer rewrites the record (its ``time``) at least every WRITE_EVERY_S; a record the leader has seen
-unchanged for STALE_AFTER_S (its writer is gone: a killed ``erm launch``) is unknown too, so that a frozen
+The writer rewrites the record (its ``time``) at least every QUEUE_WRITE_EVERY_S (wire/records.py); a
+record the leader has seen unchanged for QUEUE_STALE_AFTER_S (its writer is gone: a killed ``erm launch``)
+is unknown too, so that a frozen
 count neither keeps giving nodes back nor keeps holding growth. The age is measured by the leader's own
 clock from when it first read that record, so that a skew between the writer's clock and its own does not
 count.
@@ -28,8 +29,6 @@ log = logging.getLogger(__name__)
 
 # one key read at most once a second: a node given back to a waiting job waits for this read first
 READ_EVERY_S = 1.0
-WRITE_EVERY_S = QUEUE_WRITE_EVERY_S  # the writer rewrites the record at least this often
-STALE_AFTER_S = QUEUE_STALE_AFTER_S  # a record unchanged for this long has lost its writer: unknown
 
 
 class QueueSignal:
@@ -38,7 +37,7 @@ class QueueSignal:
         client: EtcdClient,
         keys: Keyspace,
         every_s: float = READ_EVERY_S,
-        stale_after_s: float = STALE_AFTER_S,
+        stale_after_s: float = QUEUE_STALE_AFTER_S,
         clock: Callable[[], float] = time.monotonic,
     ):
         self._client, self._key, self._every = client, keys.queue, every_s
@@ -74,7 +73,8 @@ class QueueSignal:
             return record.waiting_nodes
         self._warn(
             f"{self._key} unchanged for more than {self._stale_after:g}s (its writer rewrites it every "
-            f"{WRITE_EVERY_S:g}s; is erm launch still running?): the planner is told nothing of the queue"
+            f"{QUEUE_WRITE_EVERY_S:g}s; is erm launch still running?): the planner is told nothing of the "
+            "queue"
         )
         return None
 

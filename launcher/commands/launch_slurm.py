@@ -127,11 +127,11 @@ def check_slurm(args: argparse.Namespace, run_id: str, flags: list[str], script:
     """Slurm is there, the partitions exist, and sbatch accepts the node job (``--test-only``: nothing
     submitted); SlurmError with Slurm's own words otherwise. Returns (slurm, options, partitions)."""
     from elastic_rm.launch.slurm_cli import Slurm
-    from elastic_rm.rendezvous.queue_signal import WRITE_EVERY_S
+    from elastic_rm.wire.records import QUEUE_WRITE_EVERY_S
 
-    if args.poll_interval > WRITE_EVERY_S:
+    if args.poll_interval > QUEUE_WRITE_EVERY_S:
         raise ValueError(
-            f"--poll-interval {args.poll_interval:g}: with --slurm at most {WRITE_EVERY_S:g}s, the "
+            f"--poll-interval {args.poll_interval:g}: with --slurm at most {QUEUE_WRITE_EVERY_S:g}s, the "
             "queue key's refresh (the leader takes a key left unchanged for three of them as written by "
             "a launcher that is gone)"
         )

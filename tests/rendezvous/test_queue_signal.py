@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 from elastic_rm.etcd.client import EtcdClient
-from elastic_rm.rendezvous.queue_signal import STALE_AFTER_S, WRITE_EVERY_S, QueueSignal
+from elastic_rm.rendezvous.queue_signal import QueueSignal
 from elastic_rm.wire.keyspace import Keyspace
-from elastic_rm.wire.records import QueueRecord
+from elastic_rm.wire.records import QUEUE_STALE_AFTER_S, QUEUE_WRITE_EVERY_S, QueueRecord
 
 
 class Clock:
@@ -21,12 +21,12 @@ class Clock:
 def test_a_record_left_unchanged_past_three_refreshes_is_unknown_until_rewritten(etcd, caplog):
     keys = Keyspace("/elastic-rm", f"queue-stale-{time.monotonic_ns()}")
     clock = Clock()
-    assert STALE_AFTER_S == 3 * WRITE_EVERY_S
+    assert QUEUE_STALE_AFTER_S == 3 * QUEUE_WRITE_EVERY_S
     with EtcdClient(etcd.endpoint, timeout=5) as client:
         signal = QueueSignal(client, keys, every_s=1.0, clock=clock)
         client.put(keys.queue, QueueRecord(3, "test", time=1.0).to_json())
         assert signal.waiting_nodes() == 3
-        clock.now += STALE_AFTER_S  # unchanged, but not yet older than three refreshes
+        clock.now += QUEUE_STALE_AFTER_S  # unchanged, but not yet older than three refreshes
         assert signal.waiting_nodes() == 3
         clock.now += 1.0  # the writer is gone (a killed erm launch): the frozen count is no signal
         assert signal.waiting_nodes() is None
@@ -36,7 +36,7 @@ def test_a_record_left_unchanged_past_three_refreshes_is_unknown_until_rewritten
         client.put(keys.queue, QueueRecord(3, "test", time=2.0).to_json())  # a refresh, the same count
         clock.now += 1.0
         assert signal.waiting_nodes() == 3
-        for written in (3.0, 4.0, 5.0):  # refreshed every WRITE_EVERY_S: never stale
-            clock.now += WRITE_EVERY_S
+        for written in (3.0, 4.0, 5.0):  # refreshed every QUEUE_WRITE_EVERY_S: never stale
+            clock.now += QUEUE_WRITE_EVERY_S
             client.put(keys.queue, QueueRecord(0, "test", time=written).to_json())
             assert signal.waiting_nodes() == 0

@@ -12,9 +12,8 @@ from elastic_rm.launch.slurm_job import GROWTH_MARK, SlurmOptions
 from elastic_rm.launch.slurm_nodes import SlurmExecutor, SlurmNode
 from elastic_rm.obs.events import EventLog
 from elastic_rm.obs.status import status_from_kvs
-from elastic_rm.rendezvous.queue_signal import STALE_AFTER_S
 from elastic_rm.wire.keyspace import Keyspace
-from elastic_rm.wire.records import QueueRecord
+from elastic_rm.wire.records import QUEUE_STALE_AFTER_S, QueueRecord
 from launcher.commands.status import render
 from tests.e2e.test_status_render import status_of, text
 from tests.slurm.helpers import launch_events
@@ -203,15 +202,15 @@ def test_erm_status_shows_the_queue_count_with_its_age_and_unknown_past_the_lead
         "waiting_nodes": 6,
         "age_s": 2.0,
         "unknown": False,
-        "stale_after_s": STALE_AFTER_S,
+        "stale_after_s": QUEUE_STALE_AFTER_S,
         "source": "squeue",
     }
-    at_bound = _status_with_queue(QueueRecord(6, time=now - STALE_AFTER_S), now)
+    at_bound = _status_with_queue(QueueRecord(6, time=now - QUEUE_STALE_AFTER_S), now)
     assert at_bound["waiting_nodes"] == 6 and not at_bound["queue"]["unknown"]  # unknown: only older
-    stale = _status_with_queue(QueueRecord(6, time=now - STALE_AFTER_S - 25.0), now)
+    stale = _status_with_queue(QueueRecord(6, time=now - QUEUE_STALE_AFTER_S - 25.0), now)
     assert stale["waiting_nodes"] is None  # as the leader counts it: unknown
     assert stale["queue"]["waiting_nodes"] == 6 and stale["queue"]["unknown"]
-    assert stale["queue"]["age_s"] == STALE_AFTER_S + 25.0
+    assert stale["queue"]["age_s"] == QUEUE_STALE_AFTER_S + 25.0
     json.dumps(stale)  # erm status --json prints it as it is
 
     base = status_of(2)
@@ -220,4 +219,4 @@ def test_erm_status_shows_the_queue_count_with_its_age_and_unknown_past_the_lead
     assert "cluster queue: other pending jobs wait for 6 node(s) (written 2 s ago)" in shown
     shown = " ".join(text(render({**base, "waiting_nodes": None, "queue": stale["queue"]})).split())
     assert "cluster queue: unknown: its last count, 6 node(s), was written 40 s ago" in shown
-    assert f"more than the {STALE_AFTER_S:g} s after which the leader ignores it" in shown
+    assert f"more than the {QUEUE_STALE_AFTER_S:g} s after which the leader ignores it" in shown
