@@ -49,6 +49,9 @@ class PlannerConfig:
     straggler_clear_k: float = 1.2  # and fast again below this (hysteresis)
     straggler_enter: int = 3  # consecutive slow samples to flag a node
     straggler_exit: int = 3  # consecutive fast samples to clear it
+    straggler_min_share: float = 0.05  # ours: and slow only when its busy time also exceeds the
+    # reference by this share of the members' median step time: on a step spent mostly waiting (sleep, I/O,
+    # a shared CPU), a few milliseconds of busy time above a few milliseconds is noise, not a slower node
     low_gpu_util: float = 0.5  # GPU util below this fraction of the members' median counts as slow
     oom_threshold: float = 0.9  # of the node's memory; DLRover's hot-memory threshold
     oom_horizon_s: float = 900.0  # act when the trend crosses the threshold within this horizon

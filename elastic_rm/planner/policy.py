@@ -92,7 +92,13 @@ class PlannerPolicy:
             return MembershipPolicy().decide(snapshot), state
         prev_sample = state.last_sample_at
         state = observe(
-            snapshot, state, cfg.sample_interval_s, cfg.window, cfg.straggler_k, cfg.round_warmup_s
+            snapshot,
+            state,
+            cfg.sample_interval_s,
+            cfg.window,
+            cfg.straggler_k,
+            cfg.round_warmup_s,
+            straggler_min_share=cfg.straggler_min_share,
         )
         fresh = state.last_sample_at == snapshot.now and prev_sample != snapshot.now
         if (snapshot.waiting_nodes or 0) > 0:  # the cluster queues (None: unknown, as not)

@@ -11,13 +11,15 @@ from dataclasses import dataclass
 
 from .config import PlannerConfig
 from .memory_model import Trend, fit_trend, time_to_limit
-from .state import NodeSample, PlannerState, reference_busy, warmed_up
+from .state import NodeSample, PlannerState, reference_busy, slow_bar, step_times, warmed_up
 
 
-def _is_slow(s: NodeSample, med_busy: float, med_gpu: float, k: float, cfg: PlannerConfig) -> bool:
+def _is_slow(
+    s: NodeSample, med_busy: float, steps: list[float], med_gpu: float, k: float, cfg: PlannerConfig
+) -> bool:
     if s.throttled:
         return True
-    if med_busy > 0 and s.busy_s > k * med_busy:
+    if med_busy > 0 and s.busy_s > slow_bar(med_busy, steps, k, cfg.straggler_min_share):
         return True
     return med_gpu > 0 and 0 <= s.gpu_util < cfg.low_gpu_util * med_gpu
 
@@ -34,18 +36,19 @@ def update_stragglers(
     if len(latest) < 2:
         return slow, frozenset(flagged)
     med_busy = reference_busy([s.busy_s for s in latest.values()], cfg.straggler_k)
+    steps = step_times(latest.values())
     gpus = [s.gpu_util for s in latest.values() if s.gpu_util >= 0]
     med_gpu = statistics.median(gpus) if gpus else -1.0
     for m, s in latest.items():
         if m in flagged:
-            fast = not _is_slow(s, med_busy, med_gpu, cfg.straggler_clear_k, cfg)
+            fast = not _is_slow(s, med_busy, steps, med_gpu, cfg.straggler_clear_k, cfg)
             count = slow.get(m, 0) - 1 if fast else 0
             count = min(count, 0)
             if -count >= cfg.straggler_exit:
                 flagged.discard(m)
                 count = 0
         else:
-            count = slow.get(m, 0) + 1 if _is_slow(s, med_busy, med_gpu, cfg.straggler_k, cfg) else 0
+            count = slow.get(m, 0) + 1 if _is_slow(s, med_busy, steps, med_gpu, cfg.straggler_k, cfg) else 0
             if count >= cfg.straggler_enter:
                 flagged.add(m)
                 count = 0

@@ -27,6 +27,7 @@ class NodeSample:
     cpu_used: float  # cores
     gpu_util: float  # mean over GPUs, -1 when none
     throttled: bool
+    step_s: float = 0.0  # the node's step time (p50 wall time); 0: not reported
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,7 @@ def _sample(node: NodeView, now: float) -> NodeSample | None:
         cpu_used=m.cpu_util * max(node.cpu_count, 1),
         gpu_util=gpu,
         throttled=m.gpu_throttled,
+        step_s=m.steps.p50_s,
     )
 
 
@@ -140,6 +142,19 @@ def reference_busy(busy: list[float], k: float) -> float:
     return med
 
 
+def slow_bar(ref: float, steps: list[float], k: float, min_share: float) -> float:
+    """The busy time past which a node is slow: ``k`` x the reference, and at least the reference plus
+    ``min_share`` of the members' median step time (``steps``). Busy time includes waiting for a CPU: on a
+    step spent mostly asleep or in I/O, its few milliseconds double on a loaded machine without the node
+    being any slower, and only a gap that shows in the step time is one worth a replacement."""
+    return max(k * ref, ref + min_share * statistics.median(steps)) if steps else k * ref
+
+
+def step_times(samples) -> list[float]:
+    """Each node's step time, its busy time where the agent reported none (then they are the same)."""
+    return [s.step_s if s.step_s > 0 else s.busy_s for s in samples]
+
+
 def warmed_up(state: PlannerState, now: float, warmup_s: float) -> bool:
     """Whether the current round's workers have run ``warmup_s`` since they all reported steps."""
     return now >= state.round_active_at + warmup_s
@@ -153,6 +168,7 @@ def observe(
     straggler_k: float = 1.5,
     warmup_s: float = 0.0,
     clean_apart: bool = True,
+    straggler_min_share: float = 0.0,
 ) -> PlannerState:
     """Record one sample per node and one job-level step time, at most once per interval.
 
@@ -200,7 +216,8 @@ def observe(
                 cap = sum(node_capacity(alive[m]) for m in cur.members) / len(cur.members)
                 busy = [s.busy_s for s in latest]  # as the straggler detector judges them
                 ref = reference_busy(busy, straggler_k)
-                clean = not any(s.throttled for s in latest) and max(busy) <= straggler_k * ref
+                bar = slow_bar(ref, step_times(latest), straggler_k, straggler_min_share)
+                clean = not any(s.throttled for s in latest) and max(busy) <= bar
                 cs = ConfigSample(now, cur.number, len(cur.members), cap, batch / tp, clean)
                 new = replace(new, configs=keep_configs(new.configs + (cs,), clean_apart=clean_apart))
     return new
