@@ -30,6 +30,8 @@ PY = sys.executable
 BIN = os.path.dirname(PY)
 CONF = "lease_ttl=10,last_call_timeout=1,join_timeout=600"  # a long lease: 2 cores shared with other work
 POLL_S = 0.25
+ROUND_PAUSE_BEGINS_S = 30.0  # a round's drain stops the old world's steps within this after its decision
+STALL_S = 3.0  # a gap between two steps longer than this is a pause: a step takes STEP_S at most, plus noise
 TARGET_MEAN, TARGET_PER_JOB = 0.8, 1.10
 POLICIES = ("static", "elastic")
 EMULATION_OFF = {
@@ -131,9 +133,9 @@ class PolicyRun:
     """One policy over the trace on its own cluster: submits each job at its arrival, records its first
     step, its end, and the nodes Slurm gives it (sampled from squeue)."""
 
-    def __init__(self, policy: str, cluster: SlurmCluster, etcd, root: Path, tag: str, count: int):
+    def __init__(self, policy: str, cluster: SlurmCluster, etcd, root: Path, tag: str, count: int, t0: float):
         self.policy, self.cluster, self.etcd, self.root = policy, cluster, etcd, root
-        self.tag, self.count = tag, count  # count: the jobs of the trace
+        self.tag, self.count, self.t0 = tag, count, t0  # count: the jobs of the trace; t0: the trace's start
         self.jobs: dict[str, dict] = {}
         self.procs: list[subprocess.Popen] = []
         self.slurm_ids: list[str] = []
@@ -152,6 +154,9 @@ class PolicyRun:
             "rc": None,
             "node_s": 0.0,
             "max_nodes": 0,
+            "sizes": [],  # [seconds from the trace's start, nodes held] at each change (squeue)
+            "stalls": [],  # [seconds from the trace's start, seconds] of each pause between two steps
+            "last_step": None,  # the time of the last step seen in the progress file
             "submit_lag_s": time.time() - t0 - job.submit_s,
         }
         if self.policy == "static":
@@ -188,8 +193,10 @@ class PolicyRun:
         """First steps and ends from the jobs' files; node-seconds from squeue's running jobs."""
         now = time.time()
         for row in self.jobs.values():
-            if row["start"] is None and (row["work"] / "state" / "progress.json").exists():
+            progress = row["work"] / "state" / "progress.json"
+            if row["start"] is None and progress.exists():
                 row["start"] = now
+            self.record_step(row, progress)
             done = row["work"] / "done"
             if row["end"] is None and done.exists():
                 parts = done.read_text().split()
@@ -204,6 +211,20 @@ class PolicyRun:
             n = held.get(row["run_id"], 0) + held.get(f"erm-{row['run_id']}", 0)
             row["node_s"] += n * dt
             row["max_nodes"] = max(row["max_nodes"], n)
+            if (row["sizes"][-1][1] if row["sizes"] else 0) != n:
+                row["sizes"].append([round(now - self.t0, 1), n])
+
+    def record_step(self, row: dict, progress: Path) -> None:
+        """The job's pauses: rank 0 writes each step's time to the progress file; a gap of more than
+        STALL_S between two steps seen is a pause (a round's drain and restart, or a node's start)."""
+        try:
+            t = float(json.loads(progress.read_text())["time"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return  # not written yet, or read while replaced
+        last = row["last_step"]
+        if last is not None and t - last > STALL_S:
+            row["stalls"].append([round(last - self.t0, 2), round(t - last, 2)])
+        row["last_step"] = t
 
     def finished(self) -> bool:
         return len(self.jobs) == self.count and all(r["end"] is not None for r in self.jobs.values())
@@ -223,6 +244,8 @@ class PolicyRun:
             shutil.rmtree(Path("/dev/shm/elastic-rm") / row["run_id"], ignore_errors=True)
 
     def rows(self) -> dict[str, dict]:
+        """Per job its figures, and when it arrived, first stepped and ended (seconds from the trace's
+        start), the nodes it held over time, and whom it waited for (queue_order)."""
         out = {}
         for name, row in self.jobs.items():
             jct = row["end"] - row["arrival"] if row["end"] is not None else None
@@ -234,8 +257,65 @@ class PolicyRun:
                 "max_nodes": row["max_nodes"],
                 "rc": row["rc"],
                 "submit_lag_s": row["submit_lag_s"],
+                "arrival_s": row["arrival"] - self.t0,
+                "start_s": None if row["start"] is None else row["start"] - self.t0,
+                "end_s": None if row["end"] is None else row["end"] - self.t0,
+                "sizes": row["sizes"],
+                "stalls": row["stalls"],
+                **({"decisions": row["decisions"]} if "decisions" in row else {}),
             }
+        for name, row in out.items():
+            row.update(queue_order(name, out))
+            for d in row.get("decisions", ()):
+                if d["kind"] == "round":
+                    d["downtime_s"] = round_downtime(d["t"], row["stalls"])
         return out
+
+
+def round_downtime(decided: float, stalls: list[list[float]]) -> float | None:
+    """A round's pause: the first pause between two steps that ends after the round's decision and began
+    at most ROUND_PAUSE_BEGINS_S after it (the drain ends the old world's steps); None for a round that
+    paused no step (the job's first, or a decision that changed nothing that ran)."""
+    for start, seconds in stalls:
+        if start + seconds > decided and start <= decided + ROUND_PAUSE_BEGINS_S:
+            return seconds
+    return None
+
+
+def queue_order(name: str, rows: dict[str, dict]) -> dict:
+    """Whom a job waited for: the jobs that held nodes while it queued (arrival to first step), the jobs
+    that arrived after it and stepped before it (they overtook it: a backfill, or a smaller start that fit
+    the free nodes), and the earlier arrivals it overtook. A job that never stepped waited to the end."""
+    me = rows[name]
+    until = me["start_s"] if me["start_s"] is not None else float("inf")
+
+    def held_between(other: dict, t0: float, t1: float) -> bool:
+        sizes = other["sizes"]
+        if t1 <= t0:
+            return False  # it did not wait
+        for i, (t, n) in enumerate(sizes):
+            t_next = sizes[i + 1][0] if i + 1 < len(sizes) else float("inf")
+            if n > 0 and t < t1 and t_next > t0:
+                return True
+        return False
+
+    def started_before(other: dict, t: float) -> bool:
+        return other["start_s"] is not None and other["start_s"] < t
+
+    others = {n: r for n, r in rows.items() if n != name}
+    return {
+        "waited_for": sorted(n for n, r in others.items() if held_between(r, me["arrival_s"], until)),
+        "overtaken_by": sorted(
+            n for n, r in others.items() if r["arrival_s"] > me["arrival_s"] and started_before(r, until)
+        ),
+        "overtook": sorted(
+            n
+            for n, r in others.items()
+            if r["arrival_s"] < me["arrival_s"]
+            and me["start_s"] is not None
+            and not started_before(r, me["start_s"])
+        ),
+    }
 
 
 def give_backs(events: list[Event], arrivals: list[float]) -> list[dict]:
@@ -278,10 +358,41 @@ def give_backs(events: list[Event], arrivals: list[float]) -> list[dict]:
     return out
 
 
+def decisions(events: list[Event], t0: float) -> list[dict]:
+    """An elastic job's decisions that cost or gained it time, in order (seconds from the trace's start):
+    its rounds (size, reason; rows() adds each round's pause), the leader's demands, and its launcher's
+    actions (node jobs submitted, running, held, stopped; the queue key)."""
+    out = []
+    for e in events:
+        d, t = e.data, round(e.time - t0, 2)
+        if e.kind == "decision" and isinstance(d.get("round"), int):
+            out.append(
+                {
+                    "t": t,
+                    "kind": "round",
+                    "round": d["round"],
+                    "nodes": d.get("world"),
+                    "reason": d.get("reason"),
+                }
+            )
+        elif e.kind == "demand":
+            out.append({"t": t, "kind": "demand", "nodes": d.get("target_nodes"), "reason": d.get("reason")})
+        elif e.kind == "launch":
+            row = {"t": t, "kind": "launch", "action": d.get("action")}
+            for key in ("node", "job", "waiting_nodes", "target_nodes"):
+                if d.get(key) is not None:
+                    row[key] = d[key]
+            out.append(row)
+    return out
+
+
 def collect_give_backs(etcd, run: PolicyRun, t0: float) -> dict[str, list[dict]]:
-    """Per elastic job, its give-back chains (give_backs), times from the round's start."""
+    """Per elastic job, its give-back chains (give_backs), times from the round's start; its decisions
+    (decisions) go into its row of ``run``'s jobs."""
     with EtcdClient(etcd.endpoint) as client:
         events = {n: read_etcd(client, Keyspace("/elastic-rm", r["run_id"]))[0] for n, r in run.jobs.items()}
+    for name, evs in events.items():
+        run.jobs[name]["decisions"] = decisions(evs, t0)
     first_submit = {
         n: min((e.time for e in evs if e.kind == "launch" and e.data.get("action") == "submit"), default=None)
         for n, evs in events.items()
@@ -314,10 +425,10 @@ def run_round(
     etcds: dict, clusters: dict[str, SlurmCluster], root: Path, tag: str, timeout_s: float, trace
 ) -> dict:
     """Both policies at once over the trace; returns per policy its job rows, and the load averages."""
-    runs = {p: PolicyRun(p, clusters[p], etcds[p], root / p, tag, len(trace)) for p in POLICIES}
+    t0 = last = time.time()
+    runs = {p: PolicyRun(p, clusters[p], etcds[p], root / p, tag, len(trace), t0) for p in POLICIES}
     pending = sorted(trace, key=lambda j: j.submit_s)
     loads: list[float] = []
-    t0 = last = time.time()
     deadline = time.monotonic() + timeout_s
     timed_out = False
     try:
@@ -341,8 +452,8 @@ def run_round(
         for run in runs.values():
             run.stop()
     return {
+        "give_backs": collect_give_backs(etcds["elastic"], runs["elastic"], t0),  # before rows: decisions
         "jobs": {p: r.rows() for p, r in runs.items()},
-        "give_backs": collect_give_backs(etcds["elastic"], runs["elastic"], t0),
         "load_avg_1m": loads,
         "timed_out": timed_out,
         "wall_s": time.time() - t0,

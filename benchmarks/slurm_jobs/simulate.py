@@ -96,6 +96,8 @@ def simulate(trace=TRACE) -> dict:
             "mean_queue_s": sum((j.start_s - j.trace.submit_s) / SCALE for j in done) / max(len(done), 1),
             "node_hours": sum(j.node_s for j in run) / SCALE / 3600,
             "jct_s": jct,
+            # each job's first step, live seconds from the trace's start: who started before whom
+            "start_s": {j.trace.job_id: j.start_s / SCALE for j in done},
             "rounds_per_job": sum(j.rounds for j in run) / len(run),
             "per_job_ratio": per_job[name],
             "max_job_ratio": max(per_job[name].values()),
