@@ -31,7 +31,9 @@ BIN = os.path.dirname(PY)
 CONF = "lease_ttl=10,last_call_timeout=1,join_timeout=600"  # a long lease: 2 cores shared with other work
 POLL_S = 0.25
 ROUND_PAUSE_BEGINS_S = 30.0  # a round's drain stops the old world's steps within this after its decision
-STALL_S = 3.0  # a gap between two steps longer than this is a pause: a step takes STEP_S at most, plus noise
+# a gap between two steps longer than this is a pause (a round's, mostly): a step takes at most STEP_S (one
+# node), plus noise, and the progress file is read every POLL_S
+STALL_S = 1.5 * STEP_S
 TARGET_MEAN, TARGET_PER_JOB = 0.8, 1.10
 POLICIES = ("static", "elastic")
 EMULATION_OFF = {
@@ -475,6 +477,12 @@ def summary(rounds: list[dict], trace) -> dict:
             row[f"{p}_jct_s"] = mean(done) if len(done) == len(rounds) else None
             row[f"{p}_queue_s"] = mean([r["jobs"][p][job.name]["queue_s"] or 0.0 for r in rounds])
             row[f"{p}_node_s"] = mean([r["jobs"][p][job.name]["node_s"] for r in rounds])
+            # per round, the jobs that started before it though they arrived after it
+            row[f"{p}_overtaken_by"] = [r["jobs"][p][job.name].get("overtaken_by", []) for r in rounds]
+        elastic = [r["jobs"]["elastic"][job.name] for r in rounds]
+        changes = [[d for d in j.get("decisions", ()) if d["kind"] == "round"][1:] for j in elastic]
+        row["elastic_rounds_after_first"] = mean([len(c) for c in changes])
+        row["elastic_round_pauses_s"] = mean([sum(d["downtime_s"] or 0.0 for d in c) for c in changes])
         s, e = row["static_jct_s"], row["elastic_jct_s"]
         row["ratio"] = e / s if s and e else None
         row["ratios_per_round"] = [
