@@ -6,8 +6,9 @@ A sharded table's tensors (its weight and its fused optimizer state) are taken b
 first dimension indexes the table's rows (a weight, a per-element state such as Adagrad's) or a whole
 number of copies of them (row-wise Adagrad's momentum of a column-wise table keeps one block of rows per
 column shard). Anything else of a table is copied whole and the table is named in `tables_full`.
-Dense tensors (dense layers, data-parallel tables, their optimizer state) are copied whole by rank 0:
-they are the same on every rank.
+Dense tensors (dense layers, data-parallel tables, their optimizer state) are copied whole by one
+rank (the one whose file of the base holds them; rank 0 without a base layout): they are the same on
+every rank.
 """
 
 from __future__ import annotations
@@ -56,8 +57,16 @@ def _row_space(rows: torch.Tensor, n: int, size0: int) -> torch.Tensor | None:
 
 
 @torch.no_grad()
-def take_delta(state: dict, touched: dict[str, torch.Tensor], tables: dict[str, int], rank: int) -> DeltaTake:
-    """Copy from `state` (live tensors) what a delta of the rows in `touched` holds on this rank."""
+def take_delta(
+    state: dict,
+    touched: dict[str, torch.Tensor],
+    tables: dict[str, int],
+    rank: int,
+    writers: dict[str, int] | None = None,
+) -> DeltaTake:
+    """Copy from `state` (live tensors) what a delta of the rows in `touched` holds on this rank.
+    A dense tensor is copied by the rank `writers` names for its flattened key (the rank whose file of
+    the base holds it, so that a fold in place finds it on the same node), else by rank 0."""
     out = DeltaTake()
     full: set[str] = set()  # tables a tensor of which is copied whole
     sharded: set[str] = set()  # tables sharded over the ranks (data-parallel ones are dense)
@@ -81,7 +90,7 @@ def take_delta(state: dict, touched: dict[str, torch.Tensor], tables: dict[str, 
             if space is None and path[0] in ("model", "optim"):
                 full.add(table or path[1])  # a sharded tensor of no table the tracker knows: by its key
         elif isinstance(value, torch.Tensor):
-            if rank == 0:
+            if rank == (writers or {}).get(".".join(path), 0):
                 out.pieces.append(DeltaPiece(path, [0] * value.dim(), value.detach().to("cpu", copy=True)))
         else:
             raise TypeError(f"{'.'.join(path)}: a {type(value).__name__} cannot go into a delta checkpoint")

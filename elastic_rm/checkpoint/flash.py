@@ -5,7 +5,8 @@ size with a new plan, reading each file from this node's memory, a peer's memory
 
 With FlashConfig.differential a save after the first copies only the table rows looked up since the
 previous save (plus the dense state): a chain of delta steps on a full base (elastic_rm/checkpoint/chain.py).
-A chain past its bound is folded into a new base in the background (elastic_rm/checkpoint/fold.py).
+A chain about to pass its bound is folded into its base in place, in the background
+(elastic_rm/checkpoint/inplace.py, fold.py).
 
 Every collective of the background work runs on a private gloo group, so training collectives on the
 default group can proceed meanwhile. Manifests and the training position are JSON.
@@ -41,8 +42,18 @@ from elastic_rm.checkpoint.chain import DeltaTake, take_delta
 from elastic_rm.checkpoint.collectives import all_gather_json, broadcast_bytes
 from elastic_rm.checkpoint.delta_file import DELTA_SUFFIX, checksum_block, write_delta
 from elastic_rm.checkpoint.delta_tracker import TouchedRows
-from elastic_rm.checkpoint.fold import copy_dense, fold_by_rows, roll_forward
+from elastic_rm.checkpoint.fold import (
+    base_layout,
+    buffer_pieces,
+    clone_dense,
+    copy_dense,
+    folded_entry,
+    roll_forward,
+    writers_of,
+)
+from elastic_rm.checkpoint.inplace import FoldRefused, fold_chain, folded_manifest, recover_fold
 from elastic_rm.checkpoint.manifest import (
+    BLOCK,
     DCP_METADATA,
     MANIFEST,
     CorruptCheckpointError,
@@ -65,7 +76,15 @@ from elastic_rm.checkpoint.sources import CheckpointSource, DirectorySource, Htt
 
 log = logging.getLogger(__name__)
 
-CPU_PARTS = ("pause", "memory", "replicate", "gather", "roll", "persist")  # see FlashCheckpointer.cpu_seconds
+CPU_PARTS = (
+    "pause",
+    "fold",
+    "memory",
+    "replicate",
+    "gather",
+    "roll",
+    "persist",
+)  # see FlashCheckpointer.cpu_seconds
 
 
 def _default_run_id() -> str:
@@ -83,9 +102,10 @@ class FlashConfig:
     ermrun's agent sets; None (plain torchrun): no peers, so restores read local memory and durable only,
     and replicate=True has no peer to replicate to.
     differential: a save copies the dense state and only the embedding rows touched since this
-    checkpointer's previous save (with their optimizer rows); the first save is full (a base). Once a
-    chain's deltas pass compact_ratio x its base's bytes, the next save is a fold: it pauses like a delta
-    and writes a new base in the background. A restart starts a new chain.
+    checkpointer's previous save (with their optimizer rows); the first save is full (a base). A save
+    whose delta would take the chain's deltas past compact_ratio x its base's bytes is a fold: it pauses
+    like a delta, and in the background the chain so far is first folded into its base in place, then
+    the delta is written on top of it. A restart starts a new chain.
     """
 
     run_id: str = field(default_factory=_default_run_id)
@@ -158,6 +178,9 @@ class FlashCheckpointer:
         self.nodes = sorted(set(self.rank_nodes))
         self.leader = self.rank_nodes.index(self.node) == self.rank
         self.node_dir = self.cfg.root() / self.node
+        if self.leader and self.node_dir.is_dir():
+            recover_fold(self.node_dir)  # a fold a crash interrupted is finished (or dropped) first
+        dist.barrier(group=self.pg)
         if self.cfg.memory_root is None and (owner := owners.script_owner()) is not None:
             owners.claim(self.cfg.root(), owner)  # `erm gc` keeps a live run's node memory
         self._snap = Snapshotter()
@@ -181,6 +204,7 @@ class FlashCheckpointer:
         # "persist" (the durable copy)
         self.cpu_seconds: dict[str, float] = dict.fromkeys(CPU_PARTS, 0.0)
         self._warned_no_peer = False
+        self.bytes_pushed = 0  # file bytes this node's leader sent to its ring peer, since its start
         # differential saves: the rows looked up since the last save, and the chain the next delta extends
         self._touched = TouchedRows(dmp) if self.cfg.differential else None
         self._chain: dict[str, Any] | None = None
@@ -226,23 +250,28 @@ class FlashCheckpointer:
         cpu0 = time.thread_time()
         pos_json = json.dumps(position if position is not None else {"step": step})
         snap: dict | DeltaTake
+        dense = None  # a fold's dense tensors, for the buffers once the chain before it is folded
         kind = self._save_kind(step)
-        touched: dict[str, torch.Tensor] = {}
-        if kind != "full":
-            assert self._touched is not None
-            touched = self._touched.take(self.pg)  # every rank's ids: all ranks decide alike below
-            if kind == "fold" and not fold_by_rows(touched, self._touched.tables):
-                kind = "full"  # so many rows touched that copying everything pauses less
         roll = False  # this save's rows go into the snapshot buffers once committed
+        delta: DeltaTake | None = None
         if kind != "full":
             assert self._touched is not None and self._chain is not None
+            touched = self._touched.take(self.pg)  # every rank's ids
             live = app_state(self.dmp, self.dense_optimizer)
-            snap = take_delta(live, touched, self._touched.tables, self.rank)
+            writers = self._chain.get("writers")
+            delta = take_delta(live, touched, self._touched.tables, self.rank, writers)
+            kind = self._delta_or_fold(delta.bytes)
+        if delta is not None and kind != "full":
+            assert self._chain is not None
+            snap = delta
             copied = snap.bytes
             roll = self._buffers is not None and self._rolled == self._chain["parent"]
-            if roll:
+            if roll and kind == "fold":  # the buffers must hold the chain's newest step until folded
+                dense = clone_dense(live)
+                copied += copy_dense(dense, live)
+            elif roll:
                 assert self._buffers is not None
-                copied += copy_dense(self._buffers, live)  # a delta file holds them from rank 0 only
+                copied += copy_dense(self._buffers, live)  # a delta file holds them from one rank only
             stats = SaveStats(
                 step,
                 time.perf_counter() - t0,
@@ -269,7 +298,7 @@ class FlashCheckpointer:
         self.cpu_seconds["pause"] += time.thread_time() - cpu0
         self._thread = threading.Thread(
             target=self._run,
-            args=(step, snap, pos_json, persist, kind, roll),
+            args=(step, snap, pos_json, persist, kind, roll, dense),
             name=f"erm-flash-{step}",
             daemon=True,
         )
@@ -300,23 +329,42 @@ class FlashCheckpointer:
         """Which save this is. "delta": extends the chain of the previous save. "full" (a new base, a
         full snapshot) when there is none (the first save, or the previous one failed), the step is not
         after the previous one (saving a step again replaces its directory: a delta would replace its own
-        parent) or the tracker is closed. "fold" once the chain's deltas passed the bound and every
-        rank's snapshot buffers hold the chain's newest step: the touched rows are taken like a delta's
-        and the new base is written from the buffers in the background; "full" when they do not (after
-        prepare()). Every rank decides alike from the same committed manifests (and, for a fold, one
-        gather)."""
+        parent) or the tracker is closed. A delta may still become a fold (_delta_or_fold). Every rank
+        decides alike from the same committed manifests."""
         c = self._chain
         if c is None or self._touched is None or not self._touched.attached:  # closed: nothing recorded
             return "full"
         if step <= c["parent"]:
             return "full"
-        if c["delta_bytes"] <= self.cfg.compact_ratio * c["base_bytes"]:
-            return "delta"
+        return "delta"
+
+    def _delta_or_fold(self, nbytes: int) -> str:
+        """ "delta", or "fold" when this delta would take the chain's deltas past compact_ratio x its
+        base: the chain so far is then folded into its base in place before this delta is written on
+        top, so node memory never holds more than the base and deltas within the bound. A fold needs
+        the base's layout and every rank's snapshot buffers holding the chain's newest step; without
+        them (after prepare()) the save is "full" (a new base beside the chain). A delta that alone
+        passes the bound on a chain without deltas is written; the next save folds. One gather of
+        every rank's delta size: all ranks decide alike."""
+        c = self._chain
+        assert c is not None
         ready = self._buffers is not None and self._rolled == c["parent"]
-        return "fold" if all(all_gather_json(ready, self.pg)) else "full"
+        parts = all_gather_json([nbytes, ready], self.pg)
+        if c["delta_bytes"] == 0 or c["delta_bytes"] + sum(n for n, _ in parts) <= (
+            self.cfg.compact_ratio * c["base_bytes"]
+        ):
+            return "delta"
+        return "fold" if c.get("layout") and all(r for _, r in parts) else "full"
 
     def _run(
-        self, step: int, snap: dict | DeltaTake, pos_json: str, persist: bool, kind: str, roll: bool
+        self,
+        step: int,
+        snap: dict | DeltaTake,
+        pos_json: str,
+        persist: bool,
+        kind: str,
+        roll: bool,
+        dense: Any = None,
     ) -> None:
         phases: dict[str, float] = {}
         self.last_phases = phases
@@ -329,11 +377,12 @@ class FlashCheckpointer:
             cpu[0] = now
 
         try:
-            if kind == "fold":  # the chain's newest state plus this step's rows: the new base
-                assert self._buffers is not None and isinstance(snap, DeltaTake)
-                roll_forward(self._buffers, snap)
-                snap = self._buffers
-                spent("roll")
+            if kind == "fold":  # the chain so far becomes its base, in place; this delta goes on top
+                assert chain is not None
+                chain = self._fold(chain)
+                if dense is not None:
+                    copy_dense(self._buffers, dense)
+                spent("fold")
             manifest = self._commit_memory(step, snap, pos_json, chain)
             phases["memory"] = time.time()
             spent("memory")
@@ -349,7 +398,7 @@ class FlashCheckpointer:
             self._push_failures = failures
             if not failures:
                 self.replicated_everywhere = step
-            if kind == "delta" and roll:
+            if kind != "full" and roll:
                 assert self._buffers is not None and isinstance(snap, DeltaTake)
                 roll_forward(self._buffers, snap)
             if roll:
@@ -380,6 +429,8 @@ class FlashCheckpointer:
                 "base_bytes": size,
                 "delta_bytes": 0,
                 "steps": [[manifest["step"], manifest["manifest_sha256"]]],
+                "layout": manifest.get("layout"),  # where a fold in place writes the rows
+                "writers": writers_of(manifest),
             }
         return {
             **chain,
@@ -387,6 +438,63 @@ class FlashCheckpointer:
             "delta_bytes": chain["delta_bytes"] + size,
             "steps": [*chain["steps"], [manifest["step"], manifest["manifest_sha256"]]],
         }
+
+    def _fold(self, chain: dict[str, Any]) -> dict[str, Any]:
+        """Fold the chain (its base and its deltas up to its newest step, S) into its base in place, in
+        every node's memory, and then in the ring peer's replica; returns the chain of the new base, S.
+        The new base's manifest comes first: each rank computes its files' checksums from its snapshot
+        buffers (they hold step S), one gather gives every rank every entry; each node's leader then
+        folds its directory (inplace.fold_chain) and one more gather says whether every node did."""
+        base, top = chain["base"], chain["parent"]
+        base_m, top_m = self._memory_manifest(base), self._memory_manifest(top)
+        pieces = buffer_pieces(self._buffers)
+        mine = {}
+        for name, items in base_m["layout"].items():
+            entry = base_m["files"][name]
+            if entry["rank"] == self.rank:
+                path = self.node_dir / step_dirname(base) / name
+                new = folded_entry(path, items, pieces, entry.get("block", BLOCK))
+                mine[name] = {**entry, **new}
+        files: dict[str, Any] = {}
+        for part in all_gather_json(mine, self.pg):
+            files.update(part)
+        body = folded_manifest(base_m, top_m, files)
+        failed = None
+        if self.leader:
+            self._memory_peak = max(self._memory_peak, held_bytes(self.node_dir))  # the chain at its largest
+            try:
+                fold_chain(self.node_dir, body)
+            except (FoldRefused, CorruptCheckpointError, OSError, ValueError) as e:
+                recover_fold(self.node_dir)  # a fold cut short here is finished or dropped now
+                failed = f"{self.node}: {e}"
+        failures = [f for f in all_gather_json(failed, self.pg) if f]
+        if failures:
+            raise CorruptCheckpointError(f"fold of steps {base}..{top} failed: {'; '.join(failures)}")
+        if self.cfg.replicate:
+            self._push_fold(top, body)
+        return self._extended(None, json.loads(body))
+
+    def _push_fold(self, step: int, body: bytes) -> None:
+        """Ask the ring peer to fold this node's replica the same way, from the deltas it holds: no base
+        crosses the network. When it cannot (it lacks the chain, or an older server), the next delta's
+        push finds the base missing there and sends it (PeerClient.push_replica)."""
+        peer = self.peer_of(self.node)
+        endpoint = (self.cfg.peers or {}).get(peer) if peer is not None else None
+        if not self.leader or endpoint is None:
+            return
+        try:
+            client = self._peer_clients.get(endpoint)
+            if client is None:
+                client = self._peer_clients[endpoint] = PeerClient(endpoint, self.cfg.peer_timeout_s)
+            client.fold_replica(self.node, step, body, self.cfg.keep_memory)
+            self.last_replicated = step
+        except (PeerError, OSError) as e:
+            log.info(
+                "flash checkpoint: %s did not fold its replica to step %d (%s); it gets the base",
+                peer,
+                step,
+                e,
+            )
 
     def _memory_manifest(self, step: int) -> dict[str, Any]:
         return json.loads((self.node_dir / step_dirname(step) / MANIFEST).read_bytes())
@@ -419,6 +527,7 @@ class FlashCheckpointer:
         `.metadata` (rank 0's) is broadcast besides."""
         tmp = self.node_dir / (step_dirname(step) + ".tmp")
         link: dict[str, Any] = {"kind": "full"}
+        layout: dict[str, Any] | None = None
         if isinstance(snap, DeltaTake):
             assert chain is not None
             # no barrier first: a delta's temp directory is new (after a failed save the next one is
@@ -436,7 +545,9 @@ class FlashCheckpointer:
                 tmp.mkdir(parents=True)
             dist.barrier(group=self.pg)
             writer = FileSystemWriter(tmp, sync_files=False, thread_count=1, overwrite=True)
-            dcp.save(snap, storage_writer=writer, process_group=self.pg)
+            md = dcp.save(snap, storage_writer=writer, process_group=self.pg)
+            if self._touched is not None:  # a differential chain's base: where a fold writes rows
+                layout = base_layout(md, tmp, self.rank, snap)
         mine = {
             p.name: file_entry(p, checksum_block(p.stat().st_size), node=self.node, rank=self.rank)
             if p.suffix == DELTA_SUFFIX
@@ -448,11 +559,13 @@ class FlashCheckpointer:
             head = {"position": json.loads(pos_json), "created_unix": time.time(), **self._plan_fields()}
             if link["kind"] == "full":
                 head["metadata"] = file_entry(tmp / DCP_METADATA, node="*", rank=0)
-        parts = all_gather_json({"files": mine, "head": head}, self.pg)
+        parts = all_gather_json({"files": mine, "head": head, "layout": layout}, self.pg)
         files: dict[str, Any] = {}
         for part in parts:
             files.update(part["files"])
         head = parts[0]["head"]
+        if link["kind"] == "full" and all(part["layout"] is not None for part in parts):
+            head["layout"] = {name: items for part in parts for name, items in part["layout"].items()}
         if "metadata" in head:
             files[DCP_METADATA] = head.pop("metadata")
         body = make_manifest(
@@ -525,6 +638,7 @@ class FlashCheckpointer:
             sent = client.push_replica(
                 self.node, step, src, files, (src / MANIFEST).read_bytes(), self.cfg.keep_memory
             )
+            self.bytes_pushed += sent
         except (PeerError, OSError) as e:
             log.warning(
                 "flash checkpoint: replica of step %d to %s failed (%s); if this node is lost before the "

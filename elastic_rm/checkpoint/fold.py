@@ -1,39 +1,33 @@
-"""Compaction of a differential chain without a full pause: the checkpointer's snapshot buffers follow
-the chain, so that a new base can be written from them in the background.
+"""Compaction of a differential chain, on the writer's side: what the checkpointer needs to fold its
+chain into its base in place (elastic_rm/checkpoint/inplace.py) without a second base in memory.
 
-A full save leaves one copy of each rank's state in the snapshot buffers (elastic_rm/checkpoint/
-snapshot.py). After each delta is committed, its rows are written into those buffers; a delta save also
-copies the dense tensors into them on every rank (a delta file holds them from rank 0 only). The buffers
-then hold the state of the chain's newest step. When a chain's deltas pass the bound, the save takes the
-touched rows like a delta (the step pause of a delta), writes them into the buffers off the step loop and
-saves the buffers with DCP as a full step: the same files a full save of that step writes.
-
-Why the checkpointer's background thread and not the node's checkpoint server: the buffers already hold
-the state in the layout DCP writes, so folding there costs no second copy and no reading back of the
-base; the server runs in the agent, which loads neither torch nor DCP. The peer's replica and the
-durable copy receive the new base like any full step: a fold on the peer would need the state (or the
-old base's DCP files read back into tensors) on a process that has neither.
+The checkpointer's snapshot buffers follow the chain: a full save leaves one copy of each rank's state
+in them, and after each committed delta its rows (and the dense tensors, which a delta save copies into
+them on every rank) are written into them. So they hold the state of the chain's newest step, and the
+new base's checksums are known before the old base is touched: its files are the old base's bytes with
+each tensor's raw bytes replaced by the buffers'. A base save records, in its manifest, where each
+tensor's raw bytes lie in its DCP file (the layout), after checking that they are the buffers' bytes;
+a fold needs that layout, and each dense tensor's delta rows must come from the rank whose file holds
+the tensor (`writers_of`), so that every node folds its own files from its own delta files.
 """
 
 from __future__ import annotations
 
+import mmap
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.distributed._shard.sharded_tensor import ShardedTensor
+from torch.distributed.checkpoint.metadata import Metadata
 
 from elastic_rm.checkpoint.chain import DeltaTake, apply_own_delta
+from elastic_rm.checkpoint.inplace import Item, data_span, entry_of_segments
+from elastic_rm.checkpoint.snapshot import local_pieces
 
-# A fold's pause takes the touched rows by index, which costs more per byte than the full snapshot's plain
-# copy into its buffers; past this share of the tracked tables' rows, the full snapshot pauses less, and it
-# writes the same base.
-FOLD_MAX_TOUCHED = 0.04
-
-
-def fold_by_rows(touched: dict[str, torch.Tensor], tables: dict[str, int]) -> bool:
-    """Should a fold take the touched rows (few of them), rather than snapshot every tensor?"""
-    total = sum(tables.values())
-    return total > 0 and sum(len(touched.get(t, ())) for t in tables) <= FOLD_MAX_TOUCHED * total
+Pieces = dict[tuple[str, tuple[int, ...]], torch.Tensor]
 
 
 @torch.no_grad()
@@ -48,6 +42,100 @@ def copy_dense(buffers: Any, live: Any) -> int:
     return 0
 
 
+@torch.no_grad()
+def clone_dense(live: Any) -> Any:
+    """A copy of every plain tensor of `live`, in its nesting (copy_dense takes it as `live`): a fold's
+    pause keeps the dense state here, and it goes into the buffers only after the chain before it was
+    folded (the fold's checksums are computed from the buffers)."""
+    if isinstance(live, dict):
+        return {k: clone_dense(v) for k, v in live.items()}
+    if isinstance(live, torch.Tensor) and not isinstance(live, ShardedTensor):
+        return live.detach().clone()
+    return None
+
+
 def roll_forward(buffers: dict, take: DeltaTake) -> int:
     """Write a delta's rows (and whole pieces) into the snapshot buffers; returns elements written."""
     return apply_own_delta(buffers, take.pieces)
+
+
+def buffer_pieces(state: Any, path: tuple[str, ...] = ()) -> Pieces:
+    """Every local tensor piece of a state dict by (DCP's flattened key, global offsets)."""
+    out: Pieces = {}
+    if isinstance(state, dict):
+        for k, v in state.items():
+            out.update(buffer_pieces(v, (*path, str(k))))
+    elif isinstance(state, torch.Tensor):
+        for off, t in local_pieces(state):
+            out[(".".join(path), tuple(off))] = t
+    return out
+
+
+def _raw(t: torch.Tensor) -> np.ndarray:
+    return t.detach().reshape(-1).view(torch.uint8).numpy()
+
+
+def base_layout(md: Metadata, step_dir: Path, rank: int, snap: dict) -> dict[str, list[Item]] | None:
+    """Where each tensor of this rank's DCP files of a base lies ([fqn, offsets, sizes, at, nbytes] per
+    file), checked against the snapshot `snap` that DCP wrote; None when a tensor is not a plain
+    contiguous copy of a buffer (that base then cannot be folded in place)."""
+    pieces = buffer_pieces(snap)
+    out: dict[str, list[Item]] = {}
+    for idx, info in md.storage_data.items():
+        if not info.relative_path.startswith(f"__{rank}_"):
+            continue
+        t = pieces.get((idx.fqn, tuple(idx.offset or ())))
+        if t is None or not t.is_contiguous() or info.transform_descriptors:
+            return None
+        try:
+            at, nbytes = data_span(step_dir / info.relative_path, info.offset, info.length)
+        except ValueError:
+            return None
+        raw = _raw(t)
+        if nbytes != raw.nbytes:
+            return None
+        with (
+            open(step_dir / info.relative_path, "rb") as f,
+            mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m,
+        ):
+            stored = np.frombuffer(m, dtype=np.uint8, count=nbytes, offset=at)
+            same = bool(np.array_equal(stored, raw))
+            del stored
+        if not same:
+            return None
+        out.setdefault(info.relative_path, []).append(
+            [idx.fqn, list(idx.offset or ()), list(t.shape), at, nbytes]
+        )
+    return out
+
+
+def writers_of(manifest: dict[str, Any]) -> dict[str, int]:
+    """The rank whose file of the base holds each tensor (by DCP's flattened key)."""
+    out: dict[str, int] = {}
+    for name, items in (manifest.get("layout") or {}).items():
+        for item in items:
+            out[item[0]] = int(manifest["files"][name]["rank"])
+    return out
+
+
+def folded_entry(path: Path, items: list[Item], pieces: Pieces, block: int) -> dict[str, Any]:
+    """The manifest entry `path` (a base's DCP file) will have once each of its tensors holds the
+    buffers' bytes: computed without writing it."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        view = memoryview(m)
+        try:
+
+            def segments() -> Iterator[memoryview]:
+                pos = 0
+                for fqn, offsets, _, at, nbytes in sorted(items, key=lambda it: it[3]):
+                    yield view[pos:at]
+                    raw = _raw(pieces[(fqn, tuple(offsets))])
+                    if raw.nbytes != nbytes:
+                        raise ValueError(f"{path}: {fqn}: the buffers do not match the base's layout")
+                    yield memoryview(raw)
+                    pos = at + nbytes
+                yield view[pos:]
+
+            return entry_of_segments(segments(), block)
+        finally:
+            view.release()

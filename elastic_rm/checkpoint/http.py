@@ -15,6 +15,11 @@
                                                     is published atomically and the replica steps pruned
                                                     to the newest N and the chains they need. A delta
                                                     step whose chain is not held here: 424.
+    POST /v1/replicas/<src>/<step>/fold?keep=N      body: the manifest of `src`'s chain folded into its
+                                                    base at `step`. The replica's chain is folded in
+                                                    place from the deltas held here (inplace.py); a
+                                                    chain not held here: 424; files that do not match
+                                                    the manifest once folded: 422 (the chain is dropped).
 
 Every request needs ``Authorization: Bearer <token>``; without it: 401. Steps are integers, node ids and
 file names plain names (no separators, no '..', no escapes): nothing can leave the node's directory.
@@ -169,6 +174,9 @@ class CheckpointRequestHandler(BaseHTTPRequestHandler):
             if method == "POST" and p[3:] == ["commit"]:
                 keep = _keep(query)
                 store.commit(src, step, self._body(MAX_MANIFEST_BYTES), keep)
+                return self._send_bytes(_OK, "application/json")
+            if method == "POST" and p[3:] == ["fold"]:
+                store.fold(src, step, self._body(MAX_MANIFEST_BYTES), _keep(query))
                 return self._send_bytes(_OK, "application/json")
         raise Refused(404, f"no route for {method} {API}/{'/'.join(p)}")
 

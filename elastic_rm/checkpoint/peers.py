@@ -350,6 +350,17 @@ class PeerClient:
             sent += self._push_step(src, s, d, mine, body, keep)
         return sent
 
+    def fold_replica(self, src: str, step: int, manifest: bytes, keep: int) -> None:
+        """Ask the peer to fold `src`'s replica chain into its base in place, up to `step`, the folded
+        base `manifest` describes (elastic_rm/checkpoint/inplace.py). PeerError when it cannot."""
+        self._request(
+            "POST",
+            f"/replicas/{src}/{step}/fold?keep={keep}",
+            body=manifest,
+            headers={"Content-Type": "application/json"},
+            reuse=True,
+        )
+
     def replica_links(self, src: str) -> dict[int, Link]:
         """The steps this peer holds for `src`, with their manifests' chain fields."""
         body = self._request("GET", f"/replicas/{src}/links", reuse=True)

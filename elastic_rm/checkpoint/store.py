@@ -25,6 +25,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from .inplace import FoldRefused, fold_chain, json_step, recover_fold
 from .manifest import (
     FILE_HASH,
     MANIFEST,
@@ -232,6 +233,7 @@ class CheckpointStore:
         # of other sources wait on it), when this commit may be one to sample (a base, or one after it)
         sample = held_bytes(self.node_dir) if self._may_sample(src, body) else None
         with self._lock:
+            recover_fold(root)  # one this server's crash interrupted: finished (or dropped) first
             pending = self._pending.pop((src, step), None)
             if pending is None and _read_or_none(root / step_dirname(step) / MANIFEST) == body:
                 return
@@ -260,6 +262,26 @@ class CheckpointStore:
             if due > 0:  # after a base and the next `keep` steps a delta only extends the kept chain
                 prune_chains(root, keep)
         log.info("replica of step %d (%s) from %s committed (%d files)", step, link.kind, src, len(pending))
+
+    def fold(self, src: str, step: int, body: bytes, keep: int) -> None:
+        """Fold `src`'s replica chain into its base in place, up to `step` (body: the folded base's
+        manifest, which names the chain). The node directory is sampled first: the chain is at its
+        largest right before a fold. Other replica uploads and commits wait for it (the lock)."""
+        root = self._replica_root(src)
+        if json_step(body) != step:
+            raise Refused(400, f"the fold's manifest is not of step {step}")
+        with self._lock:
+            recover_fold(root)
+            self._peak = max(self._peak, held_bytes(self.node_dir))
+            try:
+                fold_chain(root, body)
+            except FoldRefused as e:
+                raise Refused(424, f"fold of {src}'s replica refused: {e}") from None
+            except (CorruptCheckpointError, OSError, ValueError) as e:
+                recover_fold(root)
+                raise Refused(422, f"fold of {src}'s replica to step {step} failed: {e}") from None
+            prune_chains(root, keep)
+        log.info("replica of %s folded in place into a base at step %d", src, step)
 
     def _may_sample(self, src: str, body: bytes) -> bool:
         """Whether commit() will sample the memory held: a full step (a new base) or one of the steps

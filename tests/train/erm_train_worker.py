@@ -268,6 +268,7 @@ def run_action(w: World, a: dict[str, Any], workdir: Path, res: dict[str, Any]) 
                 "tables_full": stats.tables_full,
                 "memory_peak_bytes": w.ckpt.memory_peak_bytes,  # a blocking save's is final
                 "replicated_everywhere": w.ckpt.replicated_everywhere,
+                "bytes_pushed": w.ckpt.bytes_pushed,  # to the ring peer, since the start
                 "cpu_seconds": dict(w.ckpt.cpu_seconds),  # a blocking save's parts are all counted
             }
         )

@@ -1,0 +1,190 @@
+"""A fold in place stopped at each of its points (an exception, or the process killed) is finished from
+its journal, to the same bytes as an uninterrupted fold, and the folded base restores bit for bit;
+while it is stopped, no reader finds the half-folded base. Real parts: a chain saved by a real gloo
+world with TorchRec tables (base + 3 deltas), folded by the code the checkpointer and the checkpoint
+server run; the restore is the checkpointer's (its start finishes the interrupted fold)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from erm_harness import assemble, assert_bit_exact, run_world
+
+from elastic_rm.checkpoint.inplace import (
+    JOURNAL,
+    FoldRefused,
+    apply_in_place,
+    fold_chain,
+    folded_manifest,
+    hidden_dirname,
+    recover_fold,
+)
+from elastic_rm.checkpoint.manifest import MANIFEST, file_entry
+from elastic_rm.checkpoint.retention import chain, read_links
+from elastic_rm.checkpoint.store import CheckpointStore, Refused
+
+TABLES = [
+    {"name": "t0", "rows": 3000, "dim": 16},
+    {"name": "t1", "rows": 2570, "dim": 16},
+    {"name": "t2", "rows": 2000, "dim": 32},  # column-wise
+    {"name": "t3", "rows": 40, "dim": 16},  # data-parallel: dense
+]
+STEPS = [1, 2, 3, 4]
+STAGES = ["journal", "hidden", "delta", "applied", "manifest", "deltas", "renamed"]
+
+
+class Stop(Exception):
+    pass
+
+
+def spec(actions: list[dict[str, Any]], shm: Path) -> dict[str, Any]:
+    flash = {"memory_root": str(shm), "differential": True, "compact_ratio": 100.0, "keep_memory": 10}
+    return {
+        "tables": TABLES,
+        "optim": "rowwise_adagrad",
+        "data_parallel": ["t3"],
+        "column_wise": {"t2": 8},
+        "phases": [
+            {
+                "world": 1,
+                "nodes": ["n0"],
+                "pinned": {"t0": ["rw"], "t1": ["tw"]},
+                "flash": flash,
+                "actions": actions,
+            }
+        ],
+    }
+
+
+def manifest(d: Path) -> dict[str, Any]:
+    return json.loads((d / MANIFEST).read_bytes())
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A base and three deltas in n0's memory (no fold: compact_ratio is large), the live state of
+    step 4 dumped as "s4"."""
+    work = tmp_path_factory.mktemp("chain")
+    actions: list[dict[str, Any]] = [{"do": "init"}]
+    for step in STEPS:
+        actions += [{"do": "train", "seeds": [step]}, {"do": "save", "step": step, "block": True}]
+    actions.append({"do": "dump", "name": "s4"})
+    results = run_world(1, spec(actions, work / "shm"), work)
+    assert [s["kind"] for s in results[0][0]["saves"]] == ["full", "delta", "delta", "delta"]
+    return work
+
+
+def node_copy(saved: Path, to: Path) -> Path:
+    shutil.copytree(saved / "shm", to / "shm")
+    return to / "shm" / "n0"
+
+
+def fold_body(node: Path, scratch: Path) -> bytes:
+    """The folded base's manifest, as a writer computes it before it touches the base: here from a
+    scratch copy folded first (the checkpointer computes it from its snapshot buffers)."""
+    shutil.copytree(node, scratch)
+    base, top = manifest(scratch / "step-00000001"), manifest(scratch / "step-00000004")
+    deltas = [scratch / f"step-{s:08d}" / "__0_delta.erm" for s in STEPS[1:]]
+    apply_in_place(scratch / "step-00000001", base["layout"], deltas)
+    files = {
+        name: {**base["files"][name], **file_entry(scratch / "step-00000001" / name)}
+        for name in base["layout"]
+    }
+    return folded_manifest(base, top, files)
+
+
+def tree(d: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def reference(saved: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, dict[str, bytes]]:
+    """The fold's manifest and the node directory after an uninterrupted fold."""
+    work = tmp_path_factory.mktemp("reference")
+    node = node_copy(saved, work)
+    body = fold_body(node, work / "scratch")
+    fold_chain(node, body)
+    assert sorted(p.name for p in node.iterdir()) == ["step-00000004"]
+    return body, tree(node)
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_a_fold_stopped_at_each_point_is_finished_to_the_same_bytes(
+    saved: Path, reference: tuple[bytes, dict[str, bytes]], tmp_path: Path, stage: str
+) -> None:
+    body, folded = reference
+    node = node_copy(saved, tmp_path)
+
+    def stop(at: str) -> None:
+        if at == stage:
+            raise Stop(at)
+
+    with pytest.raises(Stop):
+        fold_chain(node, body, on_stage=stop)
+    assert (node / JOURNAL).is_file()
+    links = read_links(node)
+    store = CheckpointStore(node)
+    if stage == "journal":  # nothing touched yet: the old chain is whole
+        assert chain(links, 4) == STEPS
+    elif stage != "renamed":  # the base is hidden: no step restores, no reader finds its files
+        assert 1 not in links and all(chain(links, s) is None for s in links), links
+        assert 1 not in store.listing()["steps"]
+        with pytest.raises(Refused):
+            store.file_path(1, "__0_0.distcp")
+        assert (node / hidden_dirname(1)).is_dir()
+    assert recover_fold(node) == 4
+    assert tree(node) == folded, stage
+
+
+def test_a_fold_killed_mid_rewrite_is_finished_at_start_and_restores_bit_for_bit(
+    saved: Path, reference: tuple[bytes, dict[str, bytes]], tmp_path: Path
+) -> None:
+    """SIGKILL after the first delta was written into the base (a half-folded base): the next
+    checkpointer's start finishes the fold; the restore takes the folded base, step 4, bit for bit."""
+    body, folded = reference
+    node = node_copy(saved, tmp_path)
+    (tmp_path / "body.json").write_bytes(body)
+    code = (
+        "import os, signal, sys\n"
+        "from pathlib import Path\n"
+        "from elastic_rm.checkpoint.inplace import fold_chain\n"
+        "kill = lambda at: os.kill(os.getpid(), signal.SIGKILL) if at == 'delta' else None\n"
+        "fold_chain(Path(sys.argv[1]), Path(sys.argv[2]).read_bytes(), on_stage=kill)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(node), str(tmp_path / "body.json")], check=False)
+    assert proc.returncode == -signal.SIGKILL
+    assert (node / JOURNAL).is_file() and (node / hidden_dirname(1)).is_dir()
+    base_file = node / hidden_dirname(1) / "__0_0.distcp"
+    assert base_file.read_bytes() != folded["step-00000004/__0_0.distcp"]  # half folded
+    restore = [{"do": "restore"}, {"do": "dump", "name": "restored"}]
+    results = run_world(1, spec(restore, tmp_path / "shm"), tmp_path)
+    got = results[0][0]["restores"][0]
+    assert got["step"] == 4 and got["skipped"] == [], got
+    assert tree(node) == folded
+    assert assert_bit_exact(assemble(saved, "s4"), assemble(tmp_path, "restored"), "folded") > 10_000
+
+
+def test_a_fold_the_directory_cannot_carry_out_touches_nothing(saved: Path, tmp_path: Path) -> None:
+    """The peer's server folds a replica only on top of the chain the manifest names: a chain it does
+    not hold (already folded, or another checkpoint) is refused (424: the pusher sends the base)."""
+    body = fold_body(saved / "shm" / "n0", tmp_path / "scratch")
+    store = CheckpointStore(tmp_path / "peer")
+    shutil.copytree(saved / "shm" / "n0", tmp_path / "peer" / "replicas" / "n0")
+    store.fold("n0", 4, body, keep=1)
+    held = tmp_path / "peer" / "replicas" / "n0"
+    assert sorted(p.name for p in held.iterdir()) == ["step-00000004"]
+    before = tree(held)
+    with pytest.raises(Refused) as refused:
+        store.fold("n0", 4, body, keep=1)
+    assert refused.value.code == 424
+    with pytest.raises(FoldRefused):
+        fold_chain(held, body)
+    assert tree(held) == before
+    assert store.listing()["peak_bytes"] > sum(len(b) for b in before.values())
