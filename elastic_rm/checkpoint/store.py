@@ -6,7 +6,8 @@ peers (``replicas/<src>/step-<N>/``). Reads see committed steps only (a manifest
 arrives file by file into ``step-<N>.tmp/``, hashed as it arrives, and is published by one rename only
 when every file matches the manifest; a node pushes one step at a time. A delta step (the rows changed
 since its parent step) is accepted only on top of its chain (its parent, back to its base, each the
-checkpoint it names), and pruning keeps whole chains (retention.py). Uploads are size-limited and
+checkpoint it names), and pruning keeps whole chains (retention.py). A replica chain is folded into its base
+in place on the pusher's request, from the deltas held here (inplace.py). Uploads are size-limited and
 refused when the memory file system lacks the room. A refusal is a :class:`Refused` with the HTTP status
 that says what went wrong.
 """
