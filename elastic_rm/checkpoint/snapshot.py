@@ -24,26 +24,29 @@ def app_state(dmp: DistributedModelParallel, dense_optimizer: torch.optim.Optimi
     fused = dmp.fused_optimizer.state_dict()["state"]
     if fused:
         state["optim"] = fused
-    if dense_optimizer is not None:
-        state["dense_optim"] = dense_optimizer_state(dmp, dense_optimizer)
+    if dense_optimizer is not None:  # the model's state dict once per save: it walks every module
+        state["dense_optim"] = dense_optimizer_state(dmp, dense_optimizer, state["model"])
     return state
 
 
-def _param_names(dmp: DistributedModelParallel) -> dict[int, str]:
+def _param_names(dmp: DistributedModelParallel, model_state: dict[str, Any]) -> dict[int, str]:
     """Parameter -> world-independent name: the model's state-dict key when the parameter is a
     replicated tensor there (data-parallel tables, dense layers), else its DMP parameter name."""
     by_ptr = {
         (t.data_ptr(), tuple(t.shape)): k
-        for k, t in dmp.state_dict().items()
+        for k, t in model_state.items()
         if isinstance(t, torch.Tensor) and not isinstance(t, ShardedTensor)
     }
     return {id(p): by_ptr.get((p.data_ptr(), tuple(p.shape)), n) for n, p in dmp.named_parameters()}
 
 
-def dense_optimizer_state(dmp: DistributedModelParallel, opt: torch.optim.Optimizer) -> dict:
+def dense_optimizer_state(
+    dmp: DistributedModelParallel, opt: torch.optim.Optimizer, model_state: dict[str, Any] | None = None
+) -> dict:
     """The dense optimizer's tensor state keyed by parameter name (torch keys it by position, which
-    is not stable across plans). Lazily created state (e.g. Adam) is created first, see below."""
-    names = _param_names(dmp)
+    is not stable across plans). Lazily created state (e.g. Adam) is created first, see below.
+    `model_state`: dmp.state_dict(), when the caller has it already."""
+    names = _param_names(dmp, dmp.state_dict() if model_state is None else model_state)
     _ensure_state(opt)
     return {
         names[id(p)]: {k: v for k, v in opt.state[p].items() if isinstance(v, torch.Tensor)}
