@@ -268,18 +268,22 @@ class PolicyRun:
             }
         for name, row in out.items():
             row.update(queue_order(name, out))
-            for d in row.get("decisions", ()):
-                if d["kind"] == "round":
-                    d["downtime_s"] = round_downtime(d["t"], row["stalls"])
+            rounds = [d for d in row.get("decisions", ()) if d["kind"] == "round"]
+            for d, later in zip(rounds, [*rounds[1:], None], strict=True):
+                d["downtime_s"] = round_downtime(d["t"], later and later["t"], row["stalls"])
         return out
 
 
-def round_downtime(decided: float, stalls: list[list[float]]) -> float | None:
-    """A round's pause: the first pause between two steps that ends after the round's decision and began
-    at most ROUND_PAUSE_BEGINS_S after it (the drain ends the old world's steps); None for a round that
-    paused no step (the job's first, or a decision that changed nothing that ran)."""
+def round_downtime(decided: float, next_decided: float | None, stalls: list[list[float]]) -> float | None:
+    """A round's pause: the first pause between two steps that began from a step before the round's
+    decision (the drain stops the old world at a step boundary) to ROUND_PAUSE_BEGINS_S after it, and
+    before the next round's decision; None for a round that paused no step for longer than STALL_S (the
+    job's first round, which had no step before it, or a round whose pause was shorter)."""
+    until = decided + ROUND_PAUSE_BEGINS_S
+    if next_decided is not None:
+        until = min(until, next_decided - STEP_S)
     for start, seconds in stalls:
-        if start + seconds > decided and start <= decided + ROUND_PAUSE_BEGINS_S:
+        if decided - STEP_S <= start < until:
             return seconds
     return None
 

@@ -37,10 +37,13 @@ def test_a_job_that_never_started_waited_for_everyone_who_held_nodes():
 
 def test_a_rounds_pause_is_the_gap_in_steps_after_its_decision():
     stalls = [[50.0, 6.0], [120.5, 4.2], [300.0, 5.0]]  # [start, seconds]
-    assert round_downtime(120.0, stalls) == 4.2  # drained 0.5 s after the decision
-    assert round_downtime(119.0, stalls) == 4.2
-    assert round_downtime(200.0, stalls) is None  # no step paused within 30 s of it
-    assert round_downtime(0.0, []) is None
+    assert round_downtime(120.0, None, stalls) == 4.2  # drained 0.5 s after the decision
+    assert round_downtime(121.0, None, stalls) == 4.2  # its last step just before the decision
+    assert round_downtime(200.0, None, stalls) is None  # no step paused within 30 s of it
+    assert round_downtime(0.0, None, []) is None
+    # a job's first round (no step before it) followed 6 s later by a scale-up whose pause it is
+    assert round_downtime(34.0, 40.0, [[40.1, 14.8]]) is None
+    assert round_downtime(40.0, None, [[40.1, 14.8]]) == 14.8
 
 
 def test_the_progress_file_gives_the_pauses(tmp_path: Path):
