@@ -186,3 +186,26 @@ def test_buffers_that_do_not_hold_the_chain_make_the_fold_a_full_save(tmp_path: 
     assert (
         assert_bit_exact(assemble(tmp_path, "s5"), assemble(tmp_path, "restored"), "after prepare") > 10_000
     )
+
+
+def test_a_node_of_two_ranks_folds_both_files_and_dense_state_where_the_base_holds_it(tmp_path: Path) -> None:
+    """Two ranks on one node: its leader folds both ranks' files from both ranks' delta files. The base
+    keeps the data-parallel table and its optimizer state in one rank's file, and that rank's deltas
+    carry them (the base's layout names the writer); the folded chain restores bit for bit."""
+    shm = tmp_path / "shm"
+    flash = {"memory_root": str(shm), "differential": True, "compact_ratio": 1e-9, "keep_memory": 1}
+    one_node = {"nodes": ["n0", "n0"]}
+    restore = [{"do": "restore"}, {"do": "dump", "name": "restored"}]
+    phases = [
+        {**phase(2, trained_saves([1, 2, 3, 4, 5], dump=True), **flash), **one_node},
+        {**phase(2, restore, **flash), **one_node},
+    ]
+    results = run_world(2, spec(phases), tmp_path)
+    assert [s["kind"] for s in results[0][0]["saves"]] == ["full", "delta", "fold", "fold", "fold"]
+    assert sorted(p.name for p in (shm / "n0").iterdir()) == ["step-00000004", "step-00000005"]
+    layout = manifest(shm / "n0", 4)["layout"]
+    dense = {f for f, items in layout.items() for item in items if ".t3." in item[0]}
+    assert len(dense) == 1, layout  # one rank's file holds the data-parallel table
+    restored = results[0][1]["restores"][0]
+    assert restored["step"] == 5 and restored["skipped"] == [], restored
+    assert assert_bit_exact(assemble(tmp_path, "s5"), assemble(tmp_path, "restored"), "one node") > 10_000
