@@ -16,7 +16,11 @@ key above 0, the leader's smaller demand, the launcher's stop of the node, its j
 examples/emulated/train.py: a job's step time follows its speed-up curve in sleep, so 16 nodes fit on 2
 cores. Measured per job: JCT (its
 arrival to its end), queueing (arrival to its first step), node-seconds held (sampled from squeue every
-second); per job the ratio of its JCT under erm launch to its JCT under static. ``erm simulate`` runs the
-same trace (time scaled, curves as ground truth) for the simulator's figure beside it.
+second); per job the ratio of its JCT under erm launch to its JCT under static. What a ratio is made of is
+recorded beside it: per job and policy its nodes over time, the pauses between its steps, the jobs it
+waited for and the order the jobs started in (a later job that started first overtook it: Slurm's
+backfill, or erm launch starting a job on fewer nodes than it asked for), and per erm launch job its
+rounds with their pauses, its demands and its launcher's actions. ``erm simulate`` runs the same trace
+(time scaled, curves as ground truth) for the simulator's figure beside it.
 Targets: live mean JCT <= 0.8x static, no job above 1.10x.
 """

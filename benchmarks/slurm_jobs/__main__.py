@@ -133,7 +133,7 @@ def elastic_command(job: TraceJob, etcd, run_id: str, work: Path) -> str:
 
 class PolicyRun:
     """One policy over the trace on its own cluster: submits each job at its arrival, records its first
-    step, its end, and the nodes Slurm gives it (sampled from squeue)."""
+    step, its end, the pauses between its steps, and the nodes Slurm gives it (sampled from squeue)."""
 
     def __init__(self, policy: str, cluster: SlurmCluster, etcd, root: Path, tag: str, count: int, t0: float):
         self.policy, self.cluster, self.etcd, self.root = policy, cluster, etcd, root
