@@ -76,15 +76,8 @@ from elastic_rm.checkpoint.sources import CheckpointSource, DirectorySource, Htt
 
 log = logging.getLogger(__name__)
 
-CPU_PARTS = (
-    "pause",
-    "fold",
-    "memory",
-    "replicate",
-    "gather",
-    "roll",
-    "persist",
-)  # see FlashCheckpointer.cpu_seconds
+# see FlashCheckpointer.cpu_seconds
+CPU_PARTS = ("pause", "fold", "memory", "replicate", "gather", "roll", "persist")
 
 
 def _default_run_id() -> str:
@@ -220,9 +213,10 @@ class FlashCheckpointer:
     @property
     def memory_peak_bytes(self) -> int:
         """This node directory's bytes at their largest (its own steps, the replicas it keeps, temp
-        directories), on a node's first rank (0 on the others). Sampled right before each publish after
-        which a prune may remove steps (a base's, and the next keep_memory ones: the new files sit beside
-        the old chain), and now; in between a chain only grows, so these are its peaks."""
+        directories), on a node's first rank (0 on the others). Sampled right before each fold (the
+        chain at its largest), right before each publish after which a prune may remove steps (a
+        base's, and the next keep_memory ones: new files may sit beside an old chain), and now; in
+        between a chain only grows, so these are its peaks."""
         if not self.leader:
             return 0
         return max(self._memory_peak, held_bytes(self.node_dir))
@@ -448,15 +442,22 @@ class FlashCheckpointer:
         base, top = chain["base"], chain["parent"]
         base_m, top_m = self._memory_manifest(base), self._memory_manifest(top)
         pieces = buffer_pieces(self._buffers)
-        mine = {}
-        for name, items in base_m["layout"].items():
-            entry = base_m["files"][name]
-            if entry["rank"] == self.rank:
-                path = self.node_dir / step_dirname(base) / name
-                new = folded_entry(path, items, pieces, entry.get("block", BLOCK))
-                mine[name] = {**entry, **new}
+        mine: dict[str, Any] | str = {}
+        try:
+            for name, items in base_m["layout"].items():
+                entry = base_m["files"][name]
+                if entry["rank"] == self.rank:
+                    path = self.node_dir / step_dirname(base) / name
+                    new = folded_entry(path, items, pieces, entry.get("block", BLOCK))
+                    mine[name] = {**entry, **new}
+        except (OSError, ValueError, KeyError) as e:  # every rank hears of it: nothing was touched
+            mine = f"rank {self.rank}: {e}"
+        parts = all_gather_json(mine, self.pg)
+        if any(isinstance(part, str) for part in parts):
+            why = "; ".join(p for p in parts if isinstance(p, str))
+            raise CorruptCheckpointError(f"fold of steps {base}..{top}: {why}")
         files: dict[str, Any] = {}
-        for part in all_gather_json(mine, self.pg):
+        for part in parts:
             files.update(part)
         body = folded_manifest(base_m, top_m, files)
         failed = None
