@@ -6,13 +6,14 @@ the base."""
 
 from __future__ import annotations
 
+import http.client
 import json
 from pathlib import Path
 from typing import Any
 
 from erm_harness import assemble, assert_bit_exact, run_world
 
-from elastic_rm.checkpoint.local_servers import node_servers, peer_lists
+from elastic_rm.checkpoint.local_servers import NodeServer, node_servers, peer_lists
 
 TABLES = [  # a step touches under 1% of the rows
     {"name": "t0", "rows": 3000, "dim": 16},
@@ -129,6 +130,58 @@ def test_node_memory_stays_within_the_bound_at_every_save(tmp_path: Path) -> Non
     peaks = [s["memory_peak_bytes"] for s in saves]
     assert peaks[-1] <= bound, (peaks, base, headers, manifests)
     assert peaks[-1] > base + ratio * base / 2, "the chain never grew near its bound: the test shows nothing"
+
+
+def server_peak(server: NodeServer) -> int:
+    """The node directory's bytes at their largest, as its checkpoint server sampled them."""
+    host, port = server.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        conn.request("GET", "/v1/steps", headers={"Authorization": f"Bearer {server.token}"})
+        return int(json.loads(conn.getresponse().read())["peak_bytes"])
+    finally:
+        conn.close()
+
+
+def test_two_nodes_with_replicas_stay_within_the_bound_over_several_folds(tmp_path: Path) -> None:
+    """Two nodes, each holding its own chain and its peer's replica, over several folds: each node
+    directory's bytes at their largest, as its checkpointer and its checkpoint server sampled them,
+    stay within (1 + compact_ratio) times the two bases it holds, plus delta headers and manifests."""
+    ratio = 0.05
+    shm, durable = tmp_path / "shm", tmp_path / "durable"
+    flash = {
+        "memory_root": str(shm),
+        "durable_dir": str(durable),
+        "differential": True,
+        "compact_ratio": ratio,
+        "keep_memory": 1,
+        "keep_durable": 100,  # every manifest stays, for the sizes
+        "replicate": True,
+    }
+    nodes = ["n0", "n1"]
+    steps = list(range(1, 21))
+    with node_servers(shm, nodes) as s:
+        phases = [{**phase(2, trained_saves(steps), **flash), "peers": peer_lists(s, nodes)}]
+        results = run_world(2, spec(phases), tmp_path)
+        server_peaks = {n: server_peak(s[n]) for n in nodes}
+    saves = [results[r][0]["saves"] for r in range(2)]
+    kinds = [x["kind"] for x in saves[0]]
+    assert kinds.count("fold") >= 2 and "full" not in kinds[1:], kinds
+    base = manifest(durable, 1)  # every base of the run has the same files' sizes
+    base_bytes = sum(e["size"] for e in base["files"].values())
+    headers, manifests = 0, 0
+    for step in steps:
+        m = manifest(durable, step)
+        manifests = max(manifests, (durable / f"step-{step:08d}" / "manifest.json").stat().st_size)
+        if m.get("kind") == "delta":
+            payload = sum(saves[r][step - 1]["bytes"] for r in range(2))
+            headers = max(headers, sum(e["size"] for e in m["files"].values()) - payload)
+    # a node holds its own files of the base and its peer's, that is one whole base's bytes
+    bound = (1 + ratio) * base_bytes + headers + 2 * len(steps) * manifests
+    for r, node in enumerate(nodes):
+        peak = max(saves[r][-1]["memory_peak_bytes"], server_peaks[node])
+        assert peak <= bound, (node, peak, bound, base_bytes, headers, manifests)
+        assert peak > base_bytes + ratio * base_bytes / 2, "the chains never grew near their bound"
 
 
 def test_the_peer_holds_the_folded_chain_and_a_new_node_restores_from_it(tmp_path: Path) -> None:
