@@ -269,8 +269,9 @@ class PolicyRun:
         for name, row in out.items():
             row.update(queue_order(name, out))
             rounds = [d for d in row.get("decisions", ()) if d["kind"] == "round"]
-            for d, later in zip(rounds, [*rounds[1:], None], strict=True):
-                d["downtime_s"] = round_downtime(d["t"], later and later["t"], row["stalls"])
+            for i, d in enumerate(rounds):
+                later = rounds[i + 1]["t"] if i + 1 < len(rounds) else None
+                d["downtime_s"] = round_downtime(d["t"], later, row["stalls"])
         return out
 
 

@@ -81,3 +81,22 @@ def test_decisions_keep_rounds_demands_and_launcher_actions_in_order():
     assert out[0] == {"t": 1.0, "kind": "launch", "action": "submit", "node": "b1", "job": "7"}
     assert out[4] == {"t": 60.0, "kind": "round", "round": 1, "nodes": 3, "reason": "scale up 1 -> 3"}
     assert out[3]["waiting_nodes"] == 5 and out[2]["nodes"] == 3
+
+
+def test_rows_of_a_static_job_and_of_an_elastic_one(tmp_path: Path):
+    """rows() as the benchmark calls it: a static job has no decisions; an elastic one's rounds get their
+    pauses."""
+    run = PolicyRun("elastic", None, None, tmp_path, "0", 2, t0=1000.0)
+    base = {"rc": 0, "node_s": 10.0, "max_nodes": 2, "submit_lag_s": 0.0, "last_step": None}
+    run.jobs["a"] = {**base, "arrival": 1000.0, "start": 1010.0, "end": 1100.0, "sizes": [[5.0, 2]]}
+    run.jobs["a"]["stalls"] = []
+    run.jobs["b"] = {**base, "arrival": 1020.0, "start": 1030.0, "end": 1200.0, "sizes": [[25.0, 1]]}
+    run.jobs["b"]["stalls"] = [[60.5, 4.0]]
+    run.jobs["b"]["decisions"] = [
+        {"t": 29.0, "kind": "round", "round": 1, "nodes": 1, "reason": "first round"},
+        {"t": 60.0, "kind": "round", "round": 2, "nodes": 2, "reason": "scale up 1 -> 2"},
+    ]
+    rows = run.rows()
+    assert "decisions" not in rows["a"] and rows["a"]["jct_s"] == 100.0 and rows["a"]["start_s"] == 10.0
+    assert [d["downtime_s"] for d in rows["b"]["decisions"]] == [None, 4.0]
+    assert rows["b"]["waited_for"] == ["a"] and rows["b"]["overtaken_by"] == []
