@@ -99,6 +99,7 @@ class PlannerPolicy:
             cfg.straggler_k,
             cfg.round_warmup_s,
             straggler_min_share=cfg.straggler_min_share,
+            learn_warmup_s=3 * cfg.profile_window_s,  # a rise later in a round is the data, not a warm-up
         )
         fresh = state.last_sample_at == snapshot.now and prev_sample != snapshot.now
         if (snapshot.waiting_nodes or 0) > 0:  # the cluster queues (None: unknown, as not)

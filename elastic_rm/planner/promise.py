@@ -40,8 +40,10 @@ from .state import PlannerState
 
 def round_cost(cfg: PlannerConfig, state: PlannerState) -> float:
     """What one round costs this job: the largest of its recent measured downtimes, or the configured
-    estimate before any round was measured."""
-    return max(state.downtimes) if state.downtimes else cfg.round_cost_s
+    estimate before any round was measured, plus the steady training a slow warm-up of its rounds was
+    seen to cost (state.drop_warmup)."""
+    down = max(state.downtimes) if state.downtimes else cfg.round_cost_s
+    return down + state.warmup_loss_s
 
 
 def horizon(cfg: PlannerConfig, state: PlannerState, now: float) -> float:

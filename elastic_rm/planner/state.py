@@ -99,6 +99,10 @@ class PlannerState:
     moved_from: tuple = ()
     bad_worlds: frozenset[int] = frozenset()
     explored_s: float = 0.0
+    # a slow warm-up the run's rounds showed (see drop_warmup): how long after every member stepped the
+    # rate stopped rising, and the seconds of steady training it cost; 0 until one showed
+    warmup_s: float = 0.0
+    warmup_loss_s: float = 0.0
 
 
 def node_capacity(node: NodeView) -> float:
@@ -169,11 +173,14 @@ def observe(
     warmup_s: float = 0.0,
     clean_apart: bool = True,
     straggler_min_share: float = 0.0,
+    learn_warmup_s: float = 0.0,
 ) -> PlannerState:
     """Record one sample per node and one job-level step time, at most once per interval.
 
     Job-level step times are recorded only ``warmup_s`` after every member first reported steps in this
-    round (and not in the round's first interval), so each configuration is judged on steady steps only.
+    round (and not in the round's first interval), so each configuration is judged on steady steps only;
+    with ``learn_warmup_s`` > 0, at least as long as the run's rounds were seen to warm up, up to that
+    long (drop_warmup).
     """
     now = snapshot.now
     cur = snapshot.current
@@ -207,7 +214,8 @@ def observe(
         if all(m in nodes and nodes[m][-1].t == now for m in cur.members):
             began = cur.decided_at if cur.decided_at > 0 else new.round_seen_at
             new = replace(new, round_active_at=now, downtimes=(new.downtimes + (max(now - began, 0.0),))[-4:])
-    if cur and cur.members and now - new.round_seen_at >= sample_interval_s and warmed_up(new, now, warmup_s):
+    warm = max(warmup_s, new.warmup_s) if learn_warmup_s > 0 else warmup_s
+    if cur and cur.members and now - new.round_seen_at >= sample_interval_s and warmed_up(new, now, warm):
         latest = [nodes[m][-1] for m in cur.members if m in nodes]
         if len(latest) == len(cur.members) and all(s.t == now for s in latest):
             tp = sum(s.samples_per_s for s in latest)
@@ -219,8 +227,34 @@ def observe(
                 bar = slow_bar(ref, step_times(latest), straggler_k, straggler_min_share)
                 clean = not any(s.throttled for s in latest) and max(busy) <= bar
                 cs = ConfigSample(now, cur.number, len(cur.members), cap, batch / tp, clean)
+                if learn_warmup_s > 0 and clean:
+                    new = drop_warmup(new, cs, learn_warmup_s)
                 new = replace(new, configs=keep_configs(new.configs + (cs,), clean_apart=clean_apart))
     return new
+
+
+WARMUP_JUMP = 1.6  # a round's rate this much above all its earlier samples: a warm-up, not noise
+
+
+def drop_warmup(state: PlannerState, cs: ConfigSample, longest_s: float) -> PlannerState:
+    """A round whose earlier samples were all slower than ``cs`` by more than WARMUP_JUMP, within
+    ``longest_s`` of its start, was warming up (caches, input pipelines, compilation: minutes at a
+    fraction of the pace): those samples are not the size's rate. They are dropped, and the run learns how
+    long its rounds warm up (later rounds are sampled only after that) and what a warm-up costs
+    (promise.round_cost counts it in every round). A rise later in a round is the job changing (its data),
+    not a warm-up: nothing is dropped."""
+    before = [c for c in state.configs if c.round == cs.round and c.clean]
+    took = max(cs.t - state.round_active_at, 0.0)
+    if not before or took > longest_s or any(c.step_s <= WARMUP_JUMP * cs.step_s for c in before):
+        return state
+    slow = statistics.median(c.step_s for c in before)
+    loss = took * (1 - cs.step_s / slow)
+    return replace(
+        state,
+        configs=tuple(c for c in state.configs if not (c.round == cs.round and c.clean)),
+        warmup_s=max(state.warmup_s, took),
+        warmup_loss_s=max(state.warmup_loss_s, loss),
+    )
 
 
 def keep_configs(
