@@ -487,7 +487,7 @@ class FlashCheckpointer:
             client = self._peer_clients.get(endpoint)
             if client is None:
                 client = self._peer_clients[endpoint] = PeerClient(endpoint, self.cfg.peer_timeout_s)
-            client.fold_replica(self.node, step, body, self.cfg.keep_memory)
+            client.fold_replica(self.node, step, body, self.cfg.keep_memory, self.cfg.timeout_s)
             self.last_replicated = step
         except (PeerError, OSError) as e:
             log.info(

@@ -167,14 +167,19 @@ class PeerClient:
         body: Any = None,
         headers: dict[str, str] | None = None,
         reuse: bool = False,
+        timeout_s: float | None = None,
     ) -> bytes:
         """A whole small response body; PeerError on any failure (404 included, with status 404).
 
         ``reuse``: send it on the connection this client keeps open (replica pushes: a checkpoint at
         every step would otherwise pay a TCP connect, and a server thread, per request). A kept
         connection the server has closed meanwhile (its idle timeout) is opened again once, for a
-        body that can be sent again (bytes, none, or a file: sent again from its start)."""
-        conn = self._kept if reuse and self._kept is not None else self._conn()
+        body that can be sent again (bytes, none, or a file: sent again from its start).
+        ``timeout_s``: this request's bound per socket operation, on a connection of its own (a request
+        whose answer takes long to come, such as a fold)."""
+        conn = self._kept if reuse and self._kept is not None and timeout_s is None else self._conn()
+        if timeout_s is not None:
+            conn.timeout = timeout_s  # not connected yet: the socket takes it
         stale_ok = conn is self._kept and (not hasattr(body, "read") or hasattr(body, "seek"))
         try:
             try:
@@ -350,15 +355,17 @@ class PeerClient:
             sent += self._push_step(src, s, d, mine, body, keep)
         return sent
 
-    def fold_replica(self, src: str, step: int, manifest: bytes, keep: int) -> None:
+    def fold_replica(self, src: str, step: int, manifest: bytes, keep: int, timeout_s: float) -> None:
         """Ask the peer to fold `src`'s replica chain into its base in place, up to `step`, the folded
-        base `manifest` describes (elastic_rm/checkpoint/inplace.py). PeerError when it cannot."""
+        base `manifest` describes (elastic_rm/checkpoint/inplace.py). PeerError when it cannot. The
+        answer comes once the fold is done (a pass over the replica's base): `timeout_s` bounds the
+        wait, not the client's per-operation timeout."""
         self._request(
             "POST",
             f"/replicas/{src}/{step}/fold?keep={keep}",
             body=manifest,
             headers={"Content-Type": "application/json"},
-            reuse=True,
+            timeout_s=timeout_s,
         )
 
     def replica_links(self, src: str) -> dict[int, Link]:
