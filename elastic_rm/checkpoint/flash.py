@@ -149,6 +149,14 @@ class SaveStats:
     tables_full: list[str] = field(default_factory=list)  # tables a delta copied whole (state not by row)
 
 
+def _bytes_by_node(manifest: dict[str, Any]) -> dict[str, int]:
+    """The bytes of a step's files each node holds (its own files and those of node "*")."""
+    entries = manifest["files"].values()
+    nodes = sorted({e["node"] for e in entries if e["node"] != "*"} | set(manifest.get("nodes") or ()))
+    shared = sum(e["size"] for e in entries if e["node"] == "*")
+    return {n: shared + sum(e["size"] for e in entries if e["node"] == n) for n in nodes}
+
+
 class FlashCheckpointer:
     """Create after the DMP (collective: every rank calls it). See docs/train.md for the step loop."""
 
@@ -333,20 +341,27 @@ class FlashCheckpointer:
         return "delta"
 
     def _delta_or_fold(self, nbytes: int) -> str:
-        """ "delta", or "fold" when this delta would take the chain's deltas past compact_ratio x its
-        base: the chain so far is then folded into its base in place before this delta is written on
-        top, so node memory never holds more than the base and deltas within the bound. A fold needs
-        the base's layout and every rank's snapshot buffers holding the chain's newest step; without
-        them (after prepare()) the save is "full" (a new base beside the chain). A delta that alone
-        passes the bound on a chain without deltas is written; the next save folds. One gather of
-        every rank's delta size: all ranks decide alike."""
+        """ "delta", or "fold" when this delta would take any node's deltas past compact_ratio x that
+        node's own files of the base: the chain so far is then folded into its base in place before
+        this delta is written on top, so no node's memory holds more than its base and deltas within
+        the bound (with skewed tables one node's deltas grow much faster than the others', so a bound
+        on the whole chain would not bound each node). A fold needs the base's layout and every rank's
+        snapshot buffers holding the chain's newest step; without them (after prepare()) the save is
+        "full" (a new base beside the chain). A delta that alone passes the bound on a chain without
+        deltas is written; the next save folds. One gather of every rank's delta size: all ranks
+        decide alike."""
         c = self._chain
         assert c is not None
         ready = self._buffers is not None and self._rolled == c["parent"]
         parts = all_gather_json([nbytes, ready], self.pg)
-        if c["delta_bytes"] == 0 or c["delta_bytes"] + sum(n for n, _ in parts) <= (
-            self.cfg.compact_ratio * c["base_bytes"]
-        ):
+        if len(c["steps"]) < 2:
+            return "delta"
+        grown = dict(c["delta_bytes"])
+        for rank, (n, _) in enumerate(parts):
+            node = self.rank_nodes[rank]
+            grown[node] = grown.get(node, 0) + n
+        ratio = self.cfg.compact_ratio
+        if all(n <= ratio * c["base_bytes"].get(node, 0) for node, n in grown.items()):
             return "delta"
         return "fold" if c.get("layout") and all(r for _, r in parts) else "full"
 
@@ -412,8 +427,9 @@ class FlashCheckpointer:
 
     @staticmethod
     def _extended(chain: dict[str, Any] | None, manifest: dict[str, Any]) -> dict[str, Any]:
-        """The chain after committing `manifest`: a new one for a full step."""
-        size = sum(e["size"] for e in manifest["files"].values())
+        """The chain after committing `manifest`: a new one for a full step. Its bytes are counted by
+        node (a file of node "*" is held on every node): the fold's bound is each node's."""
+        size = _bytes_by_node(manifest)
         link = {"parent": manifest["step"], "parent_sha256": manifest["manifest_sha256"]}
         if manifest.get("kind") != "delta" or chain is None:
             return {
@@ -421,7 +437,7 @@ class FlashCheckpointer:
                 "base": manifest["step"],
                 "base_sha256": manifest["manifest_sha256"],
                 "base_bytes": size,
-                "delta_bytes": 0,
+                "delta_bytes": dict.fromkeys(size, 0),
                 "steps": [[manifest["step"], manifest["manifest_sha256"]]],
                 "layout": manifest.get("layout"),  # where a fold in place writes the rows
                 "writers": writers_of(manifest),
@@ -429,7 +445,7 @@ class FlashCheckpointer:
         return {
             **chain,
             **link,
-            "delta_bytes": chain["delta_bytes"] + size,
+            "delta_bytes": {n: chain["delta_bytes"].get(n, 0) + size.get(n, 0) for n in chain["base_bytes"]},
             "steps": [*chain["steps"], [manifest["step"], manifest["manifest_sha256"]]],
         }
 
