@@ -387,8 +387,16 @@ class FlashCheckpointer:
 
         try:
             if kind == "fold":  # the chain so far becomes its base, in place; this delta goes on top
-                assert chain is not None
-                chain = self._fold(chain)
+                assert chain is not None and isinstance(snap, DeltaTake) and self._buffers is not None
+                try:
+                    chain = self._fold(chain)
+                except CorruptCheckpointError as e:  # every rank hears of it through the gathers
+                    # the buffers hold the chain's newest step: with this delta's rows they hold this
+                    # step, written as a new base (the chain, or what of it a refused fold kept, stays)
+                    log.warning("flash checkpoint: step %d is saved in full: %s", step, e)
+                    chain = None
+                    roll_forward(self._buffers, snap)
+                    snap, kind = self._buffers, "full"
                 if dense is not None:
                     copy_dense(self._buffers, dense)
                 spent("fold")

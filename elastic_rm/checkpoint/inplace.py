@@ -186,6 +186,84 @@ def _planned_writes(
     return out
 
 
+def _check_layout(m: dict[str, Any]) -> dict[str, list[Item]]:
+    """The fold manifest's layout, checked like its file names: each name a plain file name of the
+    manifest's `files` (a layout cannot make a fold write outside its directory), each item
+    [fqn, offsets, sizes, at, nbytes] with integers where they belong. FoldRefused otherwise."""
+    layout, files = m.get("layout"), m.get("files")
+    if not isinstance(layout, dict) or not isinstance(files, dict):
+        raise FoldRefused("the fold manifest has no layout")
+
+    def ints(v: Any) -> bool:
+        return isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+
+    for name, items in layout.items():
+        if not name or "/" in name or "\\" in name or name in (".", "..") or name not in files:
+            raise FoldRefused(f"the fold manifest's layout names {name!r}, not a file of its manifest")
+        if not isinstance(items, list):
+            raise FoldRefused(f"the fold manifest's layout of {name}: not a list")
+        for item in items:
+            if not (
+                isinstance(item, list)
+                and len(item) == 5
+                and isinstance(item[0], str)
+                and ints(item[1])
+                and ints(item[2])
+                and ints(item[3:])
+                and min(item[3:]) >= 0
+            ):
+                raise FoldRefused(f"the fold manifest's layout of {name}: malformed item {item!r:.200}")
+    return layout
+
+
+def _index(base_dir: Path, layout: dict[str, list[Item]]) -> dict[Any, tuple[str, int, int, list[int]]]:
+    """Where each tensor piece of the base's files that `base_dir` holds lies; FoldRefused when an
+    item does not fit in its file."""
+    index = {}
+    for name, items in layout.items():
+        path = base_dir / name
+        if path.is_file():
+            size = path.stat().st_size
+            for fqn, offsets, sizes, at, nbytes in items:
+                if at + nbytes > size:
+                    raise FoldRefused(f"{path}: {fqn} at {at}+{nbytes} lies past the file's end ({size})")
+                index[(fqn, tuple(offsets))] = (name, at, nbytes, list(sizes))
+    return index
+
+
+def _checked_plan(
+    index: dict[Any, Any], delta: Path
+) -> list[tuple[str, int, int, list[int], dict[str, Any]]]:
+    """The writes of `delta` into the base, with every row index and size checked against the base's
+    layout (CorruptCheckpointError naming the delta otherwise): nothing is written before every
+    delta's plan is known to fit."""
+    import numpy as np  # the agent's server folds too; numpy only when it does
+
+    plan = _planned_writes(index, delta)
+    _, data_at = _delta_header(delta)
+    size = delta.stat().st_size
+    with open(delta, "rb") as f:
+        for _, _, nbytes, sizes, e in plan:
+            key = ".".join(e["key"])
+            lo, n = data_at + e["data"][0], e["data"][1]
+            if lo < data_at or n < 0 or lo + n > size:
+                raise CorruptCheckpointError(f"{delta}: {key}: its data lies outside the file")
+            if e["rows"] is None:
+                if n != nbytes:
+                    raise CorruptCheckpointError(f"{delta}: {key}: size differs from the base's")
+                continue
+            count = e["shape"][0]
+            row = nbytes // max(1, sizes[0])
+            r0 = data_at + e["rows"][0]
+            if n != count * row or r0 < data_at or r0 + 8 * count > size:
+                raise CorruptCheckpointError(f"{delta}: {key}: its rows do not match its data")
+            f.seek(r0)
+            rows = np.frombuffer(f.read(8 * count), dtype=np.int64) - e["offsets"][0]
+            if count and (rows.min() < 0 or rows.max() >= sizes[0]):
+                raise CorruptCheckpointError(f"{delta}: {key}: rows out of the base")
+    return plan
+
+
 def apply_in_place(
     base_dir: Path, layout: dict[str, list[Item]], deltas: list[Path], on_stage: Stage | None = None
 ) -> int:
@@ -194,12 +272,8 @@ def apply_in_place(
     after each delta file."""
     import numpy as np  # the agent's server folds too; numpy only when it does
 
-    index = {}
-    for name, items in layout.items():
-        if (base_dir / name).is_file():
-            for fqn, offsets, sizes, at, nbytes in items:
-                index[(fqn, tuple(offsets))] = (name, at, nbytes, list(sizes))
-    plans = [(d, _planned_writes(index, d)) for d in deltas]
+    index = _index(base_dir, layout)
+    plans = [(d, _checked_plan(index, d)) for d in deltas]
     written = 0
     files = {name for _, plan in plans for name, *_ in plan}
     opened = {n: open(base_dir / n, "r+b") for n in sorted(files)}
@@ -244,6 +318,32 @@ def _delta_paths(directory: Path, steps: list[int]) -> list[Path]:
     return out
 
 
+def _checked_deltas(directory: Path, base: dict[str, Any], steps: list[int]) -> list[Path]:
+    """The delta files of `steps` this directory must hold (those of the nodes whose files of the
+    base it holds), each checked against its own manifest's size and checksum. FoldRefused naming
+    the first that is missing or differs: checked before the base is touched."""
+    base_dir = directory / step_dirname(base["step"])
+    held = {
+        e.get("node") for n, e in base["files"].items() if e.get("node") != "*" and (base_dir / n).is_file()
+    }
+    out = []
+    for s in steps:
+        d = directory / step_dirname(s)
+        files = parse_manifest((d / MANIFEST).read_bytes(), str(d / MANIFEST))["files"]
+        for name in sorted(files):
+            e = files[name]
+            if not name.endswith(".erm") or e.get("node") not in held:
+                continue
+            path = d / name
+            if not path.is_file():
+                raise FoldRefused(f"{path}: a delta of the chain is missing")
+            got = file_entry(path, e.get("block", BLOCK))
+            if got["size"] != e.get("size") or got[FILE_HASH] != e.get(FILE_HASH):
+                raise FoldRefused(f"{path}: the delta does not match its manifest (corrupt)")
+            out.append(path)
+    return out
+
+
 def folded_manifest(base: dict[str, Any], top: dict[str, Any], files: dict[str, Any]) -> bytes:
     """The manifest of the base `base` (a parsed manifest) folded up to the delta `top`: a full step
     of top's step and training position, with the folded files' entries `files` (every node's), and
@@ -274,10 +374,14 @@ def fold_chain(directory: Path, body: bytes, on_stage: Stage | None = None) -> N
     the broken base; the chain is lost here, the other copies still hold it). `on_stage` is called
     between the steps (tests stop a fold there)."""
     stage = on_stage or (lambda _: None)
-    m = parse_manifest(body, f"fold manifest of step {json_step(body)}")
+    try:
+        m = parse_manifest(body, f"fold manifest of step {json_step(body)}")
+    except CorruptCheckpointError as e:
+        raise FoldRefused(str(e)) from None
     f = m.get("folded")
-    if not isinstance(f, dict) or not isinstance(m.get("layout"), dict):
-        raise FoldRefused("the manifest names no folded chain or no layout")
+    if not isinstance(f, dict):
+        raise FoldRefused("the manifest names no folded chain")
+    layout = _check_layout(m)
     top, base = m["step"], f.get("base")
     links = read_links(directory)
     steps = chain(links, top) if top in links else None
@@ -289,6 +393,19 @@ def fold_chain(directory: Path, body: bytes, on_stage: Stage | None = None) -> N
         or links[top].sha != f.get("top_sha256")
     ):
         raise FoldRefused(f"{directory} does not hold the chain of step {top} on base {base}")
+    # every check before the base is touched: a delta that does not match its manifest, or a plan
+    # that does not fit the base, refuses the fold here and leaves the chain restorable
+    base_dir = directory / step_dirname(base)
+    try:
+        base_m = parse_manifest((base_dir / MANIFEST).read_bytes(), str(base_dir / MANIFEST))
+        deltas = _checked_deltas(directory, base_m, steps[1:])
+        index = _index(base_dir, layout)
+        for d in deltas:
+            _checked_plan(index, d)
+    except CorruptCheckpointError as e:
+        raise FoldRefused(str(e)) from None
+    except (OSError, KeyError, IndexError, TypeError, ValueError) as e:
+        raise FoldRefused(f"{directory}: fold of step {top} cannot be planned: {e!r}") from None
     journal = {"v": 1, "base": base, "top": top, "steps": steps, "manifest": body.decode()}
     write_file(directory / JOURNAL, json.dumps(journal).encode(), sync=False)
     stage("journal")
@@ -313,7 +430,7 @@ def _finish(directory: Path, journal: dict[str, Any], stage: Stage) -> None:
     if hidden.is_dir():
         if (hidden / MANIFEST).read_bytes() != body:
             new = parse_manifest(body, f"fold of step {top}")
-            apply_in_place(hidden, new["layout"], _delta_paths(directory, steps[1:]), stage)
+            apply_in_place(hidden, _check_layout(new), _delta_paths(directory, steps[1:]), stage)
             stage("applied")
             for name, e in new["files"].items():
                 if (hidden / name).is_file() and name != MANIFEST and e.get("node") != "*":
@@ -352,7 +469,16 @@ def recover_fold(directory: Path) -> int | None:
         _finish(directory, journal, lambda _: None)
         log.info("finished the interrupted fold of step %s in %s", journal["top"], directory)
         return int(journal["top"])
-    except (CorruptCheckpointError, OSError, ValueError, KeyError, TypeError) as e:
+    except (
+        CorruptCheckpointError,
+        FoldRefused,
+        OSError,
+        ValueError,
+        KeyError,
+        IndexError,
+        TypeError,
+        AttributeError,
+    ) as e:
         log.warning("dropping an interrupted fold in %s that cannot be finished: %s", directory, e)
         if isinstance(journal, dict) and isinstance(journal.get("base"), int):
             shutil.rmtree(directory / hidden_dirname(journal["base"]), ignore_errors=True)

@@ -26,7 +26,7 @@ from elastic_rm.checkpoint.inplace import (
     hidden_dirname,
     recover_fold,
 )
-from elastic_rm.checkpoint.manifest import MANIFEST, file_entry
+from elastic_rm.checkpoint.manifest import MANIFEST, file_entry, make_manifest
 from elastic_rm.checkpoint.retention import chain, read_links
 from elastic_rm.checkpoint.store import CheckpointStore, Refused
 
@@ -188,3 +188,129 @@ def test_a_fold_the_directory_cannot_carry_out_touches_nothing(saved: Path, tmp_
         fold_chain(held, body)
     assert tree(held) == before
     assert store.listing()["peak_bytes"] > sum(len(b) for b in before.values())
+
+
+def flip_last_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_a_corrupt_delta_refuses_the_fold_naming_it_and_the_chain_stays_restorable(
+    saved: Path, tmp_path: Path
+) -> None:
+    """Every delta is checked against its own manifest before the base is touched: one flipped byte in
+    the newest delta refuses the fold with an error naming that file; the directory is as it was
+    (no journal, the base where it was), so the chain up to the step before it still restores."""
+    node = node_copy(saved, tmp_path)
+    body = fold_body(node, tmp_path / "scratch")
+    bad = node / "step-00000004" / "__0_delta.erm"
+    flip_last_byte(bad)
+    before = tree(node)
+    with pytest.raises(FoldRefused, match=str(bad)):
+        fold_chain(node, body)
+    assert tree(node) == before and not (node / JOURNAL).exists()
+    assert recover_fold(node) is None and tree(node) == before
+    assert chain(read_links(node), 3) == [1, 2, 3]
+
+
+def test_the_peer_refuses_a_fold_of_a_corrupt_replica_and_touches_nothing(
+    saved: Path, tmp_path: Path
+) -> None:
+    """The same on the peer's side: a replica whose delta does not match its manifest is refused (424:
+    the pusher sends a base) with nothing touched, not dropped."""
+    body = fold_body(saved / "shm" / "n0", tmp_path / "scratch")
+    held = tmp_path / "peer" / "replicas" / "n0"
+    shutil.copytree(saved / "shm" / "n0", held)
+    flip_last_byte(held / "step-00000003" / "__0_delta.erm")
+    before = tree(held)
+    with pytest.raises(Refused) as refused:
+        CheckpointStore(tmp_path / "peer").fold("n0", 4, body, keep=1)
+    assert refused.value.code == 424 and "step-00000003/__0_delta.erm" in str(refused.value)
+    assert tree(held) == before
+
+
+def forged(body: bytes, change: Any) -> bytes:
+    """`body` with its fields changed by `change` and its self-checksum recomputed (anyone can)."""
+    doc = json.loads(body)
+    for k in ("v", "format", "manifest_sha256"):
+        doc.pop(k)
+    change(doc)
+    return make_manifest(doc)
+
+
+def test_a_fold_layout_naming_a_file_outside_the_replica_is_refused(saved: Path, tmp_path: Path) -> None:
+    """A fold manifest's layout is checked like its file names: a name that leaves the replica
+    directory (or is no file of the manifest) is refused, and the file it names is never opened."""
+    body = fold_body(saved / "shm" / "n0", tmp_path / "scratch")
+    peer = tmp_path / "a" / "b" / "c" / "peer"
+    held = peer / "replicas" / "n0"
+    shutil.copytree(saved / "shm" / "n0", held)
+    victim = tmp_path / "victim.bin"
+    shutil.copy(held / "step-00000001" / "__0_0.distcp", victim)
+    original = victim.read_bytes()
+    before = tree(held)
+
+    def escape(doc: dict[str, Any]) -> None:
+        doc["layout"]["../../../../../../../victim.bin"] = doc["layout"].pop("__0_0.distcp")
+
+    with pytest.raises(Refused) as refused:
+        CheckpointStore(peer).fold("n0", 4, forged(body, escape), keep=1)
+    assert refused.value.code == 424 and "victim.bin" in str(refused.value)
+    assert victim.read_bytes() == original and tree(held) == before
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda d: d["layout"]["__0_0.distcp"].append(["t", [0]]),  # an item too short
+        lambda d: d["layout"]["__0_0.distcp"][0].__setitem__(3, "0"),  # an offset that is no integer
+        lambda d: d["layout"].__setitem__("__0_0.distcp", 7),  # a file's items that are no list
+        lambda d: d["layout"]["__0_0.distcp"][0].__setitem__(3, 1 << 40),  # past the file's end
+        lambda d: d.__setitem__("folded", {"base": [1]}),  # a base that is no step
+        lambda d: d.__setitem__("layout", [1, 2]),
+    ],
+)
+def test_a_malformed_fold_manifest_is_refused_and_leaves_no_journal(
+    saved: Path, tmp_path: Path, change: Any
+) -> None:
+    """A malformed fold body is a clear refusal (424), never a server error that leaves a journal
+    behind: the next commit of that source is not blocked by it."""
+    body = fold_body(saved / "shm" / "n0", tmp_path / "scratch")
+    held = tmp_path / "peer" / "replicas" / "n0"
+    shutil.copytree(saved / "shm" / "n0", held)
+    before = tree(held)
+    store = CheckpointStore(tmp_path / "peer")
+    with pytest.raises(Refused) as refused:
+        store.fold("n0", 4, forged(body, change), keep=1)
+    assert refused.value.code == 424, refused.value
+    assert tree(held) == before and not (held / JOURNAL).exists()
+    store.fold("n0", 4, body, keep=1)  # the good fold goes on
+    assert sorted(p.name for p in held.iterdir()) == ["step-00000004"]
+
+
+def test_a_save_whose_fold_is_refused_is_written_in_full_and_restores(tmp_path: Path) -> None:
+    """The checkpointer's side: a delta of the chain corrupted in node memory refuses the fold, and the
+    save goes on as a full save (a new base, from the snapshot buffers rolled to this step); the
+    newest step restores bit for bit."""
+    shm = tmp_path / "shm"
+    actions: list[dict[str, Any]] = [{"do": "init"}]
+    for step in (1, 2):
+        actions += [{"do": "train", "seeds": [step]}, {"do": "save", "step": step, "block": True}]
+    actions += [
+        {"do": "corrupt", "roots": [str(shm)], "step": 2, "file": "__0_delta.erm", "how": "flip"},
+        {"do": "train", "seeds": [3]},
+        {"do": "save", "step": 3, "block": True},
+        {"do": "dump", "name": "s3"},
+        {"do": "restore"},
+        {"do": "dump", "name": "restored"},
+    ]
+    sp = spec(actions, shm)
+    sp["phases"][0]["flash"]["compact_ratio"] = 1e-9
+    results = run_world(1, sp, tmp_path)
+    assert [s["kind"] for s in results[0][0]["saves"]] == ["full", "delta", "fold"]
+    step3 = manifest(shm / "n0" / "step-00000003")
+    assert step3.get("kind", "full") == "full" and "folded" not in step3 and "layout" in step3
+    restored = results[0][0]["restores"][0]
+    assert restored["step"] == 3, restored
+    assert assert_bit_exact(assemble(tmp_path, "s3"), assemble(tmp_path, "restored"), "full") > 10_000
