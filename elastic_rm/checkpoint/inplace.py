@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from .fold_lock import JOURNAL, fold_lock, hidden_dirname
 from .manifest import (
     BLOCK,
     FILE_HASH,
@@ -54,7 +55,6 @@ from .retention import chain, read_links
 
 log = logging.getLogger(__name__)
 
-JOURNAL = "fold.json"
 DELTA_MAGIC = b"ERMDELT1"
 ITEMSIZE = {
     "float32": 4,
@@ -75,10 +75,6 @@ Stage = Callable[[str], None]
 
 class FoldRefused(Exception):
     """The directory does not hold the chain a fold names (nothing was touched)."""
-
-
-def hidden_dirname(step: int) -> str:
-    return f"fold-{step:08d}"
 
 
 class _Window:
@@ -367,6 +363,14 @@ def folded_manifest(base: dict[str, Any], top: dict[str, Any], files: dict[str, 
 
 
 def fold_chain(directory: Path, body: bytes, on_stage: Stage | None = None) -> None:
+    """`_fold_chain` under the directory's fold lock: a restore's drop of newer steps waits for it."""
+    if not directory.is_dir():
+        raise FoldRefused(f"{directory} holds no chain")
+    with fold_lock(directory):
+        _fold_chain(directory, body, on_stage)
+
+
+def _fold_chain(directory: Path, body: bytes, on_stage: Stage | None = None) -> None:
     """Fold the chain that the manifest `body` (a full step S, with ``folded``: its base B and the
     digests of B's and S's manifests) names, in `directory` (a node's memory, or the replicas it holds
     for one peer). FoldRefused when the directory does not hold that chain (nothing touched);
@@ -453,6 +457,14 @@ def _finish(directory: Path, journal: dict[str, Any], stage: Stage) -> None:
 
 
 def recover_fold(directory: Path) -> int | None:
+    """`_recover_fold` under the directory's fold lock."""
+    if not directory.is_dir():
+        return None
+    with fold_lock(directory):
+        return _recover_fold(directory)
+
+
+def _recover_fold(directory: Path) -> int | None:
     """Finish the fold a crash interrupted in `directory`, if any; returns the folded step (None: no
     fold was pending). A fold that cannot be finished (a delta gone, a file that does not match) is
     dropped, its base with it: the other copies of the chain (the peer's, the durable one) remain."""
@@ -487,11 +499,13 @@ def recover_fold(directory: Path) -> int | None:
 
 
 __all__ = [
+    "JOURNAL",
     "FoldRefused",
     "apply_in_place",
     "data_span",
     "entry_of_segments",
     "fold_chain",
     "folded_manifest",
+    "hidden_dirname",
     "recover_fold",
 ]

@@ -9,6 +9,7 @@ a manifest without ``kind`` is a full step.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .fold_lock import JOURNAL, fold_lock, hidden_dirname
 from .manifest import chain_fields, committed_steps, step_dirname
 
 
@@ -120,19 +122,49 @@ def prune_chains(directory: Path, keep: int) -> list[int]:
 
 
 def drop_newer_than(directory: Path, step: int) -> list[int]:
-    """Remove the committed steps newer than `step` and the ``.tmp`` directories of unfinished saves
-    after it; returns the steps removed. After a restore of `step` the steps after it are saved again
-    under the same numbers: an old one kept would be counted as the newest, or read with a new one."""
+    """Remove the committed steps newer than `step`, the ``.tmp`` directories of unfinished saves
+    after it and a pending fold whose top is newer; returns the steps removed. After a restore of
+    `step` the steps after it are saved again under the same numbers: an old one kept would be
+    counted as the newest, or read with a new one. Holds the directory's fold lock: a fold running
+    there (the checkpoint server folding a replica) ends first, and its step is then dropped."""
     if not directory.is_dir():
         return []
-    removed = [s for s in committed_steps(directory) if s > step]
-    for s in removed:
-        shutil.rmtree(directory / step_dirname(s), ignore_errors=True)
-    for p in directory.iterdir():
-        m = re.match(r"^step-(\d{8,})\.tmp", p.name)
-        if m and int(m.group(1)) > step:
-            shutil.rmtree(p, ignore_errors=True)
+    with fold_lock(directory):
+        _drop_pending_fold(directory, step)
+        removed = [s for s in committed_steps(directory) if s > step]
+        for s in removed:
+            shutil.rmtree(directory / step_dirname(s), ignore_errors=True)
+        for p in directory.iterdir():
+            m = re.match(r"^step-(\d{8,})\.tmp", p.name)
+            if m and int(m.group(1)) > step:
+                shutil.rmtree(p, ignore_errors=True)
     return removed
+
+
+def _drop_pending_fold(directory: Path, step: int) -> None:
+    """A fold pending in `directory` (a crash interrupted it) whose top is newer than `step` goes, with
+    its hidden base: finished, it would bring back a step of the old timeline, and its base, partly
+    rewritten, holds no step that could be kept. Hidden bases no readable journal names go too; an
+    unreadable journal is left to recover_fold."""
+    path = directory / JOURNAL
+    try:
+        journal = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        journal = None
+    except (OSError, ValueError, RecursionError):
+        return
+    pending = None
+    if isinstance(journal, dict) and isinstance(journal.get("base"), int):
+        top = journal.get("top")
+        if isinstance(top, int) and top <= step:
+            pending = hidden_dirname(journal["base"])
+        else:
+            path.unlink(missing_ok=True)
+    elif journal is not None:
+        return
+    for p in directory.iterdir():
+        if re.fullmatch(r"fold-\d{8,}", p.name) and p.name != pending:
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def missing_from(links: dict[int, Link], present: dict[int, Link], step: int) -> list[int]:

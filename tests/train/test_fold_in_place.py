@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from elastic_rm.checkpoint.inplace import (
     recover_fold,
 )
 from elastic_rm.checkpoint.manifest import MANIFEST, file_entry, make_manifest
-from elastic_rm.checkpoint.retention import chain, read_links
+from elastic_rm.checkpoint.retention import chain, drop_newer_than, read_links
 from elastic_rm.checkpoint.store import CheckpointStore, Refused
 
 TABLES = [
@@ -314,3 +315,58 @@ def test_a_save_whose_fold_is_refused_is_written_in_full_and_restores(tmp_path: 
     restored = results[0][0]["restores"][0]
     assert restored["step"] == 3, restored
     assert assert_bit_exact(assemble(tmp_path, "s3"), assemble(tmp_path, "restored"), "full") > 10_000
+
+
+@pytest.mark.parametrize("stage", ["journal", "hidden", "delta", "manifest", "deltas"])
+def test_a_restores_drop_of_newer_steps_drops_a_pending_fold_of_a_newer_step(
+    saved: Path, tmp_path: Path, stage: str
+) -> None:
+    """A fold a crash left pending, whose top (4) is newer than the restored step (1): dropping the
+    steps after 1 drops it too, its hidden base and its journal, so that nothing finishes it later into
+    a step of the old timeline."""
+    node = node_copy(saved, tmp_path)
+    body = fold_body(node, tmp_path / "scratch")
+
+    def stop(at: str) -> None:
+        if at == stage:
+            raise Stop(at)
+
+    with pytest.raises(Stop):
+        fold_chain(node, body, on_stage=stop)
+    assert (node / JOURNAL).exists()
+    drop_newer_than(node, 1)
+    assert recover_fold(node) is None
+    assert not (node / JOURNAL).exists() and not (node / hidden_dirname(1)).exists()
+    assert all(s <= 1 for s in read_links(node)), sorted(read_links(node))
+    if stage == "journal":  # its base was not touched yet: it stays
+        assert 1 in read_links(node)
+
+
+def test_a_drop_of_newer_steps_waits_for_a_running_fold_and_then_drops_its_step(
+    saved: Path, tmp_path: Path
+) -> None:
+    """The checkpoint server folds a replica (paused before its rename) while a restore drops the steps
+    after 1 there: the drop waits for the fold (the directory's fold lock), then drops the folded step;
+    no step of the old timeline comes back."""
+    held = tmp_path / "peer" / "replicas" / "n0"
+    shutil.copytree(saved / "shm" / "n0", held)
+    body = fold_body(held, tmp_path / "scratch")
+    paused, go = threading.Event(), threading.Event()
+
+    def pause(at: str) -> None:
+        if at == "manifest":
+            paused.set()
+            go.wait(120)
+
+    folding = threading.Thread(target=fold_chain, args=(held, body), kwargs={"on_stage": pause})
+    folding.start()
+    assert paused.wait(120)
+    dropping = threading.Thread(target=drop_newer_than, args=(held, 1))
+    dropping.start()
+    dropping.join(2)  # bounded: a drop that does not wait for the fold is done by now
+    go.set()
+    folding.join(120)
+    dropping.join(120)
+    assert not folding.is_alive() and not dropping.is_alive()
+    assert sorted(p.name for p in held.iterdir()) == [], list(held.iterdir())
+
