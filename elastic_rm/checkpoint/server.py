@@ -68,6 +68,8 @@ class CheckpointServer:
         """Bind and serve; OSError (port in use, an address not of this machine) propagates."""
         if self._http is not None:
             return self
+        for src in self.store.recover_replicas():
+            log.info("finished the interrupted fold of %s's replica in %s", src, self.node_dir)
         server = CheckpointHttpServer(
             self.host, self._want_port, self.store, self.token, self.timeout_s, self.tls
         )

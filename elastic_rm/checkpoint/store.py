@@ -115,6 +115,20 @@ class CheckpointStore:
     def node_dir(self) -> Path:
         return self._node_dir()
 
+    def recover_replicas(self) -> list[str]:
+        """Finish (or drop) the replica folds a crash of this server interrupted, in every replica root,
+        before anything reads them: otherwise a replica stays hidden until its source's next commit.
+        Returns the sources whose fold was finished."""
+        rep = self.node_dir / "replicas"
+        if not rep.is_dir():
+            return []
+        done = []
+        with self._lock:
+            for root in sorted(p for p in rep.iterdir() if p.is_dir() and safe_name(p.name)):
+                if recover_fold(root) is not None:
+                    done.append(root.name)
+        return done
+
     # ---- reads -----------------------------------------------------------------------------------------
     def _step_dirs(self, step: int) -> list[Path]:
         """Committed copies of `step` here, own first, then the replicas (sorted by source node)."""

@@ -29,6 +29,7 @@ from elastic_rm.checkpoint.inplace import (
 )
 from elastic_rm.checkpoint.manifest import MANIFEST, file_entry, make_manifest
 from elastic_rm.checkpoint.retention import chain, drop_newer_than, read_links
+from elastic_rm.checkpoint.server import CheckpointServer
 from elastic_rm.checkpoint.store import CheckpointStore, Refused
 
 TABLES = [
@@ -370,3 +371,26 @@ def test_a_drop_of_newer_steps_waits_for_a_running_fold_and_then_drops_its_step(
     assert not folding.is_alive() and not dropping.is_alive()
     assert sorted(p.name for p in held.iterdir()) == [], list(held.iterdir())
 
+
+def test_a_replica_fold_a_server_crash_interrupted_is_finished_when_the_server_starts(
+    saved: Path, reference: tuple[bytes, dict[str, bytes]], tmp_path: Path
+) -> None:
+    """A replica fold stopped mid-rewrite (the server crashed) is finished when the node's checkpoint
+    server starts again, before any read: the replica holds the folded base, byte for byte."""
+    body, folded = reference
+    held = tmp_path / "peer" / "replicas" / "n0"
+    shutil.copytree(saved / "shm" / "n0", held)
+
+    def stop(at: str) -> None:
+        if at == "delta":
+            raise Stop(at)
+
+    with pytest.raises(Stop):
+        fold_chain(held, body, on_stage=stop)
+    assert (held / JOURNAL).exists()
+    server = CheckpointServer(tmp_path / "peer").start()
+    try:
+        assert tree(held) == folded
+        assert server.store.listing()["replicas"]["n0"] == [4]
+    finally:
+        server.stop()
