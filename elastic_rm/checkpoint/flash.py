@@ -140,13 +140,17 @@ class SaveStats:
     pause_s: float  # time the step loop was held (snapshot, plus any wait for the previous save)
     waited_s: float  # part of the pause spent waiting for the previous background save
     bytes: int  # bytes copied on this rank (= bytes_copied)
-    # "full" (a base), "delta" (rows touched since the previous save) or "fold" (a base written in the
-    # background from the chain; its pause copies the touched rows, like a delta)
+    # "full" (a base), "delta" (rows touched since the previous save) or "fold" (in the background the
+    # chain so far is folded into its base in place and this save's delta written on top; its pause
+    # copies the touched rows, like a delta; a fold refused there writes this save in full instead)
     kind: str = "full"
     bytes_copied: int = 0
     rows_touched: int = 0  # of a delta: table rows touched since the previous save, over all ranks
     rows_total: int = 0  # rows of the tables taken by rows (rows_touched / rows_total: the touched fraction)
     tables_full: list[str] = field(default_factory=list)  # tables a delta copied whole (state not by row)
+    # of a "full" save where the chain had passed its bound and a fold was due: why it could not fold
+    # (it is a new base beside the chain, which holds more memory than the bound for that save)
+    reason: str = ""
 
 
 def _bytes_by_node(manifest: dict[str, Any]) -> dict[str, int]:
@@ -205,6 +209,7 @@ class FlashCheckpointer:
         # "persist" (the durable copy)
         self.cpu_seconds: dict[str, float] = dict.fromkeys(CPU_PARTS, 0.0)
         self._warned_no_peer = False
+        self._warned_no_layout = False  # a base without a layout: said once
         self.bytes_pushed = 0  # file bytes this node's leader sent to its ring peer, since its start
         # differential saves: the rows looked up since the last save, and the chain the next delta extends
         self._touched = TouchedRows(dmp) if self.cfg.differential else None
@@ -254,6 +259,7 @@ class FlashCheckpointer:
         snap: dict | DeltaTake
         dense = None  # a fold's dense tensors, for the buffers once the chain before it is folded
         kind = self._save_kind(step)
+        reason = ""  # why a fold that was due is a full save instead
         roll = False  # this save's rows go into the snapshot buffers once committed
         delta: DeltaTake | None = None
         if kind != "full":
@@ -262,7 +268,7 @@ class FlashCheckpointer:
             live = app_state(self.dmp, self.dense_optimizer)
             writers = self._chain.get("writers")
             delta = take_delta(live, touched, self._touched.tables, self.rank, writers)
-            kind = self._delta_or_fold(delta.bytes)
+            kind, reason = self._delta_or_fold(delta.bytes)
         if delta is not None and kind != "full":
             assert self._chain is not None
             snap = delta
@@ -293,7 +299,7 @@ class FlashCheckpointer:
             self._buffers, roll = snap, True
             pause = time.perf_counter() - t0
             copied = self._snap.bytes_copied
-            stats = SaveStats(step, pause, waited, copied, "full", copied)
+            stats = SaveStats(step, pause, waited, copied, "full", copied, reason=reason)
         self._rolled = None  # set again once this step is committed
         self._saves += 1
         persist = self.cfg.durable_dir is not None and self._saves % max(1, self.cfg.persist_every) == 0
@@ -340,7 +346,7 @@ class FlashCheckpointer:
             return "full"
         return "delta"
 
-    def _delta_or_fold(self, nbytes: int) -> str:
+    def _delta_or_fold(self, nbytes: int) -> tuple[str, str]:
         """ "delta", or "fold" when this delta would take any node's deltas past compact_ratio x that
         node's own files of the base: the chain so far is then folded into its base in place before
         this delta is written on top, so no node's memory holds more than its base and deltas within
@@ -349,21 +355,28 @@ class FlashCheckpointer:
         snapshot buffers holding the chain's newest step; without them (after prepare()) the save is
         "full" (a new base beside the chain). A delta that alone passes the bound on a chain without
         deltas is written; the next save folds. One gather of every rank's delta size: all ranks
-        decide alike."""
+        decide alike. Returns the kind and, for "full", why it cannot fold."""
         c = self._chain
         assert c is not None
         ready = self._buffers is not None and self._rolled == c["parent"]
         parts = all_gather_json([nbytes, ready], self.pg)
         if len(c["steps"]) < 2:
-            return "delta"
+            return "delta", ""
         grown = dict(c["delta_bytes"])
         for rank, (n, _) in enumerate(parts):
             node = self.rank_nodes[rank]
             grown[node] = grown.get(node, 0) + n
         ratio = self.cfg.compact_ratio
         if all(n <= ratio * c["base_bytes"].get(node, 0) for node, n in grown.items()):
-            return "delta"
-        return "fold" if c.get("layout") and all(r for _, r in parts) else "full"
+            return "delta", ""
+        if not c.get("layout"):
+            return "full", "the chain's base has no layout: it cannot be folded in place"
+        if not all(r for _, r in parts):
+            return (
+                "full",
+                "the snapshot buffers do not hold the chain's newest step (prepare() refilled them)",
+            )
+        return "fold", ""
 
     def _run(
         self,
@@ -573,6 +586,15 @@ class FlashCheckpointer:
             md = dcp.save(snap, storage_writer=writer, process_group=self.pg)
             if self._touched is not None:  # a differential chain's base: where a fold writes rows
                 layout = base_layout(md, tmp, self.rank, snap)
+                if layout is None and not self._warned_no_layout:
+                    self._warned_no_layout = True
+                    log.warning(
+                        "flash checkpoint: rank %d's files of the base of step %d are not plain copies of "
+                        "its tensors: this chain cannot be folded in place, and its compaction is a full "
+                        "save beside it (SaveStats.reason)",
+                        self.rank,
+                        step,
+                    )
         mine = {
             p.name: file_entry(p, checksum_block(p.stat().st_size), node=self.node, rank=self.rank)
             if p.suffix == DELTA_SUFFIX

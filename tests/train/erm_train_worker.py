@@ -266,6 +266,7 @@ def run_action(w: World, a: dict[str, Any], workdir: Path, res: dict[str, Any]) 
                 "rows_touched": stats.rows_touched,
                 "rows_total": stats.rows_total,
                 "tables_full": stats.tables_full,
+                "reason": stats.reason,
                 "memory_peak_bytes": w.ckpt.memory_peak_bytes,  # a blocking save's is final
                 "replicated_everywhere": w.ckpt.replicated_everywhere,
                 "bytes_pushed": w.ckpt.bytes_pushed,  # to the ring peer, since the start

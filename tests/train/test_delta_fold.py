@@ -297,7 +297,9 @@ def test_buffers_that_do_not_hold_the_chain_make_the_fold_a_full_save(tmp_path: 
     actions += [{"do": "prepare"}, *trained_saves([3, 4, 5], dump=True)[1:]]
     restore = [{"do": "restore"}, {"do": "dump", "name": "restored"}]
     results = run_world(2, spec([phase(2, actions, **flash), phase(2, restore, **flash)]), tmp_path)
-    assert [s["kind"] for s in results[0][0]["saves"]] == ["full", "delta", "full", "delta", "fold"]
+    saves = results[0][0]["saves"]
+    assert [s["kind"] for s in saves] == ["full", "delta", "full", "delta", "fold"]
+    assert "prepare()" in saves[2]["reason"] and [s["reason"] for s in saves[3:]] == ["", ""], saves
     assert results[0][1]["restores"][0].get("step") == 5, results[0][1]["restores"]
     assert (
         assert_bit_exact(assemble(tmp_path, "s5"), assemble(tmp_path, "restored"), "after prepare") > 10_000
