@@ -193,6 +193,10 @@ def _check_layout(m: dict[str, Any]) -> dict[str, list[Item]]:
     def ints(v: Any) -> bool:
         return isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
 
+    for name, e in files.items():  # the folded files are checked with their block size
+        block = e.get("block", BLOCK)
+        if not isinstance(block, int) or isinstance(block, bool) or block < 1:
+            raise FoldRefused(f"the fold manifest's entry of {name!r}: 'block' must be an integer >= 1")
     for name, items in layout.items():
         if not name or "/" in name or "\\" in name or name in (".", "..") or name not in files:
             raise FoldRefused(f"the fold manifest's layout names {name!r}, not a file of its manifest")

@@ -271,6 +271,11 @@ def test_a_fold_layout_naming_a_file_outside_the_replica_is_refused(saved: Path,
         lambda d: d["layout"]["__0_0.distcp"][0].__setitem__(3, 1 << 40),  # past the file's end
         lambda d: d.__setitem__("folded", {"base": [1]}),  # a base that is no step
         lambda d: d.__setitem__("layout", [1, 2]),
+        # a block size that is no integer (with no block checksums, the manifest check lets it by)
+        lambda d: (
+            d["files"]["__0_0.distcp"].update(block="x", blocks=[])
+            or d["files"]["__0_0.distcp"].pop("blocks")
+        ),
     ],
 )
 def test_a_malformed_fold_manifest_is_refused_and_leaves_no_journal(
