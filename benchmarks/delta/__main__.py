@@ -9,9 +9,9 @@ checkpoint every 1, 10 and 100 steps: the touched fraction, bytes copied / repli
 checkpoint, the step pause, the training throughput against training without checkpoints, the
 kinds of saves (a chain past its bound folds), node memory (the node directory's bytes at their
 peak, as the checkpointer and each node's checkpoint server sample them, and after each interval);
-then one save alone (its background time), a restore at the same world and one into world 3. Every
-restore is checked bit for bit. Prints the ratios delta / full and writes
-benchmarks/results/<name>.json. The differential mode's checkpoint-every-step run is longer
+then one save alone (its background time), restores at the same world and into world 3 (each timed
+three times, the median kept). Every restore is checked bit for bit. Prints the ratios delta / full and
+writes benchmarks/results/<name>.json. The differential mode's checkpoint-every-step run is longer
 (--delta-every-step-steps): its throughput is a target, and its chain then passes a fold.
 
 Memory: the full mode holds about 6x the state at its peak (the model, the snapshot buffers, the old
@@ -99,6 +99,12 @@ def compare(full: dict[str, Any], delta: dict[str, Any]) -> dict[str, Any]:
     out["restore_2to3_over_full"] = ratio(delta["restore"]["restore_s"], full["restore"]["restore_s"])
     out["background_shorter"] = ratio(
         full["train"]["alone"]["background_s"], delta["train"]["alone"]["background_s"]
+    )
+    # one full snapshot as a node holds it: its own step and the replica of its peer's, after an interval of
+    # full copies with keep_memory=1 (the files' bytes: the state plus DCP's metadata)
+    out["full_snapshot_bytes"] = full["train"]["intervals"][-1]["node_memory_end_bytes"]
+    out["memory_peak_over_full_snapshot"] = ratio(
+        delta["train"]["node_memory_peak_bytes"], out["full_snapshot_bytes"]
     )
     return out
 

@@ -3,8 +3,9 @@
 Phase "train" (world 2): a DLRM with fused row-wise Adagrad on power-law (Zipf) ids trains without
 checkpoints (the throughput baseline), then with a flash checkpoint every 1, 10 and 100 steps, in the
 mode of this launch (full copies, or differential); then one save alone (its
-background time) and a restore at the same world. Phase "restore" (world 3): the newest step restored
-into another plan. Every restore is checked bit for bit against the state digest saved with it.
+background time) and restores at the same world. Phase "restore" (world 3): the newest step restored
+into another plan. Each restore is timed three times, the median kept; every one is checked bit for bit
+against the state digest saved with it.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ from elastic_rm.train import (
 from elastic_rm.train.state_digest import digest_hex, piece_digest
 
 FILL_ROWS = 1 << 16
+
+RESTORES = 3  # restores timed at each world; their median is quoted
 
 
 def build(spec: dict[str, Any], world: int) -> tuple[Any, Any, torch.optim.Optimizer]:
@@ -384,18 +387,25 @@ def phase_train(spec: dict[str, Any], rank: int) -> dict[str, Any]:
     res["memory_steps_n0"] = chain if rank == 0 else None
     # the node directory's bytes at their largest over the whole run (own steps, replicas, temp dirs)
     res["node_memory_peak_bytes"] = max(all_gather_json(ckpt.memory_peak_bytes))
-    # restore at the same world, into a model that is zeroed first (so nothing stale can pass)
-    with torch.no_grad():
-        for v in dmp.state_dict().values():
-            if isinstance(v, torch.Tensor):
-                for _, t in local_pieces(v):
-                    t.zero_()
-    dist.barrier()
-    t0 = time.perf_counter()
-    got = ckpt.restore()
-    res["restore_same_world_s"] = slowest(time.perf_counter() - t0)
-    res["restore_same_world_step"] = got.step if got else None
-    res["restore_same_world_exact"] = state_digest(dmp, dense_opt) == res["saved_digest"]
+    # restore at the same world, into a model that is zeroed first (so nothing stale can pass); each
+    # restore of the run is one of RESTORES, their median quoted: one restore moves with the machine's load
+    times, steps, exact = [], [], True
+    for _ in range(RESTORES):
+        with torch.no_grad():
+            for v in dmp.state_dict().values():
+                if isinstance(v, torch.Tensor):
+                    for _, t in local_pieces(v):
+                        t.zero_()
+        dist.barrier()
+        t0 = time.perf_counter()
+        got = ckpt.restore()
+        times.append(slowest(time.perf_counter() - t0))
+        steps.append(got.step if got else None)
+        exact = exact and state_digest(dmp, dense_opt) == res["saved_digest"]
+    res["restore_same_world_s"] = float(np.median(times))
+    res["restore_same_world_all_s"] = times
+    res["restore_same_world_step"] = steps[-1] if len(set(steps)) == 1 else steps
+    res["restore_same_world_exact"] = exact
     res["max_rss_gib"] = slowest(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
     ckpt.close()
     return res
@@ -405,12 +415,18 @@ def phase_restore(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]
     dmp, plan, dense_opt = build(spec, world)
     cfg = FlashConfig(run_id="bench", node_id=f"n{rank}", memory_root=Path(spec["shm"]), keep_memory=1)
     ckpt = FlashCheckpointer(dmp, plan, dense_opt, cfg)
-    dist.barrier()
-    t0 = time.perf_counter()
-    got = ckpt.restore()
-    res: dict[str, Any] = {"world": world, "restore_s": slowest(time.perf_counter() - t0)}
-    res["step"] = got.step if got else None
-    res["digest"] = state_digest(dmp, dense_opt)
+    times, digests, steps = [], [], []
+    for _ in range(RESTORES):
+        dist.barrier()
+        t0 = time.perf_counter()
+        got = ckpt.restore()
+        times.append(slowest(time.perf_counter() - t0))
+        steps.append(got.step if got else None)
+        digests.append(state_digest(dmp, dense_opt))
+    res: dict[str, Any] = {"world": world, "restore_s": float(np.median(times)), "restore_all_s": times}
+    # the caller checks one digest against the saved one: every restore must have given that same state
+    res["step"] = steps[-1] if len(set(steps)) == 1 else steps
+    res["digest"] = digests[-1] if len(set(digests)) == 1 else digests
     res["sources"] = sorted(set(got.file_sources.values())) if got else []
     ckpt.close()
     return res
