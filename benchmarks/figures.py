@@ -280,7 +280,10 @@ def update(repo: Path = REPO, results: Path = RESULTS, docs: tuple[str, ...] = D
         text = path.read_text()
         stale = [f for f in figures(doc, text, results) if f.error is None and not f.ok]
         for f in reversed(stale):  # from the end, so that earlier offsets stay valid
-            text = text[: f.start] + f.expected() + text[f.start + len(f.text) :]
+            start, new = f.start, f.expected()
+            if new.startswith("-") and text[start - 1 : start] == "+":  # "+3.2%" turned negative: "-3.4%"
+                start -= 1
+            text = text[:start] + new + text[f.start + len(f.text) :]
         text, runs_changed = _update_runs(text, results)
         if stale or runs_changed:
             path.write_text(text)

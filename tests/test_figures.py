@@ -67,6 +67,12 @@ def test_a_stale_figure_fails_naming_the_file_s_value_and_update_rewrites_it(tmp
     assert check(tmp_path, tmp_path / "results", ("doc.md",), ()) == []
 
 
+def test_update_writes_one_sign_when_a_signed_figure_turns_negative(tmp_path):
+    repo, results = write(tmp_path, "mean JCT +3.2%<!-- fig: r.json rate --> vs static\n")
+    assert update(repo, results, ("doc.md",)) == 1
+    assert (tmp_path / "doc.md").read_text() == "mean JCT -38.0%<!-- fig: r.json rate --> vs static\n"
+
+
 def test_a_marker_without_a_file_a_key_a_number_or_a_figure_before_it_fails(tmp_path):
     doc = (
         "a 1 s<!-- fig: nothing.json x --> b 2 s<!-- fig: r.json results.nope --> "
