@@ -127,6 +127,18 @@ def _overlap(
     return tuple(sa), tuple(sb)
 
 
+def _rows_within(
+    rows: torch.Tensor, values: torch.Tensor, lo: int, hi: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The row ids in [lo, hi) and their values. Rows a delta took are sorted, so they are one slice of
+    both (views, no copy of the values); unsorted ids (not written by take_delta) are selected by mask."""
+    if len(rows) < 2 or bool((rows[1:] >= rows[:-1]).all()):
+        a, b = torch.searchsorted(rows, torch.tensor([lo, hi], dtype=rows.dtype)).tolist()
+        return rows[a:b], values[a:b]
+    mask = (rows >= lo) & (rows < hi)
+    return rows[mask], values[mask]
+
+
 @torch.no_grad()
 def apply_delta(state: dict, pieces: list[DeltaPiece]) -> int:
     """Write the pieces' values into the parts of `state` this rank holds; returns elements written."""
@@ -153,16 +165,15 @@ def apply_delta(state: dict, pieces: list[DeltaPiece]) -> int:
             rest = _overlap(off[1:], t.shape[1:], p.offsets[1:], p.values.shape[1:])
             if rest is None and t.dim() > 1:
                 continue
-            mask = (p.rows >= off[0]) & (p.rows < off[0] + t.shape[0])
-            if not bool(mask.any()):
+            rows, src = _rows_within(p.rows, p.values, off[0], off[0] + t.shape[0])
+            if not len(rows):
                 continue
-            src = p.values[mask]
             dst = t
             if t.dim() > 1:
                 assert rest is not None
                 dst = t[(slice(None), *rest[0])]
                 src = src[(slice(None), *rest[1])]
-            dst.index_copy_(0, (p.rows[mask] - off[0]).to(t.device), src.to(t.device))
+            dst.index_copy_(0, (rows - off[0]).to(t.device), src.to(t.device))
             written += src.numel()
     return written
 

@@ -11,6 +11,7 @@ The manifest carries the file's checksum; reading checks that every entry lies i
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import sys
 from collections.abc import Callable
@@ -124,8 +125,9 @@ def write_delta(path: Path, pieces: list[DeltaPiece]) -> int:
 
 
 class DeltaReader:
-    """A delta file's header, read at once; `pieces()` reads the entries a caller wants (a rank
-    restoring into another plan reads only the pieces that overlap its shards)."""
+    """A delta file's header, read at once; `pieces()` gives the entries a caller wants (a rank
+    restoring into another plan reads only the pieces that overlap its shards) as views of the file
+    mapped into memory: a restore copies each row once, from the file into its shard."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
@@ -192,27 +194,30 @@ class DeltaReader:
         if e["rows"] is not None and (not e["shape"] or e["rows"][1] != 8 * e["shape"][0]):
             raise self._bad(f"entry {'.'.join(e['key'])}: row ids and values disagree")
 
-    def _tensor(self, f: Any, span: list[int], dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
+    def _tensor(self, mem: Any, span: list[int], dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
+        """A view of the mapped file's bytes: values are read where they lie, not copied first."""
         if span[1] == 0:
             return torch.empty(shape, dtype=dtype)
-        f.seek(self.data_at + span[0])
-        raw = bytearray(span[1])
-        if f.readinto(raw) != span[1]:
+        at = self.data_at + span[0]
+        if at + span[1] > len(mem):
             raise self._bad("an entry runs past the end of the file")
-        return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(shape)
+        return torch.frombuffer(mem, dtype=torch.uint8, count=span[1], offset=at).view(dtype).reshape(shape)
 
     def pieces(
         self, wanted: Callable[[list[str], list[int], list[int]], bool] | None = None
     ) -> list[DeltaPiece]:
         """The entries for which wanted(key, offsets, extent) holds (all without `wanted`)."""
-        out = []
+        chosen = [e for e in self.entries if wanted is None or wanted(e["key"], e["offsets"], e["extent"])]
+        if not chosen:
+            return []
         with open(self.path, "rb") as f:
-            for e in self.entries:
-                if wanted is not None and not wanted(e["key"], e["offsets"], e["extent"]):
-                    continue
-                rows = None
-                if e["rows"] is not None:
-                    rows = self._tensor(f, e["rows"], torch.int64, [e["shape"][0]])
-                values = self._tensor(f, e["data"], DTYPES[e["dtype"]], e["shape"])
-                out.append(DeltaPiece(e["key"], e["offsets"], values, rows, e["extent"]))
+            # private: a write to a piece's values stays in this process; the tensors keep the map open
+            mem = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        out = []
+        for e in chosen:
+            rows = None
+            if e["rows"] is not None:
+                rows = self._tensor(mem, e["rows"], torch.int64, [e["shape"][0]])
+            values = self._tensor(mem, e["data"], DTYPES[e["dtype"]], e["shape"])
+            out.append(DeltaPiece(e["key"], e["offsets"], values, rows, e["extent"]))
         return out

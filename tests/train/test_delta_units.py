@@ -89,6 +89,36 @@ def test_rows_land_in_the_shards_of_another_layout() -> None:
     assert momentum[ids].tolist() == [1.0, 2, 3, 4] and float(momentum.sum()) == 10.0
 
 
+@pytest.mark.parametrize("order", ["sorted", "unsorted"])
+def test_rows_read_from_a_file_land_in_every_shard_they_fall_into(tmp_path: Path, order: str) -> None:
+    """A delta file's rows (as take_delta writes them, sorted; or in any order) go into the row
+    shards of a new split, each shard taking its rows and leaving the others; writing to a piece read
+    back changes neither the file nor a second read of it."""
+    full = torch.arange(12 * 4, dtype=torch.float32).reshape(12, 4) + 1
+    rows = torch.tensor([0, 3, 4, 7, 8, 11])
+    if order == "unsorted":
+        rows = rows[torch.tensor([3, 0, 5, 1, 4, 2])]
+    path = tmp_path / "d.erm"
+    write_delta(path, [DeltaPiece(["model", "t"], [0, 0], full[rows], rows, [12, 4])])
+    before = path.read_bytes()
+    shards = [torch.zeros(5, 4), torch.zeros(4, 4), torch.zeros(3, 4)]  # rows 0-4, 5-8, 9-11
+    for start, shard in zip([0, 5, 9], shards, strict=True):
+        read = DeltaReader(path).pieces()[0]
+        assert read.rows is not None
+        # the state holds one shard, at offset 0: row ids shifted by its first global row
+        apply_delta(
+            {"model": {"t": shard}}, [DeltaPiece(["model", "t"], [0, 0], read.values, read.rows - start)]
+        )
+    got = torch.cat(shards)
+    want = torch.zeros(12, 4)
+    want[rows] = full[rows]
+    assert torch.equal(got, want)
+    piece = DeltaReader(path).pieces()[0]
+    piece.values.fill_(-1.0)
+    assert path.read_bytes() == before
+    assert torch.equal(DeltaReader(path).pieces()[0].values, full[rows])
+
+
 def _step(
     root: Path, step: int, kind: str = "full", parent: int | None = None, base: int | None = None
 ) -> None:
