@@ -110,9 +110,40 @@ def held_steps(durable: Path, steps: list[int]) -> int:
     return held
 
 
-def own_bytes(m: dict[str, Any], node: str) -> int:
-    """The bytes of a step's files that `node` holds (its own and the shared ones, node "*")."""
-    return sum(e["size"] for e in m["files"].values() if e["node"] in (node, "*"))
+def own_bytes(m: dict[str, Any], node: str | None = None) -> int:
+    """The bytes of a step's files that `node` holds (its own and the shared ones, node "*"); every
+    node's without one."""
+    return sum(e["size"] for e in m["files"].values() if node is None or e["node"] in (node, "*"))
+
+
+def bounded_flash(tmp_path: Path, ratio: float, keep: int = 1, **extra: Any) -> dict[str, Any]:
+    """A differential checkpoint under `ratio`, whose durable copy keeps every step's manifest: the
+    memory bounds are read from those sizes."""
+    return {
+        "memory_root": str(tmp_path / "shm"),
+        "durable_dir": str(tmp_path / "durable"),
+        "differential": True,
+        "compact_ratio": ratio,
+        "keep_memory": keep,
+        "keep_durable": 100,
+        **extra,
+    }
+
+
+def full_manifests(durable: Path, steps: list[int]) -> list[dict[str, Any]]:
+    """The manifests of the bases (full steps) among `steps`."""
+    return [m for m in (manifest(durable, s) for s in steps) if m.get("kind", "full") == "full"]
+
+
+def largest_manifest(durable: Path, steps: list[int]) -> int:
+    return max((durable / f"step-{step:08d}" / "manifest.json").stat().st_size for step in steps)
+
+
+def largest_header(durable: Path, steps: list[int], payload: Any, node: str | None = None) -> int:
+    """The most bytes a delta's files (`node`'s, or all) held beyond the rows it copied (`payload(step)`):
+    its header and padding, which a delta adds past the bound before the next save folds."""
+    deltas = [step for step in steps if manifest(durable, step).get("kind") == "delta"]
+    return max([0, *(own_bytes(manifest(durable, step), node) - payload(step) for step in deltas)])
 
 
 def test_node_memory_stays_within_the_bound_at_every_save(tmp_path: Path) -> None:
@@ -121,30 +152,16 @@ def test_node_memory_stays_within_the_bound_at_every_save(tmp_path: Path) -> Non
     before each publish of a base) never pass (1 + compact_ratio) times the base, plus one delta
     file's header (a delta's rows are counted against the bound before it is written) and the
     manifests of the steps held: a fold holds no second base."""
-    ratio, keep = 0.05, 2
-    shm, durable = tmp_path / "shm", tmp_path / "durable"
-    flash = {
-        "memory_root": str(shm),
-        "durable_dir": str(durable),
-        "differential": True,
-        "compact_ratio": ratio,
-        "keep_memory": keep,
-        "keep_durable": 100,  # every manifest stays, for the sizes
-    }
+    ratio, durable = 0.05, tmp_path / "durable"
+    flash = bounded_flash(tmp_path, ratio, keep=2)
     steps = list(range(1, 21))
     results = run_world(1, spec([phase(1, trained_saves(steps), **flash)]), tmp_path)
     saves = results[0][0]["saves"]
     kinds = [s["kind"] for s in saves]
     assert kinds.count("fold") >= 2 and kinds[0] == "full" and "full" not in kinds[1:], kinds
-    sizes, manifests, headers = {}, 0, 0
-    for step in steps:
-        m = manifest(durable, step)
-        sizes[step] = (m.get("kind", "full"), sum(e["size"] for e in m["files"].values()))
-        manifests = max(manifests, (durable / f"step-{step:08d}" / "manifest.json").stat().st_size)
-        if m.get("kind") == "delta":  # a delta file's bytes beyond its rows: its header, its padding
-            payload = saves[step - 1]["bytes"]
-            headers = max(headers, sizes[step][1] - payload)
-    base = max(n for k, n in sizes.values() if k == "full")
+    manifests = largest_manifest(durable, steps)
+    headers = largest_header(durable, steps, lambda step: saves[step - 1]["bytes"])
+    base = max(own_bytes(m) for m in full_manifests(durable, steps))
     bound = (1 + ratio) * base + headers + held_steps(durable, steps) * manifests
     peaks = [s["memory_peak_bytes"] for s in saves]
     assert peaks[-1] <= bound, (peaks, base, headers, manifests)
@@ -156,16 +173,8 @@ def test_each_node_stays_within_the_bound_of_its_own_base_with_skewed_tables(tmp
     at every step, the other a large cold one. A bound on the whole chain would let the hot node hold
     several times its own base; each node's memory stays within (1 + compact_ratio) times its own
     files of the base, plus one delta's header and the manifests of the steps held."""
-    ratio = 0.5
-    shm, durable = tmp_path / "shm", tmp_path / "durable"
-    flash = {
-        "memory_root": str(shm),
-        "durable_dir": str(durable),
-        "differential": True,
-        "compact_ratio": ratio,
-        "keep_memory": 1,
-        "keep_durable": 100,  # every manifest stays, for the sizes
-    }
+    ratio, durable = 0.5, tmp_path / "durable"
+    flash = bounded_flash(tmp_path, ratio)
     steps = list(range(1, 17))
     tables = [{"name": "hot", "rows": 600, "dim": 16}, {"name": "cold", "rows": 60000, "dim": 16}]
     world = {
@@ -178,16 +187,11 @@ def test_each_node_stays_within_the_bound_of_its_own_base_with_skewed_tables(tmp
     results = run_world(2, {"tables": tables, "optim": "rowwise_adagrad", "phases": [world]}, tmp_path)
     saves = [results[r][0]["saves"] for r in range(2)]
     assert "fold" in [x["kind"] for x in saves[0]], saves[0]
-    held = held_steps(durable, steps)
+    held, manifests = held_steps(durable, steps), largest_manifest(durable, steps)
+    fulls = full_manifests(durable, steps)
     for r, node in enumerate(["n0", "n1"]):
-        base, headers, manifests = 0, 0, 0
-        for step in steps:
-            m = manifest(durable, step)
-            manifests = max(manifests, (durable / f"step-{step:08d}" / "manifest.json").stat().st_size)
-            if m.get("kind", "full") == "full":
-                base = max(base, own_bytes(m, node))
-            else:
-                headers = max(headers, own_bytes(m, node) - saves[r][step - 1]["bytes"])
+        base = max(own_bytes(m, node) for m in fulls)
+        headers = largest_header(durable, steps, lambda step, r=r: saves[r][step - 1]["bytes"], node)
         peak = saves[r][-1]["memory_peak_bytes"]
         assert peak <= (1 + ratio) * base + headers + held * manifests, (node, peak, base, headers, held)
     bases = [own_bytes(manifest(durable, 1), n) for n in ("n0", "n1")]
@@ -209,17 +213,8 @@ def test_two_nodes_with_replicas_stay_within_the_bound_over_several_folds(tmp_pa
     """Two nodes, each holding its own chain and its peer's replica, over several folds: each node
     directory's bytes at their largest, as its checkpointer and its checkpoint server sampled them,
     stay within (1 + compact_ratio) times the two bases it holds, plus delta headers and manifests."""
-    ratio = 0.05
-    shm, durable = tmp_path / "shm", tmp_path / "durable"
-    flash = {
-        "memory_root": str(shm),
-        "durable_dir": str(durable),
-        "differential": True,
-        "compact_ratio": ratio,
-        "keep_memory": 1,
-        "keep_durable": 100,  # every manifest stays, for the sizes
-        "replicate": True,
-    }
+    ratio, shm, durable = 0.05, tmp_path / "shm", tmp_path / "durable"
+    flash = bounded_flash(tmp_path, ratio, replicate=True)
     nodes = ["n0", "n1"]
     steps = list(range(1, 21))
     with node_servers(shm, nodes) as s:
@@ -229,15 +224,9 @@ def test_two_nodes_with_replicas_stay_within_the_bound_over_several_folds(tmp_pa
     saves = [results[r][0]["saves"] for r in range(2)]
     kinds = [x["kind"] for x in saves[0]]
     assert kinds.count("fold") >= 2 and "full" not in kinds[1:], kinds
-    base = manifest(durable, 1)  # every base of the run has the same files' sizes
-    base_bytes = sum(e["size"] for e in base["files"].values())
-    headers, manifests = 0, 0
-    for step in steps:
-        m = manifest(durable, step)
-        manifests = max(manifests, (durable / f"step-{step:08d}" / "manifest.json").stat().st_size)
-        if m.get("kind") == "delta":
-            payload = sum(saves[r][step - 1]["bytes"] for r in range(2))
-            headers = max(headers, sum(e["size"] for e in m["files"].values()) - payload)
+    base_bytes = own_bytes(manifest(durable, 1))  # every base of the run has the same files' sizes
+    manifests = largest_manifest(durable, steps)
+    headers = largest_header(durable, steps, lambda step: sum(saves[r][step - 1]["bytes"] for r in range(2)))
     # a node holds its own files of the base and its peer's, that is one whole base's bytes; each
     # chain (its own, the peer's replica) may pass its bound by one delta's header
     bound = (1 + ratio) * base_bytes + 2 * headers + 2 * held_steps(durable, steps) * manifests
