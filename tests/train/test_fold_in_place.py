@@ -46,6 +46,17 @@ class Stop(Exception):
     pass
 
 
+def fold_stopped_at(directory: Path, body: bytes, stage: str) -> None:
+    """Run a fold of `directory` and stop it (as a crash would) when it reaches `stage`."""
+
+    def stop(at: str) -> None:
+        if at == stage:
+            raise Stop(at)
+
+    with pytest.raises(Stop):
+        fold_chain(directory, body, on_stage=stop)
+
+
 def spec(actions: list[dict[str, Any]], shm: Path) -> dict[str, Any]:
     flash = {"memory_root": str(shm), "differential": True, "compact_ratio": 100.0, "keep_memory": 10}
     return {
@@ -123,13 +134,7 @@ def test_a_fold_stopped_at_each_point_is_finished_to_the_same_bytes(
 ) -> None:
     body, folded = reference
     node = node_copy(saved, tmp_path)
-
-    def stop(at: str) -> None:
-        if at == stage:
-            raise Stop(at)
-
-    with pytest.raises(Stop):
-        fold_chain(node, body, on_stage=stop)
+    fold_stopped_at(node, body, stage)
     assert (node / JOURNAL).is_file()
     links = read_links(node)
     store = CheckpointStore(node)
@@ -332,13 +337,7 @@ def test_a_restores_drop_of_newer_steps_drops_a_pending_fold_of_a_newer_step(
     a step of the old timeline."""
     node = node_copy(saved, tmp_path)
     body = fold_body(node, tmp_path / "scratch")
-
-    def stop(at: str) -> None:
-        if at == stage:
-            raise Stop(at)
-
-    with pytest.raises(Stop):
-        fold_chain(node, body, on_stage=stop)
+    fold_stopped_at(node, body, stage)
     assert (node / JOURNAL).exists()
     drop_newer_than(node, 1)
     assert recover_fold(node) is None
@@ -385,13 +384,7 @@ def test_a_replica_fold_a_server_crash_interrupted_is_finished_when_the_server_s
     body, folded = reference
     held = tmp_path / "peer" / "replicas" / "n0"
     shutil.copytree(saved / "shm" / "n0", held)
-
-    def stop(at: str) -> None:
-        if at == "delta":
-            raise Stop(at)
-
-    with pytest.raises(Stop):
-        fold_chain(held, body, on_stage=stop)
+    fold_stopped_at(held, body, "delta")
     assert (held / JOURNAL).exists()
     server = CheckpointServer(tmp_path / "peer").start()
     try:
