@@ -11,9 +11,10 @@ A chain about to pass its bound is folded into its base in place, in the backgro
 Every collective of the background work runs on a private gloo group, so training collectives on the
 default group can proceed meanwhile. Manifests and the training position are JSON.
 
-Size: one save's life (snapshot, memory commit, replica push, gathered result, persist) and the
-restore that reads it back share the checkpointer's state; the parts that need none are modules of
-their own (chain, fold, sources, retention, restore).
+Size: one save's life (snapshot, the decision to fold and the fold's gathers across ranks and peer,
+memory commit, replica push, gathered result, persist) and the restore that reads it back share the
+checkpointer's state; the parts that need none are modules of their own (chain, fold, inplace,
+sources, retention, restore).
 """
 
 from __future__ import annotations
