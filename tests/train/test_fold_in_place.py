@@ -392,3 +392,51 @@ def test_a_replica_fold_a_server_crash_interrupted_is_finished_when_the_server_s
         assert server.store.listing()["replicas"]["n0"] == [4]
     finally:
         server.stop()
+
+
+def test_apply_in_place_writes_rows_of_any_width_at_any_offset(tmp_path: Path) -> None:
+    """Rows are copied as the widest words their size and both offsets allow: rows of 6, 16, 5 and 8
+    bytes, a tensor at an odd offset of the base, a row written by two deltas (the later one wins)."""
+    import numpy as np
+    import torch
+
+    from elastic_rm.checkpoint.delta_file import DeltaPiece, write_delta
+
+    rng = np.random.default_rng(7)
+    tensors = {
+        "a": torch.from_numpy(rng.standard_normal((10, 3)).astype(np.float16)),
+        "b": torch.from_numpy(rng.standard_normal((12, 4)).astype(np.float32)),
+        "c": torch.from_numpy(rng.integers(0, 255, (7, 5), dtype=np.uint8)),
+        "d": torch.from_numpy(rng.standard_normal(5)),
+    }
+    base, items, at = bytearray(b"\x01\x02\x03"), [], 3  # "a" starts at an odd offset
+    for name, t in tensors.items():
+        raw = t.numpy().tobytes()
+        items.append([name, [0] * t.dim(), list(t.shape), at, len(raw)])
+        base += raw
+        at += len(raw)
+        base += bytes(-at % 8 + 3)  # the next tensor at an offset that is not a multiple of 8 either
+        at += -at % 8 + 3
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "f").write_bytes(bytes(base))
+    want = {n: t.clone() for n, t in tensors.items()}
+    deltas = []
+    for i, picks in enumerate(
+        [{"a": [0, 4, 9], "b": [1, 11], "c": [2, 6], "d": [0, 3]}, {"a": [4], "c": [2]}]
+    ):
+        pieces = []
+        for name, rows in picks.items():
+            values = torch.from_numpy(
+                rng.integers(0, 255, (len(rows), *tensors[name].shape[1:]), dtype=np.uint8)
+            ).to(tensors[name].dtype)
+            want[name][rows] = values
+            ids = torch.tensor(rows)
+            pieces.append(DeltaPiece([name], [0] * values.dim(), values, ids, list(tensors[name].shape)))
+        deltas.append(tmp_path / f"d{i}.erm")
+        write_delta(deltas[-1], pieces)
+    apply_in_place(tmp_path / "base", {"f": items}, deltas)
+    got = (tmp_path / "base" / "f").read_bytes()
+    for name, _, shape, offset, n in items:
+        assert got[offset : offset + n] == want[name].numpy().tobytes(), name
+        assert len(shape) == want[name].dim()
+    assert got[:3] == b"\x01\x02\x03"
