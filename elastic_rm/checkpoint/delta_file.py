@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from elastic_rm.checkpoint.inplace import entry_of_segments
 from elastic_rm.checkpoint.manifest import CorruptCheckpointError
 
 MAGIC = b"ERMDELT1"
@@ -85,6 +86,29 @@ def _pad(n: int) -> int:
 
 def write_delta(path: Path, pieces: list[DeltaPiece]) -> int:
     """Write `pieces` to `path`; returns the file's size."""
+    segments = _segments(pieces)
+    _write(path, segments)
+    return sum(len(seg) for seg in segments)
+
+
+def write_delta_entry(path: Path, pieces: list[DeltaPiece]) -> dict[str, Any]:
+    """Write `pieces` to `path`; returns the file's manifest entry (size, checksum and block checksums
+    at checksum_block), hashed from the bytes in memory: a save every step does not map and page in
+    the file it has just written to hash it."""
+    segments = _segments(pieces)
+    _write(path, segments)
+    return entry_of_segments(segments, checksum_block(sum(len(seg) for seg in segments)))
+
+
+def _write(path: Path, segments: list[memoryview]) -> None:
+    with open(path, "wb") as f:
+        for seg in segments:
+            f.write(seg)
+
+
+def _segments(pieces: list[DeltaPiece]) -> list[memoryview]:
+    """The bytes of the delta file of `pieces`, in order: its header (padded), then each tensor's raw
+    bytes (padded)."""
     entries: list[dict[str, Any]] = []
     blobs: list[memoryview] = []
     at = 0
@@ -117,11 +141,7 @@ def write_delta(path: Path, pieces: list[DeltaPiece]) -> int:
         entries.append(entry)
     header = json.dumps({"v": 1, "entries": entries}, separators=(",", ":")).encode()
     lead = MAGIC + len(header).to_bytes(8, "little") + header
-    with open(path, "wb") as f:
-        f.write(lead + bytes(_pad(len(lead))))
-        for b in blobs:
-            f.write(b)
-    return len(lead) + _pad(len(lead)) + at
+    return [memoryview(lead + bytes(_pad(len(lead)))), *blobs]
 
 
 class DeltaReader:

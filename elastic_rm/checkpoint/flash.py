@@ -41,7 +41,7 @@ from torchrec.distributed.types import ShardingPlan
 from elastic_rm.checkpoint import owners
 from elastic_rm.checkpoint.chain import DeltaTake, take_delta
 from elastic_rm.checkpoint.collectives import all_gather_json, broadcast_bytes
-from elastic_rm.checkpoint.delta_file import DELTA_SUFFIX, checksum_block, write_delta
+from elastic_rm.checkpoint.delta_file import DELTA_SUFFIX, write_delta_entry
 from elastic_rm.checkpoint.delta_tracker import TouchedRows
 from elastic_rm.checkpoint.fold import (
     base_layout,
@@ -566,6 +566,7 @@ class FlashCheckpointer:
         `.metadata` (rank 0's) is broadcast besides."""
         tmp = self.node_dir / (step_dirname(step) + ".tmp")
         link: dict[str, Any] = {"kind": "full"}
+        written: dict[Path, dict[str, Any]] = {}  # the entries of the files hashed as they were written
         layout: dict[str, Any] | None = None
         if isinstance(snap, DeltaTake):
             assert chain is not None
@@ -573,7 +574,8 @@ class FlashCheckpointer:
             # full, and a restore removes the temp directories of the steps after it), so every rank
             # may make it
             tmp.mkdir(parents=True, exist_ok=True)
-            write_delta(tmp / f"__{self.rank}_delta.erm", snap.pieces)
+            path = tmp / f"__{self.rank}_delta{DELTA_SUFFIX}"
+            written[path] = write_delta_entry(path, snap.pieces)  # its entry, hashed as written
             link = {
                 "kind": "delta",
                 **{k: chain[k] for k in ("base", "base_sha256", "parent", "parent_sha256")},
@@ -597,8 +599,8 @@ class FlashCheckpointer:
                         step,
                     )
         mine = {
-            p.name: file_entry(p, checksum_block(p.stat().st_size), node=self.node, rank=self.rank)
-            if p.suffix == DELTA_SUFFIX
+            p.name: {**written[p], "node": self.node, "rank": self.rank}
+            if p in written
             else file_entry(p, node=self.node, rank=self.rank)
             for p in sorted(tmp.glob(f"__{self.rank}_*"))
         }

@@ -11,11 +11,18 @@ import pytest
 import torch
 
 from elastic_rm.checkpoint.chain import apply_delta
-from elastic_rm.checkpoint.delta_file import DeltaPiece, DeltaReader, write_delta
+from elastic_rm.checkpoint.delta_file import (
+    DeltaPiece,
+    DeltaReader,
+    checksum_block,
+    write_delta,
+    write_delta_entry,
+)
 from elastic_rm.checkpoint.flash import FlashConfig
 from elastic_rm.checkpoint.manifest import (
     MANIFEST,
     CorruptCheckpointError,
+    file_entry,
     make_manifest,
     parse_manifest,
     prune_steps,
@@ -165,3 +172,21 @@ def test_manifest_chain_fields_are_checked() -> None:
         with pytest.raises(CorruptCheckpointError, match=match):
             parse_manifest(make_manifest(bad), "t")
     assert json.loads(make_manifest({**body, "kind": "full"}))["kind"] == "full"
+
+
+def test_write_delta_entry_is_the_entry_of_the_file_written(tmp_path):
+    """The entry a save puts in its manifest, hashed from the bytes in memory, is the one the file on
+    disk has: what a reader verifies and what a peer checks on receipt."""
+    rows = torch.tensor([1, 4, 7, 9000])
+    pieces = [
+        DeltaPiece(["model", "t"], [0, 0], torch.randn(4, 64), rows, [9001, 64]),
+        DeltaPiece(["optim", "t", "momentum"], [0], torch.randn(4), rows, [9001]),
+        DeltaPiece(["model", "dense"], [0], torch.randn(300_000)),  # more than one checksum block
+    ]
+    path = tmp_path / "d.erm"
+    entry = write_delta_entry(path, pieces)
+    size = path.stat().st_size
+    assert len(entry["blocks"]) > 1
+    assert entry == file_entry(path, checksum_block(size))
+    assert write_delta(tmp_path / "again.erm", pieces) == size
+    assert (tmp_path / "again.erm").read_bytes() == path.read_bytes()
