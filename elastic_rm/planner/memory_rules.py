@@ -24,6 +24,7 @@ from .answers import Answer, decide, standby
 from .config import PlannerConfig
 from .interface import ClusterSnapshot, NodeView, Wait
 from .job import JobSpec
+from .promise import round_cost
 from .runtime import oom_risks
 from .scaling import memory_floor, memory_forecast
 from .state import PlannerState
@@ -75,7 +76,10 @@ def oom_check(
         )
         why = f"OOM happened at {node_mem / 2**30:.1f} GiB per node"
         return ask(state=state, need=need, why=why, capped=capped)
-    risks = oom_risks(state, members, cfg)
+    # a job is expected to run about as long as it has run: an OOM further ahead than that (and than the
+    # next look plus a round) may never come, and raising memory for it costs a round now
+    ahead = max(snapshot.now - state.first_round_at, cfg.sample_interval_s + round_cost(cfg, state))
+    risks = [r for r in oom_risks(state, members, cfg) if r.seconds <= ahead]
     if not risks:
         return None, state
     r = risks[0]

@@ -8,10 +8,10 @@ Order of precedence on every call (the first that answers wins):
    else an empty round (suspended, as MembershipPolicy); a member restarted its workers (``joining``
    again after completing the round): the same members again;
 3. our previous Decision is not written yet: wait (no duplicate rounds);
-4. OOM predicted within the horizon, or an OOM happened: more nodes (tables shard thinner) or more memory
-   (memory_rules.py);
+4. OOM predicted within the horizon and no further ahead than the job has run, or an OOM happened: more
+   nodes (tables shard thinner) or more memory (memory_rules.py);
 5. nodes lent past the request while other jobs wait: given back at once (lending.py);
-6. cooldown since the last round;
+6. cooldown since the last round, unless a run started short of its start size can catch up and that pays;
 7. a flagged straggler: replace it by a standby node, or drop it when that pays;
 8. stage 2: after the profiling window, fit the model and move to the marginal-gain target;
 9. budgets shrink by >= ``resize_when_saving``: a same-members round (only with ``resize_rounds``).
@@ -239,9 +239,30 @@ class PlannerPolicy:
         cur = snapshot.current
         last = max(state.last_round_at, cur.decided_at if cur.decided_at > 0 else float("-inf"))
         until = last + self.config.cooldown_s
-        if snapshot.now < until:
+        if snapshot.now < until and not self._catch_up_pays(snapshot, state, job, members, healthy, nodes):
             return Wait(f"cooldown until {until:.3f}", until=until), state
         return None, state
+
+    def _catch_up_pays(self, snapshot, state, job, members, healthy, nodes) -> bool:
+        """Whether a run the cluster started short of its start size gains so much from the nodes now
+        free that the round up to it repays itself within the time the job has run (promise.pays): a short
+        job would otherwise spend its whole run below its request, waiting out the cooldown."""
+        start = state.start
+        if not isinstance(start, StartPlan) or not healthy:
+            return False
+        want = min(start.world, snapshot.max_nodes)
+        if state.advice.target_nodes > 0:
+            want = min(want, state.advice.target_nodes)
+        w = len(members)
+        target = min(want, w + len(healthy))
+        f = self.fit(state, job)
+        if target <= w or f is None:
+            return False
+        by_id = {n.node_id: n for n in nodes}
+        cap = sum(node_capacity(by_id[m]) for m in members) / w
+        shape = self._shape(job)
+        gain = f.throughput(shape, target, cap) / max(f.throughput(shape, w, cap), 1e-9) - 1
+        return pays(self.config, state, snapshot.now, f, target, gain)
 
     def _straggler(self, snapshot, state, job, members, healthy, nodes):
         cfg = self.config

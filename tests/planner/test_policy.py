@@ -136,6 +136,8 @@ def test_a_trend_through_a_few_seconds_is_not_extrapolated():
     snaps = [running(t, ["a", "b"], number=1, mem_gib=mem(t)) for t in range(0, 16)]
     answers, _ = feed(PlannerPolicy(cfg), snaps)
     assert not any("OOM" in a.reason or "memory floor" in a.reason for a in answers)
+    # the limit comes at t = 47.6: acted on once it is no further ahead than the job has run
+    snaps = [running(t, ["a", "b"], number=1, mem_gib=mem(t)) for t in range(0, 30)]
     answers, _ = feed(PlannerPolicy(replace(cfg, min_trend_span_s=5)), snaps)
     assert any("OOM" in a.reason for a in answers)
 
