@@ -27,8 +27,8 @@ def _load(name: str):
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """All subcommands; with ``only``, the arguments of that one alone (``erm launch`` builds on ermrun's
-    parser, which imports torch: 2 s that ``erm status`` should not pay)."""
+    """All subcommands; with ``only``, the arguments of that one alone (a subcommand's arguments may need
+    imports that the others should not pay for)."""
     parser = argparse.ArgumentParser(prog="erm", description="Operate elastic-rm jobs.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:

@@ -385,7 +385,13 @@ def decisions(events: list[Event], t0: float) -> list[dict]:
         elif e.kind == "demand":
             out.append({"t": t, "kind": "demand", "nodes": d.get("target_nodes"), "reason": d.get("reason")})
         elif e.kind == "launch":
-            row = {"t": t, "kind": "launch", "action": d.get("action")}
+            # a run's first node jobs are submitted before the launcher's executor reports them
+            at = d.get("submitted_at")
+            row = {
+                "t": round(at - t0, 3) if at is not None else t,
+                "kind": "launch",
+                "action": d.get("action"),
+            }
             for key in ("node", "job", "waiting_nodes", "target_nodes"):
                 if d.get(key) is not None:
                     row[key] = d[key]
@@ -401,7 +407,14 @@ def collect_give_backs(etcd, run: PolicyRun, t0: float) -> dict[str, list[dict]]
     for name, evs in events.items():
         run.jobs[name]["decisions"] = decisions(evs, t0)
     first_submit = {
-        n: min((e.time for e in evs if e.kind == "launch" and e.data.get("action") == "submit"), default=None)
+        n: min(
+            (
+                e.data.get("submitted_at", e.time)
+                for e in evs
+                if e.kind == "launch" and e.data.get("action") == "submit"
+            ),
+            default=None,
+        )
         for n, evs in events.items()
     }
     out = {}

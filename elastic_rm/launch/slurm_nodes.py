@@ -116,9 +116,29 @@ class SlurmExecutor(Executor):
 
     # -- the loop ---------------------------------------------------------------------------------------
 
-    def adopt(self) -> list[str]:
-        """The run's node jobs that Slurm still has (a restarted erm launch): taken over, not duplicated."""
-        found = [j for j in self.slurm.jobs() if self._ours(j) and not j.ended]
+    def adopt(self, first=()) -> list[str]:
+        """The run's node jobs that Slurm still has (a restarted erm launch): taken over, not duplicated.
+        ``first``: the run's first node jobs, as (job id, time submitted), which erm launch submitted
+        while it loaded ermrun's parser: followed as submitted here (the run's request, no growth)."""
+        fresh = RunState(closed=None, demand=None, round=None, node_ids=frozenset())
+        for count, (job_id, at) in enumerate(first):
+            self.submitted += 1
+            node = SlurmNode(job_id)
+            self.nodes[job_id] = node
+            reason = (
+                f"{count} of {self.target(fresh)} node(s) running or pending; {self.demand_reason(fresh)}; "
+                "submitted while erm launch loaded ermrun's parser"
+            )
+            self._emit(
+                "submit",
+                node.host,
+                f"submitted Slurm job {job_id}: {reason}",
+                reason=reason,
+                job=job_id,
+                growth=False,
+                submitted_at=at,
+            )
+        found = [j for j in self.slurm.jobs() if self._ours(j) and not j.ended and j.job_id not in self.nodes]
         for job in found:
             growth = job.comment == self.options.growth_comment
             node = SlurmNode(job.job_id, job.state, job.nodes, growth=growth)

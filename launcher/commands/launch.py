@@ -39,7 +39,7 @@ class _ErmrunFlag(argparse.Action):
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from launcher.commands.launch_slurm import add_slurm_arguments
-    from launcher.ermrun import build_parser
+    from launcher.ermrun_options import ERMRUN_OPTIONS
 
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = EPILOG
@@ -145,14 +145,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     ex.add_argument("--events-file", help="also append the launcher's events to this JSONL file")
     ermrun = p.add_argument_group("ermrun", "every ermrun flag (ermrun --help), passed to each host's ermrun")
-    for action in build_parser()._actions:
-        if not action.option_strings or isinstance(action, argparse._HelpAction):
-            continue
+    for spellings, takes_value in ERMRUN_OPTIONS:
+        long_name = next(s for s in spellings if s.startswith("--"))
         ermrun.add_argument(
-            *action.option_strings,
-            dest=f"ermrun_{action.dest}",
+            *spellings,
+            dest="ermrun_" + long_name[2:].replace("-", "_"),
             action=_ErmrunFlag,
-            nargs=0 if action.nargs == 0 else None,
+            nargs=None if takes_value else 0,
             default=argparse.SUPPRESS,
             help=argparse.SUPPRESS,
         )
@@ -340,21 +339,106 @@ def run(args: argparse.Namespace) -> int:
     return _execute(args, plan, client)
 
 
-def _run_slurm(args: argparse.Namespace) -> int:
-    from elastic_rm.launch.slurm_cli import SlurmError
-    from launcher.commands.launch_slurm import check_slurm, execute_slurm, job_file_of
+class _ParserCheck(threading.Thread):
+    """ermrun's parser (torchrun's, which loads torch: seconds on a busy login node) reads the flags, and
+    erm launch connects to etcd, in a thread: meanwhile the main thread checks Slurm and submits the run's
+    first node jobs."""
 
+    def __init__(self, args: argparse.Namespace):
+        super().__init__(name="erm-launch-parser", daemon=True)
+        self._args = args
+        self.value: tuple | None = None  # (ns, flags, script, settings, nnodes, client)
+        self.refusal: str | None = None  # erm launch's error message
+        self.exit_code: int | None = None  # the parser refused and printed its usage error
+
+    @property
+    def refused(self) -> bool:
+        return self.refusal is not None or self.exit_code is not None
+
+    def run(self) -> None:
+        from elastic_rm.launch.slurm_cli import SlurmError
+        from launcher.commands.launch_slurm import check_poll_interval
+
+        try:
+            ns, flags, script = _ermrun_command_line(self._args)
+            nnodes = _nnodes(ns)
+            settings = _settings(ns, *nnodes)
+            check_poll_interval(self._args)
+            self.value = (ns, flags, script, settings, nnodes, _connect(settings, ns.rdzv_id))
+        except SystemExit as exc:
+            self.exit_code = int(exc.code or 2)
+        except (_Refused, ValueError, SlurmError) as exc:
+            self.refusal = str(exc)
+        except Exception as exc:  # reported as erm launch's error, not lost with the thread
+            self.refusal = f"{type(exc).__name__}: {exc}"
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _run_slurm(args: argparse.Namespace) -> int:
+    """Checks the input and runs the Slurm executor. The run's first node jobs are submitted while
+    ermrun's parser loads (_ParserCheck), from erm launch's own reading of the few flags they depend on
+    (read_first); if the parser refuses the flags, or reads them otherwise, those jobs are cancelled (and
+    gone from squeue) before erm launch exits with the parser's message."""
+    from elastic_rm.launch.slurm_cli import SlurmError
+    from launcher.commands.launch_slurm import (
+        cancel_jobs,
+        check_slurm,
+        execute_slurm,
+        job_file_of,
+        read_first,
+        submit_first,
+    )
+
+    first = read_first(list(args.ermrun_flags))
+    if first is not None:
+        args.ermrun_flags = first.flags  # a made-up run id: the same for the parser and the node jobs
+    parser = _ParserCheck(args)
+    submitted: list[tuple[str, float]] = []
+    checked = None
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        ns, flags, script = _ermrun_command_line(args)
-        nnodes = _nnodes(ns)
-        settings = _settings(ns, *nnodes)
-        checked = check_slurm(args, ns.rdzv_id, flags, script, job_file_of(ns))
-        client = _connect(settings, ns.rdzv_id)
-    except SystemExit as exc:
-        return int(exc.code or 2)
-    except (_Refused, ValueError, SlurmError) as exc:
-        return _fail(str(exc))
-    return execute_slurm(args, ns, settings, checked, nnodes, client)
+        parser.start()
+        slurm_error = None
+        if first is not None:
+            script = [args.training_script, *args.training_script_args]
+            try:
+                checked = check_slurm(args, first.run_id, first.flags, script, first.job_file)
+                if not parser.refused:
+                    low, high = first.nnodes
+                    count = max(low, min(checked[1].requested_nodes or low, high))
+                    submit_first(checked, count, submitted)
+            except (ValueError, SlurmError) as exc:
+                slurm_error = exc
+        parser.join()
+        if parser.refused or slurm_error is not None:
+            if checked is not None:
+                cancel_jobs(checked[0], [job_id for job_id, _ in submitted], args.stop_grace)
+            if parser.value is not None:
+                parser.value[-1].close()
+            if parser.exit_code is not None:
+                return parser.exit_code
+            return _fail(parser.refusal or str(slurm_error))
+        ns, flags, script, settings, nnodes, client = parser.value
+        read = (ns.rdzv_id, nnodes, job_file_of(ns))
+        if first is None or read != (first.run_id, first.nnodes, first.job_file):
+            if checked is not None:
+                cancel_jobs(checked[0], [job_id for job_id, _ in submitted], args.stop_grace)
+            submitted.clear()
+            try:
+                checked = check_slurm(args, ns.rdzv_id, flags, script, job_file_of(ns))
+            except (ValueError, SlurmError) as exc:
+                client.close()
+                return _fail(str(exc))
+    except KeyboardInterrupt:
+        if checked is not None:
+            cancel_jobs(checked[0], [job_id for job_id, _ in submitted], args.stop_grace)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return execute_slurm(args, ns, settings, checked, nnodes, client, submitted)
 
 
 def _execute(args: argparse.Namespace, plan: _Plan, client) -> int:

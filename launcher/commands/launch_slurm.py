@@ -8,6 +8,9 @@ import os
 import signal
 import sys
 import threading
+import time
+import uuid
+from dataclasses import dataclass
 
 
 def add_slurm_arguments(p: argparse.ArgumentParser, source) -> None:
@@ -123,10 +126,7 @@ def _requested_nodes(job_file: str | None, workdir: str) -> int | None:
     return nodes if isinstance(nodes, int) and nodes > 0 else None
 
 
-def check_slurm(args: argparse.Namespace, run_id: str, flags: list[str], script: list[str], job_file=None):
-    """Slurm is there, the partitions exist, and sbatch accepts the node job (``--test-only``: nothing
-    submitted); SlurmError with Slurm's own words otherwise. Returns (slurm, options, partitions)."""
-    from elastic_rm.launch.slurm_cli import Slurm
+def check_poll_interval(args: argparse.Namespace) -> None:
     from elastic_rm.wire.records import QUEUE_WRITE_EVERY_S
 
     if args.poll_interval > QUEUE_WRITE_EVERY_S:
@@ -135,6 +135,14 @@ def check_slurm(args: argparse.Namespace, run_id: str, flags: list[str], script:
             "queue key's refresh (the leader takes a key left unchanged for three of them as written by "
             "a launcher that is gone)"
         )
+
+
+def check_slurm(args: argparse.Namespace, run_id: str, flags: list[str], script: list[str], job_file=None):
+    """Slurm is there, the partitions exist, and sbatch accepts the node job (``--test-only``: nothing
+    submitted); SlurmError with Slurm's own words otherwise. Returns (slurm, options, partitions).
+    Imports nothing that loads torch: it runs while ermrun's parser loads (launcher.commands.launch)."""
+    from elastic_rm.launch.slurm_cli import Slurm
+
     options = _options(args, run_id, flags, script, job_file)
     slurm = Slurm()
     slurm.check_installed()
@@ -143,8 +151,101 @@ def check_slurm(args: argparse.Namespace, run_id: str, flags: list[str], script:
     return slurm, options, partitions
 
 
-def execute_slurm(args, ns, settings, checked, nnodes, client) -> int:
-    """Run the Slurm executor until the job ends (or Ctrl-C, SIGTERM: every node job is stopped)."""
+@dataclass(frozen=True)
+class FirstRead:
+    """ermrun's flags that the run's first node jobs depend on, read without ermrun's parser."""
+
+    flags: list[str]  # as typed, with --rdzv-id=<made up> when none was given
+    run_id: str
+    nnodes: tuple[int, int]
+    job_file: str | None
+
+
+def read_first(flags: list[str]) -> FirstRead | None:
+    """The run id, --nnodes and the job description from ermrun's flags as typed, as torchrun's parser
+    reads them (its PET_* variables included), without loading it. None when they are not plain, or name
+    a rendezvous backend, --standalone, a --node-id or no --rdzv-endpoint (which erm launch refuses or
+    leaves to the parser): the parser then reads them and nothing is submitted before it has. The
+    parser's reading is compared with this one before the node jobs are kept (launcher.commands.launch)."""
+    env = os.environ
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    p.add_argument("--rdzv-id", "--rdzv_id", default=env.get("PET_RDZV_ID", "none"))
+    p.add_argument("--nnodes", default=env.get("PET_NNODES", "1:1"))
+    p.add_argument("--rdzv-conf", "--rdzv_conf", default=env.get("PET_RDZV_CONF", ""))
+    p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default=env.get("PET_RDZV_ENDPOINT", ""))
+    p.add_argument("--rdzv-backend", "--rdzv_backend", default=env.get("PET_RDZV_BACKEND"))
+    p.add_argument("--standalone", action="store_true", default=bool(env.get("PET_STANDALONE")))
+    p.add_argument("--node-id")
+    p.add_argument("--job")
+    try:
+        known, _ = p.parse_known_args(flags)
+        if known.rdzv_backend or known.standalone or known.node_id or not known.rdzv_endpoint:
+            return None
+        low, _, high = known.nnodes.partition(":")
+        nnodes = (int(low), int(high or low))
+        pairs = (item.split("=", 1) for item in known.rdzv_conf.split(",") if item.strip())
+        conf = {key.strip(): value.strip() for key, value in pairs}
+    except (argparse.ArgumentError, ValueError):
+        return None
+    job_file = known.job or conf.get("job_file") or None
+    flags = list(flags)
+    run_id = known.rdzv_id
+    if run_id in ("", "none"):
+        run_id = f"job-{uuid.uuid4().hex[:8]}"
+        flags.append(f"--rdzv-id={run_id}")
+    return FirstRead(flags, run_id, nnodes, job_file)
+
+
+def submit_first(checked, count: int, submitted: list[tuple[str, float]]) -> None:
+    """The run's first ``count`` node jobs, appended to ``submitted`` as (job id, time submitted); none when
+    Slurm has node jobs of the run already (a restarted erm launch adopts those)."""
+    slurm, options, _ = checked
+    if any(j.name == options.job_name and not j.ended for j in slurm.jobs()):
+        return
+    for _ in range(count):
+        submitted.append((slurm.submit(options.sbatch_options([]), options.batch_script()), time.time()))
+
+
+def cancel_jobs(slurm, job_ids: list[str], grace_s: float) -> None:
+    """Stop node jobs as the executor does: a pending one is cancelled, a running one's ermrun gets SIGTERM
+    (it leaves and cleans up) and is cancelled after ``grace_s``; returns once squeue lists none of them
+    alive (bounded)."""
+    from elastic_rm.launch.slurm_cli import SlurmError
+
+    if not job_ids:
+        return
+    deadline = time.monotonic() + grace_s
+    signalled: set[str] = set()
+    cancelled = False
+    while time.monotonic() < deadline + 10:
+        try:
+            alive = [j for j in slurm.jobs() if j.job_id in job_ids and not j.ended]
+        except SlurmError:
+            alive = None
+        if alive == []:
+            return
+        for job in alive or ():
+            try:
+                if job.state == "PENDING":
+                    slurm.cancel(job.job_id)
+                elif job.job_id not in signalled:
+                    slurm.signal(job.job_id, "TERM")
+                    signalled.add(job.job_id)  # once: a second SIGTERM would cut ermrun's cleanup short
+            except SlurmError:
+                pass  # e.g. its batch step is not there yet: again at the next look
+        if alive is None or (not cancelled and time.monotonic() > deadline):
+            cancelled = True
+            try:
+                slurm.cancel(*job_ids)
+            except SlurmError as exc:
+                print(f"erm launch: scancel {' '.join(job_ids)} failed: {exc}", file=sys.stderr)
+        time.sleep(0.2)
+    print(f"erm launch: Slurm still lists job(s) {' '.join(job_ids)}; scancel them", file=sys.stderr)
+
+
+def execute_slurm(args, ns, settings, checked, nnodes, client, first=()) -> int:
+    """Run the Slurm executor until the job ends (or Ctrl-C, SIGTERM: every node job is stopped);
+    ``first``: the node jobs submitted before it, as (job id, time submitted)."""
     from elastic_rm.launch.executor import ExecutorConfig
     from elastic_rm.launch.pool import HostPool
     from elastic_rm.launch.slurm_cli import SlurmError
@@ -178,9 +279,10 @@ def execute_slurm(args, ns, settings, checked, nnodes, client) -> int:
     previous = signal.signal(signal.SIGTERM, on_term)
     try:
         try:
-            adopted = executor.adopt()
+            adopted = executor.adopt(first)
         except SlurmError as exc:
             say(f"cannot list Slurm's jobs: {exc}")
+            executor.stop_all("erm launch cannot list Slurm's jobs")
             return 2
         say(
             f"run {run_id}: Slurm partition(s) {','.join(partitions)}, {nnodes[0]}-{nnodes[1]} node(s), "
@@ -199,6 +301,7 @@ def execute_slurm(args, ns, settings, checked, nnodes, client) -> int:
         )
         return executor.run()
     except KeyboardInterrupt:
+        executor.stop_all("erm launch was interrupted")  # the first node jobs, if before the executor ran
         say("interrupted: every node job was stopped")
         return 130
     finally:

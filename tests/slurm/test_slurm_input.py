@@ -21,6 +21,8 @@ def erm_launch(tmp_path, env, etcd_endpoint: str, run_id: str, *extra: str) -> s
         "launch",
         "--slurm",
         *extra,
+        "--slurm-output",
+        str(tmp_path / "%x-%j.out"),
         "--workdir",
         REPO,
         "--nnodes",
@@ -200,6 +202,22 @@ def test_a_job_file_named_but_unreadable_on_the_login_node_is_refused_before_any
     with pytest.raises(ValueError, match=said) as err:
         check_slurm(args, ns.rdzv_id, flags, script, job_file_of(ns))
     assert str(tmp_path / "job.json") in str(err.value)
+    assert run_jobs(slurm, run_id) == []
+
+
+@pytest.mark.parametrize(
+    "extra, said",
+    [
+        (["--max-restarts", "many"], "argument --max-restarts/--max_restarts: invalid int value: 'many'"),
+        (["--rdzv-backend", "c10d"], "erm launch runs the elastic-rm rendezvous; remove --rdzv-backend c10d"),
+    ],
+)
+def test_flags_ermruns_parser_refuses_leave_no_node_job(tmp_path, run_id, etcd, slurm, extra, said):
+    """ermrun's parser reads the flags while the run's first node jobs are submitted: its refusal
+    cancels them, and erm launch exits once Slurm lists none of them running."""
+    r = erm_launch(tmp_path, slurm.env(), etcd.endpoint, run_id, *extra)
+    assert r.returncode == 2, r.stderr
+    assert said in r.stderr, r.stderr
     assert run_jobs(slurm, run_id) == []
 
 

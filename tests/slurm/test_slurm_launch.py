@@ -45,6 +45,11 @@ def test_grows_to_the_wanted_count_reports_the_queue_and_ctrl_c_leaves_nothing(
     events = launch_events(etcd, run_id)
     submits = actions(events, "submit")
     assert len(submits) == 3 and max(in_flight) == 3  # no demand yet: --nnodes MAX, never more
+    # the run's request (--nnodes' minimum) was submitted before the executor began, while erm launch
+    # loaded ermrun's parser; the growth node job after it, by the executor
+    begin = next(e for e in events if e.data.get("action") == "begin")
+    first = [e for e in submits if "while erm launch loaded ermrun's parser" in e["reason"]]
+    assert len(first) == 2 and all(e["submitted_at"] <= begin.time for e in first), told(events)
     running = {e["host"] for e in actions(events, "running")}
     assert len(running) == 3 and running <= set(slurm.node_names)
     # --nnodes' minimum is the run's request without a job description: the third node is growth
