@@ -298,15 +298,45 @@ class PeerClient:
             part.unlink(missing_ok=True)
 
     def _get_into(self, path: str, f: Any, span: tuple[int, int] | None) -> int | None:
-        """GET `path` (or one byte span of it) into `f` at the span's offset; None on 404."""
+        """GET `path` (or one byte span of it) into `f` at the span's offset; None on 404. On the
+        connection this client keeps (see _request(reuse=True)): a restore asks a peer for many small
+        spans, and a TCP connect and a server thread per span cost more than most spans. A kept
+        connection the server has closed meanwhile is opened again once."""
         headers = self._headers()
         if span is not None:
             headers["Range"] = f"bytes={span[0]}-{span[0] + span[1] - 1}"
-            f.seek(span[0])
-        conn = self._conn()
+        for fresh in (False, True):
+            kept = not fresh and self._kept is not None
+            conn = self._kept if kept and self._kept is not None else self._conn()
+            self._kept = None  # this request's until its answer is read whole
+            if span is not None:
+                f.seek(span[0])
+            try:
+                conn.request("GET", API + path, headers=headers)
+                resp = conn.getresponse()
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                conn.close()
+                if kept:
+                    continue
+                raise
+            except BaseException:
+                conn.close()
+                raise
+            return self._read_into(conn, resp, path, headers, f, span)
+        raise AssertionError("unreachable: the second try uses a new connection")
+
+    def _read_into(
+        self,
+        conn: http.client.HTTPConnection,
+        resp: http.client.HTTPResponse,
+        path: str,
+        headers: dict[str, str],
+        f: Any,
+        span: tuple[int, int] | None,
+    ) -> int | None:
+        """The answer of _get_into written into `f`; the connection is kept once it was read whole."""
+        whole = False
         try:
-            conn.request("GET", API + path, headers=headers)
-            resp = conn.getresponse()
             if resp.status == 404:
                 resp.read(4096)
                 return None
@@ -314,15 +344,21 @@ class PeerClient:
                 raise self._fail(f"GET {path} ({headers.get('Range', 'whole file')})", resp)
             length = int(resp.getheader("Content-Length", "-1"))
             got = 0
-            view = memoryview(bytearray(CHUNK))
+            # no larger than the span: a restore asks for many small spans (a delta's header, the
+            # checksum blocks of its entries), and a zeroed buffer of CHUNK per request cost more than them
+            view = memoryview(bytearray(CHUNK if span is None else min(CHUNK, span[1])))
             while n := resp.readinto(view):
                 f.write(view[:n])
                 got += n
             if got != length or (span is not None and got != span[1]):
                 raise PeerError(f"{self.peer.node}: GET {path}: got {got} of {length} bytes (connection cut)")
+            whole = True
             return got
         finally:
-            conn.close()
+            if whole and not resp.will_close and self._kept is None:
+                self._kept = conn
+            else:
+                conn.close()
 
     # ---- keeping a replica on a peer ----------------------------------------------------------
     def push_replica(

@@ -163,9 +163,11 @@ class HttpPeerSource:
         return dest
 
     def clear(self) -> None:
-        """Drop the downloaded copies (after the load: they only hold memory)."""
+        """Drop the downloaded copies (after the load: they only hold memory) and close the connection
+        the reads kept, which holds a thread of the peer's server until it times out."""
         shutil.rmtree(self.cache_dir, ignore_errors=True)
         self._have.clear()
+        self.client.close()
 
 
 def _copy_spans(src: Path, dst: Path, spans: list[tuple[int, int]]) -> None:

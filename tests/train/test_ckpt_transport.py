@@ -17,8 +17,11 @@ from pathlib import Path
 import pytest
 
 from elastic_rm.agent.ckpt_hooks import peers_env
+from elastic_rm.background import HttpThread
+from elastic_rm.checkpoint.http import CheckpointHttpServer
 from elastic_rm.checkpoint.local_servers import NodeServer, node_servers
 from elastic_rm.checkpoint.manifest import (
+    MANIFEST,
     CorruptCheckpointError,
     digest,
     file_entry,
@@ -28,6 +31,7 @@ from elastic_rm.checkpoint.manifest import (
 from elastic_rm.checkpoint.peers import PeerClient, PeerEndpoint, PeerError, parse_peers
 from elastic_rm.checkpoint.server import CheckpointServer
 from elastic_rm.checkpoint.sources import DirectorySource, FileResolver, HttpPeerSource
+from elastic_rm.checkpoint.store import CheckpointStore
 from elastic_rm.wire.records import NodeRecord, RecordError, dumps
 
 
@@ -405,3 +409,44 @@ def test_a_body_cut_by_the_timeout_closes_the_connection(tmp_path: Path) -> None
             except (ConnectionResetError, BrokenPipeError):
                 answer = b""
             assert answer == b"", f"the rest of a cut body was read as a request: {answer[:80]!r}"
+
+
+class CountingServer(CheckpointHttpServer):
+    """The checkpoint server's HTTP server, counting the connections it accepts."""
+
+    accepted = 0
+
+    def get_request(self) -> tuple[socket.socket, object]:
+        self.accepted += 1
+        return super().get_request()
+
+
+def test_a_restore_reads_its_spans_from_a_peer_on_one_connection(tmp_path: Path) -> None:
+    """Many small range reads (a delta's header, then the blocks of its entries) go over one kept
+    connection, each read whole and right; clear() after the load closes it, and reads after that
+    open a new one."""
+    data = os.urandom(64 << 10)
+    step_dir = tmp_path / "n0" / step_dirname(1)
+    step_dir.mkdir(parents=True)
+    (step_dir / "f.erm").write_bytes(data)
+    block = 4 << 10
+    blocks = [digest(data[o : o + block]) for o in range(0, len(data), block)]
+    entry = {"xxh3_128": digest(data), "size": len(data), "block": block, "blocks": blocks, "node": "n0"}
+    body = {"step": 1, "world_size": 1, "position": {}, "files": {"f.erm": entry}}
+    (step_dir / MANIFEST).write_bytes(make_manifest(body))
+    server = CountingServer("127.0.0.1", 0, CheckpointStore(tmp_path / "n0"), "tok", 30.0)
+    http_thread = HttpThread(server, "test-ckpt-server")
+    try:
+        peer = PeerEndpoint("n0", f"http://127.0.0.1:{http_thread.port}", "tok")
+        src = HttpPeerSource(peer, tmp_path / "cache", timeout_s=30)
+        for b in (3, 0, 9, 15, 7):
+            path = src.file_blocks(1, "f.erm", entry, [(b * block + 1, 2)])
+            assert path is not None
+            assert path.read_bytes()[b * block : (b + 1) * block] == data[b * block : (b + 1) * block]
+        assert server.accepted == 1
+        src.clear()
+        assert src.file_blocks(1, "f.erm", entry, [(0, 1)]) is not None
+        assert server.accepted == 2
+        src.clear()
+    finally:
+        http_thread.stop(5.0)
