@@ -396,7 +396,9 @@ def decisions(events: list[Event], t0: float) -> list[dict]:
                 if d.get(key) is not None:
                     row[key] = d[key]
             out.append(row)
-    return out
+    # in time order: a run's first node jobs are reported once erm launch has loaded ermrun's parser,
+    # after the leader's first events when its nodes started faster than that
+    return sorted(out, key=lambda row: row["t"])
 
 
 def collect_give_backs(etcd, run: PolicyRun, t0: float) -> dict[str, list[dict]]:
