@@ -15,7 +15,8 @@ executor (elastic_rm.launch.executor), over jobs instead of hosts:
 - on start, the run's jobs that Slurm still has (same name and comment) are adopted, not duplicated;
 - the run's ``queue`` key gets the nodes that other pending jobs of the run's partitions ask for
   (``waiting_nodes``; at once when it changes, else every few seconds): the planner gives nodes back
-  while others wait;
+  while others wait; and the run's node jobs that Slurm runs (``running_nodes``): the leader holds the
+  first round until their agents registered (bounded), so that it does not form without them;
 - growth yields to other jobs: a node job past the run's request (the job description's, else --nnodes'
   minimum) is submitted with a large ``--nice`` (Slurm starts every other pending job first), and while
   other jobs of the partition wait, no such job is submitted and the pending ones are cancelled. Other
@@ -103,6 +104,7 @@ class SlurmExecutor(Executor):
         self._clock = clock
         self._queue_at = float("-inf")
         self.waiting_nodes: int | None = None  # as last written to the queue key
+        self.running_nodes = 0  # as last written to the queue key
         self.others_waiting = 0  # nodes other pending jobs of the partitions ask for, at the last poll
         self._holding = False  # growth held back because others wait (reported once per hold)
         self._rounds_read = False  # the run's round records, read once it closed (_note_round_members)
@@ -291,18 +293,20 @@ class SlurmExecutor(Executor):
                 self._blacklist(node.slurm_node, error, at_once=True)
 
     def _write_queue(self, now: float) -> None:
-        """The queue key: at once when the count changed (the planner gives nodes back sooner), else
-        refreshed every QUEUE_EVERY_S."""
-        waiting = self.others_waiting
-        if waiting == self.waiting_nodes and now - self._queue_at < QUEUE_EVERY_S:
+        """The queue key: at once when a count changed (the planner gives nodes back sooner, the first
+        round forms with the running nodes), else refreshed every QUEUE_EVERY_S."""
+        running = sum(n.state == "RUNNING" and not n.stopping for n in self.nodes.values())
+        counts = self.others_waiting, running
+        if counts == (self.waiting_nodes, self.running_nodes) and now - self._queue_at < QUEUE_EVERY_S:
             return
+        waiting, running = counts
         self._queue_at = now
         rec = QueueRecord(
             waiting_nodes=waiting,
             source="erm launch --slurm: nodes that other pending jobs of "
-            f"{','.join(sorted(self.partitions))} "
-            "ask for",
+            f"{','.join(sorted(self.partitions))} ask for",
             time=time.time(),
+            running_nodes=running,
         )
         try:
             self._client.put(self._keys.queue, rec.to_json())
@@ -316,7 +320,7 @@ class SlurmExecutor(Executor):
                 action="queue",
                 waiting_nodes=waiting,
             )
-        self.waiting_nodes = waiting
+        self.waiting_nodes, self.running_nodes = waiting, running
 
     def _report_pending(self, now: float) -> None:
         for node in self.nodes.values():

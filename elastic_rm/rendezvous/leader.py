@@ -5,6 +5,12 @@ node lease); the winner follows nodes and acks, asks the :class:`RoundPolicy` wh
 change (and when the policy asks to be woken), writes new rounds and seals a round once all of its
 members acked it. Every write carries the election's fence and the round key's mod revision, so a
 deposed leader, or two leaders in a race, can never both write: the second transaction fails.
+
+The first round: while no round exists, the policy is asked only once MIN nodes registered and, when the
+run's ``queue`` record says its pool runs more node jobs than have registered (``running_nodes``, written
+by `erm launch --slurm`), once those registered too or FIRST_ROUND_WAIT_S passed (both said in events).
+Their agents are still starting; a first round formed without them is followed at once by a scale-up
+round. A missing or stale record counts 0 and never holds a round (queue_signal.py).
 """
 
 from __future__ import annotations
@@ -38,6 +44,9 @@ DECIDE_PAUSE_MAX_S = 0.25  # but never longer than this
 # A node outside the current round's members campaigns only after the run had no leader this long: a
 # member (alive, not flagged slow, not scaled away) takes the leadership first (see _campaign_after).
 LEADERLESS_GRACE_S = 1.0
+# The first round waits at most this long for node jobs that run but whose agents have not registered yet
+FIRST_ROUND_WAIT_S = 30.0
+FIRST_ROUND_RECHECK_S = 0.5  # how often a held first round looks at the queue record again
 
 
 class RoundLeader:
@@ -77,6 +86,8 @@ class RoundLeader:
         self._wake_at = 0.0
         self._next_decide_at = 0.0  # the policy runs again no sooner than this (monotonic)
         self._queue = QueueSignal(client, view.keys)  # the cluster's queue, when an executor writes it
+        self._first_wait_since: float | None = None  # monotonic time this leader began to hold round 1
+        self._first_wait_said = ""  # the last hold event emitted ("wait" or "done")
         self._loop = Background(self._run, "erm-leader", wake=self._wake)
         self.last_reason = ""
 
@@ -151,6 +162,9 @@ class RoundLeader:
         if view.round is None and len(view.nodes) < self._min:
             self._decided_at_version = view.membership_version
             return 0.0  # no policy may form a round below MIN: skip the O(N) snapshot per arrival
+        if view.round is None and (look_again := self._first_round_wait()) is not None:
+            self._decided_at_version, self._wake_at = view.membership_version, look_again
+            return look_again
         now = time.monotonic()
         full = view.round is None and len(view.nodes) >= self._max  # the first round cannot grow: decide now
         if now < self._next_decide_at and not full:
@@ -173,6 +187,38 @@ class RoundLeader:
             self.last_reason = plan.reason
         self._wake_at = plan.until or 0.0
         return self._wake_at
+
+    def _first_round_wait(self) -> float | None:
+        """None: the first round may be decided now. Else when to look again: the pool runs more of the
+        run's node jobs than have registered, and FIRST_ROUND_WAIT_S has not passed since the hold began."""
+        registered = len(self._view.nodes)
+        running = min(self._queue.running_nodes(), self._max)
+        now = time.monotonic()
+        if registered >= running:
+            if self._first_wait_said == "wait":
+                self._say_first_wait("done", f"round 1: all {running} running node job(s) registered")
+            return None
+        since = self._first_wait_since = self._first_wait_since or now
+        if now - since >= FIRST_ROUND_WAIT_S:
+            self._say_first_wait(
+                "done",
+                f"round 1: {registered} of {running} running node job(s) registered after "
+                f"{FIRST_ROUND_WAIT_S:g}s; deciding without the others",
+            )
+            return None
+        self._say_first_wait(
+            "wait",
+            f"round 1 waits for {running - registered} more node(s) that the pool runs, whose agents are "
+            f"still starting (at most {FIRST_ROUND_WAIT_S:g}s)",
+        )
+        return min(now + FIRST_ROUND_RECHECK_S, since + FIRST_ROUND_WAIT_S)
+
+    def _say_first_wait(self, what: str, message: str) -> None:
+        if self._first_wait_said == what:
+            return
+        self._first_wait_said = what
+        log.info(message)
+        self._emit("leader", message, action=f"first_round_{what}")
 
     def _emit(self, kind: str, message: str, **data) -> None:
         if self._events is not None:

@@ -362,19 +362,26 @@ QUEUE_STALE_AFTER_S = 3 * QUEUE_WRITE_EVERY_S
 class QueueRecord:
     """``queue``: how many nodes other jobs wait for on the pool this run's nodes come from (the cluster's
     queue), written by the executor that places the run's nodes, when it knows. The leader puts it in the
-    planner's snapshot (``waiting_nodes``); without the key the planner is told nothing (None)."""
+    planner's snapshot (``waiting_nodes``); without the key the planner is told nothing (None).
+    ``running_nodes``: the run's own node jobs that the pool runs now; the leader holds the first round
+    until that many nodes registered (their agents are still starting), bounded (leader.py)."""
 
     waiting_nodes: int
     source: str = ""  # who wrote it and what it counts, for people reading etcd
     time: float = 0.0
+    running_nodes: int = 0
 
     @classmethod
     def parse(cls, key: str, raw: bytes) -> QueueRecord:
         d = _load(key, raw)
+        running = _field(key, d, "running_nodes", int, 0)
+        if running < 0:
+            raise RecordError(f"malformed value in etcd key {key}: running_nodes must be >= 0, got {running}")
         return cls(
             waiting_nodes=_count(key, d, "waiting_nodes"),
             source=_field(key, d, "source", str, ""),
             time=float(_field(key, d, "time", (int, float), 0.0)),
+            running_nodes=running,
         )
 
     def to_json(self) -> bytes:

@@ -40,3 +40,24 @@ def test_a_record_left_unchanged_past_three_refreshes_is_unknown_until_rewritten
             clock.now += QUEUE_WRITE_EVERY_S
             client.put(keys.queue, QueueRecord(0, "test", time=written).to_json())
             assert signal.waiting_nodes() == 0
+
+
+def test_running_nodes_count_only_from_a_fresh_record(etcd):
+    keys = Keyspace("/elastic-rm", f"queue-running-{time.monotonic_ns()}")
+    clock = Clock()
+    with EtcdClient(etcd.endpoint, timeout=5) as client:
+        signal = QueueSignal(client, keys, every_s=1.0, clock=clock)
+        assert signal.running_nodes() == 0  # no record: a run without erm launch --slurm
+        client.put(keys.queue, QueueRecord(0, "test", time=time.time(), running_nodes=4).to_json())
+        clock.now += 1.0
+        assert signal.running_nodes() == 4
+        clock.now += QUEUE_STALE_AFTER_S + 1.0  # unchanged since: its writer is gone
+        assert signal.running_nodes() == 0
+        old = time.time() - QUEUE_STALE_AFTER_S - 60  # written long ago by the writer's clock
+        client.put(keys.queue, QueueRecord(0, "test", time=old, running_nodes=4).to_json())
+        clock.now += 1.0
+        assert signal.running_nodes() == 0
+        assert signal.waiting_nodes() == 0  # the planner's count keeps its own rule
+        client.put(keys.queue, b'{"v":1,"waiting_nodes":0,"running_nodes":-1}')
+        clock.now += 1.0
+        assert signal.running_nodes() == 0

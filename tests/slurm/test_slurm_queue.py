@@ -94,6 +94,24 @@ def test_waiting_nodes_are_other_pending_jobs_of_the_runs_partitions(etcd, run_i
         assert QueueRecord.parse("queue", client.get(kv.key).value).waiting_nodes == 4
 
 
+def test_running_nodes_are_the_runs_running_node_jobs_and_a_change_is_written_at_once(etcd, run_id):
+    """The leader holds the first round until that many nodes registered (their agents still start)."""
+    with EtcdClient(etcd.endpoint) as client:
+        executor = _executor(client, run_id, Slurm(), [])
+        key = Keyspace("/elastic-rm", run_id).queue
+        executor.nodes["1"] = SlurmNode("1", "RUNNING", "b1")
+        executor.nodes["2"] = SlurmNode("2", "RUNNING", "b2")
+        executor.nodes["3"] = SlurmNode("3")  # pending: no agent yet, nothing to wait for
+        stopping = executor.nodes["4"] = SlurmNode("4", "RUNNING", "b4")
+        stopping.stop_requested_at = 1.0  # released: it leaves the rendezvous
+        executor._write_queue(now=100.0)
+        assert QueueRecord.parse("queue", client.get(key).value).running_nodes == 2
+        executor.nodes["3"] = SlurmNode("3", "RUNNING", "b3")
+        executor._write_queue(now=101.0)  # within the refresh interval, but a new count
+        rec = QueueRecord.parse("queue", client.get(key).value)
+        assert (rec.running_nodes, rec.waiting_nodes) == (3, 0)
+
+
 def test_other_runs_growth_node_jobs_are_not_waiting_but_their_requested_ones_are(etcd, run_id):
     """Another erm run's node job past its request yields by itself: no reason to give nodes back."""
     other_request = _job(7, "erm-other", "PENDING", "debug", 1)
