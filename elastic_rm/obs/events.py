@@ -43,7 +43,7 @@ KINDS = (
     "decision",  # the policy decided a round: reason, predicted gain
     "outcome",  # a decided round's measured throughput after it settled, against before and the prediction
     "demand",  # the policy's wanted node count changed
-    "leader",  # this node became the leader
+    "leader",  # this node became the leader; the leader holds the first round for running nodes
     "failure",  # a worker group failed, a node was lost
     "drain",  # workers drained at a step boundary before a new round
     "checkpoint",  # a flash checkpoint was saved or persisted
