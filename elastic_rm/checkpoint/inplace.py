@@ -232,10 +232,11 @@ def _index(base_dir: Path, layout: dict[str, list[Item]]) -> dict[Any, tuple[str
 
 
 def _checked_plan(
-    index: dict[Any, Any], delta: Path
+    base_dir: Path, index: dict[Any, Any], delta: Path
 ) -> list[tuple[str, int, int, list[int], dict[str, Any]]]:
     """The writes of `delta` into the base, with every row index and size checked against the base's
-    layout (CorruptCheckpointError naming the delta otherwise): nothing is written before every
+    layout (CorruptCheckpointError naming the delta otherwise; FoldRefused naming the base's file
+    when its layout does not split a tensor into whole rows): nothing is written before every
     delta's plan is known to fit."""
     import numpy as np  # the agent's server folds too; numpy only when it does
 
@@ -243,7 +244,7 @@ def _checked_plan(
     _, data_at = _delta_header(delta)
     size = delta.stat().st_size
     with open(delta, "rb") as f:
-        for _, _, nbytes, sizes, e in plan:
+        for name, _, nbytes, sizes, e in plan:
             key = ".".join(e["key"])
             lo, n = data_at + e["data"][0], e["data"][1]
             if lo < data_at or n < 0 or lo + n > size:
@@ -252,6 +253,8 @@ def _checked_plan(
                 if n != nbytes:
                     raise CorruptCheckpointError(f"{delta}: {key}: size differs from the base's")
                 continue
+            if nbytes % max(1, sizes[0]):
+                raise FoldRefused(f"{base_dir / name}: {key} of {nbytes} bytes is not {sizes[0]} whole rows")
             count = e["shape"][0]
             row = nbytes // max(1, sizes[0])
             r0 = data_at + e["rows"][0]
@@ -270,7 +273,7 @@ Plans = list[tuple[Path, list[tuple[str, int, int, list[int], dict[str, Any]]]]]
 def checked_plans(base_dir: Path, layout: dict[str, list[Item]], deltas: list[Path]) -> Plans:
     """Each delta with its checked writes into the base's files of `base_dir` (_checked_plan)."""
     index = _index(base_dir, layout)
-    return [(d, _checked_plan(index, d)) for d in deltas]
+    return [(d, _checked_plan(base_dir, index, d)) for d in deltas]
 
 
 def apply_in_place(
@@ -293,6 +296,7 @@ def apply_in_place(
     files = {name for _, plan in plans for name, *_ in plan}
     opened = {n: open(base_dir / n, "r+b") for n in sorted(files)}
     maps = {n: _mapped(f, writable=True) for n, f in opened.items()}
+    dst = None
     try:
         for delta, plan in plans:
             with open(delta, "rb") as f:
@@ -318,10 +322,12 @@ def apply_in_place(
                     src = raw[lo : lo + n].view(word).reshape(count, words)
                     dst.view(word).reshape(sizes[0], words)[rows] = src
                 written += n
-                del dst
             if on_stage is not None:
                 on_stage("delta")
     finally:
+        # a view of a map still bound (an exception left the loop) would make the close raise
+        # BufferError in place of the real error
+        del dst
         for m in maps.values():
             m.close()
         for f in opened.values():

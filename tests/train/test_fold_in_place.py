@@ -440,3 +440,42 @@ def test_apply_in_place_writes_rows_of_any_width_at_any_offset(tmp_path: Path) -
         assert got[offset : offset + n] == want[name].numpy().tobytes(), name
         assert len(shape) == want[name].dim()
     assert got[:3] == b"\x01\x02\x03"
+
+
+def test_a_layout_that_does_not_split_a_tensor_into_whole_rows_is_refused_naming_its_file(
+    tmp_path: Path,
+) -> None:
+    """A base layout whose tensor is not a whole number of rows is refused before any write, naming
+    the base's file; a fold that fails while its base is mapped raises its own error (the maps close
+    cleanly), so recover_fold can drop a fold that cannot be finished."""
+    import numpy as np
+    import torch
+
+    from elastic_rm.checkpoint.delta_file import DeltaPiece, write_delta
+    from elastic_rm.checkpoint.inplace import checked_plans
+
+    table = torch.arange(48, dtype=torch.float32).reshape(12, 4)
+    raw = table.numpy().tobytes()
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "f").write_bytes(raw + bytes(8))
+    before = (tmp_path / "base" / "f").read_bytes()
+    delta = tmp_path / "d.erm"
+    values = torch.full((2, 4), 7.0)
+    write_delta(delta, [DeltaPiece(["t"], [0, 0], values, torch.tensor([1, 5]), [12, 4])])
+    bad = {"f": [["t", [0, 0], [12, 4], 0, len(raw) + 3]]}
+    with pytest.raises(FoldRefused, match=r"base/f: t of 195 bytes is not 12 whole rows"):
+        apply_in_place(tmp_path / "base", bad, [delta])
+    # the same bad item in a plan given as checked: the write fails on its own error
+    good = {"f": [["t", [0, 0], [12, 4], 0, len(raw)]]}
+    plans = [
+        (d, [(n, at, nbytes + 3, s, e) for n, at, nbytes, s, e in p])
+        for d, p in checked_plans(tmp_path / "base", good, [delta])
+    ]
+    with pytest.raises(ValueError):
+        apply_in_place(tmp_path / "base", good, [delta], plans=plans)
+    assert (tmp_path / "base" / "f").read_bytes() == before
+    assert apply_in_place(tmp_path / "base", good, [delta]) == values.numel() * 4
+    want = table.clone()
+    want[[1, 5]] = values
+    assert (tmp_path / "base" / "f").read_bytes()[: len(raw)] == want.numpy().tobytes()
+    assert np.frombuffer((tmp_path / "base" / "f").read_bytes()[len(raw) :], np.uint8).sum() == 0
