@@ -121,7 +121,9 @@ class PeerClient:
         self._tls = tls
         self._required = required or tls is not None
         self._context: ssl.SSLContext | None = None
-        self._kept: http.client.HTTPConnection | None = None  # see _request(reuse=True)
+        # one connection kept open between requests: replica pushes (_request(reuse=True)) and a
+        # restore's file and span reads (_get_into); close() ends it
+        self._kept: http.client.HTTPConnection | None = None
 
     def _conn(self) -> http.client.HTTPConnection:
         host, port = self.peer.hostport
@@ -240,7 +242,9 @@ class PeerClient:
             self._kept = None
 
     def close(self) -> None:
-        """Close the connection kept for pushes (if any)."""
+        """Close the connection kept open between requests (replica pushes, a restore's reads), if
+        any: it holds a thread of the peer's server until the server times it out. The client opens
+        a new one on its next request."""
         if self._kept is not None:
             self._kept.close()
             self._kept = None
