@@ -239,20 +239,43 @@ class PlannerPolicy:
         cur = snapshot.current
         last = max(state.last_round_at, cur.decided_at if cur.decided_at > 0 else float("-inf"))
         until = last + self.config.cooldown_s
-        if snapshot.now < until and not self._catch_up_pays(snapshot, state, job, members, healthy, nodes):
-            return Wait(f"cooldown until {until:.3f}", until=until), state
-        return None, state
+        if snapshot.now >= until:
+            return None, state
+        if self._catch_up_pays(snapshot, state, job, members, healthy, nodes):  # the only exception
+            return self._catch_up(snapshot, state, members, healthy)
+        return Wait(f"cooldown until {until:.3f}", until=until), state
+
+    def _catch_up(self, snapshot, state, members, healthy):
+        """A run started short of its start size (a full cluster gave fewer nodes) takes healthy waiting
+        nodes up to it as they come, without a profiling window: the start size was planned for the job.
+        The cooldown lets this decision, and no other, through when it repays its round."""
+        start = state.start
+        want = self._start_size(snapshot, state)
+        if not (len(members) < want and healthy):
+            return None, state
+        new = list(members) + healthy[: want - len(members)]
+        state = replace(state, last_round_at=snapshot.now)
+        reason = f"scale up {len(members)} -> {len(new)}: toward the start size {want} ({start.reason})"
+        spare = self._standby(healthy[want - len(members) :], state.flagged)
+        return decide(state, snapshot.current.number, new, spare, reason, None, start.confidence)
+
+    @staticmethod
+    def _start_size(snapshot, state) -> int:
+        """The size a run started short of catches up to: the start size, never past what stage 2 has
+        since chosen (standby nodes wait); 0 before a start plan."""
+        start = state.start
+        want = min(start.world, snapshot.max_nodes) if isinstance(start, StartPlan) else 0
+        if state.advice.target_nodes > 0:
+            want = min(want, state.advice.target_nodes)
+        return want
 
     def _catch_up_pays(self, snapshot, state, job, members, healthy, nodes) -> bool:
         """Whether a run the cluster started short of its start size gains so much from the nodes now
         free that the round up to it repays itself within the time the job has run (promise.pays): a short
         job would otherwise spend its whole run below its request, waiting out the cooldown."""
-        start = state.start
-        if not isinstance(start, StartPlan) or not healthy:
+        if not isinstance(state.start, StartPlan) or not healthy:
             return False
-        want = min(start.world, snapshot.max_nodes)
-        if state.advice.target_nodes > 0:
-            want = min(want, state.advice.target_nodes)
+        want = self._start_size(snapshot, state)
         w = len(members)
         target = min(want, w + len(healthy))
         f = self.fit(state, job)
@@ -313,16 +336,10 @@ class PlannerPolicy:
         cur = snapshot.current
         ready = [c for c in state.configs if c.round == cur.number and c.clean]
         window, need = (cfg.profile_window_s, cfg.min_profile_samples) if cfg.profiling else (0.0, 1)
-        start = state.start
-        want = min(start.world, snapshot.max_nodes) if isinstance(start, StartPlan) else 0
-        if state.advice.target_nodes > 0:  # never past what stage 2 has since chosen (standby nodes wait)
-            want = min(want, state.advice.target_nodes)
-        if len(members) < want and healthy:  # started short of the start size (a full cluster): catch up
-            new = list(members) + healthy[: want - len(members)]  # as nodes come, no profiling needed
-            state = replace(state, last_round_at=snapshot.now)
-            reason = f"scale up {len(members)} -> {len(new)}: toward the start size {want} ({start.reason})"
-            spare = self._standby(healthy[want - len(members) :], state.flagged)
-            return decide(state, cur.number, new, spare, reason, None, start.confidence)
+        answer, state = self._catch_up(snapshot, state, members, healthy)
+        if answer is not None:
+            return answer, state
+        want = self._start_size(snapshot, state)
         if snapshot.now - state.round_seen_at < window or len(ready) < need:
             until = state.round_seen_at + cfg.profile_window_s
             return Wait(

@@ -55,6 +55,20 @@ def test_a_run_started_short_of_its_request_catches_up_inside_the_cooldown_when_
     assert "toward the start size" in d.reason
 
 
+def test_the_catch_up_is_the_only_decision_that_passes_the_cooldown():
+    """The member is a flagged straggler and a healthy node waits: the cooldown lets through the
+    catch-up that repays its round, not the straggler's replacement (which waits for the cooldown)."""
+    p, st, rounds = PlannerPolicy(CFG), PlannerState(flagged=frozenset({"a"})), []
+    for t in range(10, 590, 10):
+        a, st = p.step(running(t, ["a"], extra=["b"], decided_at=1.0), st)
+        if isinstance(a, Decision):
+            rounds.append(a)
+            break
+    assert rounds, "no catch-up before the cooldown ended"
+    assert set(rounds[0].members) == {"a", "b"}
+    assert "toward the start size" in rounds[0].reason
+
+
 def test_a_catch_up_that_cannot_repay_its_round_yet_waits_out_the_cooldown():
     """The round was measured to cost 400 s (its members stepped first at t = 400): the ten minutes
     the job has run do not repay another such round, so it waits for the cooldown."""
