@@ -51,7 +51,7 @@ OUR_FLAGS = (
 def build_parser() -> argparse.ArgumentParser:
     from torch.distributed.run import get_args_parser
 
-    from elastic_rm.rendezvous.settings import BACKEND
+    from elastic_rm.rendezvous.backend import BACKEND
 
     parser = get_args_parser()
     parser.prog = "ermrun"
@@ -199,7 +199,7 @@ def prepare(args: argparse.Namespace) -> bool:
     """Apply ermrun's defaults to torch's namespace. True when an embedded etcd is needed."""
     from torch.distributed.run import parse_min_max_nnodes
 
-    from elastic_rm.rendezvous.settings import BACKEND
+    from elastic_rm.rendezvous.backend import BACKEND
 
     embedded = False
     if args.standalone:
@@ -411,7 +411,8 @@ def _slurm_release(args: argparse.Namespace, config):
     from torch.distributed.elastic.rendezvous import RendezvousParameters
 
     from elastic_rm.launch.slurm_release import start_release
-    from elastic_rm.rendezvous.settings import BACKEND, RendezvousSettings
+    from elastic_rm.rendezvous.backend import BACKEND
+    from elastic_rm.rendezvous.settings import RendezvousSettings
 
     params = RendezvousParameters(
         BACKEND,

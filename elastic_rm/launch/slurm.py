@@ -129,7 +129,7 @@ def apply_slurm(
     env = os.environ if env is None else env
     if not in_srun(env) or getattr(args, "standalone", False):
         return []
-    from ..rendezvous.settings import BACKEND
+    from ..rendezvous.backend import BACKEND
 
     if args.rdzv_backend != BACKEND:
         return []

@@ -44,6 +44,7 @@ from ..etcd.errors import EtcdAuthError, EtcdConnectionError, EtcdError
 from ..planner.interface import NodeMetrics, NodeState, RoundPolicy
 from ..planner.membership import MembershipPolicy
 from ..wire.records import AckRecord, ClosedRecord, RoundRecord, dumps
+from .backend import BACKEND
 from .bootstrap import pick_master_port, port_is_free
 from .etcd_store import EtcdStore
 from .leader import RoundLeader
@@ -51,7 +52,7 @@ from .node_services import RendezvousNodeServices
 from .peer_probe import PeerProbe
 from .services import NodeServices
 from .session import NodeSession
-from .settings import BACKEND, RendezvousSettings
+from .settings import RendezvousSettings
 from .view import JobView
 
 log = logging.getLogger(__name__)

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
+from .backend import BACKEND
 
-from .settings import BACKEND
+# torch imports this module while its rendezvous package is first imported (it loads its plugins
+# then): nothing here imports torch, or a module importing torch, before this module is complete
+if TYPE_CHECKING:
+    from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
 
-if TYPE_CHECKING:  # torch imports this module while loading its plugins: keep it light (no records)
     from .services import NodeServices
 
 

@@ -15,8 +15,6 @@ from ..wire.keyspace import DEFAULT_PREFIX, Keyspace, validate_name
 
 log = logging.getLogger(__name__)
 
-BACKEND = "elastic-rm"
-
 # The lease TTL bounds recovery from a lost node (its key must expire first) and must outlast the worst
 # stall of a live agent's keep-alive thread (refreshes every TTL/3): twice the stall the lease benchmark
 # finds on a loaded machine (docs/benchmarks.md, lease).

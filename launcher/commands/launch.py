@@ -180,7 +180,7 @@ def _labels(text: str) -> dict[str, str]:
 def _ermrun_command_line(args: argparse.Namespace) -> tuple[argparse.Namespace, list[str], list[str]]:
     """The ermrun flags and script every host gets, parsed as ermrun would and checked for what cannot
     work across hosts; a run id is made up when none is given. SystemExit on a parse error."""
-    from elastic_rm.rendezvous.settings import BACKEND
+    from elastic_rm.rendezvous.backend import BACKEND
     from launcher.ermrun import build_parser
 
     flags = list(args.ermrun_flags)
@@ -217,7 +217,8 @@ def _settings(ns: argparse.Namespace, min_nodes: int, max_nodes: int):
     from torch.distributed.elastic.rendezvous import RendezvousParameters
     from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
 
-    from elastic_rm.rendezvous.settings import BACKEND, RendezvousSettings
+    from elastic_rm.rendezvous.backend import BACKEND
+    from elastic_rm.rendezvous.settings import RendezvousSettings
     from launcher.ermrun import add_settings_flags
 
     add_settings_flags(ns)
