@@ -21,10 +21,14 @@ executor (elastic_rm.launch.executor), over jobs instead of hosts:
   minimum) is submitted with a large ``--nice`` (Slurm starts every other pending job first), and while
   other jobs of the partition wait, no such job is submitted and the pending ones are cancelled. Other
   runs' growth jobs are not counted as waiting (they yield as well).
+
+Size: one executor; its rules read one state of the run and of Slurm's queue at each poll, and split
+apart they would pass that state between modules.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -537,23 +541,28 @@ class SlurmExecutor(Executor):
 
     def stop_all(self, reason: str) -> None:
         """Every node job: SIGTERM to ermrun (pending ones cancelled), then scancel after the stop grace;
-        returns once squeue lists none of them (bounded)."""
+        returns once squeue lists none of them (bounded; then the jobs left are named for the user)."""
         for node in list(self.nodes.values()):
             self._stop(node, reason)
         deadline = self._clock() + self._cfg.stop_grace_s
         cancelled = False
         while self.nodes:
             if self._clock() > deadline + 10:
-                self._say(f"Slurm jobs {', '.join(self.nodes)} still listed by squeue; giving up waiting")
+                self._say(
+                    f"Slurm may still run job(s) {' '.join(self.nodes)}: scancel {' '.join(self.nodes)}"
+                )
                 break
             if not cancelled and self._clock() > deadline:
                 cancelled = True
                 self._cancel(list(self.nodes))
             try:
                 by_id = {j.job_id: j for j in self.slurm.jobs()}
-            except SlurmError:
-                by_id = {}
-                self._cancel(list(self.nodes))
+            except SlurmError as exc:  # none is known to have ended: scancel them again until the bound
+                self._warn("squeue", f"{exc}; scancel is tried until the stop grace is over")
+                with contextlib.suppress(SlurmError):
+                    self.slurm.cancel(*self.nodes)
+                time.sleep(0.2)
+                continue
             for job_id, node in list(self.nodes.items()):
                 job = by_id.get(job_id)
                 if job is None or job.ended:

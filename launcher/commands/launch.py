@@ -382,10 +382,13 @@ def _run_slurm(args: argparse.Namespace) -> int:
     """Checks the input and runs the Slurm executor. The run's first node jobs are submitted while
     ermrun's parser loads (_ParserCheck), from erm launch's own reading of the few flags they depend on
     (read_first); if the parser refuses the flags, or reads them otherwise, those jobs are cancelled (and
-    gone from squeue) before erm launch exits with the parser's message."""
+    gone from squeue) before erm launch exits with the parser's message. Any other way out before the
+    executor runs (an error, Ctrl-C, SIGTERM, handled until the executor handles it) cancels them too."""
     from elastic_rm.launch.slurm_cli import SlurmError
     from launcher.commands.launch_slurm import (
-        cancel_jobs,
+        FirstJobs,
+        cancel_first,
+        check_local,
         check_slurm,
         execute_slurm,
         job_file_of,
@@ -393,12 +396,17 @@ def _run_slurm(args: argparse.Namespace) -> int:
         submit_first,
     )
 
+    try:
+        check_local(args)
+    except ValueError as exc:
+        return _fail(str(exc))
     first = read_first(list(args.ermrun_flags))
     if first is not None:
         args.ermrun_flags = first.flags  # a made-up run id: the same for the parser and the node jobs
     parser = _ParserCheck(args)
-    submitted: list[tuple[str, float]] = []
+    jobs = FirstJobs()
     checked = None
+    handed_over = False  # the etcd client: execute_slurm closes it
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         parser.start()
@@ -410,13 +418,13 @@ def _run_slurm(args: argparse.Namespace) -> int:
                 if not parser.refused:
                     low, high = first.nnodes
                     count = max(low, min(checked[1].requested_nodes or low, high))
-                    submit_first(checked, count, submitted)
+                    submit_first(checked, count, jobs)
             except (ValueError, SlurmError) as exc:
                 slurm_error = exc
         parser.join()
         if parser.refused or slurm_error is not None:
             if checked is not None:
-                cancel_jobs(checked[0], [job_id for job_id, _ in submitted], args.stop_grace)
+                cancel_first(checked, jobs, args.stop_grace)
             if parser.value is not None:
                 parser.value[-1].close()
             if parser.exit_code is not None:
@@ -426,20 +434,29 @@ def _run_slurm(args: argparse.Namespace) -> int:
         read = (ns.rdzv_id, nnodes, job_file_of(ns))
         if first is None or read != (first.run_id, first.nnodes, first.job_file):
             if checked is not None:
-                cancel_jobs(checked[0], [job_id for job_id, _ in submitted], args.stop_grace)
-            submitted.clear()
+                cancel_first(checked, jobs, args.stop_grace)
+            jobs = FirstJobs()
             try:
                 checked = check_slurm(args, ns.rdzv_id, flags, script, job_file_of(ns))
             except (ValueError, SlurmError) as exc:
                 client.close()
                 return _fail(str(exc))
+        handed_over = True
+        return execute_slurm(args, ns, settings, checked, nnodes, client, jobs.submitted)
     except KeyboardInterrupt:
         if checked is not None:
-            cancel_jobs(checked[0], [job_id for job_id, _ in submitted], args.stop_grace)
+            cancel_first(checked, jobs, args.stop_grace)
         return 130
+    except Exception as exc:
+        if checked is not None:
+            cancel_first(checked, jobs, args.stop_grace)
+        if parser.value is not None and not handed_over:
+            parser.value[-1].close()
+        return _fail(
+            f"{type(exc).__name__}: {exc} (the run's node jobs erm launch had submitted are cancelled)"
+        )
     finally:
         signal.signal(signal.SIGTERM, previous)
-    return execute_slurm(args, ns, settings, checked, nnodes, client, submitted)
 
 
 def _execute(args: argparse.Namespace, plan: _Plan, client) -> int:

@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 def add_slurm_arguments(p: argparse.ArgumentParser, source) -> None:
@@ -196,14 +196,72 @@ def read_first(flags: list[str]) -> FirstRead | None:
     return FirstRead(flags, run_id, nnodes, job_file)
 
 
-def submit_first(checked, count: int, submitted: list[tuple[str, float]]) -> None:
-    """The run's first ``count`` node jobs, appended to ``submitted`` as (job id, time submitted); none when
-    Slurm has node jobs of the run already (a restarted erm launch adopts those)."""
+def check_local(args: argparse.Namespace) -> None:
+    """What erm launch builds on this machine before the executor runs: the host pool's settings and the
+    events file. Checked before any node job is submitted, so that a bad value leaves none in Slurm's
+    queue; ValueError saying what to fix."""
+    from elastic_rm.launch.pool import HostPool
+
+    HostPool(args.host_failures, args.blacklist_cooldown, args.max_cooldown)
+    if args.events_file:
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(args.events_file)), exist_ok=True)
+            with open(args.events_file, "a", encoding="utf-8"):
+                pass
+        except OSError as exc:
+            raise ValueError(
+                f"--events-file {args.events_file}: cannot open it for appending ({exc.strerror}); "
+                "give a path this user can write"
+            ) from None
+
+
+@dataclass
+class FirstJobs:
+    """The node jobs erm launch submits before ermrun's parser has read the flags."""
+
+    submitted: list[tuple[str, float]] = field(default_factory=list)  # (job id, time submitted)
+    before: set[str] | None = None  # the run's jobs Slurm listed before any was submitted (adopted)
+
+
+def _run_job_ids(slurm, options) -> set[str]:
+    """The run's node jobs Slurm lists and that have not ended (by the name and comment erm launch gives)."""
+    comments = (options.comment, options.growth_comment)
+    return {
+        j.job_id for j in slurm.jobs() if j.name == options.job_name and j.comment in comments and not j.ended
+    }
+
+
+def submit_first(checked, count: int, first: FirstJobs) -> None:
+    """The run's first ``count`` node jobs, appended to ``first.submitted``; none when Slurm has node jobs
+    of the run already (a restarted erm launch adopts those). Records those jobs in ``first.before``."""
     slurm, options, _ = checked
-    if any(j.name == options.job_name and not j.ended for j in slurm.jobs()):
+    first.before = _run_job_ids(slurm, options)
+    if first.before:
         return
     for _ in range(count):
-        submitted.append((slurm.submit(options.sbatch_options([]), options.batch_script()), time.time()))
+        first.submitted.append(
+            (slurm.submit(options.sbatch_options([]), options.batch_script()), time.time())
+        )
+
+
+def cancel_first(checked, first: FirstJobs, grace_s: float) -> None:
+    """Cancel the first node jobs when erm launch gives up before its executor runs, and any other job of
+    the run Slurm lists that was not there before them: an sbatch interrupted or timed out after Slurm took
+    its job never returned the id. A job listed before (a restarted erm launch's to adopt) is left."""
+    from elastic_rm.launch.slurm_cli import SlurmError
+
+    slurm, options, _ = checked
+    ids = [job_id for job_id, _ in first.submitted]
+    if first.before is not None:
+        try:
+            ids += sorted(_run_job_ids(slurm, options) - first.before - set(ids))
+        except SlurmError as exc:
+            print(
+                f"erm launch: cannot list Slurm's jobs ({exc}): check squeue for jobs named "
+                f"{options.job_name}",
+                file=sys.stderr,
+            )
+    cancel_jobs(slurm, ids, grace_s)
 
 
 def cancel_jobs(slurm, job_ids: list[str], grace_s: float) -> None:

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from elastic_rm.launch.slurm_cli import SlurmError, parse_jobs
+from elastic_rm.launch.slurm_cli import Slurm, SlurmError, parse_jobs
 from elastic_rm.launch.slurm_job import SlurmOptions
 from tests.conftest import BIN, REPO
 from tests.slurm.helpers import CONF, WORKER, run_jobs
@@ -205,20 +205,79 @@ def test_a_job_file_named_but_unreadable_on_the_login_node_is_refused_before_any
     assert run_jobs(slurm, run_id) == []
 
 
+def _run_jobs_ended(cluster, run_id) -> list[dict]:
+    """The run's node jobs in Slurm's completion log: jobs that were submitted and ended."""
+    return [f for f in cluster.ended_jobs().values() if f"erm-{run_id}" in (f.get("Name"), f.get("JobName"))]
+
+
 @pytest.mark.parametrize(
-    "extra, said",
+    "extra, said, submitted",
     [
-        (["--max-restarts", "many"], "argument --max-restarts/--max_restarts: invalid int value: 'many'"),
-        (["--rdzv-backend", "c10d"], "erm launch runs the elastic-rm rendezvous; remove --rdzv-backend c10d"),
+        # erm launch's own reading of the flags (read_first) ignores --max-restarts: the first node job
+        # is submitted while the parser loads torch, and cancelled once the parser refuses
+        (["--max-restarts", "many"], "argument --max-restarts/--max_restarts: invalid int value: 'many'", 1),
+        # read_first leaves a rendezvous backend to the parser: nothing is submitted before it refused
+        (
+            ["--rdzv-backend", "c10d"],
+            "erm launch runs the elastic-rm rendezvous; remove --rdzv-backend c10d",
+            0,
+        ),
     ],
 )
-def test_flags_ermruns_parser_refuses_leave_no_node_job(tmp_path, run_id, etcd, slurm, extra, said):
+def test_flags_ermruns_parser_refuses_leave_no_node_job(
+    tmp_path, run_id, etcd, slurm, extra, said, submitted
+):
     """ermrun's parser reads the flags while the run's first node jobs are submitted: its refusal
     cancels them, and erm launch exits once Slurm lists none of them running."""
     r = erm_launch(tmp_path, slurm.env(), etcd.endpoint, run_id, *extra)
     assert r.returncode == 2, r.stderr
     assert said in r.stderr, r.stderr
     assert run_jobs(slurm, run_id) == []
+    assert len(_run_jobs_ended(slurm, run_id)) == submitted, slurm.ended_jobs()
+
+
+@pytest.mark.parametrize(
+    "extra, said",
+    [
+        (["--host-failures", "0"], "--host-failures must be >= 1, got 0"),
+        (["--blacklist-cooldown", "-1"], "--blacklist-cooldown must be >= 0"),
+        (["--events-file", "/proc/erm/events.jsonl"], "--events-file /proc/erm/events.jsonl: cannot open it"),
+    ],
+)
+def test_a_bad_launcher_setting_is_refused_before_any_node_job(tmp_path, run_id, etcd, slurm, extra, said):
+    r = erm_launch(tmp_path, slurm.env(), etcd.endpoint, run_id, *extra)
+    assert r.returncode == 2, r.stderr
+    assert said in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert run_jobs(slurm, run_id) == [] and _run_jobs_ended(slurm, run_id) == []
+
+
+def test_an_abort_cancels_the_runs_jobs_submitted_since_and_leaves_those_listed_before(run_id, slurm):
+    """A job whose sbatch was interrupted after Slurm took it has no id in erm launch: the run's jobs
+    squeue lists that were not there before the first submission are cancelled; earlier ones (a
+    restarted erm launch's to adopt) are left."""
+    from launcher.commands.launch_slurm import FirstJobs, cancel_first
+
+    options = SlurmOptions(
+        run_id=run_id,
+        partition=None,
+        sbatch_args=(),
+        exclude=(),
+        output="/dev/null",
+        workdir="/",
+        python="/usr/bin/python3",
+        ermrun_flags=(),
+        script=("train.py",),
+    )
+
+    def sleeper() -> str:
+        named = (f"--job-name={options.job_name}", f"--comment={options.comment}")
+        return slurm.cmd("sbatch", "--parsable", *named, "--output=/dev/null", "--wrap", "sleep 120").stdout
+
+    earlier = sleeper().strip().split(";")[0]
+    first = FirstJobs(before={earlier})
+    lost = sleeper().strip().split(";")[0]  # its id never came back to erm launch
+    cancel_first((Slurm(env=slurm.env()), options, None), first, 1.0)
+    assert [j["id"] for j in run_jobs(slurm, run_id)] == [earlier], f"{lost} should be cancelled"
 
 
 def test_a_poll_interval_longer_than_the_queue_keys_refresh_is_refused(tmp_path, run_id, etcd, slurm):

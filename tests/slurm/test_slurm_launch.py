@@ -112,6 +112,9 @@ def test_a_restarted_launcher_adopts_the_runs_jobs_and_erm_stop_ends_them(
         "2 node jobs running",
         [a],
     )
+    # the node jobs are submitted while erm launch loads ermrun's parser, their "submit" events once it
+    # has (with the etcd client): the launcher is killed after it said it started the run
+    wait_until(lambda: "node jobs are named" in a.output(), 60, "the first launcher's start", [a])
     before = {j["id"] for j in run_jobs(slurm, run_id)}
     os.kill(a.pid, signal.SIGKILL)  # the launcher dies; its node jobs are Slurm's and keep running
     a.wait(30)

@@ -19,7 +19,7 @@ from tests.e2e.test_status_render import status_of, text
 from tests.slurm.helpers import launch_events
 
 
-def _executor(client, run_id: str, slurm: Slurm, said: list[str]) -> SlurmExecutor:
+def _executor(client, run_id: str, slurm: Slurm, said: list[str], config=None) -> SlurmExecutor:
     keys = Keyspace("/elastic-rm", run_id)
     options = SlurmOptions(
         run_id=run_id,
@@ -40,7 +40,7 @@ def _executor(client, run_id: str, slurm: Slurm, said: list[str]) -> SlurmExecut
         slurm,
         options,
         events,
-        ExecutorConfig(1, 1),
+        config or ExecutorConfig(1, 1),
         said.append,
         partitions=("debug",),
     )
@@ -202,6 +202,19 @@ def test_a_failing_squeue_keeps_the_last_value_and_is_reported_once(etcd, run_id
         assert executor.nodes == {} and executor.submitted == 0
     warnings = [s for s in said if "squeue" in s]
     assert len(warnings) == 1 and "keeps its last value" in warnings[0], said
+
+
+def test_stop_all_with_a_failing_squeue_keeps_trying_and_names_the_jobs_left(etcd, run_id, tmp_path):
+    """squeue and scancel failing: no node job is known to have ended; erm launch says which to scancel."""
+    broken = Slurm(env={"PATH": str(tmp_path)})  # no Slurm command on PATH: every call fails
+    said: list[str] = []
+    with EtcdClient(etcd.endpoint) as client:
+        executor = _executor(client, run_id, broken, said, ExecutorConfig(1, 1, stop_grace_s=0.1))
+        executor.nodes["424242"] = SlurmNode("424242", "RUNNING", "b1")
+        executor.stop_all("the test stops the run")
+        assert executor.nodes == {}
+    assert not [s for s in said if "ended" in s], said  # nothing said a node job ended
+    assert "Slurm may still run job(s) 424242: scancel 424242" in said[-1], said
 
 
 def _status_with_queue(record: QueueRecord | None, now: float) -> dict:
