@@ -41,6 +41,10 @@ class SlurmOptions:
     def growth_comment(self) -> str:
         return self.comment + GROWTH_MARK
 
+    def owns(self, name: str, comment: str) -> bool:
+        """Whether a Slurm job of that name and comment is one of this run's node jobs (growth included)."""
+        return name == self.job_name and comment in (self.comment, self.growth_comment)
+
     def batch_script(self) -> str:
         """The batch script: ermrun, exec'ed so that the job's batch signal reaches it, with the Slurm
         node's name as its node id."""

@@ -128,22 +128,11 @@ class SlurmExecutor(Executor):
         while it loaded ermrun's parser: followed as submitted here (the run's request, no growth)."""
         fresh = RunState(closed=None, demand=None, round=None, node_ids=frozenset())
         for count, (job_id, at) in enumerate(first):
-            self.submitted += 1
-            node = SlurmNode(job_id)
-            self.nodes[job_id] = node
             reason = (
                 f"{count} of {self.target(fresh)} node(s) running or pending; {self.demand_reason(fresh)}; "
                 "submitted while erm launch loaded ermrun's parser"
             )
-            self._emit(
-                "submit",
-                node.host,
-                f"submitted Slurm job {job_id}: {reason}",
-                reason=reason,
-                job=job_id,
-                growth=False,
-                submitted_at=at,
-            )
+            self._submitted(job_id, reason, growth=False, submitted_at=at)
         found = [j for j in self.slurm.jobs() if self._ours(j) and not j.ended and j.job_id not in self.nodes]
         for job in found:
             growth = job.comment == self.options.growth_comment
@@ -155,10 +144,7 @@ class SlurmExecutor(Executor):
         return [j.job_id for j in found]
 
     def _ours(self, job: SlurmJob) -> bool:
-        return job.name == self.options.job_name and job.comment in (
-            self.options.comment,
-            self.options.growth_comment,
-        )
+        return self.options.owns(job.name, job.comment)
 
     def _others_waiting(self, jobs: list[SlurmJob]) -> int:
         """Nodes that other pending jobs of the run's partitions ask for; another run's growth node jobs
@@ -490,11 +476,15 @@ class SlurmExecutor(Executor):
         except SlurmError as exc:
             self._warn(f"sbatch:{exc}", f"{exc}; trying again at the next poll")
             return None
+        if growth:
+            reason += f"; past the run's request of {self.request()}: --nice={GROWTH_NICE}"
+        return self._submitted(job_id, reason, growth=growth)
+
+    def _submitted(self, job_id: str, reason: str, growth: bool, **data) -> SlurmNode:
+        """A node job Slurm took: followed from now on, and said in a `submit` event."""
         self.submitted += 1
         node = SlurmNode(job_id, growth=growth)
         self.nodes[job_id] = node
-        if growth:
-            reason += f"; past the run's request of {self.request()}: --nice={GROWTH_NICE}"
         self._emit(
             "submit",
             node.host,
@@ -502,6 +492,7 @@ class SlurmExecutor(Executor):
             reason=reason,
             job=job_id,
             growth=growth,
+            **data,
         )
         return node
 

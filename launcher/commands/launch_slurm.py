@@ -225,10 +225,7 @@ class FirstJobs:
 
 def _run_job_ids(slurm, options) -> set[str]:
     """The run's node jobs Slurm lists and that have not ended (by the name and comment erm launch gives)."""
-    comments = (options.comment, options.growth_comment)
-    return {
-        j.job_id for j in slurm.jobs() if j.name == options.job_name and j.comment in comments and not j.ended
-    }
+    return {j.job_id for j in slurm.jobs() if options.owns(j.name, j.comment) and not j.ended}
 
 
 def submit_first(checked, count: int, first: FirstJobs) -> None:
