@@ -1,8 +1,11 @@
-"""Builders of snapshots for planner tests (a tiny synchronous job whose step time follows the model)."""
+"""Builders of snapshots for planner tests (a tiny synchronous job whose step time follows the model), and
+feed(), which runs them through a policy."""
 
 from __future__ import annotations
 
 from elastic_rm.planner.interface import ClusterSnapshot, NodeMetrics, NodeView, RoundView, StepStats
+from elastic_rm.planner.policy import PlannerPolicy
+from elastic_rm.planner.state import PlannerState
 
 GIB = 1024**3
 
@@ -82,3 +85,13 @@ def running(
         views.append(node(e, 100 + j, busy=None, seen_at=extra_seen_at))
     cur = RoundView(number, tuple(members), (), decided_at)
     return ClusterSnapshot(now, min_nodes, max_nodes, 30.0, tuple(views), cur, dict(job or JOB), history)
+
+
+def feed(policy: PlannerPolicy, snaps, state: PlannerState | None = None):
+    """Run snapshots through step(); returns the answers and the final state."""
+    state = state or PlannerState()
+    answers = []
+    for s in snaps:
+        a, state = policy.step(s, state)
+        answers.append(a)
+    return answers, state

@@ -9,7 +9,7 @@ from elastic_rm.planner.interface import ClusterSnapshot, Decision, RoundView, W
 from elastic_rm.planner.policy import PlannerPolicy
 from elastic_rm.planner.state import PlannerState
 
-from .helpers import JOB, node, running
+from .helpers import JOB, feed, node, running
 
 CFG = PlannerConfig(
     sample_interval_s=10,
@@ -23,16 +23,6 @@ CFG = PlannerConfig(
     round_warmup_s=0,
     min_trend_span_s=0,
 )
-
-
-def feed(policy: PlannerPolicy, snaps, state: PlannerState | None = None):
-    """Run snapshots through step(); returns the answers and the final state."""
-    state = state or PlannerState()
-    answers = []
-    for s in snaps:
-        a, state = policy.step(s, state)
-        answers.append(a)
-    return answers, state
 
 
 def settled(policy: PlannerPolicy, members: list[str], t0: float = 100.0, **kw) -> PlannerState:

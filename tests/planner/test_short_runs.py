@@ -11,7 +11,7 @@ from elastic_rm.planner.interface import Decision
 from elastic_rm.planner.policy import PlannerPolicy
 from elastic_rm.planner.state import PlannerState
 
-from .helpers import running
+from .helpers import feed, running
 
 CFG = PlannerConfig(
     sample_interval_s=10,
@@ -24,24 +24,16 @@ CFG = PlannerConfig(
 )
 
 
-def _rounds(cfg: PlannerConfig, snaps) -> list[tuple[float, Decision]]:
+def _rounds(cfg: PlannerConfig, snaps, state: PlannerState | None = None) -> list[tuple[float, Decision]]:
     """(time, decision) of the first round the planner decides on these snapshots, if any."""
-    p, st = PlannerPolicy(cfg), PlannerState()
-    for s in snaps:
-        a, st = p.step(s, st)
-        if isinstance(a, Decision):
-            return [(s.now, a)]
-    return []
+    answers, _ = feed(PlannerPolicy(cfg), snaps, state)
+    return [(s.now, a) for s, a in zip(snaps, answers, strict=True) if isinstance(a, Decision)][:1]
 
 
 def _oom_answers(cfg: PlannerConfig, snaps) -> list[float]:
     """When the planner answered a predicted OOM (a round, or nodes asked for where none is free)."""
-    p, st, out = PlannerPolicy(cfg), PlannerState(), []
-    for s in snaps:
-        a, st = p.step(s, st)
-        if "OOM predicted" in a.reason:
-            out.append(s.now)
-    return out
+    answers, _ = feed(PlannerPolicy(cfg), snaps)
+    return [s.now for s, a in zip(snaps, answers, strict=True) if "OOM predicted" in a.reason]
 
 
 def test_a_run_started_short_of_its_request_catches_up_inside_the_cooldown_when_it_repays():
@@ -58,15 +50,12 @@ def test_a_run_started_short_of_its_request_catches_up_inside_the_cooldown_when_
 def test_the_catch_up_is_the_only_decision_that_passes_the_cooldown():
     """The member is a flagged straggler and a healthy node waits: the cooldown lets through the
     catch-up that repays its round, not the straggler's replacement (which waits for the cooldown)."""
-    p, st, rounds = PlannerPolicy(CFG), PlannerState(flagged=frozenset({"a"})), []
-    for t in range(10, 590, 10):
-        a, st = p.step(running(t, ["a"], extra=["b"], decided_at=1.0), st)
-        if isinstance(a, Decision):
-            rounds.append(a)
-            break
+    snaps = [running(t, ["a"], extra=["b"], decided_at=1.0) for t in range(10, 590, 10)]
+    rounds = _rounds(CFG, snaps, PlannerState(flagged=frozenset({"a"})))
     assert rounds, "no catch-up before the cooldown ended"
-    assert set(rounds[0].members) == {"a", "b"}
-    assert "toward the start size" in rounds[0].reason
+    _, d = rounds[0]
+    assert set(d.members) == {"a", "b"}
+    assert "toward the start size" in d.reason
 
 
 def test_a_catch_up_that_cannot_repay_its_round_yet_waits_out_the_cooldown():

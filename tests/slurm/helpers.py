@@ -115,6 +115,21 @@ def queue_record(etcd, run_id) -> dict | None:
     return json.loads(kv.value) if kv is not None else None
 
 
+def run_options(run_id: str, partition: str | None = None) -> SlurmOptions:
+    """A run's node-job options for tests that use only its names (job name, comments) and partition."""
+    return SlurmOptions(
+        run_id=run_id,
+        partition=partition,
+        sbatch_args=(),
+        exclude=(),
+        output="/dev/null",
+        workdir="/",
+        python="/usr/bin/python3",
+        ermrun_flags=(),
+        script=("train.py",),
+    )
+
+
 def sleeper_executor(client, cluster, run_id: str, tmp_path, request: int, nodes: int = 6) -> SlurmExecutor:
     """The Slurm executor of a run on ``cluster``, driven by the test's calls to tick(); its node jobs'
     batch script only sleeps (what ermrun would do in them does not matter to Slurm's queue)."""

@@ -12,7 +12,7 @@ import pytest
 from elastic_rm.launch.slurm_cli import Slurm, SlurmError, parse_jobs
 from elastic_rm.launch.slurm_job import SlurmOptions
 from tests.conftest import BIN, REPO
-from tests.slurm.helpers import CONF, WORKER, run_jobs
+from tests.slurm.helpers import CONF, WORKER, run_jobs, run_options
 
 
 def erm_launch(tmp_path, env, etcd_endpoint: str, run_id: str, *extra: str) -> subprocess.CompletedProcess:
@@ -257,17 +257,7 @@ def test_an_abort_cancels_the_runs_jobs_submitted_since_and_leaves_those_listed_
     restarted erm launch's to adopt) are left."""
     from launcher.commands.launch_slurm import FirstJobs, cancel_first
 
-    options = SlurmOptions(
-        run_id=run_id,
-        partition=None,
-        sbatch_args=(),
-        exclude=(),
-        output="/dev/null",
-        workdir="/",
-        python="/usr/bin/python3",
-        ermrun_flags=(),
-        script=("train.py",),
-    )
+    options = run_options(run_id)
 
     def sleeper() -> str:
         named = (f"--job-name={options.job_name}", f"--comment={options.comment}")

@@ -8,7 +8,7 @@ from elastic_rm.etcd.client import EtcdClient, KeyValue
 from elastic_rm.launch.executor import ExecutorConfig
 from elastic_rm.launch.pool import HostPool
 from elastic_rm.launch.slurm_cli import Slurm, parse_jobs
-from elastic_rm.launch.slurm_job import GROWTH_MARK, SlurmOptions
+from elastic_rm.launch.slurm_job import GROWTH_MARK
 from elastic_rm.launch.slurm_nodes import SlurmExecutor, SlurmNode
 from elastic_rm.obs.events import EventLog
 from elastic_rm.obs.status import status_from_kvs
@@ -16,22 +16,12 @@ from elastic_rm.wire.keyspace import Keyspace
 from elastic_rm.wire.records import QUEUE_STALE_AFTER_S, QueueRecord
 from launcher.commands.status import render
 from tests.e2e.test_status_render import status_of, text
-from tests.slurm.helpers import launch_events
+from tests.slurm.helpers import launch_events, run_options
 
 
 def _executor(client, run_id: str, slurm: Slurm, said: list[str], config=None) -> SlurmExecutor:
     keys = Keyspace("/elastic-rm", run_id)
-    options = SlurmOptions(
-        run_id=run_id,
-        partition="debug",
-        sbatch_args=(),
-        exclude=(),
-        output="/dev/null",
-        workdir="/",
-        python="/usr/bin/python3",
-        ermrun_flags=(),
-        script=("train.py",),
-    )
+    options = run_options(run_id, partition="debug")
     events = EventLog(run_id, "erm-launch", client=client, keys=keys)
     return SlurmExecutor(
         client,
