@@ -21,8 +21,7 @@ from typing import Any
 
 import torch
 
-from elastic_rm.checkpoint.inplace import entry_of_segments
-from elastic_rm.checkpoint.manifest import CorruptCheckpointError
+from elastic_rm.checkpoint.manifest import CorruptCheckpointError, entry_of_segments
 
 MAGIC = b"ERMDELT1"
 HEAD = 16  # the magic and the header's length

@@ -24,7 +24,8 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.checkpoint.metadata import Metadata
 
 from elastic_rm.checkpoint.chain import DeltaTake, apply_own_delta
-from elastic_rm.checkpoint.inplace import Item, data_span, entry_of_segments
+from elastic_rm.checkpoint.inplace import Item, data_span
+from elastic_rm.checkpoint.manifest import entry_of_segments
 from elastic_rm.checkpoint.snapshot import local_pieces
 
 Pieces = dict[tuple[str, tuple[int, ...]], torch.Tensor]

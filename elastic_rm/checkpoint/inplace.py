@@ -34,7 +34,7 @@ import os
 import shutil
 import struct
 import zipfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,6 @@ from .manifest import (
     CorruptCheckpointError,
     file_digest,
     make_manifest,
-    new_hasher,
     parse_manifest,
     step_dirname,
     write_file,
@@ -121,30 +120,6 @@ def data_span(path: Path, offset: int, length: int) -> tuple[int, int]:
             raise ValueError(f"{path}@{offset}: no local zip header at the tensor's record")
         name_len, extra_len = struct.unpack("<HH", head[26:30])
         return offset + rec.header_offset + 30 + name_len + extra_len, rec.file_size
-
-
-def entry_of_segments(segments: Iterable[memoryview | bytes], block: int = BLOCK) -> dict[str, Any]:
-    """The manifest entry (size, checksum, block checksums) of the file the segments make, in order:
-    the same as manifest.file_entry of that file, without writing it."""
-    whole, blocks, cur = new_hasher(), [], new_hasher()
-    size = filled = 0
-    for seg in segments:
-        view = memoryview(seg).cast("B")
-        at = 0
-        while at < len(view):
-            take = min(block - filled, len(view) - at)
-            part = view[at : at + take]
-            whole.update(part)
-            cur.update(part)
-            filled += take
-            at += take
-            if filled == block:
-                blocks.append(cur.hexdigest())
-                cur, filled = new_hasher(), 0
-        size += len(view)
-    if filled:
-        blocks.append(cur.hexdigest())
-    return {FILE_HASH: whole.hexdigest(), "size": size, "block": block, "blocks": blocks}
 
 
 def _delta_header(where: Path) -> tuple[list[dict[str, Any]], int]:
@@ -547,7 +522,6 @@ __all__ = [
     "FoldRefused",
     "apply_in_place",
     "data_span",
-    "entry_of_segments",
     "fold_chain",
     "folded_manifest",
     "hidden_dirname",

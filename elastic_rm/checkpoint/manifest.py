@@ -17,7 +17,7 @@ import mmap
 import os
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -101,19 +101,32 @@ def file_digest(path: Path, algorithm: str = FILE_HASH, chunk: int = 1 << 20) ->
 
 def file_entry(path: Path, block: int = BLOCK, **extra: object) -> dict[str, object]:
     """Manifest entry: size, whole-file checksum and one checksum per `block` bytes (one mapped pass)."""
-    whole = new_hasher()
-    blocks = []
     with _mapped(path) as view:
-        for off in range(0, len(view), block):
-            whole.update(view[off : off + block])
-            blocks.append(digest(view[off : off + block]))
-    return {
-        FILE_HASH: whole.hexdigest(),
-        "size": path.stat().st_size,
-        "block": block,
-        "blocks": blocks,
-        **extra,
-    }
+        return {**entry_of_segments([view], block), **extra}
+
+
+def entry_of_segments(segments: Iterable[memoryview | bytes], block: int = BLOCK) -> dict[str, Any]:
+    """The manifest entry (size, checksum, block checksums) of the file the segments make, in order:
+    the same as file_entry of that file, without reading it back."""
+    whole, blocks, cur = new_hasher(), [], new_hasher()
+    size = filled = 0
+    for seg in segments:
+        view = memoryview(seg).cast("B")
+        at = 0
+        while at < len(view):
+            take = min(block - filled, len(view) - at)
+            part = view[at : at + take]
+            whole.update(part)
+            cur.update(part)
+            filled += take
+            at += take
+            if filled == block:
+                blocks.append(cur.hexdigest())
+                cur, filled = new_hasher(), 0
+        size += len(view)
+    if filled:
+        blocks.append(cur.hexdigest())
+    return {FILE_HASH: whole.hexdigest(), "size": size, "block": block, "blocks": blocks}
 
 
 @contextmanager
