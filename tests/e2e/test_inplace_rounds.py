@@ -234,6 +234,7 @@ def prepared_events(endpoint: str, run_id: str, node: str):
     )
 
 
+@pytest.mark.slow  # end to end, ~25-50 s on 2 cores: make test-all
 def test_a_rank_that_fails_its_in_place_round_falls_back_to_a_restart(etcd, tmp_path, cleanup):  # noqa: F811
     # global rank 1 of the world of 3 raises right after its new process group is up; its agent sees it
     # exit, the other agents see the newer round its agent asks for; all restart with new processes
