@@ -9,10 +9,15 @@ checkpoint every 1, 10 and 100 steps: the touched fraction, bytes copied / repli
 checkpoint, the step pause, the training throughput against training without checkpoints, the
 kinds of saves (a chain past its bound folds), node memory (the node directory's bytes at their
 peak, as the checkpointer and each node's checkpoint server sample them, and after each interval);
-then one save alone (its background time), restores at the same world and into world 3 (each timed
-three times, the median kept). Every restore is checked bit for bit. Prints the ratios delta / full and
-writes benchmarks/results/<name>.json. The differential mode's checkpoint-every-step run is longer
-(--delta-every-step-steps): its throughput is a target, and its chain then passes a fold.
+then one save alone (its background time). Restores, at the same world and into world 3 (each timed
+three times, the median kept): the full mode's newest step; in the differential mode, for each interval,
+its own chain (a new base and a save every interval) once it holds 10 deltas, against a full save of
+the same step restored in the same conditions (an interval whose chain folds before says so, with the
+chain it held), and the worst case beside them: a mixed chain (9 deltas of 1 step, 6 of 10, then
+deltas of 100 steps) just before a fold (ratios: "chain_restores"). Every restore is checked bit for bit.
+Prints the ratios delta / full and writes benchmarks/results/<name>.json. The differential mode's
+checkpoint-every-step run is longer (--delta-every-step-steps): its throughput is a target, and its
+chain then passes a fold.
 
 Memory: the full mode holds about 6x the state at its peak (the model, the snapshot buffers, the old
 and the new step in node memory, the same for the peer's replica); the run refuses to start when the
@@ -75,6 +80,46 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+def chain_restores(delta: dict[str, Any]) -> dict[str, Any]:
+    """Per chain (each interval's own, and the mixed worst case): its length, its bytes over its
+    base's, and its restore over the restore of a full save of the same step, at the same world and
+    into world 3; an interval whose chain folds before it holds enough deltas says so instead."""
+    out: dict[str, Any] = {}
+    for label, c in delta["train"].get("chains", {}).items():
+        if "restore_chain" not in c:
+            out[label] = {"restore": None, "folds_before_deltas": c.get("folds_before"), **c["before_fold"]}
+            continue
+        world3 = delta["restore"]["chains"][label]
+        out[label] = {
+            "deltas": c["deltas"],
+            "bytes_over_base": c["bytes_over_base"],
+            "node_bytes_over_base_max": c["node_bytes_over_base_max"],
+            "same_world_s": c["restore_chain"]["s"],
+            "same_world_full_s": c["restore_full"]["s"],
+            "same_world_over_full": c["chain_over_full"],
+            "world3_s": world3["chain"]["restore_s"],
+            "world3_full_s": world3["full"]["restore_s"],
+            "world3_over_full": ratio(world3["chain"]["restore_s"], world3["full"]["restore_s"]),
+        }
+    return out
+
+
+def exact(mode: str, train: dict[str, Any], restore: dict[str, Any]) -> bool:
+    """Every restore gave the state saved, bit for bit (the digests the train phase recorded)."""
+    if mode == "full":
+        ok = restore["digest"] == train["saved_digest"] and restore["step"] == train["saved_step"]
+        return ok and train["restore_same_world_exact"]
+    ok = True
+    for label, c in train.get("chains", {}).items():
+        if "restore_chain" not in c:
+            continue
+        ok = ok and c["restore_chain"]["exact"] and c["restore_full"]["exact"]
+        for kind in ("chain", "full"):
+            got = restore["chains"][label][kind]
+            ok = ok and got["digest"] == c["digest"] and got["step"] == c["step"]
+    return ok
+
+
 def compare(full: dict[str, Any], delta: dict[str, Any]) -> dict[str, Any]:
     """full / delta (how many times less the differential mode costs) per interval, and the targets."""
     out: dict[str, Any] = {"intervals": []}
@@ -93,10 +138,7 @@ def compare(full: dict[str, Any], delta: dict[str, Any]) -> dict[str, Any]:
                 "checkpoint_cpu_ms_per_step_delta": d["checkpoint_cpu_ms_per_step"],
             }
         )
-    out["restore_same_world_over_full"] = ratio(
-        delta["train"]["restore_same_world_s"], full["train"]["restore_same_world_s"]
-    )
-    out["restore_2to3_over_full"] = ratio(delta["restore"]["restore_s"], full["restore"]["restore_s"])
+    out["chain_restores"] = chain_restores(delta)
     out["background_shorter"] = ratio(
         full["train"]["alone"]["background_s"], delta["train"]["alone"]["background_s"]
     )
@@ -199,9 +241,7 @@ def main() -> None:
             finally:
                 shutil.rmtree(shm, ignore_errors=True)
             train, restore = per_rank[0][0], per_rank[0][1]
-            restore["exact"] = (
-                restore["digest"] == train["saved_digest"] and restore["step"] == train["saved_step"]
-            )
+            restore["exact"] = exact(mode, train, restore)
             train["store_peak_bytes"] = store_peaks  # the train phase's nodes, as their servers saw them
             report["modes"][mode] = {"train": train, "restore": restore}
             print_mode(mode, train, restore)
@@ -239,11 +279,29 @@ def print_mode(mode: str, train: dict[str, Any], restore: dict[str, Any]) -> Non
         f" {max((v or 0 for v in train.get('store_peak_bytes', {}).values()), default=0) / gib:.2f} GiB"
         " (checkpoint servers)"
     )
+    if mode == "full":
+        print(
+            f"  restore: same world {fmt(train['restore_same_world_s'])},"
+            f" 2->3 {fmt(restore['restore_s'])} (exact: {restore['exact']})"
+        )
+    for label, c in train.get("chains", {}).items():
+        if "restore_chain" not in c:
+            print(
+                f"  chain {label}: folds before {c['folds_before']} deltas"
+                f" (at {c['before_fold']['deltas']}, node bytes over base"
+                f" {c['before_fold']['node_bytes_over_base_max']:.2f})"
+            )
+            continue
+        w3 = restore["chains"][label]
+        print(
+            f"  chain {label}: {c['deltas']} deltas, {c['bytes_over_base']:.2f}x the base's bytes;"
+            f" restore same world {fmt(c['restore_chain']['s'])} vs full {fmt(c['restore_full']['s'])}"
+            f" (x{c['chain_over_full']:.2f}), 2->3 {fmt(w3['chain']['restore_s'])}"
+            f" vs full {fmt(w3['full']['restore_s'])}"
+            f" (x{w3['chain']['restore_s'] / w3['full']['restore_s']:.2f})"
+        )
     print(
-        f"  restore: same world {fmt(train['restore_same_world_s'])}"
-        f" (exact: {train['restore_same_world_exact']}),"
-        f" 2->3 {fmt(restore['restore_s'])} (exact: {restore['exact']});"
-        f" max RSS {train['max_rss_gib']:.2f} GiB per rank",
+        f"  every restore exact: {restore['exact']}; max RSS {train['max_rss_gib']:.2f} GiB per rank",
         flush=True,
     )
 

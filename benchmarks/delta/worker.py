@@ -2,10 +2,14 @@
 
 Phase "train" (world 2): a DLRM with fused row-wise Adagrad on power-law (Zipf) ids trains without
 checkpoints (the throughput baseline), then with a flash checkpoint every 1, 10 and 100 steps, in the
-mode of this launch (full copies, or differential); then one save alone (its
-background time) and restores at the same world. Phase "restore" (world 3): the newest step restored
-into another plan. Each restore is timed three times, the median kept; every one is checked bit for bit
-against the state digest saved with it.
+mode of this launch (full copies, or differential); then one save alone (its background time).
+Full mode: the newest step is restored at the same world. Differential mode: after each interval's
+timed run, that interval's own chain (a new base, then a save every interval) is restored once it holds
+CHAIN_DELTAS deltas, or said to fold before; at the end, the worst case, a chain of all three intervals
+just before a fold. Each chain is compared with a full save of the same step, restored in the same
+conditions; both are staged on disk. Phase "restore" (world 3): the same restores into another plan.
+Each restore is timed three times, the median kept; every one is checked bit for bit against the
+state digest saved with it.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import gc
 import json
 import os
 import resource
+import shutil
 import sys
 import time
 from collections import Counter
@@ -48,6 +53,8 @@ from elastic_rm.train.state_digest import digest_hex, piece_digest
 FILL_ROWS = 1 << 16
 
 RESTORES = 3  # restores timed at each world; their median is quoted
+CHAIN_DELTAS = 10  # a chain restore is measured once a chain holds this many deltas (the issue's target)
+MIXED_LONG_MAX = 12  # at most this many 100-step deltas in the mixed chain (a fold comes before)
 
 
 def build(spec: dict[str, Any], world: int) -> tuple[Any, Any, torch.optim.Optimizer]:
@@ -188,6 +195,147 @@ def step_bytes(node_dir: Path, step: int, node: str) -> dict[str, int] | None:
         "written": sum(e["size"] for e in files.values()),
         "replicated": sum(e["size"] for e in files.values() if e.get("node") in (node, "*")),
     }
+
+
+def chain_shape(ckpt: FlashCheckpointer) -> dict[str, Any]:
+    """The chain of the newest step in node memory, from rank 0's manifests (each lists every node's
+    files): its deltas, their bytes over the base's, and the same for the node whose deltas are the
+    largest share of its own files of the base (the fold's bound is each node's)."""
+    shape = None
+    if ckpt.rank == 0:
+
+        def manifest(step: int) -> dict[str, Any]:
+            return json.loads((ckpt.node_dir / step_dirname(step) / MANIFEST).read_bytes())
+
+        links = [manifest(max(committed_steps(ckpt.node_dir)))]
+        while links[0].get("kind") == "delta":
+            links.insert(0, manifest(links[0]["parent"]))
+
+        def size(m: dict[str, Any], node: str | None = None) -> int:
+            return sum(e["size"] for e in m["files"].values() if node is None or e["node"] in (node, "*"))
+
+        nodes = sorted({e["node"] for e in links[0]["files"].values()} - {"*"})
+        shape = {
+            "step": links[-1]["step"],
+            "base_step": links[0]["step"],
+            "deltas": len(links) - 1,
+            "bytes_over_base": sum(size(m) for m in links[1:]) / size(links[0]),
+            "node_bytes_over_base_max": max(
+                sum(size(m, n) for m in links[1:]) / size(links[0], n) for n in nodes
+            ),
+        }
+    return all_gather_json(shape)[0]
+
+
+def clear_node_memory(ckpt: FlashCheckpointer) -> None:
+    """Empty this node's memory directory (its steps and the replicas it keeps; collective): the next
+    save, a full one, is then not written beside a chain, so node memory stays what training holds."""
+    if ckpt.leader:
+        for p in ckpt.node_dir.iterdir():
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    dist.barrier()
+
+
+def stage(ckpt: FlashCheckpointer, dest: Path) -> None:
+    """Copy this node's memory directory to `dest`/<node> on disk (collective), for the restore into
+    world 3 (phase "restore" copies it back into node memory first)."""
+    if ckpt.leader:
+        shutil.copytree(ckpt.node_dir, dest / ckpt.node, ignore=shutil.ignore_patterns("fetch"))
+    dist.barrier()
+
+
+def base_now(tr: Trainer, ckpt: FlashCheckpointer) -> None:
+    """A full save of the current step with nothing else in node memory: a new base. The step is saved
+    as a delta first when it is not the newest saved one (a step saved again is a full save)."""
+    if ckpt.last_committed != tr.step:
+        ckpt.save(tr.step, {"step": tr.step}, block=True)
+    clear_node_memory(ckpt)
+    stats = ckpt.save(tr.step, {"step": tr.step}, block=True)
+    assert stats.kind == "full", stats
+
+
+def timed_restores(ckpt: FlashCheckpointer, dmp: Any, dense_opt: Any, digest: str) -> dict[str, Any]:
+    """RESTORES restores at this world, each into a model whose tables are zeroed first (so nothing
+    stale can pass), each checked bit for bit against `digest`; their median is quoted (one restore
+    moves with the machine's load)."""
+    times, steps, exact = [], [], True
+    for _ in range(RESTORES):
+        with torch.no_grad():
+            for v in dmp.state_dict().values():
+                if isinstance(v, torch.Tensor):
+                    for _, t in local_pieces(v):
+                        t.zero_()
+        dist.barrier()
+        t0 = time.perf_counter()
+        got = ckpt.restore()
+        times.append(slowest(time.perf_counter() - t0))
+        steps.append(got.step if got else None)
+        exact = exact and state_digest(dmp, dense_opt) == digest
+    return {
+        "s": float(np.median(times)),
+        "all_s": times,
+        "step": steps[-1] if len(set(steps)) == 1 else steps,
+        "exact": exact,
+    }
+
+
+def measure_chain(tr: Trainer, ckpt: FlashCheckpointer, spec: dict[str, Any], label: str) -> dict[str, Any]:
+    """The chain of the newest step restored at this world, then the same step saved in full (the
+    chain first removed from node memory) and restored: the same state from a chain and from a full
+    snapshot, in the same conditions. Both are staged on disk for the restores into world 3."""
+    out = chain_shape(ckpt)
+    out["digest"] = state_digest(tr.dmp, tr.dense_opt)
+    out["restore_chain"] = timed_restores(ckpt, tr.dmp, tr.dense_opt, out["digest"])
+    where = Path(spec["workdir"]) / "stage" / label
+    stage(ckpt, where / "chain")
+    base_now(tr, ckpt)
+    out["restore_full"] = timed_restores(ckpt, tr.dmp, tr.dense_opt, out["digest"])
+    stage(ckpt, where / "full")
+    out["chain_over_full"] = out["restore_chain"]["s"] / out["restore_full"]["s"]
+    return out
+
+
+def own_chain(tr: Trainer, ckpt: FlashCheckpointer, spec: dict[str, Any], interval: int) -> dict[str, Any]:
+    """The chain of one checkpoint interval alone: a new base, then a save every `interval` steps until
+    the chain holds CHAIN_DELTAS deltas (then measured, measure_chain) or a save folds it first (then
+    the chain before the fold is said, and no restore is measured: the interval never holds such a
+    chain). These steps are not timed."""
+    base_now(tr, ckpt)
+    shape = chain_shape(ckpt)
+    for _ in range(CHAIN_DELTAS):
+        for _ in range(interval):
+            tr.train_step()
+        stats = ckpt.save(tr.step, {"step": tr.step}, block=True)
+        if stats.kind != "delta":
+            return {"interval": interval, "folds_before": CHAIN_DELTAS, "before_fold": shape}
+        shape = chain_shape(ckpt)
+    return {"interval": interval, **measure_chain(tr, ckpt, spec, f"every_{interval}")}
+
+
+def mixed_chain(tr: Trainer, ckpt: FlashCheckpointer, spec: dict[str, Any]) -> dict[str, Any]:
+    """The worst case: a chain of all three intervals just before a fold. A new base, 9 deltas of 1
+    step, 6 of 10 steps, then deltas of 100 steps while the next one (as large as the last) would stay
+    within the fold's bound; measured as measure_chain."""
+    base_now(tr, ckpt)
+    plan = [1] * 9 + [10] * 6
+    for interval in plan:
+        for _ in range(interval):
+            tr.train_step()
+        ckpt.save(tr.step, {"step": tr.step}, block=True)
+    shape, grew = chain_shape(ckpt), 0.0
+    for _ in range(MIXED_LONG_MAX):
+        # the next one would fold (compact_ratio 1), with a margin: deltas of 100 steps vary a little
+        if shape["node_bytes_over_base_max"] + 1.1 * grew > 1.0:
+            break
+        for _ in range(100):
+            tr.train_step()
+        stats = ckpt.save(tr.step, {"step": tr.step}, block=True)
+        if stats.kind != "delta":  # the bound came sooner than the last delta's size said: no worst case
+            return {"delta_intervals": plan, "folded_at_step": tr.step, "before_fold": shape}
+        plan.append(100)
+        after = chain_shape(ckpt)
+        grew, shape = after["node_bytes_over_base_max"] - shape["node_bytes_over_base_max"], after
+    return {"delta_intervals": plan, **measure_chain(tr, ckpt, spec, "mixed")}
 
 
 def cpu_s(server_pid: int | None) -> tuple[float, float]:
@@ -366,6 +514,8 @@ def phase_train(spec: dict[str, Any], rank: int) -> dict[str, Any]:
         )
         run["throughput_ratio"] = float(np.median(ratios))
         runs.append(run)
+        if spec["mode"] == "delta":  # this interval's own chain, restored (not timed with the above)
+            res.setdefault("chains", {})[f"every_{interval}"] = own_chain(tr, ckpt, spec, interval)
     res["intervals"] = runs
     # one save alone: its pause and the background time until every copy is committed
     for _ in range(spec["alone_gap_steps"]):
@@ -381,38 +531,26 @@ def phase_train(spec: dict[str, Any], rank: int) -> dict[str, Any]:
         "background_s": slowest(time.perf_counter() - t0),
         "bytes_copied": total(getattr(stats, "bytes_copied", stats.bytes)),
     }
-    res["saved_step"] = tr.step
-    res["saved_digest"] = state_digest(dmp, dense_opt)
-    chain = committed_steps(ckpt.node_dir)
-    res["memory_steps_n0"] = chain if rank == 0 else None
+    if spec["mode"] == "delta":  # the worst case: a chain of every interval, just before a fold
+        res["chains"]["mixed"] = mixed_chain(tr, ckpt, spec)
     # the node directory's bytes at their largest over the whole run (own steps, replicas, temp dirs)
     res["node_memory_peak_bytes"] = max(all_gather_json(ckpt.memory_peak_bytes))
-    # restore at the same world, into a model that is zeroed first (so nothing stale can pass); each
-    # restore of the run is one of RESTORES, their median quoted: one restore moves with the machine's load
-    times, steps, exact = [], [], True
-    for _ in range(RESTORES):
-        with torch.no_grad():
-            for v in dmp.state_dict().values():
-                if isinstance(v, torch.Tensor):
-                    for _, t in local_pieces(v):
-                        t.zero_()
-        dist.barrier()
-        t0 = time.perf_counter()
-        got = ckpt.restore()
-        times.append(slowest(time.perf_counter() - t0))
-        steps.append(got.step if got else None)
-        exact = exact and state_digest(dmp, dense_opt) == res["saved_digest"]
-    res["restore_same_world_s"] = float(np.median(times))
-    res["restore_same_world_all_s"] = times
-    res["restore_same_world_step"] = steps[-1] if len(set(steps)) == 1 else steps
-    res["restore_same_world_exact"] = exact
+    if spec["mode"] == "full":  # the newest step restored at the same world (and into world 3 next)
+        res["saved_step"] = tr.step
+        res["saved_digest"] = state_digest(dmp, dense_opt)
+        got = timed_restores(ckpt, dmp, dense_opt, res["saved_digest"])
+        res["restore_same_world_s"] = got["s"]
+        res["restore_same_world_all_s"] = got["all_s"]
+        res["restore_same_world_step"] = got["step"]
+        res["restore_same_world_exact"] = got["exact"]
     res["max_rss_gib"] = slowest(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
     ckpt.close()
     return res
 
 
-def phase_restore(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
-    dmp, plan, dense_opt = build(spec, world)
+def restore_in(spec: dict[str, Any], rank: int, world: int, dmp: Any, plan: Any, dense_opt: Any) -> dict:
+    """RESTORES restores of what node memory holds now into this world's plan; the caller checks the
+    digest against the saved one (every restore must give that same state)."""
     cfg = FlashConfig(run_id="bench", node_id=f"n{rank}", memory_root=Path(spec["shm"]), keep_memory=1)
     ckpt = FlashCheckpointer(dmp, plan, dense_opt, cfg)
     times, digests, steps = [], [], []
@@ -424,11 +562,32 @@ def phase_restore(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]
         steps.append(got.step if got else None)
         digests.append(state_digest(dmp, dense_opt))
     res: dict[str, Any] = {"world": world, "restore_s": float(np.median(times)), "restore_all_s": times}
-    # the caller checks one digest against the saved one: every restore must have given that same state
     res["step"] = steps[-1] if len(set(steps)) == 1 else steps
     res["digest"] = digests[-1] if len(set(digests)) == 1 else digests
     res["sources"] = sorted(set(got.file_sources.values())) if got else []
     ckpt.close()
+    return res
+
+
+def phase_restore(spec: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
+    """Full mode: the train phase's newest step. Differential mode: each chain the train phase staged
+    on disk, and the full step of the same state beside it, each copied into the nodes' memory first
+    (the new node's memory empty), as the train phase's nodes held it."""
+    dmp, plan, dense_opt = build(spec, world)
+    if spec["mode"] == "full":
+        return restore_in(spec, rank, world, dmp, plan, dense_opt)
+    staged = Path(spec["workdir"]) / "stage"
+    shm = Path(spec["shm"])
+    res: dict[str, Any] = {"world": world, "chains": {}}
+    for label in sorted(p.name for p in staged.iterdir()) if staged.is_dir() else []:
+        for kind in ("chain", "full"):
+            if rank == 0:
+                for node in range(world):
+                    shutil.rmtree(shm / f"n{node}", ignore_errors=True)
+                for node_dir in (staged / label / kind).iterdir():
+                    shutil.copytree(node_dir, shm / node_dir.name)
+            dist.barrier()
+            res["chains"].setdefault(label, {})[kind] = restore_in(spec, rank, world, dmp, plan, dense_opt)
     return res
 
 
