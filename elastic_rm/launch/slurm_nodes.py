@@ -40,6 +40,7 @@ from .hostfile import Host
 from .slurm import SlurmError as HostListError
 from .slurm import expand_hostlist
 from .slurm_cli import BAD_NODE_STATES, NODE_LOST, Slurm, SlurmError, SlurmJob
+from .slurm_interrupts import HURRY_WAIT_S, Interrupts
 from .slurm_job import GROWTH_MARK, GROWTH_NICE, SlurmOptions
 
 # the planner's reason for a demand past the round's size that replaces stragglers
@@ -102,6 +103,7 @@ class SlurmExecutor(Executor):
         say,
         partitions: tuple[str, ...],
         clock: Callable[[], float] = time.monotonic,
+        interrupts: Interrupts | None = None,
     ):
         super().__init__(client, keys, pool, self._no_host_start, events, config, say)
         self.slurm, self.options, self.partitions = slurm, options, set(partitions)
@@ -115,6 +117,8 @@ class SlurmExecutor(Executor):
         self.submitted = 0
         self._node_names: set[str] | None = None  # every Slurm node's name
         self._ended_ids: set[str] = set()  # our ended nodes' ids, while etcd still lists them (lease)
+        self._interrupts = interrupts or Interrupts()  # erm launch's signals: a second one hurries stop_all
+        self._left: list[str] | None = None  # what stop_all left, once it ran
 
     @staticmethod
     def _no_host_start(host: Host):
@@ -530,30 +534,38 @@ class SlurmExecutor(Executor):
         except SlurmError as exc:
             self._say(f"scancel failed: {exc}")
 
-    def stop_all(self, reason: str) -> None:
-        """Every node job: SIGTERM to ermrun (pending ones cancelled), then scancel after the stop grace;
-        returns once squeue lists none of them (bounded; then the jobs left are named for the user)."""
+    def stop_all(self, reason: str) -> list[str]:
+        """Every node job of the run: SIGTERM to ermrun (pending ones cancelled), then scancel after the stop
+        grace, or at once when a signal hurries the stop (slurm_interrupts.py). The run's jobs that squeue
+        lists and this launcher does not follow (an sbatch interrupted after Slurm took its job) are
+        stopped too. Returns once squeue lists none of them, else (bounded, or on one more signal) the job
+        ids left, named for the user; a later call returns the same."""
+        if self._left is not None:
+            return self._left
+        self._interrupts.stop()
         for node in list(self.nodes.values()):
             self._stop(node, reason)
-        deadline = self._clock() + self._cfg.stop_grace_s
-        cancelled = False
-        while self.nodes:
-            if self._clock() > deadline + 10:
-                self._say(
-                    f"Slurm may still run job(s) {' '.join(self.nodes)}: scancel {' '.join(self.nodes)}"
-                )
-                break
-            if not cancelled and self._clock() > deadline:
+        cancel_at = self._clock() + self._cfg.stop_grace_s
+        deadline, cancelled, hurried = cancel_at + 10, False, False
+        while not self._interrupts.leave and self._clock() <= deadline:
+            if self._interrupts.hurry and not hurried:
+                hurried, cancel_at, deadline = True, self._clock(), self._clock() + HURRY_WAIT_S
+            if not cancelled and self._clock() >= cancel_at and self.nodes:
                 cancelled = True
+                self._say(f"cancelling Slurm job(s) {' '.join(self.nodes)} (scancel)")
                 self._cancel(list(self.nodes))
             try:
-                by_id = {j.job_id: j for j in self.slurm.jobs()}
+                jobs = self.slurm.jobs()
             except SlurmError as exc:  # none is known to have ended: scancel them again until the bound
                 self._warn("squeue", f"{exc}; scancel is tried until the stop grace is over")
                 with contextlib.suppress(SlurmError):
                     self.slurm.cancel(*self.nodes)
                 time.sleep(0.2)
                 continue
+            for job in jobs:
+                if self._ours(job) and not job.ended and job.job_id not in self.nodes:
+                    self._stop_unknown(job, reason, cancel=cancelled)
+            by_id = {j.job_id: j for j in jobs}
             for job_id, node in list(self.nodes.items()):
                 job = by_id.get(job_id)
                 if job is None or job.ended:
@@ -561,8 +573,24 @@ class SlurmExecutor(Executor):
                     self._emit(
                         "stopped", node.host, f"node {node.node_id} (Slurm job {job_id}) ended", job=job_id
                     )
+            if not self.nodes:
+                break
             time.sleep(0.2)
+        self._left = list(self.nodes)
+        if self._left:
+            ids = " ".join(self._left)
+            self._say(f"Slurm may still run job(s) {ids}: scancel {ids}")
         self.nodes.clear()
+        return self._left
+
+    def _stop_unknown(self, job: SlurmJob, reason: str, cancel: bool) -> None:
+        """A job of the run whose sbatch never returned its id: followed and stopped with the others."""
+        node = SlurmNode(job.job_id, job.state, job.nodes, growth=job.comment == self.options.growth_comment)
+        self.nodes[job.job_id] = node
+        self._emit("adopt", node.host, f"found Slurm job {job.job_id} of the run ({job.state} {job.nodes})")
+        self._stop(node, reason)
+        if cancel:
+            self._cancel([job.job_id])
 
     def _note_round_members(self) -> bool:
         """A node job whose node was ever a member or standby of one of the run's rounds joined it, even if

@@ -374,17 +374,14 @@ class _ParserCheck(threading.Thread):
             self.refusal = f"{type(exc).__name__}: {exc}"
 
 
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
 def _run_slurm(args: argparse.Namespace) -> int:
     """Checks the input and runs the Slurm executor. The run's first node jobs are submitted while
     ermrun's parser loads (_ParserCheck), from erm launch's own reading of the few flags they depend on
     (read_first); if the parser refuses the flags, or reads them otherwise, those jobs are cancelled (and
     gone from squeue) before erm launch exits with the parser's message. Any other way out before the
-    executor runs (an error, Ctrl-C, SIGTERM, handled until the executor handles it) cancels them too."""
+    executor runs (an error, Ctrl-C, SIGTERM: elastic_rm.launch.slurm_interrupts) cancels them too."""
     from elastic_rm.launch.slurm_cli import SlurmError
+    from elastic_rm.launch.slurm_interrupts import Interrupts
     from launcher.commands.launch_slurm import (
         FirstJobs,
         cancel_first,
@@ -407,56 +404,62 @@ def _run_slurm(args: argparse.Namespace) -> int:
     jobs = FirstJobs()
     checked = None
     handed_over = False  # the etcd client: execute_slurm closes it
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        parser.start()
-        slurm_error = None
-        if first is not None:
-            script = [args.training_script, *args.training_script_args]
-            try:
-                checked = check_slurm(args, first.run_id, first.flags, script, first.job_file)
-                if not parser.refused:
-                    low, high = first.nnodes
-                    count = max(low, min(checked[1].requested_nodes or low, high))
-                    submit_first(checked, count, jobs)
-            except (ValueError, SlurmError) as exc:
-                slurm_error = exc
-        parser.join()
-        if parser.refused or slurm_error is not None:
+    with Interrupts() as interrupts:
+        try:
+            parser.start()
+            slurm_error = None
+            if first is not None:
+                script = [args.training_script, *args.training_script_args]
+                try:
+                    checked = check_slurm(args, first.run_id, first.flags, script, first.job_file)
+                    if not parser.refused:
+                        low, high = first.nnodes
+                        count = max(low, min(checked[1].requested_nodes or low, high))
+                        submit_first(checked, count, jobs)
+                except (ValueError, SlurmError) as exc:
+                    slurm_error = exc
+            parser.join()
+            if parser.refused or slurm_error is not None:
+                if checked is not None:
+                    cancel_first(checked, jobs, args.stop_grace, interrupts)
+                if parser.value is not None:
+                    parser.value[-1].close()
+                if parser.exit_code is not None:
+                    return parser.exit_code
+                return _fail(parser.refusal or str(slurm_error))
+            ns, flags, script, settings, nnodes, client = parser.value
+            read = (ns.rdzv_id, nnodes, job_file_of(ns))
+            if first is None or read != (first.run_id, first.nnodes, first.job_file):
+                if checked is not None:
+                    cancel_first(checked, jobs, args.stop_grace, interrupts)
+                    if not interrupts.resume():  # a signal came while they stopped
+                        return 130
+                jobs = FirstJobs()
+                try:
+                    checked = check_slurm(args, ns.rdzv_id, flags, script, job_file_of(ns))
+                except (ValueError, SlurmError) as exc:
+                    client.close()
+                    return _fail(str(exc))
+            handed_over = True
+            return execute_slurm(args, ns, settings, checked, nnodes, client, interrupts, jobs.submitted)
+        except KeyboardInterrupt:
+            left = cancel_first(checked, jobs, args.stop_grace, interrupts) if checked is not None else []
+            if not left:
+                print(
+                    "erm launch: interrupted before the run started: no node job it submitted is left "
+                    "(Slurm lists none of them any more)",
+                    file=sys.stderr,
+                )
+            return 130
+        except Exception as exc:
+            interrupts.stop()
             if checked is not None:
-                cancel_first(checked, jobs, args.stop_grace)
-            if parser.value is not None:
+                cancel_first(checked, jobs, args.stop_grace, interrupts)
+            if parser.value is not None and not handed_over:
                 parser.value[-1].close()
-            if parser.exit_code is not None:
-                return parser.exit_code
-            return _fail(parser.refusal or str(slurm_error))
-        ns, flags, script, settings, nnodes, client = parser.value
-        read = (ns.rdzv_id, nnodes, job_file_of(ns))
-        if first is None or read != (first.run_id, first.nnodes, first.job_file):
-            if checked is not None:
-                cancel_first(checked, jobs, args.stop_grace)
-            jobs = FirstJobs()
-            try:
-                checked = check_slurm(args, ns.rdzv_id, flags, script, job_file_of(ns))
-            except (ValueError, SlurmError) as exc:
-                client.close()
-                return _fail(str(exc))
-        handed_over = True
-        return execute_slurm(args, ns, settings, checked, nnodes, client, jobs.submitted)
-    except KeyboardInterrupt:
-        if checked is not None:
-            cancel_first(checked, jobs, args.stop_grace)
-        return 130
-    except Exception as exc:
-        if checked is not None:
-            cancel_first(checked, jobs, args.stop_grace)
-        if parser.value is not None and not handed_over:
-            parser.value[-1].close()
-        return _fail(
-            f"{type(exc).__name__}: {exc} (the run's node jobs erm launch had submitted are cancelled)"
-        )
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+            return _fail(
+                f"{type(exc).__name__}: {exc} (the run's node jobs erm launch had submitted are cancelled)"
+            )
 
 
 def _execute(args: argparse.Namespace, plan: _Plan, client) -> int:

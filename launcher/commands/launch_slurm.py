@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 import threading
 import time
@@ -241,12 +240,14 @@ def submit_first(checked, count: int, first: FirstJobs) -> None:
         )
 
 
-def cancel_first(checked, first: FirstJobs, grace_s: float) -> None:
+def cancel_first(checked, first: FirstJobs, grace_s: float, interrupts) -> list[str]:
     """Cancel the first node jobs when erm launch gives up before its executor runs, and any other job of
     the run Slurm lists that was not there before them: an sbatch interrupted or timed out after Slurm took
-    its job never returned the id. A job listed before (a restarted erm launch's to adopt) is left."""
+    its job never returned the id. A job listed before (a restarted erm launch's to adopt) is left. Returns
+    the job ids squeue may still list (named for the user)."""
     from elastic_rm.launch.slurm_cli import SlurmError
 
+    interrupts.stop()
     slurm, options, _ = checked
     ids = [job_id for job_id, _ in first.submitted]
     if first.before is not None:
@@ -258,49 +259,68 @@ def cancel_first(checked, first: FirstJobs, grace_s: float) -> None:
                 f"{options.job_name}",
                 file=sys.stderr,
             )
-    cancel_jobs(slurm, ids, grace_s)
+    return cancel_jobs(slurm, ids, grace_s, interrupts)
 
 
-def cancel_jobs(slurm, job_ids: list[str], grace_s: float) -> None:
+def cancel_jobs(slurm, job_ids: list[str], grace_s: float, interrupts) -> list[str]:
     """Stop node jobs as the executor does: a pending one is cancelled, a running one's ermrun gets SIGTERM
-    (it leaves and cleans up) and is cancelled after ``grace_s``; returns once squeue lists none of them
-    alive (bounded)."""
+    (it leaves and cleans up) and is cancelled after ``grace_s``, or at once when a signal hurries the stop
+    (elastic_rm.launch.slurm_interrupts). Returns once squeue lists none of them alive, else (bounded, or
+    on one more signal) the ids left, which it names with the scancel command."""
     from elastic_rm.launch.slurm_cli import SlurmError
+    from elastic_rm.launch.slurm_interrupts import HURRY_WAIT_S
 
     if not job_ids:
-        return
-    deadline = time.monotonic() + grace_s
+        return []
+    print(
+        f"erm launch: stopping Slurm job(s) {' '.join(job_ids)}: SIGTERM to their ermrun, scancel after "
+        f"--stop-grace {grace_s:g}s",
+        file=sys.stderr,
+    )
+    now = time.monotonic()
+    cancel_at, deadline = now + grace_s, now + grace_s + 10
     signalled: set[str] = set()
-    cancelled = False
-    while time.monotonic() < deadline + 10:
+    cancelled = hurried = False
+    alive: list | None = None
+    while time.monotonic() < deadline and not interrupts.leave:
+        if interrupts.hurry and not hurried:
+            hurried = True
+            cancel_at, deadline = time.monotonic(), time.monotonic() + HURRY_WAIT_S
         try:
             alive = [j for j in slurm.jobs() if j.job_id in job_ids and not j.ended]
         except SlurmError:
             alive = None
         if alive == []:
-            return
+            return []
         for job in alive or ():
             try:
                 if job.state == "PENDING":
                     slurm.cancel(job.job_id)
-                elif job.job_id not in signalled:
+                elif job.job_id not in signalled and not hurried:
                     slurm.signal(job.job_id, "TERM")
                     signalled.add(job.job_id)  # once: a second SIGTERM would cut ermrun's cleanup short
             except SlurmError:
                 pass  # e.g. its batch step is not there yet: again at the next look
-        if alive is None or (not cancelled and time.monotonic() > deadline):
+        if alive is None or (not cancelled and time.monotonic() >= cancel_at):
+            if not cancelled:
+                print(f"erm launch: cancelling Slurm job(s) {' '.join(job_ids)} (scancel)", file=sys.stderr)
             cancelled = True
             try:
                 slurm.cancel(*job_ids)
             except SlurmError as exc:
                 print(f"erm launch: scancel {' '.join(job_ids)} failed: {exc}", file=sys.stderr)
         time.sleep(0.2)
-    print(f"erm launch: Slurm still lists job(s) {' '.join(job_ids)}; scancel them", file=sys.stderr)
+    left = [j.job_id for j in alive] if alive is not None else list(job_ids)
+    print(
+        f"erm launch: Slurm may still list job(s) {' '.join(left)}: scancel {' '.join(left)}", file=sys.stderr
+    )
+    return left
 
 
-def execute_slurm(args, ns, settings, checked, nnodes, client, first=()) -> int:
-    """Run the Slurm executor until the job ends (or Ctrl-C, SIGTERM: every node job is stopped);
-    ``first``: the node jobs submitted before it, as (job id, time submitted)."""
+def execute_slurm(args, ns, settings, checked, nnodes, client, interrupts, first=()) -> int:
+    """Run the Slurm executor until the job ends (or Ctrl-C, SIGTERM: every node job is stopped; see
+    elastic_rm.launch.slurm_interrupts for a second signal); ``first``: the node jobs submitted before it,
+    as (job id, time submitted). ``interrupts``: erm launch's signal handlers, entered by the caller."""
     from elastic_rm.launch.executor import ExecutorConfig
     from elastic_rm.launch.pool import HostPool
     from elastic_rm.launch.slurm_cli import SlurmError
@@ -326,12 +346,9 @@ def execute_slurm(args, ns, settings, checked, nnodes, client, first=()) -> int:
         idle_timeout_s=args.idle_timeout,
     )
     pool = HostPool(args.host_failures, args.blacklist_cooldown, args.max_cooldown)
-    executor = SlurmExecutor(client, keys, pool, slurm, options, events, config, say, partitions=partitions)
-
-    def on_term(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, on_term)
+    executor = SlurmExecutor(
+        client, keys, pool, slurm, options, events, config, say, partitions=partitions, interrupts=interrupts
+    )
     try:
         try:
             adopted = executor.adopt(first)
@@ -356,11 +373,12 @@ def execute_slurm(args, ns, settings, checked, nnodes, client, first=()) -> int:
         )
         return executor.run()
     except KeyboardInterrupt:
-        executor.stop_all("erm launch was interrupted")  # the first node jobs, if before the executor ran
-        say("interrupted: every node job was stopped")
+        # the first node jobs, if before the executor ran; else what the executor's own stop left
+        if not executor.stop_all("erm launch was interrupted"):  # else it named the jobs left
+            say("interrupted: every node job was stopped (Slurm lists none of them any more)")
         return 130
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        interrupts.stop()
         events.flush()
         events.close()
         client.close()

@@ -32,6 +32,7 @@ def launch(
     extra=(),
     log="launch.log",
     script=(WORKER,),
+    env=None,
 ) -> Proc:
     argv = [
         os.path.join(BIN, "erm"),
@@ -66,7 +67,7 @@ def launch(
         "0.1",
         *script,
     ]
-    return Proc(argv, str(tmp_path / log), env=cluster.env(), cwd=str(tmp_path))
+    return Proc(argv, str(tmp_path / log), env=env or cluster.env(), cwd=str(tmp_path))
 
 
 def run_events(etcd, run_id) -> list:

@@ -1,0 +1,73 @@
+"""Ctrl-C and SIGTERM while `erm launch --slurm` runs: the first ends the run, a second hurries its end.
+
+The first signal while the run starts or goes on raises KeyboardInterrupt, and erm launch stops the run's
+node jobs gracefully (ermrun leaves the rendezvous; scancel after --stop-grace). Once a stop began, no
+signal raises any more: an exception in the middle of it would leave node jobs in Slurm's queue and the
+user a traceback. A signal then only asks the stop to hurry (:attr:`Interrupts.hurry`): every job of the
+run is cancelled at once, and erm launch returns once squeue lists none of them (bounded), naming any left.
+One more (:attr:`Interrupts.leave`) returns without waiting for squeue, naming the jobs to scancel.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# how long a hurried stop waits for squeue to list none of the cancelled jobs (Slurm's KillWait, on a
+# job whose processes ignore SIGTERM, is the usual delay)
+HURRY_WAIT_S = 40.0
+
+
+def _write(line: str) -> None:
+    """One line on stderr from a signal handler: os.write, which takes no lock the interrupted code holds."""
+    try:
+        os.write(2, f"erm launch: {line}\n".encode())
+    except OSError:
+        pass
+
+
+class Interrupts:
+    """The signal handlers of one `erm launch --slurm` (a context manager), and what they asked for."""
+
+    def __init__(self) -> None:
+        self.stopping = False  # a stop began: signals hurry it instead of raising
+        self.hurry = False  # a signal came during the stop: cancel every job of the run at once
+        self.leave = False  # one more: return without waiting for squeue to list none of them
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> Interrupts:
+        for sig in SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def stop(self) -> None:
+        """A stop begins (an interrupt's, an error's, the run's end): from now on signals hurry it."""
+        self.stopping = True
+
+    def resume(self) -> bool:
+        """The stop that began is over and the run goes on: True, and the next signal raises again; False
+        when a signal came during that stop (the user asked erm launch to end)."""
+        if self.hurry or self.leave:
+            return False
+        self.stopping = False
+        return True
+
+    def _on_signal(self, signum, frame) -> None:
+        if not self.stopping:
+            self.stopping = True
+            _write("interrupted: stopping the run's Slurm jobs (Ctrl-C again cancels them at once)")
+            raise KeyboardInterrupt
+        if not self.hurry:
+            self.hurry = True
+            _write(
+                "interrupted again: cancelling the run's Slurm job(s) now (scancel), without waiting for "
+                "their ermrun to leave the run (once more: return without waiting for squeue)"
+            )
+        elif not self.leave:
+            self.leave = True
+            _write("interrupted a third time: returning without waiting for squeue to list none")

@@ -1,0 +1,124 @@
+"""Ctrl-C and SIGTERM while `erm launch --slurm` starts or stops the run: whenever they land (while sbatch
+runs, between the first node jobs' submission and the executor, twice during the stop), no job of the run
+is left in squeue, erm launch exits 130 and says what it cancels, never with a traceback."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import stat
+
+import pytest
+
+from tests.e2e.helpers import wait_until
+from tests.slurm.cluster import find
+from tests.slurm.helpers import launch, run_jobs
+
+AGAIN = "interrupted again: cancelling the run's Slurm job(s) now"
+
+
+def holder(tmp_path, ignore_term: bool) -> str:
+    """The node jobs' "python": it only holds the node. ``ignore_term``: like an ermrun that does not leave,
+    so that the graceful stop lasts its whole --stop-grace unless a second signal cuts it short."""
+    path = tmp_path / "python"
+    path.write_text("#!/bin/sh\n" + ("trap '' TERM\n" if ignore_term else "") + "exec sleep 300\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def held_sbatch(tmp_path, cluster, call: int) -> dict[str, str]:
+    """The environment of an erm launch whose ``call``-th submission (not counting --test-only) hangs after
+    Slurm took its job and the job runs: its id never comes back, as when sbatch is interrupted. The id
+    goes to the file ``took``, then the file ``held`` says it hangs."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "sbatch"
+    wrapper.write_text(
+        f"""#!/bin/sh
+case " $* " in *" --test-only "*) exec {find("sbatch")} "$@";; esac
+echo >> {tmp_path}/calls
+[ "$(wc -l < {tmp_path}/calls)" -eq {call} ] || exec {find("sbatch")} "$@"
+out=$({find("sbatch")} "$@") || exit $?
+echo "${{out%%;*}}" > {tmp_path}/took
+i=0
+while [ $i -lt 300 ] && [ "$(squeue -h -j "${{out%%;*}}" -o %T)" != RUNNING ]; do sleep 0.1; i=$((i+1)); done
+touch {tmp_path}/held
+exec sleep 300
+"""
+    )
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    env = cluster.env()
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    return env
+
+
+@pytest.mark.parametrize(
+    "nnodes, call",
+    [("1", 1), ("1:2", 2)],
+    ids=["the-first-node-job-before-the-executor", "a-growth-node-job-of-the-executor"],
+)
+def test_an_interrupted_sbatchs_job_is_stopped_and_a_second_sigterm_cancels_at_once(
+    etcd, run_id, tmp_path, procs, slurm, nnodes, call
+):
+    extra = ["--python", holder(tmp_path, ignore_term=True), "--stop-grace", "300"]
+    env = held_sbatch(tmp_path, slurm, call)
+    p = launch(tmp_path, slurm, etcd, run_id, nnodes, extra=extra, env=env)
+    procs.append(p)
+    wait_until(lambda: (tmp_path / "held").exists(), 60, "sbatch hanging after Slurm took its job", [p])
+    took = (tmp_path / "took").read_text().strip()
+    os.kill(p.pid, signal.SIGTERM)
+    # the stop names the job whose id sbatch never returned, and sends its ermrun SIGTERM (ignored here)
+    wait_until(lambda: re.search(rf"stopping .*\b{took}\b", p.output()), 60, f"the stop of job {took}", [p])
+    os.kill(p.pid, signal.SIGTERM)  # the graceful stop would wait --stop-grace (300 s): cut short
+    assert p.wait(60) == 130, p.output()[-3000:]
+    out = p.output()
+    assert AGAIN in out and "Traceback" not in out, out[-3000:]
+    assert "Slurm lists none of them any more" in out, out[-3000:]
+    assert run_jobs(slurm, run_id) == []
+    assert took in slurm.ended_jobs()
+
+
+def test_a_sigterm_after_the_first_node_jobs_went_in_while_the_parser_loads_cancels_them(
+    etcd, run_id, tmp_path, procs, slurm
+):
+    """The run's first node jobs are submitted while ermrun's parser loads torch (seconds); a SIGTERM as
+    soon as squeue lists them lands before the executor took them over, or as it does."""
+    p = launch(tmp_path, slurm, etcd, run_id, "2", extra=["--python", holder(tmp_path, ignore_term=False)])
+    procs.append(p)
+    wait_until(lambda: len(run_jobs(slurm, run_id)) == 2, 60, "the first node jobs in squeue", [p])
+    first = sorted(j["id"] for j in run_jobs(slurm, run_id))
+    os.kill(p.pid, signal.SIGTERM)
+    assert p.wait(60) == 130, p.output()[-3000:]
+    out = p.output()
+    assert "Traceback" not in out and "interrupted" in out, out[-3000:]
+    assert run_jobs(slurm, run_id) == []
+    assert set(first) <= set(slurm.ended_jobs()), out[-3000:]
+
+
+def test_a_job_scancel_cannot_end_is_named_with_the_scancel_command_on_a_third_signal(
+    etcd, run_id, tmp_path, procs, slurm
+):
+    """scancel refused (here: a scancel that always fails, as for a job of another account): a third signal
+    returns without waiting out the bound, naming the job and the command that cancels it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scancel = bin_dir / "scancel"
+    scancel.write_text("#!/bin/sh\necho 'scancel: error: Access/permission denied' >&2\nexit 1\n")
+    scancel.chmod(0o755)
+    env = slurm.env()
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    extra = ["--python", holder(tmp_path, ignore_term=True), "--stop-grace", "300"]
+    p = launch(tmp_path, slurm, etcd, run_id, "1", extra=extra, env=env)
+    procs.append(p)
+    wait_until(lambda: " runs on " in p.output(), 60, "the node job running", [p])
+    (job,) = [j["id"] for j in run_jobs(slurm, run_id)]
+    os.kill(p.pid, signal.SIGTERM)
+    wait_until(lambda: "stopping node" in p.output(), 60, "the stop", [p])
+    os.kill(p.pid, signal.SIGTERM)
+    wait_until(lambda: "scancel failed" in p.output(), 60, "scancel failing", [p])
+    os.kill(p.pid, signal.SIGTERM)
+    assert p.wait(60) == 130, p.output()[-3000:]
+    out = p.output()
+    assert "Traceback" not in out and f"Slurm may still run job(s) {job}: scancel {job}" in out, out[-3000:]
+    assert [j["id"] for j in run_jobs(slurm, run_id)] == [job]  # left, as said (the fixture cancels it)
