@@ -53,13 +53,26 @@ exec sleep 300
     return env
 
 
+def interrupt(p, how: str) -> None:
+    """SIGTERM to erm launch alone, or a terminal's Ctrl-C: SIGINT to its whole process group (its sbatch,
+    squeue or scancel of the moment included)."""
+    if how == "sigterm":
+        os.kill(p.pid, signal.SIGTERM)
+    else:
+        os.killpg(p.pid, signal.SIGINT)  # Proc starts erm launch in a session (and group) of its own
+
+
 @pytest.mark.parametrize(
-    "nnodes, call",
-    [("1", 1), ("1:2", 2)],
-    ids=["the-first-node-job-before-the-executor", "a-growth-node-job-of-the-executor"],
+    "nnodes, call, how",
+    [("1", 1, "sigterm"), ("1", 1, "ctrl-c"), ("1:2", 2, "sigterm")],
+    ids=[
+        "the-first-node-job-before-the-executor",
+        "the-first-node-job-ctrl-c",
+        "a-growth-node-job-of-the-executor",
+    ],
 )
-def test_an_interrupted_sbatchs_job_is_stopped_and_a_second_sigterm_cancels_at_once(
-    etcd, run_id, tmp_path, procs, slurm, nnodes, call
+def test_an_interrupted_sbatchs_job_is_stopped_and_a_second_signal_cancels_at_once(
+    etcd, run_id, tmp_path, procs, slurm, nnodes, call, how
 ):
     extra = ["--python", holder(tmp_path, ignore_term=True), "--stop-grace", "300"]
     env = held_sbatch(tmp_path, slurm, call)
@@ -67,10 +80,10 @@ def test_an_interrupted_sbatchs_job_is_stopped_and_a_second_sigterm_cancels_at_o
     procs.append(p)
     wait_until(lambda: (tmp_path / "held").exists(), 60, "sbatch hanging after Slurm took its job", [p])
     took = (tmp_path / "took").read_text().strip()
-    os.kill(p.pid, signal.SIGTERM)
+    interrupt(p, how)
     # the stop names the job whose id sbatch never returned, and sends its ermrun SIGTERM (ignored here)
     wait_until(lambda: re.search(rf"stopping .*\b{took}\b", p.output()), 60, f"the stop of job {took}", [p])
-    os.kill(p.pid, signal.SIGTERM)  # the graceful stop would wait --stop-grace (300 s): cut short
+    interrupt(p, how)  # the graceful stop would wait --stop-grace (300 s): cut short
     assert p.wait(60) == 130, p.output()[-3000:]
     out = p.output()
     assert AGAIN in out and "Traceback" not in out, out[-3000:]
