@@ -1,8 +1,12 @@
 """The simulator: jobs arrive, queue, run on node slices, meet stragglers, failures and OOM, and finish.
 
-Cluster admission, the same for every policy: jobs queue FIFO with backfilling; a job starts when its
-minimum fits (static: all its nodes); while any job waits, a running job gets nodes only up to what its
-user requested (replacements), so elastic growth uses capacity nobody else is waiting for.
+Cluster admission, the same for every policy: jobs queue FIFO with backfilling, in two passes per tick.
+First every queued job whose whole start size fits starts (static's backfill); then, on what is left, an
+elastic job starts when its minimum fits. An early start below the start size thus never takes the nodes
+a later job would have started on at its own size: static's backfill starts that job at once, and a
+well-sized job should not wait longer for the elastic one's sake. While any job waits, a running job gets
+nodes only up to what its user requested (replacements), so elastic growth uses capacity nobody else is
+waiting for.
 
 Time advances in fixed ticks (default 60 s); arrivals, node failures and straggler episodes are events
 drawn from one seeded numpy Generator when a slice is created, so a run is reproducible. Every policy sees
@@ -141,11 +145,12 @@ class Simulator:
                     self._finish(j)
                 elif k % self.every == 0:
                     self._policy_tick(j, now)
-            for j in list(queue):
-                if self._try_start(j, now):
-                    queue.remove(j)
-                    running.append(j)
-                    self._policy_tick(j, now)
+            for whole in (True, False) if self.policy != "static" else (True,):
+                for j in list(queue):
+                    if self._try_start(j, now, whole):
+                        queue.remove(j)
+                        running.append(j)
+                        self._policy_tick(j, now)
             for j in running:
                 want = self._target(j) - len(j.nodes)
                 if queue:  # beyond its request a job grows only into capacity nobody waits for
@@ -177,17 +182,20 @@ class Simulator:
         cpu, mem = self._size(job)
         return Cluster(self.spec).can_fit_count(cpu, mem, job.trace.gpus_per_node) < lo
 
-    def _try_start(self, job: SimJob, now: float) -> bool:
+    def _try_start(self, job: SimJob, now: float, whole: bool = False) -> bool:
+        """Start ``job`` with up to its start size if at least its minimum fits (``whole``: only if all of
+        its start size fits, the backfill pass)."""
         lo, _ = self._bounds(job)
         if self.planner and job.pstate.start is None:
             job.pstate = job.policy.step(self._snapshot(job, now), job.pstate)[1]  # stage 1 only: sizes
         want = self._target(job)
+        need = max(want, lo) if whole else lo
         cpu, mem = self._size(job)
-        if self.cluster.can_fit_count(cpu, mem, job.trace.gpus_per_node) < lo:
+        if self.cluster.can_fit_count(cpu, mem, job.trace.gpus_per_node) < need:
             return False
         while len(job.nodes) < want and self._add_node(job, now):
             pass
-        if len(job.nodes) < lo:
+        if len(job.nodes) < need:
             for nid in list(job.nodes):
                 self._drop_node(job, nid)
             return False
