@@ -12,7 +12,9 @@ Every ``poll`` seconds it reads the run from etcd (``demand``, ``round``, ``node
 - a node that exits while the run is open failed: its host's failure count grows, and a host that fails
   repeatedly is blacklisted for a cooldown (elastic_rm.launch.pool);
 - the run is closed (the job finished or failed): nodes get ``exit_grace`` seconds to exit, then are
-  stopped; the exit status is that of the node that closed the run.
+  stopped; the exit status is that of the node that closed the run;
+- Ctrl-C or SIGTERM: every node is stopped (:meth:`Executor.stop_all`); a second signal kills them at
+  once, a third returns without waiting (elastic_rm.launch.interrupts).
 
 Every action is an event of kind ``launch`` in the run's event log.
 """
@@ -31,11 +33,16 @@ from ..wire.keyspace import Keyspace
 from ..wire.records import ClosedRecord, DemandRecord, RecordError, RoundRecord
 from .discovery import DiscoveryError, diff_hosts
 from .hostfile import Host, HostfileError
+from .interrupts import Interrupts
 from .node import RemoteNode
 from .pool import HostPool
 from .ssh import SSH_EXIT_ERROR
 
 log = logging.getLogger(__name__)
+
+# how long a hurried stop (a second signal: every host's ermrun killed) waits for the nodes' ssh clients to
+# end before it kills them here and names their hosts
+KILL_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,7 @@ class Executor:
         say: Callable[[str], None],
         discover: Callable[[], list[Host]] | None = None,
         known_hosts: list[Host] | None = None,
+        interrupts: Interrupts | None = None,
     ):
         self._client, self._keys, self._pool = client, keys, pool
         self._start_node, self._events, self._cfg, self._say = start_node, events, config, say
@@ -93,6 +101,8 @@ class Executor:
         self._idle_since: float | None = None
         self._ever_registered = False
         self._warned: set[str] = set()
+        self._interrupts = interrupts or Interrupts()  # erm launch's signals: a second one hurries stop_all
+        self._left: list[str] | None = None  # what stop_all left, once it ran
 
     # -- the loop ---------------------------------------------------------------------------------------
 
@@ -345,12 +355,24 @@ class Executor:
                 "host-changed", host, f"host {host.name} changed to {host.where()} (applies to its next node)"
             )
 
-    def stop_all(self, reason: str) -> None:
-        """Stop every node (in parallel: ask all, then wait, bounded), and kill what is left."""
-        for node in self.nodes.values():
+    def stop_all(self, reason: str) -> list[str]:
+        """Stop every node in parallel: each host's supervisor stops its ermrun (SIGTERM, killed after the
+        stop grace); an ssh client still there 10 s later is killed here. A signal during the stop
+        (interrupts.py) kills every host's ermrun at once; one more returns without waiting. Returns the
+        hosts whose node was not seen to end, named for the user with how to stop them; a later call
+        returns the same."""
+        if self._left is not None:
+            return self._left
+        self._interrupts.stop()
+        for node in list(self.nodes.values()):
             self._stop(node, reason)
-        deadline = time.monotonic() + self._cfg.stop_grace_s + 10
-        while self.nodes and time.monotonic() < deadline:
+        deadline, hurried = time.monotonic() + self._cfg.stop_grace_s + 10, False
+        while self.nodes and not self._interrupts.leave and time.monotonic() < deadline:
+            if self._interrupts.hurry and not hurried:
+                hurried, deadline = True, min(deadline, time.monotonic() + KILL_WAIT_S)
+                self._say(f"killing the node(s) on {', '.join(self.nodes)} now (ermrun and its workers)")
+                for node in self.nodes.values():
+                    node.kill_now()
             for name, node in list(self.nodes.items()):
                 rc = node.poll()
                 if rc is not None:
@@ -359,10 +381,23 @@ class Executor:
                     self.exit_codes[node.node_id] = rc
                     self._emit("stopped", node.host, f"node {node.node_id} stopped (exit {rc})", rc=rc)
             time.sleep(0.1)
-        for node in self.nodes.values():
-            self._say(f"node {node.node_id} did not stop in time; killing its ssh client")
-            node.kill()
+        self._left = sorted(self.nodes)
+        if self._interrupts.leave and self.nodes:
+            pids = " ".join(str(node.pid) for node in self.nodes.values())
+            self._say(
+                f"node(s) on {', '.join(self._left)} may still run; their ssh client(s) still run here: "
+                f"`kill {pids}` ends them, and each host's supervisor then stops its ermrun"
+            )
+        elif self.nodes:
+            for node in self.nodes.values():
+                self._say(f"node {node.node_id} did not stop in time; killing its ssh client")
+                node.kill()
+            self._say(
+                f"node(s) on {', '.join(self._left)} may still run: each host's supervisor stops its ermrun "
+                "once it sees its ssh connection end (killing it after --stop-grace)"
+            )
         self.nodes.clear()
+        return self._left
 
     # -- reporting --------------------------------------------------------------------------------------
 

@@ -62,24 +62,35 @@ class RemoteNode:
     def tail(self, lines: int = 5) -> str:
         return "\n".join(list(self._tail)[-lines:])
 
+    def _tell(self, line: str, close: bool) -> None:
+        """A line to the host's supervisor (elastic_rm.launch.remote); ``close``: then the end of input."""
+        stdin = self.popen.stdin
+        if stdin is None or stdin.closed:
+            return
+        try:
+            stdin.write(f"{line}\n".encode())
+            stdin.flush()
+        except OSError:
+            pass  # the connection is gone already
+        if close:
+            try:
+                stdin.close()
+            except OSError:
+                pass
+
     def request_stop(self, reason: str) -> None:
-        """Ask the supervisor on the host to stop ermrun (it sends SIGTERM, then kills after its grace)."""
+        """Ask the supervisor on the host to stop ermrun (it sends SIGTERM, then kills after its grace).
+        The input stays open, for a kill_now."""
         if self.stop_requested_at is not None:
             return
         self.stop_requested_at = time.monotonic()
         self.stop_reason = reason
-        stdin = self.popen.stdin
-        if stdin is None:
-            return
-        try:
-            stdin.write(b"stop\n")
-            stdin.flush()
-        except OSError:
-            pass  # the connection is gone already
-        try:
-            stdin.close()
-        except OSError:
-            pass
+        self._tell("stop", close=False)
+
+    def kill_now(self) -> None:
+        """Ask the supervisor on the host to kill ermrun and its workers now (a hurried stop)."""
+        self.stop_requested_at = self.stop_requested_at or time.monotonic()
+        self._tell("kill", close=True)
 
     def kill(self) -> None:
         """The local ssh client and anything it started; the host's supervisor sees its input end and stops

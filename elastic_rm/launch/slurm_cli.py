@@ -30,6 +30,9 @@ ENDED = frozenset(
 )
 NODE_LOST = frozenset({"NODE_FAIL", "BOOT_FAIL", "CANCELLED", "PREEMPTED"})  # the node, not ermrun, ended it
 BAD_NODE_STATES = ("down", "drain", "fail")  # sinfo's %T: down, down*, drained, draining, failing...
+# how long a hurried stop (a second Ctrl-C) waits for squeue to list none of the cancelled jobs (Slurm's
+# KillWait, on a job whose processes ignore SIGTERM, is the usual delay)
+HURRY_WAIT_S = 40.0
 
 
 class SlurmError(RuntimeError):

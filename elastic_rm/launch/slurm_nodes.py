@@ -37,10 +37,10 @@ from ..wire.records import QUEUE_WRITE_EVERY_S as QUEUE_EVERY_S
 from ..wire.records import ClosedRecord, QueueRecord, RecordError, RoundRecord
 from .executor import Executor, RunState, among
 from .hostfile import Host
+from .interrupts import Interrupts
 from .slurm import SlurmError as HostListError
 from .slurm import expand_hostlist
-from .slurm_cli import BAD_NODE_STATES, NODE_LOST, Slurm, SlurmError, SlurmJob
-from .slurm_interrupts import HURRY_WAIT_S, Interrupts
+from .slurm_cli import BAD_NODE_STATES, HURRY_WAIT_S, NODE_LOST, Slurm, SlurmError, SlurmJob
 from .slurm_job import GROWTH_MARK, GROWTH_NICE, SlurmOptions
 
 # the planner's reason for a demand past the round's size that replaces stragglers
@@ -105,7 +105,7 @@ class SlurmExecutor(Executor):
         clock: Callable[[], float] = time.monotonic,
         interrupts: Interrupts | None = None,
     ):
-        super().__init__(client, keys, pool, self._no_host_start, events, config, say)
+        super().__init__(client, keys, pool, self._no_host_start, events, config, say, interrupts=interrupts)
         self.slurm, self.options, self.partitions = slurm, options, set(partitions)
         self._clock = clock
         self._queue_at = float("-inf")
@@ -117,8 +117,6 @@ class SlurmExecutor(Executor):
         self.submitted = 0
         self._node_names: set[str] | None = None  # every Slurm node's name
         self._ended_ids: set[str] = set()  # our ended nodes' ids, while etcd still lists them (lease)
-        self._interrupts = interrupts or Interrupts()  # erm launch's signals: a second one hurries stop_all
-        self._left: list[str] | None = None  # what stop_all left, once it ran
 
     @staticmethod
     def _no_host_start(host: Host):
@@ -536,7 +534,7 @@ class SlurmExecutor(Executor):
 
     def stop_all(self, reason: str) -> list[str]:
         """Every node job of the run: SIGTERM to ermrun (pending ones cancelled), then scancel after the stop
-        grace, or at once when a signal hurries the stop (slurm_interrupts.py). The run's jobs that squeue
+        grace, or at once when a signal hurries the stop (interrupts.py). The run's jobs that squeue
         lists and this launcher does not follow (an sbatch interrupted after Slurm took its job) are
         stopped too. Returns once squeue lists none of them, else (bounded, or on one more signal) the job
         ids left, named for the user; a later call returns the same."""

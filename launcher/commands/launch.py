@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import threading
 import uuid
@@ -340,6 +339,9 @@ def run(args: argparse.Namespace) -> int:
     return _execute(args, plan, client)
 
 
+PARSER_WAIT_S = 10.0  # how long an interrupted erm launch waits for the parser thread, to close its client
+
+
 class _ParserCheck(threading.Thread):
     """ermrun's parser (torchrun's, which loads torch: seconds on a busy login node) reads the flags, and
     erm launch connects to etcd, in a thread: meanwhile the main thread checks Slurm and submits the run's
@@ -355,6 +357,13 @@ class _ParserCheck(threading.Thread):
     @property
     def refused(self) -> bool:
         return self.refusal is not None or self.exit_code is not None
+
+    def close_client(self, wait: bool) -> None:
+        """The etcd client this thread opened, if any, closed; ``wait``: for the thread first (bounded)."""
+        if wait and self.is_alive():
+            self.join(PARSER_WAIT_S)
+        if self.value is not None:
+            self.value[-1].close()
 
     def run(self) -> None:
         from elastic_rm.launch.slurm_cli import SlurmError
@@ -379,9 +388,9 @@ def _run_slurm(args: argparse.Namespace) -> int:
     ermrun's parser loads (_ParserCheck), from erm launch's own reading of the few flags they depend on
     (read_first); if the parser refuses the flags, or reads them otherwise, those jobs are cancelled (and
     gone from squeue) before erm launch exits with the parser's message. Any other way out before the
-    executor runs (an error, Ctrl-C, SIGTERM: elastic_rm.launch.slurm_interrupts) cancels them too."""
+    executor runs (an error, Ctrl-C, SIGTERM: elastic_rm.launch.interrupts) cancels them too."""
+    from elastic_rm.launch.interrupts import Interrupts
     from elastic_rm.launch.slurm_cli import SlurmError
-    from elastic_rm.launch.slurm_interrupts import Interrupts
     from launcher.commands.launch_slurm import (
         FirstJobs,
         cancel_first,
@@ -444,6 +453,8 @@ def _run_slurm(args: argparse.Namespace) -> int:
             return execute_slurm(args, ns, settings, checked, nnodes, client, interrupts, jobs.submitted)
         except KeyboardInterrupt:
             left = cancel_first(checked, jobs, args.stop_grace, interrupts) if checked is not None else []
+            if not handed_over:
+                parser.close_client(wait=not interrupts.leave)
             if not left:
                 print(
                     "erm launch: interrupted before the run started: no node job it submitted is left "
@@ -463,9 +474,11 @@ def _run_slurm(args: argparse.Namespace) -> int:
 
 
 def _execute(args: argparse.Namespace, plan: _Plan, client) -> int:
-    """Run the executor until the job ends (or Ctrl-C, SIGTERM: every node is stopped); its exit status."""
+    """Run the executor until the job ends (or Ctrl-C, SIGTERM: every node is stopped, a second one kills
+    them at once, a third returns: elastic_rm.launch.interrupts); its exit status."""
     from elastic_rm.launch.command import NodeCommand
     from elastic_rm.launch.executor import Executor, ExecutorConfig
+    from elastic_rm.launch.interrupts import Interrupts
     from elastic_rm.launch.node import RemoteNode
     from elastic_rm.obs.events import EventLog
 
@@ -495,6 +508,7 @@ def _execute(args: argparse.Namespace, plan: _Plan, client) -> int:
         idle_timeout_s=args.idle_timeout,
         discovery_interval_s=args.discovery_interval,
     )
+    interrupts = Interrupts(how="each host's ermrun and its workers killed")
     executor = Executor(
         client,
         keys,
@@ -505,29 +519,33 @@ def _execute(args: argparse.Namespace, plan: _Plan, client) -> int:
         say,
         discover=plan.discover,
         known_hosts=hosts,
+        interrupts=interrupts,
     )
     nodes = f"{plan.min_nodes}-{plan.max_nodes} node(s)"
-    say(f"run {run_id}: {len(hosts)} host(s), {nodes}, etcd {plan.ns.rdzv_endpoint}")
-    events.emit(
-        "launch",
-        f"erm launch started run {run_id} with {len(hosts)} host(s)",
-        action="begin",
-        hosts=[h.name for h in hosts],
-        min_nodes=plan.min_nodes,
-        max_nodes=plan.max_nodes,
-    )
-
-    def on_term(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, on_term)
-    try:
-        return executor.run()
-    except KeyboardInterrupt:
-        say("interrupted: every node was stopped")
-        return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        events.flush()
-        events.close()
-        client.close()
+    with interrupts:
+        try:
+            say(f"run {run_id}: {len(hosts)} host(s), {nodes}, etcd {plan.ns.rdzv_endpoint}")
+            events.emit(
+                "launch",
+                f"erm launch started run {run_id} with {len(hosts)} host(s)",
+                action="begin",
+                hosts=[h.name for h in hosts],
+                min_nodes=plan.min_nodes,
+                max_nodes=plan.max_nodes,
+            )
+            return executor.run()
+        except KeyboardInterrupt:
+            left = executor.stop_all("erm launch was interrupted")  # what the executor's own stop left
+            if not left:
+                say("interrupted: every node was stopped")
+            else:
+                say(
+                    f"interrupted: node(s) on {', '.join(left)} may still run (see above); "
+                    f"`erm stop {run_id} --endpoint {plan.ns.rdzv_endpoint}` ends the run on every host"
+                )
+            return 130
+        finally:
+            interrupts.stop()
+            events.flush()
+            events.close()
+            client.close()

@@ -265,10 +265,9 @@ def cancel_first(checked, first: FirstJobs, grace_s: float, interrupts) -> list[
 def cancel_jobs(slurm, job_ids: list[str], grace_s: float, interrupts) -> list[str]:
     """Stop node jobs as the executor does: a pending one is cancelled, a running one's ermrun gets SIGTERM
     (it leaves and cleans up) and is cancelled after ``grace_s``, or at once when a signal hurries the stop
-    (elastic_rm.launch.slurm_interrupts). Returns once squeue lists none of them alive, else (bounded, or
+    (elastic_rm.launch.interrupts). Returns once squeue lists none of them alive, else (bounded, or
     on one more signal) the ids left, which it names with the scancel command."""
-    from elastic_rm.launch.slurm_cli import SlurmError
-    from elastic_rm.launch.slurm_interrupts import HURRY_WAIT_S
+    from elastic_rm.launch.slurm_cli import HURRY_WAIT_S, SlurmError
 
     if not job_ids:
         return []
@@ -319,7 +318,7 @@ def cancel_jobs(slurm, job_ids: list[str], grace_s: float, interrupts) -> list[s
 
 def execute_slurm(args, ns, settings, checked, nnodes, client, interrupts, first=()) -> int:
     """Run the Slurm executor until the job ends (or Ctrl-C, SIGTERM: every node job is stopped; see
-    elastic_rm.launch.slurm_interrupts for a second signal); ``first``: the node jobs submitted before it,
+    elastic_rm.launch.interrupts for a second signal); ``first``: the node jobs submitted before it,
     as (job id, time submitted). ``interrupts``: erm launch's signal handlers, entered by the caller."""
     from elastic_rm.launch.executor import ExecutorConfig
     from elastic_rm.launch.pool import HostPool

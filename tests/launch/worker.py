@@ -1,10 +1,12 @@
 """A gloo loop for the launch tests, in the record format of tests/workers/steps.py (one JSON line per
 step, named after the node id), that stops every rank at the same step: at $STEPS_MAX steps, or once
-$STEPS_DIR/stop exists on any rank (agreed through the step's all_reduce, so no rank is left waiting)."""
+$STEPS_DIR/stop exists on any rank (agreed through the step's all_reduce, so no rank is left waiting).
+With $IGNORE_SIGTERM=1 it ignores SIGTERM: a worker whose node only a kill stops."""
 
 import gc
 import json
 import os
+import signal
 import time
 
 import torch
@@ -16,6 +18,8 @@ def main() -> None:
     node = os.environ.get("ERM_NODE_ID", "node")
     max_steps = int(os.environ.get("STEPS_MAX", "0"))
     stop_file = os.path.join(out_dir, "stop")
+    if os.environ.get("IGNORE_SIGTERM") == "1":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     with open(os.path.join(out_dir, f"{node}-{os.environ['LOCAL_RANK']}.jsonl"), "a") as fh:

@@ -15,7 +15,7 @@ from tests.e2e.helpers import wait_until
 from tests.slurm.cluster import find
 from tests.slurm.helpers import launch, run_jobs
 
-AGAIN = "interrupted again: cancelling the run's Slurm job(s) now"
+AGAIN = "interrupted again: stopping the run's nodes now (scancel)"
 
 
 def holder(tmp_path, ignore_term: bool) -> str:

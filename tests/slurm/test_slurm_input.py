@@ -255,7 +255,7 @@ def test_an_abort_cancels_the_runs_jobs_submitted_since_and_leaves_those_listed_
     """A job whose sbatch was interrupted after Slurm took it has no id in erm launch: the run's jobs
     squeue lists that were not there before the first submission are cancelled; earlier ones (a
     restarted erm launch's to adopt) are left."""
-    from elastic_rm.launch.slurm_interrupts import Interrupts
+    from elastic_rm.launch.interrupts import Interrupts
     from launcher.commands.launch_slurm import FirstJobs, cancel_first
 
     options = run_options(run_id)

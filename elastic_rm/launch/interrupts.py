@@ -1,11 +1,12 @@
-"""Ctrl-C and SIGTERM while `erm launch --slurm` runs: the first ends the run, a second hurries its end.
+"""Ctrl-C and SIGTERM while `erm launch` runs: the first ends the run, a second hurries its end.
 
 The first signal while the run starts or goes on raises KeyboardInterrupt, and erm launch stops the run's
-node jobs gracefully (ermrun leaves the rendezvous; scancel after --stop-grace). Once a stop began, no
-signal raises any more: an exception in the middle of it would leave node jobs in Slurm's queue and the
-user a traceback. A signal then only asks the stop to hurry (:attr:`Interrupts.hurry`): every job of the
-run is cancelled at once, and erm launch returns once squeue lists none of them (bounded), naming any left.
-One more (:attr:`Interrupts.leave`) returns without waiting for squeue, naming the jobs to scancel.
+nodes gracefully (their ermrun leaves the rendezvous; they are killed after --stop-grace). Once a stop
+began, no signal raises any more: an exception in the middle of it would leave nodes running and the user
+a traceback. A signal then only asks the stop to hurry (:attr:`Interrupts.hurry`): every node of the run
+is stopped at once (``how``: a kill of each host's ermrun, or scancel), and erm launch returns once they
+ended (bounded), naming any left. One more (:attr:`Interrupts.leave`) returns without waiting, naming the
+nodes that may still run and how to stop them.
 """
 
 from __future__ import annotations
@@ -14,9 +15,6 @@ import os
 import signal
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
-# how long a hurried stop waits for squeue to list none of the cancelled jobs (Slurm's KillWait, on a
-# job whose processes ignore SIGTERM, is the usual delay)
-HURRY_WAIT_S = 40.0
 
 
 def _write(line: str) -> None:
@@ -28,12 +26,14 @@ def _write(line: str) -> None:
 
 
 class Interrupts:
-    """The signal handlers of one `erm launch --slurm` (a context manager), and what they asked for."""
+    """The signal handlers of one `erm launch` (a context manager), and what they asked for. ``how``: what
+    stopping a node at once means on this path, for the user's message."""
 
-    def __init__(self) -> None:
+    def __init__(self, how: str = "scancel") -> None:
+        self.how = how
         self.stopping = False  # a stop began: signals hurry it instead of raising
-        self.hurry = False  # a signal came during the stop: cancel every job of the run at once
-        self.leave = False  # one more: return without waiting for squeue to list none of them
+        self.hurry = False  # a signal came during the stop: stop every node of the run at once
+        self.leave = False  # one more: return without waiting for the nodes to end
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> Interrupts:
@@ -60,14 +60,14 @@ class Interrupts:
     def _on_signal(self, signum, frame) -> None:
         if not self.stopping:
             self.stopping = True
-            _write("interrupted: stopping the run's Slurm jobs (Ctrl-C again cancels them at once)")
+            _write("interrupted: stopping the run's nodes (Ctrl-C again stops them at once)")
             raise KeyboardInterrupt
         if not self.hurry:
             self.hurry = True
             _write(
-                "interrupted again: cancelling the run's Slurm job(s) now (scancel), without waiting for "
-                "their ermrun to leave the run (once more: return without waiting for squeue)"
+                f"interrupted again: stopping the run's nodes now ({self.how}), without waiting for their "
+                "ermrun to leave the run (once more: return without waiting for them to end)"
             )
         elif not self.leave:
             self.leave = True
-            _write("interrupted a third time: returning without waiting for squeue to list none")
+            _write("interrupted a third time: returning without waiting for the nodes to end")

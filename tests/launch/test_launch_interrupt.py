@@ -1,0 +1,87 @@
+"""A second Ctrl-C (or SIGTERM) while `erm launch` stops its nodes: every node is killed at once, and
+erm launch says that every node was stopped only once they were. A real sshd on loopback, a real etcd,
+real ermrun agents and gloo workers; the worker ignores SIGTERM, so that the graceful stop lasts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import psutil
+
+from elastic_rm.etcd.client import EtcdClient
+from elastic_rm.launch.executor import Executor, ExecutorConfig
+from elastic_rm.launch.hostfile import Host
+from elastic_rm.launch.interrupts import Interrupts
+from elastic_rm.launch.node import RemoteNode
+from elastic_rm.launch.pool import HostPool
+from elastic_rm.obs.events import EventLog
+from elastic_rm.proc import kill_tree
+from elastic_rm.wire.keyspace import Keyspace
+from tests.e2e.helpers import records, steps_at_world, wait_until
+from tests.launch.test_launch_ssh import hostfile, launch
+
+# a node's ssh client that neither reads its input nor ends on SIGTERM (a hung connection)
+STUCK = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_second_ctrl_c_during_the_stop_kills_every_node_at_once(etcd, run_id, tmp_path, procs, ssh_hosts):
+    hosts = hostfile(tmp_path, "h1 addr=127.0.0.1\n")
+    extra = ["--stop-grace", "60", "--env", "IGNORE_SIGTERM=1"]
+    p = launch(tmp_path, ssh_hosts, etcd, run_id, hosts, "1", steps_max=0, extra=extra)
+    procs.append(p)
+    wait_until(lambda: steps_at_world(tmp_path, "h1", 1) > 1, 120, "the node's worker steps", [p])
+    worker = next(r["pid"] for r in records(tmp_path, "h1") if r.get("start"))
+    os.kill(p.pid, signal.SIGINT)  # the launcher alone, as a terminal's Ctrl-C would
+    wait_until(lambda: "stopping ermrun" in p.output(), 60, "the host's supervisor stopping ermrun", [p])
+    assert not gone(worker)  # it ignores the stop's SIGTERM: only a kill ends it
+    os.kill(p.pid, signal.SIGINT)
+    assert p.wait(60) == 130, p.output()[-3000:]
+    assert gone(worker), p.output()[-3000:]  # killed before erm launch returned
+    out = p.output()
+    assert "Traceback" not in out, out[-3000:]
+    assert "interrupted again" in out and "interrupted: every node was stopped" in out, out[-3000:]
+    assert "node h1 stopped (exit 137)" in out, out[-3000:]  # its ermrun was killed, not left
+
+
+def test_a_third_signal_returns_without_waiting_and_names_the_nodes_left_with_their_pids(etcd, run_id):
+    keys = Keyspace("/elastic-rm", run_id)
+    said: list[str] = []
+    with EtcdClient(etcd.endpoint) as client:
+        events = EventLog(run_id, "erm-launch", client=client, keys=keys)
+        host = Host("h1", "127.0.0.1")
+        pool = HostPool()
+        pool.add(host)
+        with Interrupts(how="killed") as interrupts:
+            executor = Executor(
+                client,
+                keys,
+                pool,
+                None,
+                events,
+                ExecutorConfig(1, 1, stop_grace_s=60),
+                said.append,
+                interrupts=interrupts,
+            )
+            pool.take("h1")
+            node = executor.nodes["h1"] = RemoteNode(host, [sys.executable, "-c", STUCK], said.append)
+            try:
+                interrupts.stop()  # the first signal's stop began: the next two hurry it, then leave
+                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signal.SIGTERM)
+                assert interrupts.hurry and interrupts.leave
+                assert executor.stop_all("the test stops the run") == ["h1"]
+                assert node.poll() is None  # returned without waiting for it, or killing it
+                assert executor.stop_all("again") == ["h1"]  # a later call names the same
+            finally:
+                kill_tree(node.pid)
+        events.close()
+    assert any("h1 may still run" in line and f"`kill {node.pid}`" in line for line in said), said
