@@ -75,7 +75,9 @@ def take_delta(
         if isinstance(value, ShardedTensor):
             space = None
             if table is not None and table in touched:
-                space = _row_space(touched[table], tables[table], value.size(0))
+                # the global size from the metadata: value.size() goes through ShardedTensor's
+                # __torch_function__ (its argument validation), a fixed cost per tensor and save
+                space = _row_space(touched[table], tables[table], value.metadata().size[0])
             for off, t in local_pieces(value):
                 if space is None:
                     out.pieces.append(DeltaPiece(path, off, t.detach().to("cpu", copy=True)))

@@ -7,9 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from test_prefetch_batches import golden_parts, world_of_one  # noqa: F401  (a fixture)
+from torch.distributed._shard.sharded_tensor import ShardedTensor
 
+from elastic_rm.checkpoint.chain import take_delta
 from elastic_rm.checkpoint.delta_file import DeltaReader
 from elastic_rm.checkpoint.snapshot import app_state, local_pieces
 
@@ -92,4 +95,37 @@ def test_steps_newer_than_the_restored_one_go_and_the_new_chain_is_kept(tmp_path
     del pipeline, it, elastic
     elastic, pipeline, it = golden_parts(tmp_path, [], checkpoint_every=1, flash=flash)
     assert elastic.restored is not None and elastic.restored.step == 5
+    del pipeline, it, elastic
+
+
+def test_taking_a_delta_does_not_dispatch_through_sharded_tensor_ops(
+    tmp_path: Path,
+    world_of_one,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A save at every step takes a delta at every step: asking a ShardedTensor its size through the
+    tensor API runs its __torch_function__ (argument validation over pytrees), a fixed cost per table
+    tensor and save that the metadata answers for nothing."""
+    flash = {"differential": True, "compact_ratio": 100.0, "keep_memory": 1}
+    elastic, pipeline, it = golden_parts(tmp_path, [], checkpoint_every=1, flash=flash)
+    for _ in elastic.steps(2):
+        pipeline.progress(it)
+    state = app_state(elastic.ckpt.dmp, elastic.ckpt.dense_optimizer)
+    tables = {k: v.metadata().size[0] for k, v in state["model"].items() if isinstance(v, ShardedTensor)}
+    assert tables
+    touched = {k: torch.tensor([0, n // 2, n - 1]) for k, n in tables.items()}
+    calls = []
+    real = ShardedTensor.__torch_function__.__func__
+
+    def counting(cls, func, types, args=(), kwargs=None):
+        calls.append(getattr(func, "__name__", str(func)))
+        return real(cls, func, types, args, kwargs)
+
+    monkeypatch.setattr(ShardedTensor, "__torch_function__", classmethod(counting))
+    taken = take_delta(state, touched, tables, rank=0)
+    monkeypatch.undo()
+    assert calls == [], calls
+    by_key = {".".join(p.key): p for p in taken.pieces if p.rows is not None}
+    for k, n in tables.items():
+        assert by_key[f"model.{k}"].rows.tolist() == [0, n // 2, n - 1]
     del pipeline, it, elastic
