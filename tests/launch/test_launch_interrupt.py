@@ -49,6 +49,7 @@ def test_a_second_ctrl_c_during_the_stop_kills_every_node_at_once(etcd, run_id, 
     out = p.output()
     assert "Traceback" not in out, out[-3000:]
     assert "interrupted again" in out and "interrupted: every node was stopped" in out, out[-3000:]
+    assert "[h1] [erm launch] killing ermrun and its workers on request" in out, out[-3000:]
     assert "node h1 stopped (exit 137)" in out, out[-3000:]  # its ermrun was killed, not left
 
 
