@@ -97,6 +97,9 @@ def chain_restores(delta: dict[str, Any]) -> dict[str, Any]:
             "same_world_s": c["restore_chain"]["s"],
             "same_world_full_s": c["restore_full"]["s"],
             "same_world_over_full": c["chain_over_full"],
+            # where the chain's restore went (each part the median over the restores, slowest rank)
+            "same_world_parts_s": c["restore_chain"]["parts_s"],
+            "world3_parts_s": world3["chain"]["parts_s"],
             "world3_s": world3["chain"]["restore_s"],
             "world3_full_s": world3["full"]["restore_s"],
             "world3_over_full": ratio(world3["chain"]["restore_s"], world3["full"]["restore_s"]),
@@ -298,7 +301,8 @@ def print_mode(mode: str, train: dict[str, Any], restore: dict[str, Any]) -> Non
             f" restore same world {fmt(c['restore_chain']['s'])} vs full {fmt(c['restore_full']['s'])}"
             f" (x{c['chain_over_full']:.2f}), 2->3 {fmt(w3['chain']['restore_s'])}"
             f" vs full {fmt(w3['full']['restore_s'])}"
-            f" (x{w3['chain']['restore_s'] / w3['full']['restore_s']:.2f})"
+            f" (x{w3['chain']['restore_s'] / w3['full']['restore_s']:.2f}); same world by part: "
+            + ", ".join(f"{k} {fmt(v)}" for k, v in c["restore_chain"]["parts_s"].items())
         )
     print(
         f"  every restore exact: {restore['exact']}; max RSS {train['max_rss_gib']:.2f} GiB per rank",

@@ -258,7 +258,7 @@ def timed_restores(ckpt: FlashCheckpointer, dmp: Any, dense_opt: Any, digest: st
     """RESTORES restores at this world, each into a model whose tables are zeroed first (so nothing
     stale can pass), each checked bit for bit against `digest`; their median is quoted (one restore
     moves with the machine's load)."""
-    times, steps, exact = [], [], True
+    times, steps, exact, parts = [], [], True, []
     for _ in range(RESTORES):
         with torch.no_grad():
             for v in dmp.state_dict().values():
@@ -270,13 +270,25 @@ def timed_restores(ckpt: FlashCheckpointer, dmp: Any, dense_opt: Any, digest: st
         got = ckpt.restore()
         times.append(slowest(time.perf_counter() - t0))
         steps.append(got.step if got else None)
+        parts.append(restore_parts(got))
         exact = exact and state_digest(dmp, dense_opt) == digest
     return {
         "s": float(np.median(times)),
         "all_s": times,
+        "parts_s": median_parts(parts),
         "step": steps[-1] if len(set(steps)) == 1 else steps,
         "exact": exact,
     }
+
+
+def restore_parts(got: Any) -> dict[str, float]:
+    """Where a restore's time went, each part on its slowest rank (RestoreResult): the delta files
+    read and verified, the base loaded through DCP, the deltas' rows applied."""
+    return {k: slowest(getattr(got, k) if got else 0.0) for k in ("deltas_s", "base_s", "apply_s")}
+
+
+def median_parts(parts: list[dict[str, float]]) -> dict[str, float]:
+    return {k: float(np.median([p[k] for p in parts])) for k in parts[0]} if parts else {}
 
 
 def measure_chain(tr: Trainer, ckpt: FlashCheckpointer, spec: dict[str, Any], label: str) -> dict[str, Any]:
@@ -553,15 +565,17 @@ def restore_in(spec: dict[str, Any], rank: int, world: int, dmp: Any, plan: Any,
     digest against the saved one (every restore must give that same state)."""
     cfg = FlashConfig(run_id="bench", node_id=f"n{rank}", memory_root=Path(spec["shm"]), keep_memory=1)
     ckpt = FlashCheckpointer(dmp, plan, dense_opt, cfg)
-    times, digests, steps = [], [], []
+    times, digests, steps, parts = [], [], [], []
     for _ in range(RESTORES):
         dist.barrier()
         t0 = time.perf_counter()
         got = ckpt.restore()
         times.append(slowest(time.perf_counter() - t0))
         steps.append(got.step if got else None)
+        parts.append(restore_parts(got))
         digests.append(state_digest(dmp, dense_opt))
     res: dict[str, Any] = {"world": world, "restore_s": float(np.median(times)), "restore_all_s": times}
+    res["parts_s"] = median_parts(parts)
     res["step"] = steps[-1] if len(set(steps)) == 1 else steps
     res["digest"] = digests[-1] if len(set(digests)) == 1 else digests
     res["sources"] = sorted(set(got.file_sources.values())) if got else []

@@ -38,7 +38,12 @@ class RestoreResult:
     file_sources: dict[str, str]  # file -> source name it was read from, on this rank
     skipped: list[str] = field(default_factory=list)  # why newer checkpoints were not used
     load_s: float = 0.0  # the whole load on this rank
-    verify_s: float = 0.0  # of which checksum verification
+    verify_s: float = 0.0  # of which checksum verification of the base's files
+    # of a chain, on this rank: its delta files read and verified (the parts this rank applies), the
+    # base loaded through DCP, and the deltas' rows applied over it (0 for a full step)
+    deltas_s: float = 0.0
+    base_s: float = 0.0
+    apply_s: float = 0.0
 
 
 def _short(e: BaseException, limit: int = 600) -> str:
@@ -76,11 +81,12 @@ def restore_checkpoint(
         assert manifest is not None
         t0 = time.perf_counter()
         state = app_state(dmp, dense_optimizer)
-        deltas, chain, why = [], [manifest], None
+        deltas, chain, why, deltas_s = [], [manifest], None, 0.0
         try:  # a delta: its chain's manifests and the parts of its delta files this rank applies,
             # verified before anything is loaded
             chain = chain_of(manifest, sources)
             deltas = delta_files(chain, sources, verify, overlaps_local(state))
+            deltas_s = time.perf_counter() - t0
         except Exception as e:  # every rank must reach the gather below, whatever failed here
             why = str(e) if isinstance(e, CorruptCheckpointError) else f"{type(e).__name__}: {e}"
         whys = [w for w in all_gather_json(why, pg) if w]
@@ -93,7 +99,9 @@ def restore_checkpoint(
         base = chain[0]
         resolver = FileResolver(base["step"], base, sources, verify)
         try:
+            t1 = time.perf_counter()
             dcp.load(state, storage_reader=ResolvingReader(resolver), process_group=pg)
+            t2 = time.perf_counter()
             why = None
             try:
                 apply_chain(state, deltas)
@@ -108,6 +116,7 @@ def restore_checkpoint(
             if rank == 0:
                 log.warning("elastic-rm restore: %s; trying the previous checkpoint", reason)
             continue
+        apply_s = time.perf_counter() - t2
         load_app_state(dmp, state, dense_optimizer)
         load_s = time.perf_counter() - t0
         used = {f: src for f, (src, _) in resolver.resolved.items()}
@@ -122,7 +131,18 @@ def restore_checkpoint(
                 dist.get_world_size(pg),
                 load_s,
             )
-        return RestoreResult(step, manifest["position"], manifest, used, skipped, load_s, resolver.verify_s)
+        return RestoreResult(
+            step,
+            manifest["position"],
+            manifest,
+            used,
+            skipped,
+            load_s,
+            resolver.verify_s,
+            deltas_s if deltas else 0.0,
+            t2 - t1,
+            apply_s if deltas else 0.0,
+        )
     if steps:
         raise CorruptCheckpointError(
             "no good checkpoint: " + " | ".join(skipped) + ". Restore a durable copy from backup or "
