@@ -30,9 +30,6 @@ class PlannerConfig:
     # node past the request must bring this much of an average node, or it is given back to the queue
     queue_memory_s: float = 3600.0  # ours: a cluster whose queue was seen this recently queues: nodes past
     # the request keep the queued_node_gain bar after the queue emptied (later arrivals would wait for them)
-    shared_node_gain: float = 0.5  # ours: where the cluster's queue is known (snapshot.waiting_nodes not
-    # None: a shared pool) and nobody waits, a node past the request must bring this much of an average
-    # node: the next arrival queues behind it and its give-back costs this job a round (docs/planner.md)
     max_step: int = 8  # at most this many nodes added or removed in one round (DLRover: 4-8)
     gain_horizon_s: float = 1800.0  # a change must repay its round cost within this horizon
     round_cost_s: float = 60.0  # expected pause of one round (flash checkpoint, restart, reshard)

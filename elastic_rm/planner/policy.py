@@ -367,8 +367,7 @@ class PlannerPolicy:
         # the cluster's queue (None: unknown, as none), less the nodes already given back to it (lending.py)
         waiting = max((snapshot.waiting_nodes or 0) - state.given_back, 0)
         queues = snapshot.now - state.queued_at < cfg.queue_memory_s
-        shared = snapshot.waiting_nodes is not None  # a shared pool: its queue is known
-        args = (cfg, measured, floor, floor_why, request, waiting, queues, shared)
+        args = (cfg, measured, floor, floor_why, request, waiting, queues)
         rate_now = measured_rate(state, cur.number, job.global_batch)
         back, state = stop_loss(cfg, state, cur.number, w, job.global_batch)
         t = choose_world(f, job, cap, w, lo_up, hi, *args)

@@ -80,7 +80,6 @@ def choose_world(
     request: int = 0,
     waiting: int = 0,
     queues: bool = False,
-    shared: bool = False,
 ) -> Target:
     """Hysteresis around the marginal-gain rule, capped by what was measured (``cap``, see observed_cap),
     never below ``floor`` (the user's rule, see user_floor); never outside [lo, hi] nor more than
@@ -89,14 +88,11 @@ def choose_world(
     ``queued_node_gain``, and lent nodes below it are given back (at most ``waiting`` of them); the bar
     stays while the cluster ``queues`` (its queue was seen recently), since later arrivals wait too. The
     queued bar also holds past the user's ``floor`` below the request: growth stops where nodes past it
-    stop clearing the bar, and while demand waits those below it are given back (never below the floor).
-    On a ``shared`` pool (the queue is known) with nobody waiting, the bar past the request is
-    ``shared_node_gain``: a later arrival queues behind a lent node, and giving it back costs a round."""
+    stop clearing the bar, and while demand waits those below it are given back (never below the floor)."""
     shape = shape_of(job)
     g = cfg.min_marginal_gain
     high = waiting > 0 or queues
-    lent = cfg.lent_node_gain if not shared else max(cfg.lent_node_gain, cfg.shared_node_gain)
-    lent = max(lent, cfg.queued_node_gain) if high else lent
+    lent = max(cfg.lent_node_gain, cfg.queued_node_gain) if high else cfg.lent_node_gain
     up, _ = best_world(f, shape, capacity, lo, hi, g)
     if 0 < request < up and up > current and lent > g:  # beyond the request: lent capacity
         base = max(request, current, lo)
