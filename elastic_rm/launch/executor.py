@@ -365,9 +365,11 @@ class Executor:
             return self._left
         self._interrupts.stop()
         for node in list(self.nodes.values()):
+            if self._interrupts.hurry:
+                break  # every node is killed below
             self._stop(node, reason)
         deadline, hurried = time.monotonic() + self._cfg.stop_grace_s + 10, False
-        while self.nodes and not self._interrupts.leave and time.monotonic() < deadline:
+        while self.nodes and time.monotonic() < deadline:
             if self._interrupts.hurry and not hurried:
                 hurried, deadline = True, min(deadline, time.monotonic() + KILL_WAIT_S)
                 self._say(f"killing the node(s) on {', '.join(self.nodes)} now (ermrun and its workers)")
@@ -380,6 +382,8 @@ class Executor:
                     self._pool.release(name)
                     self.exit_codes[node.node_id] = rc
                     self._emit("stopped", node.host, f"node {node.node_id} stopped (exit {rc})", rc=rc)
+            if self._interrupts.leave:
+                break
             time.sleep(0.1)
         self._left = sorted(self.nodes)
         if self._interrupts.leave and self.nodes:

@@ -34,6 +34,7 @@ class Interrupts:
         self.stopping = False  # a stop began: signals hurry it instead of raising
         self.hurry = False  # a signal came during the stop: stop every node of the run at once
         self.leave = False  # one more: return without waiting for the nodes to end
+        self._signals = 0
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> Interrupts:
@@ -58,16 +59,20 @@ class Interrupts:
         return True
 
     def _on_signal(self, signum, frame) -> None:
+        self._signals += 1
         if not self.stopping:
             self.stopping = True
             _write("interrupted: stopping the run's nodes (Ctrl-C again stops them at once)")
             raise KeyboardInterrupt
         if not self.hurry:
             self.hurry = True
+            # the first signal, when erm launch began the stop by itself (the run's end, an error)
+            said = "interrupted again" if self._signals > 1 else "interrupted"
             _write(
-                f"interrupted again: stopping the run's nodes now ({self.how}), without waiting for their "
+                f"{said}: stopping the run's nodes now ({self.how}), without waiting for their "
                 "ermrun to leave the run (once more: return without waiting for them to end)"
             )
         elif not self.leave:
             self.leave = True
-            _write("interrupted a third time: returning without waiting for the nodes to end")
+            said = "interrupted a third time" if self._signals > 2 else "interrupted again"
+            _write(f"{said}: returning without waiting for the nodes to end")

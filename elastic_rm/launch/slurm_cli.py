@@ -116,6 +116,9 @@ class Slurm:
         self.timeout_s = timeout_s
 
     def _run(self, argv: list[str], stdin: str | None = None) -> str:
+        """A session of its own: a terminal's Ctrl-C goes to erm launch's process group, and would kill the
+        squeue or scancel that its stop runs; an sbatch that erm launch itself gives up on (interrupted, or
+        past ``timeout_s``) is killed by subprocess.run."""
         try:
             r = subprocess.run(
                 argv,
@@ -125,6 +128,7 @@ class Slurm:
                 timeout=self.timeout_s,
                 env=self.env,
                 stdin=None if stdin is not None else subprocess.DEVNULL,
+                start_new_session=True,
             )
         except FileNotFoundError:
             raise SlurmError(

@@ -536,16 +536,19 @@ class SlurmExecutor(Executor):
         """Every node job of the run: SIGTERM to ermrun (pending ones cancelled), then scancel after the stop
         grace, or at once when a signal hurries the stop (interrupts.py). The run's jobs that squeue
         lists and this launcher does not follow (an sbatch interrupted after Slurm took its job) are
-        stopped too. Returns once squeue lists none of them, else (bounded, or on one more signal) the job
-        ids left, named for the user; a later call returns the same."""
+        stopped too. Returns once squeue lists none of them, else (bounded, or on one more signal, after
+        the hurried scancel) what scancel needs to end those left, named for the user: their job ids, or
+        ``--name=erm-<run>`` when squeue never answered. A later call returns the same."""
         if self._left is not None:
             return self._left
         self._interrupts.stop()
         for node in list(self.nodes.values()):
+            if self._interrupts.hurry:
+                break  # the hurried scancel below stops them all
             self._stop(node, reason)
         cancel_at = self._clock() + self._cfg.stop_grace_s
-        deadline, cancelled, hurried = cancel_at + 10, False, False
-        while not self._interrupts.leave and self._clock() <= deadline:
+        deadline, cancelled, hurried, listed = cancel_at + 10, False, False, False
+        while self._clock() <= deadline:
             if self._interrupts.hurry and not hurried:
                 hurried, cancel_at, deadline = True, self._clock(), self._clock() + HURRY_WAIT_S
             if not cancelled and self._clock() >= cancel_at and self.nodes:
@@ -558,8 +561,11 @@ class SlurmExecutor(Executor):
                 self._warn("squeue", f"{exc}; scancel is tried until the stop grace is over")
                 with contextlib.suppress(SlurmError):
                     self.slurm.cancel(*self.nodes)
+                if self._interrupts.leave:
+                    break
                 time.sleep(0.2)
                 continue
+            listed = True
             for job in jobs:
                 if self._ours(job) and not job.ended and job.job_id not in self.nodes:
                     self._stop_unknown(job, reason, cancel=cancelled)
@@ -571,12 +577,18 @@ class SlurmExecutor(Executor):
                     self._emit(
                         "stopped", node.host, f"node {node.node_id} (Slurm job {job_id}) ended", job=job_id
                     )
-            if not self.nodes:
+            if not self.nodes or self._interrupts.leave:
                 break
             time.sleep(0.2)
         self._left = list(self.nodes)
-        if self._left:
-            ids = " ".join(self._left)
+        if not listed:  # a job of the run this launcher does not know of may run too
+            name = self.options.job_name
+            self._say(
+                f"squeue never answered during the stop: scancel --name={name} cancels every job of the run"
+            )
+            self._left = self._left or [f"--name={name}"]
+        if self.nodes:
+            ids = " ".join(self.nodes)
             self._say(f"Slurm may still run job(s) {ids}: scancel {ids}")
         self.nodes.clear()
         return self._left

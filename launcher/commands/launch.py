@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -358,10 +360,12 @@ class _ParserCheck(threading.Thread):
     def refused(self) -> bool:
         return self.refusal is not None or self.exit_code is not None
 
-    def close_client(self, wait: bool) -> None:
-        """The etcd client this thread opened, if any, closed; ``wait``: for the thread first (bounded)."""
-        if wait and self.is_alive():
-            self.join(PARSER_WAIT_S)
+    def close_client(self, interrupts) -> None:
+        """The etcd client this thread opened, if any, closed; waits for the thread first (bounded, and no
+        longer once one more signal asks erm launch to return: interrupts.leave)."""
+        deadline = time.monotonic() + PARSER_WAIT_S
+        while self.is_alive() and not interrupts.leave and time.monotonic() < deadline:
+            self.join(0.2)
         if self.value is not None:
             self.value[-1].close()
 
@@ -440,8 +444,15 @@ def _run_slurm(args: argparse.Namespace) -> int:
             read = (ns.rdzv_id, nnodes, job_file_of(ns))
             if first is None or read != (first.run_id, first.nnodes, first.job_file):
                 if checked is not None:
-                    cancel_first(checked, jobs, args.stop_grace, interrupts)
+                    left = cancel_first(checked, jobs, args.stop_grace, interrupts)
                     if not interrupts.resume():  # a signal came while they stopped
+                        client.close()
+                        if not left:
+                            print(
+                                "erm launch: interrupted before the run started: no node job it submitted "
+                                "is left (Slurm lists none of them any more)",
+                                file=sys.stderr,
+                            )
                         return 130
                 jobs = FirstJobs()
                 try:
@@ -454,8 +465,15 @@ def _run_slurm(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             left = cancel_first(checked, jobs, args.stop_grace, interrupts) if checked is not None else []
             if not handed_over:
-                parser.close_client(wait=not interrupts.leave)
-            if not left:
+                parser.close_client(interrupts)
+            if jobs.before:
+                before = " ".join(sorted(jobs.before))
+                print(
+                    f"erm launch: interrupted before the run started: job(s) {before} of the run were "
+                    f"running before this launcher: `erm launch` again adopts them, or scancel {before}",
+                    file=sys.stderr,
+                )
+            elif not left:
                 print(
                     "erm launch: interrupted before the run started: no node job it submitted is left "
                     "(Slurm lists none of them any more)",
@@ -471,6 +489,27 @@ def _run_slurm(args: argparse.Namespace) -> int:
             return _fail(
                 f"{type(exc).__name__}: {exc} (the run's node jobs erm launch had submitted are cancelled)"
             )
+
+
+def _stop_command(plan: _Plan, run_id: str) -> str:
+    """The `erm stop` command line that reaches the run's etcd as erm launch does (its key prefix, TLS
+    and user; the password from $ELASTIC_RM_ETCD_PASSWORD, as erm launch read it)."""
+    from elastic_rm.wire.keyspace import DEFAULT_PREFIX
+
+    settings = plan.settings
+    argv = ["erm", "stop", run_id, "--endpoint", plan.ns.rdzv_endpoint]
+    if settings.keys.prefix != DEFAULT_PREFIX:
+        argv += ["--prefix", settings.keys.prefix]
+    tls = settings.tls
+    for flag, value in (
+        ("--etcd-cacert", tls.ca_cert),
+        ("--etcd-cert", tls.cert),
+        ("--etcd-key", tls.key),
+        ("--etcd-user", settings.user),
+    ):
+        if value:
+            argv += [flag, value]
+    return shlex.join(argv)
 
 
 def _execute(args: argparse.Namespace, plan: _Plan, client) -> int:
@@ -541,7 +580,7 @@ def _execute(args: argparse.Namespace, plan: _Plan, client) -> int:
             else:
                 say(
                     f"interrupted: node(s) on {', '.join(left)} may still run (see above); "
-                    f"`erm stop {run_id} --endpoint {plan.ns.rdzv_endpoint}` ends the run on every host"
+                    f"`{_stop_command(plan, run_id)}` ends the run on every host"
                 )
             return 130
         finally:

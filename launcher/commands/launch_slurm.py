@@ -244,29 +244,54 @@ def cancel_first(checked, first: FirstJobs, grace_s: float, interrupts) -> list[
     """Cancel the first node jobs when erm launch gives up before its executor runs, and any other job of
     the run Slurm lists that was not there before them: an sbatch interrupted or timed out after Slurm took
     its job never returned the id. A job listed before (a restarted erm launch's to adopt) is left. Returns
-    the job ids squeue may still list (named for the user)."""
-    from elastic_rm.launch.slurm_cli import SlurmError
-
+    what scancel needs to end what squeue may still list (named for the user): job ids, or
+    ``--name=erm-<run>`` when Slurm could not list the run's jobs."""
     interrupts.stop()
     slurm, options, _ = checked
     ids = [job_id for job_id, _ in first.submitted]
-    if first.before is not None:
+    listed = first.before is None or _list_new(slurm, options, first, ids, grace_s, interrupts)
+    left = cancel_jobs(slurm, ids, grace_s, interrupts)
+    if listed:
+        return left
+    print(
+        f"erm launch: a job of the run whose sbatch was interrupted may still be in Slurm: "
+        f"scancel --name={options.job_name}",
+        file=sys.stderr,
+    )
+    return [f"--name={options.job_name}"]
+
+
+def _list_new(slurm, options, first: FirstJobs, ids: list[str], grace_s: float, interrupts) -> bool:
+    """Appends to ``ids`` the run's jobs Slurm lists that were not there before the first ones; tries
+    again while squeue fails, within the stop's bound (shorter once a signal hurries the stop, none once
+    one more asks to leave). False when squeue never answered."""
+    from elastic_rm.launch.slurm_cli import HURRY_WAIT_S, SlurmError
+
+    deadline = time.monotonic() + grace_s + 10
+    hurried = False
+    while True:
         try:
             ids += sorted(_run_job_ids(slurm, options) - first.before - set(ids))
+            return True
         except SlurmError as exc:
+            failure = exc
+        if interrupts.hurry and not hurried:
+            hurried, deadline = True, min(deadline, time.monotonic() + HURRY_WAIT_S)
+        if interrupts.leave or time.monotonic() >= deadline:
             print(
-                f"erm launch: cannot list Slurm's jobs ({exc}): check squeue for jobs named "
+                f"erm launch: cannot list Slurm's jobs ({failure}): check squeue for jobs named "
                 f"{options.job_name}",
                 file=sys.stderr,
             )
-    return cancel_jobs(slurm, ids, grace_s, interrupts)
+            return False
+        time.sleep(0.5)
 
 
 def cancel_jobs(slurm, job_ids: list[str], grace_s: float, interrupts) -> list[str]:
     """Stop node jobs as the executor does: a pending one is cancelled, a running one's ermrun gets SIGTERM
     (it leaves and cleans up) and is cancelled after ``grace_s``, or at once when a signal hurries the stop
     (elastic_rm.launch.interrupts). Returns once squeue lists none of them alive, else (bounded, or
-    on one more signal) the ids left, which it names with the scancel command."""
+    on one more signal, after the hurried scancel) the ids left, which it names with the scancel command."""
     from elastic_rm.launch.slurm_cli import HURRY_WAIT_S, SlurmError
 
     if not job_ids:
@@ -281,10 +306,7 @@ def cancel_jobs(slurm, job_ids: list[str], grace_s: float, interrupts) -> list[s
     signalled: set[str] = set()
     cancelled = hurried = False
     alive: list | None = None
-    while time.monotonic() < deadline and not interrupts.leave:
-        if interrupts.hurry and not hurried:
-            hurried = True
-            cancel_at, deadline = time.monotonic(), time.monotonic() + HURRY_WAIT_S
+    while time.monotonic() < deadline:
         try:
             alive = [j for j in slurm.jobs() if j.job_id in job_ids and not j.ended]
         except SlurmError:
@@ -292,14 +314,19 @@ def cancel_jobs(slurm, job_ids: list[str], grace_s: float, interrupts) -> list[s
         if alive == []:
             return []
         for job in alive or ():
+            if interrupts.hurry:
+                break  # scancel of them all, below
             try:
                 if job.state == "PENDING":
                     slurm.cancel(job.job_id)
-                elif job.job_id not in signalled and not hurried:
+                elif job.job_id not in signalled:
                     slurm.signal(job.job_id, "TERM")
                     signalled.add(job.job_id)  # once: a second SIGTERM would cut ermrun's cleanup short
             except SlurmError:
                 pass  # e.g. its batch step is not there yet: again at the next look
+        if interrupts.hurry and not hurried:
+            hurried = True
+            cancel_at, deadline = time.monotonic(), time.monotonic() + HURRY_WAIT_S
         if alive is None or (not cancelled and time.monotonic() >= cancel_at):
             if not cancelled:
                 print(f"erm launch: cancelling Slurm job(s) {' '.join(job_ids)} (scancel)", file=sys.stderr)
@@ -308,6 +335,8 @@ def cancel_jobs(slurm, job_ids: list[str], grace_s: float, interrupts) -> list[s
                 slurm.cancel(*job_ids)
             except SlurmError as exc:
                 print(f"erm launch: scancel {' '.join(job_ids)} failed: {exc}", file=sys.stderr)
+        if interrupts.leave:
+            break
         time.sleep(0.2)
     left = [j.job_id for j in alive] if alive is not None else list(job_ids)
     print(

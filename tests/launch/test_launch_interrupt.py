@@ -22,8 +22,14 @@ from elastic_rm.wire.keyspace import Keyspace
 from tests.e2e.helpers import records, steps_at_world, wait_until
 from tests.launch.test_launch_ssh import hostfile, launch
 
-# a node's ssh client that neither reads its input nor ends on SIGTERM (a hung connection)
-STUCK = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
+# a node's ssh client that does not end on SIGTERM nor at the end of its input (a hung connection); it
+# writes the lines it reads (the supervisor's input) to the file named by its argument
+STUCK = (
+    "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "for line in sys.stdin:\n"
+    "    with open(sys.argv[1], 'a') as out: out.write(line)\n"
+    "time.sleep(120)"
+)
 
 
 def gone(pid: int) -> bool:
@@ -53,7 +59,10 @@ def test_a_second_ctrl_c_during_the_stop_kills_every_node_at_once(etcd, run_id, 
     assert "node h1 stopped (exit 137)" in out, out[-3000:]  # its ermrun was killed, not left
 
 
-def test_a_third_signal_returns_without_waiting_and_names_the_nodes_left_with_their_pids(etcd, run_id):
+def test_a_third_signal_returns_without_waiting_and_names_the_nodes_left_with_their_pids(
+    etcd, run_id, tmp_path
+):
+    """The second and third signal both came before the stop began: the hurried kill is still sent."""
     keys = Keyspace("/elastic-rm", run_id)
     said: list[str] = []
     with EtcdClient(etcd.endpoint) as client:
@@ -73,7 +82,9 @@ def test_a_third_signal_returns_without_waiting_and_names_the_nodes_left_with_th
                 interrupts=interrupts,
             )
             pool.take("h1")
-            node = executor.nodes["h1"] = RemoteNode(host, [sys.executable, "-c", STUCK], said.append)
+            node = executor.nodes["h1"] = RemoteNode(
+                host, [sys.executable, "-c", STUCK, str(tmp_path / "input")], said.append
+            )
             try:
                 interrupts.stop()  # the first signal's stop began: the next two hurry it, then leave
                 os.kill(os.getpid(), signal.SIGINT)
@@ -82,7 +93,40 @@ def test_a_third_signal_returns_without_waiting_and_names_the_nodes_left_with_th
                 assert executor.stop_all("the test stops the run") == ["h1"]
                 assert node.poll() is None  # returned without waiting for it, or killing it
                 assert executor.stop_all("again") == ["h1"]  # a later call names the same
+                read = tmp_path / "input"
+                wait_until(lambda: read.exists() and "kill" in read.read_text(), 30, "the 'kill' line")
             finally:
                 kill_tree(node.pid)
         events.close()
     assert any("h1 may still run" in line and f"`kill {node.pid}`" in line for line in said), said
+
+
+def test_a_first_signal_during_a_stop_erm_launch_began_by_itself_hurries_it_and_says_so(capfd):
+    with Interrupts(how="killed") as interrupts:
+        interrupts.stop()  # the run's end, or an error: no signal yet
+        os.kill(os.getpid(), signal.SIGINT)
+        assert interrupts.hurry and not interrupts.leave
+        os.kill(os.getpid(), signal.SIGINT)
+        assert interrupts.leave
+    said = capfd.readouterr().err.splitlines()
+    assert said[0].startswith("erm launch: interrupted: stopping the run's nodes now (killed)"), said
+    assert said[1].startswith("erm launch: interrupted again: returning without waiting"), said
+
+
+def test_the_erm_stop_line_reaches_the_runs_etcd_as_erm_launch_does():
+    from types import SimpleNamespace
+
+    from elastic_rm.etcd.options import TlsOptions
+    from launcher.commands.launch import _stop_command
+
+    def line(prefix: str, tls: TlsOptions, user: str | None) -> str:
+        settings = SimpleNamespace(keys=Keyspace(prefix, "r1"), tls=tls, user=user)
+        return _stop_command(
+            SimpleNamespace(settings=settings, ns=SimpleNamespace(rdzv_endpoint="e:2379")), "r1"
+        )
+
+    assert line("/elastic-rm", TlsOptions(), None) == "erm stop r1 --endpoint e:2379"
+    assert line("/team-a", TlsOptions("my ca.pem", "c.pem", "k.pem"), "u") == (
+        "erm stop r1 --endpoint e:2379 --prefix /team-a --etcd-cacert 'my ca.pem' --etcd-cert c.pem "
+        "--etcd-key k.pem --etcd-user u"
+    )

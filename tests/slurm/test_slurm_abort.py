@@ -135,3 +135,69 @@ def test_a_job_scancel_cannot_end_is_named_with_the_scancel_command_on_a_third_s
     out = p.output()
     assert "Traceback" not in out and f"Slurm may still run job(s) {job}: scancel {job}" in out, out[-3000:]
     assert [j["id"] for j in run_jobs(slurm, run_id)] == [job]  # left, as said (the fixture cancels it)
+
+
+@pytest.mark.slow  # 15 s; CI keeps test_slurms_commands_run_in_a_session_of_their_own (test_slurm_input.py)
+def test_a_second_ctrl_c_during_the_squeue_that_finds_the_interrupted_sbatchs_job_leaves_it_not(
+    etcd, run_id, tmp_path, procs, slurm
+):
+    """A terminal's second Ctrl-C goes to erm launch's whole process group: the squeue that looks for the
+    job whose sbatch the first one interrupted runs in a session of its own, so it still answers, and
+    the job is cancelled."""
+    env = held_sbatch(tmp_path, slurm, 1)
+    squeue = tmp_path / "bin" / "squeue"
+    slow = tmp_path / "slow"
+    squeue.write_text(
+        f'#!/bin/sh\n[ -e {slow} ] && touch {tmp_path}/in-squeue && sleep 3\nexec {find("squeue")} "$@"\n'
+    )
+    squeue.chmod(0o755)
+    extra = ["--python", holder(tmp_path, ignore_term=True), "--stop-grace", "300"]
+    p = launch(tmp_path, slurm, etcd, run_id, "1", extra=extra, env=env)
+    procs.append(p)
+    wait_until(lambda: (tmp_path / "held").exists(), 60, "sbatch hanging after Slurm took its job", [p])
+    took = (tmp_path / "took").read_text().strip()
+    slow.touch()
+    interrupt(p, "ctrl-c")  # lands in sbatch too
+    wait_until(lambda: (tmp_path / "in-squeue").exists(), 60, "the squeue that looks for its job", [p])
+    interrupt(p, "ctrl-c")  # the whole group again: that squeue included
+    assert p.wait(60) == 130, p.output()[-3000:]
+    out = p.output()
+    assert AGAIN in out and "Traceback" not in out, out[-3000:]
+    assert "cannot list Slurm's jobs" not in out and re.search(rf"stopping .*\b{took}\b", out), out[-3000:]
+    assert run_jobs(slurm, run_id) == [], out[-3000:]
+    assert took in slurm.ended_jobs()
+
+
+def test_a_second_and_third_signal_during_the_first_sigterm_pass_still_cancel_every_job(
+    etcd, run_id, tmp_path, procs, slurm
+):
+    """Both land while the graceful stop's first scancel --signal=TERM runs (slow here, as on a busy
+    slurmctld): the hurried stop is done before erm launch returns, and the graceful pass goes no
+    further."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scancel = bin_dir / "scancel"
+    scancel.write_text(
+        f'#!/bin/sh\necho "$*" >> {tmp_path}/scancel\n'
+        f'case " $* " in *" --signal=TERM "*) touch {tmp_path}/in-signal; sleep 3;; esac\n'
+        f'exec {find("scancel")} "$@"\n'
+    )
+    scancel.chmod(0o755)
+    env = slurm.env()
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    extra = ["--python", holder(tmp_path, ignore_term=True), "--stop-grace", "300"]
+    p = launch(tmp_path, slurm, etcd, run_id, "2", extra=extra, env=env)
+    procs.append(p)
+    wait_until(lambda: p.output().count(" runs on ") == 2, 60, "both node jobs running", [p])
+    jobs = sorted(j["id"] for j in run_jobs(slurm, run_id))
+    os.kill(p.pid, signal.SIGTERM)
+    wait_until(lambda: (tmp_path / "in-signal").exists(), 60, "the first scancel --signal=TERM", [p])
+    os.kill(p.pid, signal.SIGTERM)
+    os.kill(p.pid, signal.SIGTERM)
+    assert p.wait(60) == 130, p.output()[-3000:]
+    out = p.output()
+    assert AGAIN in out and "Traceback" not in out, out[-3000:]
+    calls = (tmp_path / "scancel").read_text().splitlines()
+    assert sum("--signal=TERM" in c for c in calls) == 1, calls  # the graceful pass stopped there
+    assert any(sorted(c.split()) == jobs for c in calls), calls  # the hurried scancel of every job
+    wait_until(lambda: run_jobs(slurm, run_id) == [], 60, "the cancelled jobs gone", [p])

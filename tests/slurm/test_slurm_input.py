@@ -276,3 +276,58 @@ def test_a_poll_interval_longer_than_the_queue_keys_refresh_is_refused(tmp_path,
     assert r.returncode == 2, r.stderr
     assert "--poll-interval 6: with --slurm at most 5s" in r.stderr, r.stderr
     assert run_jobs(slurm, run_id) == []
+
+
+def _tool(tmp_path, name: str, body: str) -> dict[str, str]:
+    """An environment whose ``name`` on PATH is a shell script of ``body``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    tool = bin_dir / name
+    tool.write_text("#!/bin/sh\n" + body)
+    tool.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+def test_slurms_commands_run_in_a_session_of_their_own(tmp_path):
+    """A terminal's Ctrl-C goes to erm launch's process group: not to the squeue or scancel of its stop."""
+    env = _tool(tmp_path, "squeue", f"ps -o sid= -p $$ > {tmp_path}/sid\necho '{{\"jobs\": []}}'\n")
+    assert Slurm(env=env).jobs() == []
+    sid = int((tmp_path / "sid").read_text())
+    assert sid != os.getsid(0) and sid != os.getpgid(0)
+
+
+def test_a_slurm_command_past_its_timeout_or_interrupted_is_killed(tmp_path):
+    import signal
+    import threading
+
+    from elastic_rm.launch.interrupts import Interrupts
+    from tests.e2e.helpers import wait_until
+    from tests.slurm.helpers import gone
+
+    pid_file = tmp_path / "pid"
+    env = _tool(
+        tmp_path, "squeue", f"echo $$ > {pid_file}.tmp && mv {pid_file}.tmp {pid_file}\nexec sleep 60\n"
+    )
+
+    def pid() -> int:
+        value = int(pid_file.read_text())
+        pid_file.unlink()
+        return value
+
+    with pytest.raises(SlurmError, match="did not answer within 2s"):
+        Slurm(env=env, timeout_s=2).jobs()
+    killed = pid()
+    wait_until(lambda: gone(killed), 10, "the squeue past its timeout killed", [])
+
+    def ctrl_c() -> None:
+        for _ in range(600):  # bounded: 60 s
+            if pid_file.exists():
+                break
+            threading.Event().wait(0.1)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    with Interrupts(), pytest.raises(KeyboardInterrupt):
+        threading.Thread(target=ctrl_c, daemon=True).start()
+        Slurm(env=env).jobs()
+    killed = pid()
+    wait_until(lambda: gone(killed), 10, "the interrupted squeue killed", [])

@@ -205,6 +205,19 @@ def test_stop_all_with_a_failing_squeue_keeps_trying_and_names_the_jobs_left(etc
         assert executor.nodes == {}
     assert not [s for s in said if "ended" in s], said  # nothing said a node job ended
     assert "Slurm may still run job(s) 424242: scancel 424242" in said[-1], said
+    name = f"erm-{run_id}"
+    assert f"squeue never answered during the stop: scancel --name={name}" in said[-2], said
+
+
+def test_stop_all_with_no_known_node_and_a_failing_squeue_claims_no_job_stopped(etcd, run_id, tmp_path):
+    """An sbatch interrupted after Slurm took its job leaves one the launcher does not know of: with squeue
+    failing, erm launch cannot say that none is left, and names the scancel that ends every job of the run."""
+    broken = Slurm(env={"PATH": str(tmp_path)})
+    said: list[str] = []
+    with EtcdClient(etcd.endpoint) as client:
+        executor = _executor(client, run_id, broken, said, ExecutorConfig(1, 1, stop_grace_s=0.1))
+        assert executor.stop_all("the test stops the run") == [f"--name=erm-{run_id}"]
+    assert f"scancel --name=erm-{run_id}" in said[-1], said
 
 
 def _status_with_queue(record: QueueRecord | None, now: float) -> dict:
