@@ -2,9 +2,11 @@
 
 The launcher starts each node as ``ssh HOST 'cd WORKDIR && exec env ... PYTHON -m elastic_rm.launch.remote
 -- ERMRUN-ARGS'``. Why a supervisor on the host instead of ermrun itself: ssh forwards no signal to the
-remote command, but it does forward the end of its standard input. The supervisor stops ermrun (SIGTERM,
-then its whole tree) when its standard input says ``stop`` or ends, so a node is stopped by closing a pipe,
-and a launcher that dies (even by SIGKILL) cannot leave agents behind: its ssh clients die with it.
+remote command, but it does forward its standard input and the end of it. The launcher stops a node with
+a ``stop`` line (the supervisor sends ermrun SIGTERM, then kills its whole tree after the grace) and keeps
+the input open for a later ``kill`` line (the tree killed at once); the end of the input stops it as
+``stop`` does, so a launcher that dies (even by SIGKILL) cannot leave agents behind: its ssh clients die
+with it.
 """
 
 from __future__ import annotations
