@@ -201,3 +201,45 @@ def test_a_second_and_third_signal_during_the_first_sigterm_pass_still_cancel_ev
     assert sum("--signal=TERM" in c for c in calls) == 1, calls  # the graceful pass stopped there
     assert any(sorted(c.split()) == jobs for c in calls), calls  # the hurried scancel of every job
     wait_until(lambda: run_jobs(slurm, run_id) == [], 60, "the cancelled jobs gone", [p])
+
+
+def test_a_restarted_launcher_interrupted_before_its_executor_names_the_runs_jobs_it_found(
+    run_id, tmp_path, procs, slurm
+):
+    """A job of the run is in Slurm before erm launch starts (a restarted launcher's, to adopt): an
+    interrupt before the executor runs leaves it, and erm launch names it instead of saying none is left.
+    The etcd endpoint never answers: the signal lands once ermrun's parser thread (which loads torch, then
+    connects to etcd) waits for it, after erm launch listed the run's jobs."""
+    import socket
+    from types import SimpleNamespace
+
+    from tests.slurm.helpers import run_options
+
+    options = run_options(run_id)
+    named = (f"--job-name={options.job_name}", f"--comment={options.comment}")
+    out = slurm.cmd("sbatch", "--parsable", *named, "--output=/dev/null", "--wrap", "sleep 120").stdout
+    earlier = out.strip().split(";")[0]
+    squeue = tmp_path / "bin" / "squeue"
+    squeue.parent.mkdir()
+    squeue.write_text(f'#!/bin/sh\n{find("squeue")} "$@" || exit $?\ntouch {tmp_path}/listed\n')
+    squeue.chmod(0o755)
+    env = slurm.env()
+    env["PATH"] = f"{squeue.parent}:{env['PATH']}"
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        silent.settimeout(60)
+        etcd = SimpleNamespace(endpoint=f"127.0.0.1:{silent.getsockname()[1]}")
+        p = launch(tmp_path, slurm, etcd, run_id, "1", env=env)
+        procs.append(p)
+        with silent.accept()[0]:  # the parser thread connecting: it never gets an answer
+            wait_until(lambda: (tmp_path / "listed").exists(), 60, "erm launch listing the run's jobs", [p])
+            os.kill(p.pid, signal.SIGTERM)
+            assert p.wait(60) == 130, p.output()[-3000:]
+    out = p.output()
+    assert "Traceback" not in out and "none of them any more" not in out, out[-3000:]
+    assert (
+        f"job(s) {earlier} of the run were running before this launcher: `erm launch` again adopts them, "
+        f"or scancel {earlier}"
+    ) in out, out[-3000:]
+    assert [j["id"] for j in run_jobs(slurm, run_id)] == [earlier]  # left, as said (the fixture cancels it)
