@@ -444,15 +444,8 @@ def _run_slurm(args: argparse.Namespace) -> int:
             read = (ns.rdzv_id, nnodes, job_file_of(ns))
             if first is None or read != (first.run_id, first.nnodes, first.job_file):
                 if checked is not None:
-                    left = cancel_first(checked, jobs, args.stop_grace, interrupts)
+                    cancel_first(checked, jobs, args.stop_grace, interrupts)
                     if not interrupts.resume():  # a signal came while they stopped
-                        client.close()
-                        if not left:
-                            print(
-                                "erm launch: interrupted before the run started: no node job it submitted "
-                                "is left (Slurm lists none of them any more)",
-                                file=sys.stderr,
-                            )
                         return 130
                 jobs = FirstJobs()
                 try:

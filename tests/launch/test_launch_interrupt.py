@@ -130,3 +130,33 @@ def test_the_erm_stop_line_reaches_the_runs_etcd_as_erm_launch_does():
         "erm stop r1 --endpoint e:2379 --prefix /team-a --etcd-cacert 'my ca.pem' --etcd-cert c.pem "
         "--etcd-key k.pem --etcd-user u"
     )
+
+
+def test_the_wait_for_ermruns_parser_thread_ends_on_one_more_signal(monkeypatch):
+    """An interrupted erm launch --slurm waits for the parser thread (loading torch, or connecting to an
+    etcd that does not answer: here one that waits for the test) to close its etcd client; a third signal
+    returns without waiting for it."""
+    import argparse
+    import threading
+
+    from launcher.commands import launch as launch_command
+
+    monkeypatch.setattr(launch_command, "PARSER_WAIT_S", 600.0)  # the bound would only come much later
+    busy = threading.Event()
+    parser = launch_command._ParserCheck(argparse.Namespace())
+    parser.run = lambda: busy.wait(120)
+
+    def two_more_signals() -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    try:
+        with Interrupts() as interrupts:
+            interrupts.stop()  # the first signal's stop began
+            parser.start()
+            threading.Thread(target=two_more_signals).start()
+            parser.close_client(interrupts)
+            assert interrupts.leave and parser.is_alive()  # returned on the signal, not on the thread's end
+    finally:
+        busy.set()
+        parser.join(30)
