@@ -19,7 +19,9 @@ from tests.e2e.test_status_render import status_of, text
 from tests.slurm.helpers import launch_events, run_options
 
 
-def _executor(client, run_id: str, slurm: Slurm, said: list[str], config=None) -> SlurmExecutor:
+def _executor(
+    client, run_id: str, slurm: Slurm, said: list[str], config=None, interrupts=None
+) -> SlurmExecutor:
     keys = Keyspace("/elastic-rm", run_id)
     options = run_options(run_id, partition="debug")
     events = EventLog(run_id, "erm-launch", client=client, keys=keys)
@@ -33,6 +35,7 @@ def _executor(client, run_id: str, slurm: Slurm, said: list[str], config=None) -
         config or ExecutorConfig(1, 1),
         said.append,
         partitions=("debug",),
+        interrupts=interrupts,
     )
 
 
@@ -211,11 +214,21 @@ def test_stop_all_with_a_failing_squeue_keeps_trying_and_names_the_jobs_left(etc
 
 def test_stop_all_with_no_known_node_and_a_failing_squeue_claims_no_job_stopped(etcd, run_id, tmp_path):
     """An sbatch interrupted after Slurm took its job leaves one the launcher does not know of: with squeue
-    failing, erm launch cannot say that none is left, and names the scancel that ends every job of the run."""
+    failing, erm launch cannot say that none is left, and names the scancel that ends every job of the run
+    (here on a third signal, which returns without waiting out the stop's bound)."""
+    import os
+    import signal
+
+    from elastic_rm.launch.interrupts import Interrupts
+
     broken = Slurm(env={"PATH": str(tmp_path)})
     said: list[str] = []
-    with EtcdClient(etcd.endpoint) as client:
-        executor = _executor(client, run_id, broken, said, ExecutorConfig(1, 1, stop_grace_s=0.1))
+    with EtcdClient(etcd.endpoint) as client, Interrupts() as interrupts:
+        config = ExecutorConfig(1, 1, stop_grace_s=60)
+        executor = _executor(client, run_id, broken, said, config, interrupts=interrupts)
+        interrupts.stop()  # the first signal's stop began: two more hurry it, then leave
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
         assert executor.stop_all("the test stops the run") == [f"--name=erm-{run_id}"]
     assert f"scancel --name=erm-{run_id}" in said[-1], said
 
