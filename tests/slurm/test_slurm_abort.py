@@ -129,10 +129,12 @@ def test_a_job_scancel_cannot_end_is_named_with_the_scancel_command_on_a_third_s
     os.kill(p.pid, signal.SIGTERM)
     wait_until(lambda: "stopping node" in p.output(), 60, "the stop", [p])
     os.kill(p.pid, signal.SIGTERM)
-    wait_until(lambda: "scancel failed" in p.output(), 60, "scancel failing", [p])
+    # the hurried scancel failing (the graceful pass's scancel --signal failed before it)
+    wait_until(lambda: "[erm launch] scancel failed:" in p.output(), 60, "scancel failing", [p])
     os.kill(p.pid, signal.SIGTERM)
     assert p.wait(60) == 130, p.output()[-3000:]
     out = p.output()
+    assert "interrupted a third time" in out, out[-3000:]
     assert "Traceback" not in out and f"Slurm may still run job(s) {job}: scancel {job}" in out, out[-3000:]
     assert [j["id"] for j in run_jobs(slurm, run_id)] == [job]  # left, as said (the fixture cancels it)
 
