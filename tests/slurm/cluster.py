@@ -17,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
 from elastic_rm.etcd.server import free_port
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "scontrol", "sinfo")
@@ -266,6 +268,23 @@ class SlurmCluster:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"Slurm not idle after {timeout_s:g}s: {self.jobs()} {self.node_states()}")
             time.sleep(0.1)
+        # a cancelled job's processes can outlive its listing by a moment (proctrack/linuxproc signals them
+        # as slurmctld forgets the job); wait for them, not kill them: one that stays is a leftover the
+        # session's check names
+        while self.job_processes() and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    def job_processes(self) -> list[psutil.Process]:
+        """Processes of this cluster's jobs still alive (by SLURM_JOB_ID and this cluster's SLURM_CONF)."""
+        found = []
+        for p in psutil.process_iter():
+            try:
+                env = p.environ()
+            except (psutil.Error, OSError):
+                continue
+            if "SLURM_JOB_ID" in env and env.get("SLURM_CONF") == str(self.conf):
+                found.append(p)
+        return found
 
     def log(self, name: str) -> str:
         try:
