@@ -58,13 +58,17 @@ def node(tmp_path: Path, etcd, run_id: str, name: str, log: str) -> Proc:
 
 
 def committed(durable: Path) -> list[tuple[int, int]]:
-    """(step, world size) of the committed durable checkpoints."""
+    """(step, world size) of the committed durable checkpoints. The run prunes old steps while this
+    polls: a step whose manifest is gone between the listing and the read is skipped."""
     out = []
     for d in durable.glob("step-*") if durable.is_dir() else []:
-        if not d.name.endswith(".tmp") and (d / "manifest.json").is_file():
-            out.append(
-                (int(d.name.split("-")[1]), json.loads((d / "manifest.json").read_text())["world_size"])
-            )
+        if d.name.endswith(".tmp"):
+            continue
+        try:
+            manifest = json.loads((d / "manifest.json").read_text())
+        except FileNotFoundError:
+            continue
+        out.append((int(d.name.split("-")[1]), manifest["world_size"]))
     return sorted(out)
 
 
