@@ -43,10 +43,14 @@ def test_lost_node_restored_from_replica_over_http(etcd, run_id, tmp_path: Path,
         held = memory / "a" / "replicas" / "c"
 
         def replica_at_world3() -> bool:
-            steps = (
-                [p for p in held.glob("step-*") if (p / "manifest.json").is_file()] if held.is_dir() else []
-            )
-            return any(json.loads((p / "manifest.json").read_text())["world_size"] == 3 for p in steps)
+            """The replica's steps are pruned while this polls: one gone before its read is skipped."""
+            for p in held.glob("step-*") if held.is_dir() else []:
+                try:
+                    if json.loads((p / "manifest.json").read_text())["world_size"] == 3:
+                        return True
+                except FileNotFoundError:
+                    continue
+            return False
 
         wait_until(replica_at_world3, 300, "a world-3 replica of c's shards on a", list(nodes.values()))
         nodes["c"].signal(signal.SIGKILL)  # agent and worker: the node is lost
