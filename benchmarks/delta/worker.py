@@ -5,8 +5,8 @@ checkpoints (the throughput baseline), then with a flash checkpoint every 1, 10 
 mode of this launch (full copies, or differential); then one save alone (its background time).
 Full mode: the newest step is restored at the same world. Differential mode: after each interval's
 timed run, that interval's own chain (a new base, then a save every interval) is restored once it holds
-CHAIN_DELTAS deltas, or said to fold before; at the end, the worst case, a chain of all three intervals
-just before a fold. Each chain is compared with a full save of the same step, restored in the same
+CHAIN_DELTAS deltas, or said to fold before; at the end, a heavy case, a chain of all three intervals
+near its fold. Each chain is compared with a full save of the same step, restored in the same
 conditions; both are staged on disk. Phase "restore" (world 3): the same restores into another plan.
 Each restore is timed three times, the median kept; every one is checked bit for bit against the
 state digest saved with it.
@@ -53,7 +53,7 @@ from elastic_rm.train.state_digest import digest_hex, piece_digest
 FILL_ROWS = 1 << 16
 
 RESTORES = 3  # restores timed at each world; their median is quoted
-CHAIN_DELTAS = 10  # a chain restore is measured once a chain holds this many deltas (the issue's target)
+CHAIN_DELTAS = 10  # a chain restore is measured once a chain holds this many deltas
 MIXED_LONG_MAX = 12  # at most this many 100-step deltas in the mixed chain (a fold comes before)
 
 
@@ -254,17 +254,23 @@ def base_now(tr: Trainer, ckpt: FlashCheckpointer) -> None:
     assert stats.kind == "full", stats
 
 
+def zero_state(dmp: Any) -> None:
+    """Every local piece of the model's state zeroed: a restore that left anything out cannot pass the
+    digest check by what the previous restore left there."""
+    with torch.no_grad():
+        for v in dmp.state_dict().values():
+            if isinstance(v, torch.Tensor):
+                for _, t in local_pieces(v):
+                    t.zero_()
+
+
 def timed_restores(ckpt: FlashCheckpointer, dmp: Any, dense_opt: Any, digest: str) -> dict[str, Any]:
     """RESTORES restores at this world, each into a model whose tables are zeroed first (so nothing
     stale can pass), each checked bit for bit against `digest`; their median is quoted (one restore
     moves with the machine's load)."""
     times, steps, exact, parts = [], [], True, []
     for _ in range(RESTORES):
-        with torch.no_grad():
-            for v in dmp.state_dict().values():
-                if isinstance(v, torch.Tensor):
-                    for _, t in local_pieces(v):
-                        t.zero_()
+        zero_state(dmp)
         dist.barrier()
         t0 = time.perf_counter()
         got = ckpt.restore()
@@ -325,15 +331,18 @@ def own_chain(tr: Trainer, ckpt: FlashCheckpointer, spec: dict[str, Any], interv
 
 
 def mixed_chain(tr: Trainer, ckpt: FlashCheckpointer, spec: dict[str, Any]) -> dict[str, Any]:
-    """The worst case: a chain of all three intervals just before a fold. A new base, 9 deltas of 1
+    """A heavy case: a chain of all three intervals near its fold. A new base, 9 deltas of 1
     step, 6 of 10 steps, then deltas of 100 steps while the next one (as large as the last) would stay
     within the fold's bound; measured as measure_chain."""
     base_now(tr, ckpt)
-    plan = [1] * 9 + [10] * 6
-    for interval in plan:
+    plan: list[int] = []
+    for interval in [1] * 9 + [10] * 6:
+        before = chain_shape(ckpt)
         for _ in range(interval):
             tr.train_step()
-        ckpt.save(tr.step, {"step": tr.step}, block=True)
+        if ckpt.save(tr.step, {"step": tr.step}, block=True).kind != "delta":
+            return {"delta_intervals": plan, "folds_before": len(plan) + 1, "before_fold": before}
+        plan.append(interval)
     shape, grew = chain_shape(ckpt), 0.0
     for _ in range(MIXED_LONG_MAX):
         # the next one would fold (compact_ratio 1), with a margin: deltas of 100 steps vary a little
@@ -342,8 +351,8 @@ def mixed_chain(tr: Trainer, ckpt: FlashCheckpointer, spec: dict[str, Any]) -> d
         for _ in range(100):
             tr.train_step()
         stats = ckpt.save(tr.step, {"step": tr.step}, block=True)
-        if stats.kind != "delta":  # the bound came sooner than the last delta's size said: no worst case
-            return {"delta_intervals": plan, "folded_at_step": tr.step, "before_fold": shape}
+        if stats.kind != "delta":  # the bound came sooner than the last delta's size said
+            return {"delta_intervals": plan, "folds_before": len(plan) + 1, "before_fold": shape}
         plan.append(100)
         after = chain_shape(ckpt)
         grew, shape = after["node_bytes_over_base_max"] - shape["node_bytes_over_base_max"], after
@@ -543,7 +552,7 @@ def phase_train(spec: dict[str, Any], rank: int) -> dict[str, Any]:
         "background_s": slowest(time.perf_counter() - t0),
         "bytes_copied": total(getattr(stats, "bytes_copied", stats.bytes)),
     }
-    if spec["mode"] == "delta":  # the worst case: a chain of every interval, just before a fold
+    if spec["mode"] == "delta":  # a heavy case: a chain of every interval, near its fold
         res["chains"]["mixed"] = mixed_chain(tr, ckpt, spec)
     # the node directory's bytes at their largest over the whole run (own steps, replicas, temp dirs)
     res["node_memory_peak_bytes"] = max(all_gather_json(ckpt.memory_peak_bytes))
@@ -567,6 +576,7 @@ def restore_in(spec: dict[str, Any], rank: int, world: int, dmp: Any, plan: Any,
     ckpt = FlashCheckpointer(dmp, plan, dense_opt, cfg)
     times, digests, steps, parts = [], [], [], []
     for _ in range(RESTORES):
+        zero_state(dmp)
         dist.barrier()
         t0 = time.perf_counter()
         got = ckpt.restore()
