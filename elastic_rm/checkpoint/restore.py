@@ -39,8 +39,10 @@ class RestoreResult:
     skipped: list[str] = field(default_factory=list)  # why newer checkpoints were not used
     load_s: float = 0.0  # the whole load on this rank
     verify_s: float = 0.0  # of which checksum verification of the base's files
-    # of a chain, on this rank: its delta files read and verified (the parts this rank applies), the
-    # base loaded through DCP, and the deltas' rows applied over it (0 for a full step)
+    # on this rank: the state to load built, the chain's manifests found and its delta files read and
+    # verified (the parts this rank applies; 0 for a full step), the base (or the full step) loaded
+    # through DCP, and the deltas' rows applied over it, with the wait for every rank's outcome (0 for a
+    # full step)
     deltas_s: float = 0.0
     base_s: float = 0.0
     apply_s: float = 0.0
