@@ -116,6 +116,7 @@ def test_node_beyond_max_is_standby_then_promoted(etcd, run_id, tmp_path, procs)
     )
 
 
+@pytest.mark.slow  # 10 s; CI keeps tests/netns/test_etcd_partition.py (the raft leader member cut off)
 def test_job_survives_the_loss_of_one_etcd_member(run_id, tmp_path, procs):
     with EtcdCluster(size=3) as cluster:
         endpoints = ",".join(cluster.endpoints)
@@ -192,6 +193,7 @@ def test_stock_torchrun_uses_the_elastic_rm_backend(etcd, run_id, tmp_path, proc
     assert {r["world"] for r in records(tmp_path, "t") if r.get("start")} == {2}
 
 
+@pytest.mark.slow  # 15 s; CI keeps tests/netns/test_asymmetric.py's lease expiry and rejoin
 def test_node_paused_past_its_lease_rejoins_as_a_new_member(etcd, run_id, tmp_path, procs):
     nodes = three_nodes_training(etcd, run_id, tmp_path, procs)
     shard = memory_root() / run_id / "c" / "step-5" / "shard"  # what a flash checkpoint leaves under c

@@ -109,6 +109,7 @@ def test_a_sigterm_after_the_first_node_jobs_went_in_while_the_parser_loads_canc
     assert set(first) <= set(slurm.ended_jobs()), out[-3000:]
 
 
+@pytest.mark.slow  # a third signal's edge case (8 s); CI keeps the interrupted sbatch's job at both stages
 def test_a_job_scancel_cannot_end_is_named_with_the_scancel_command_on_a_third_signal(
     etcd, run_id, tmp_path, procs, slurm
 ):
@@ -170,6 +171,7 @@ def test_a_second_ctrl_c_during_the_squeue_that_finds_the_interrupted_sbatchs_jo
     assert took in slurm.ended_jobs()
 
 
+@pytest.mark.slow  # two signals within the first pass (11 s); CI keeps the single second signal above
 def test_a_second_and_third_signal_during_the_first_sigterm_pass_still_cancel_every_job(
     etcd, run_id, tmp_path, procs, slurm
 ):
