@@ -22,6 +22,17 @@ WORKER = os.path.join("tests", "launch", "worker.py")  # relative to --workdir (
 CONF = "lease_ttl=2,last_call_timeout=0.5,join_timeout=60"
 
 
+def tool_env(tmp_path, name: str, body: str, env: dict[str, str]) -> dict[str, str]:
+    """``env`` with a shell script of ``body`` as ``name`` first on PATH (in ``tmp_path``/bin): a stand-in
+    for one of Slurm's commands (or the node jobs' python)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    tool = bin_dir / name
+    tool.write_text("#!/bin/sh\n" + body)
+    tool.chmod(0o755)
+    return {**env, "PATH": f"{bin_dir}:{env['PATH']}"}
+
+
 def launch(
     tmp_path,
     cluster,

@@ -7,13 +7,12 @@ from __future__ import annotations
 import os
 import re
 import signal
-import stat
 
 import pytest
 
 from tests.e2e.helpers import wait_until
 from tests.slurm.cluster import find
-from tests.slurm.helpers import launch, run_jobs
+from tests.slurm.helpers import launch, run_jobs, tool_env
 
 AGAIN = "interrupted again: stopping the run's nodes now (scancel)"
 
@@ -31,12 +30,7 @@ def held_sbatch(tmp_path, cluster, call: int) -> dict[str, str]:
     """The environment of an erm launch whose ``call``-th submission (not counting --test-only) hangs after
     Slurm took its job and the job runs: its id never comes back, as when sbatch is interrupted. The id
     goes to the file ``took``, then the file ``held`` says it hangs."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    wrapper = bin_dir / "sbatch"
-    wrapper.write_text(
-        f"""#!/bin/sh
-case " $* " in *" --test-only "*) exec {find("sbatch")} "$@";; esac
+    body = f"""case " $* " in *" --test-only "*) exec {find("sbatch")} "$@";; esac
 echo >> {tmp_path}/calls
 [ "$(wc -l < {tmp_path}/calls)" -eq {call} ] || exec {find("sbatch")} "$@"
 out=$({find("sbatch")} "$@") || exit $?
@@ -46,11 +40,7 @@ while [ $i -lt 300 ] && [ "$(squeue -h -j "${{out%%;*}}" -o %T)" != RUNNING ]; d
 touch {tmp_path}/held
 exec sleep 300
 """
-    )
-    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
-    env = cluster.env()
-    env["PATH"] = f"{bin_dir}:{env['PATH']}"
-    return env
+    return tool_env(tmp_path, "sbatch", body, cluster.env())
 
 
 def interrupt(p, how: str) -> None:
@@ -115,13 +105,8 @@ def test_a_job_scancel_cannot_end_is_named_with_the_scancel_command_on_a_third_s
 ):
     """scancel refused (here: a scancel that always fails, as for a job of another account): a third signal
     returns without waiting out the bound, naming the job and the command that cancels it."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    scancel = bin_dir / "scancel"
-    scancel.write_text("#!/bin/sh\necho 'scancel: error: Access/permission denied' >&2\nexit 1\n")
-    scancel.chmod(0o755)
-    env = slurm.env()
-    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    denied = "echo 'scancel: error: Access/permission denied' >&2\nexit 1\n"
+    env = tool_env(tmp_path, "scancel", denied, slurm.env())
     extra = ["--python", holder(tmp_path, ignore_term=True), "--stop-grace", "300"]
     p = launch(tmp_path, slurm, etcd, run_id, "1", extra=extra, env=env)
     procs.append(p)
@@ -148,12 +133,9 @@ def test_a_second_ctrl_c_during_the_squeue_that_finds_the_interrupted_sbatchs_jo
     job whose sbatch the first one interrupted runs in a session of its own, so it still answers, and
     the job is cancelled."""
     env = held_sbatch(tmp_path, slurm, 1)
-    squeue = tmp_path / "bin" / "squeue"
     slow = tmp_path / "slow"
-    squeue.write_text(
-        f'#!/bin/sh\n[ -e {slow} ] && touch {tmp_path}/in-squeue && sleep 3\nexec {find("squeue")} "$@"\n'
-    )
-    squeue.chmod(0o755)
+    body = f'[ -e {slow} ] && touch {tmp_path}/in-squeue && sleep 3\nexec {find("squeue")} "$@"\n'
+    env = tool_env(tmp_path, "squeue", body, env)
     extra = ["--python", holder(tmp_path, ignore_term=True), "--stop-grace", "300"]
     p = launch(tmp_path, slurm, etcd, run_id, "1", extra=extra, env=env)
     procs.append(p)
@@ -178,17 +160,12 @@ def test_a_second_and_third_signal_during_the_first_sigterm_pass_still_cancel_ev
     """Both land while the graceful stop's first scancel --signal=TERM runs (slow here, as on a busy
     slurmctld): the hurried stop is done before erm launch returns, and the graceful pass goes no
     further."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    scancel = bin_dir / "scancel"
-    scancel.write_text(
-        f'#!/bin/sh\necho "$*" >> {tmp_path}/scancel\n'
+    body = (
+        f'echo "$*" >> {tmp_path}/scancel\n'
         f'case " $* " in *" --signal=TERM "*) touch {tmp_path}/in-signal; sleep 3;; esac\n'
         f'exec {find("scancel")} "$@"\n'
     )
-    scancel.chmod(0o755)
-    env = slurm.env()
-    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    env = tool_env(tmp_path, "scancel", body, slurm.env())
     extra = ["--python", holder(tmp_path, ignore_term=True), "--stop-grace", "300"]
     p = launch(tmp_path, slurm, etcd, run_id, "2", extra=extra, env=env)
     procs.append(p)
@@ -223,12 +200,8 @@ def test_a_restarted_launcher_interrupted_before_its_executor_names_the_runs_job
     named = (f"--job-name={options.job_name}", f"--comment={options.comment}")
     out = slurm.cmd("sbatch", "--parsable", *named, "--output=/dev/null", "--wrap", "sleep 120").stdout
     earlier = out.strip().split(";")[0]
-    squeue = tmp_path / "bin" / "squeue"
-    squeue.parent.mkdir()
-    squeue.write_text(f'#!/bin/sh\n{find("squeue")} "$@" || exit $?\ntouch {tmp_path}/listed\n')
-    squeue.chmod(0o755)
-    env = slurm.env()
-    env["PATH"] = f"{squeue.parent}:{env['PATH']}"
+    body = f'{find("squeue")} "$@" || exit $?\ntouch {tmp_path}/listed\n'
+    env = tool_env(tmp_path, "squeue", body, slurm.env())
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen()

@@ -12,7 +12,7 @@ import pytest
 from elastic_rm.launch.slurm_cli import Slurm, SlurmError, parse_jobs
 from elastic_rm.launch.slurm_job import SlurmOptions
 from tests.conftest import BIN, REPO
-from tests.slurm.helpers import CONF, WORKER, run_jobs, run_options
+from tests.slurm.helpers import CONF, WORKER, run_jobs, run_options, tool_env
 
 
 def erm_launch(tmp_path, env, etcd_endpoint: str, run_id: str, *extra: str) -> subprocess.CompletedProcess:
@@ -278,19 +278,11 @@ def test_a_poll_interval_longer_than_the_queue_keys_refresh_is_refused(tmp_path,
     assert run_jobs(slurm, run_id) == []
 
 
-def _tool(tmp_path, name: str, body: str) -> dict[str, str]:
-    """An environment whose ``name`` on PATH is a shell script of ``body``."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    tool = bin_dir / name
-    tool.write_text("#!/bin/sh\n" + body)
-    tool.chmod(0o755)
-    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-
-
 def test_slurms_commands_run_in_a_session_of_their_own(tmp_path):
     """A terminal's Ctrl-C goes to erm launch's process group: not to the squeue or scancel of its stop."""
-    env = _tool(tmp_path, "squeue", f"ps -o sid= -p $$ > {tmp_path}/sid\necho '{{\"jobs\": []}}'\n")
+    env = tool_env(
+        tmp_path, "squeue", f"ps -o sid= -p $$ > {tmp_path}/sid\necho '{{\"jobs\": []}}'\n", os.environ
+    )
     assert Slurm(env=env).jobs() == []
     sid = int((tmp_path / "sid").read_text())
     assert sid != os.getsid(0) and sid != os.getpgid(0)
@@ -305,9 +297,8 @@ def test_a_slurm_command_past_its_timeout_or_interrupted_is_killed(tmp_path):
     from tests.slurm.helpers import gone
 
     pid_file = tmp_path / "pid"
-    env = _tool(
-        tmp_path, "squeue", f"echo $$ > {pid_file}.tmp && mv {pid_file}.tmp {pid_file}\nexec sleep 60\n"
-    )
+    body = f"echo $$ > {pid_file}.tmp && mv {pid_file}.tmp {pid_file}\nexec sleep 60\n"
+    env = tool_env(tmp_path, "squeue", body, os.environ)
 
     def pid() -> int:
         value = int(pid_file.read_text())
