@@ -268,23 +268,37 @@ def timed_restores(ckpt: FlashCheckpointer, dmp: Any, dense_opt: Any, digest: st
     """RESTORES restores at this world, each into a model whose tables are zeroed first (so nothing
     stale can pass), each checked bit for bit against `digest`; their median is quoted (one restore
     moves with the machine's load)."""
-    times, steps, exact, parts = [], [], True, []
+    runs = repeated_restores(ckpt, dmp, dense_opt)
+    return {
+        "s": float(np.median(runs["times"])),
+        "all_s": runs["times"],
+        "parts_s": median_parts(runs["parts"]),
+        "step": one_or_all(runs["steps"]),
+        "exact": all(d == digest for d in runs["digests"]),
+    }
+
+
+def repeated_restores(ckpt: FlashCheckpointer, dmp: Any, dense_opt: Any) -> dict[str, Any]:
+    """RESTORES restores, each into a model whose state is zeroed first: each one's time (its slowest
+    rank), step, parts (restore_parts) and the digest of the state it left; the last one's sources."""
+    runs: dict[str, Any] = {"times": [], "steps": [], "parts": [], "digests": []}
+    got = None
     for _ in range(RESTORES):
         zero_state(dmp)
         dist.barrier()
         t0 = time.perf_counter()
         got = ckpt.restore()
-        times.append(slowest(time.perf_counter() - t0))
-        steps.append(got.step if got else None)
-        parts.append(restore_parts(got))
-        exact = exact and state_digest(dmp, dense_opt) == digest
-    return {
-        "s": float(np.median(times)),
-        "all_s": times,
-        "parts_s": median_parts(parts),
-        "step": steps[-1] if len(set(steps)) == 1 else steps,
-        "exact": exact,
-    }
+        runs["times"].append(slowest(time.perf_counter() - t0))
+        runs["steps"].append(got.step if got else None)
+        runs["parts"].append(restore_parts(got))
+        runs["digests"].append(state_digest(dmp, dense_opt))
+    runs["sources"] = sorted(set(got.file_sources.values())) if got else []
+    return runs
+
+
+def one_or_all(values: list) -> Any:
+    """The value when every restore gave the same, else all of them (for the reader to see which)."""
+    return values[-1] if len(set(values)) == 1 else values
 
 
 def restore_parts(got: Any) -> dict[str, float]:
@@ -574,21 +588,13 @@ def restore_in(spec: dict[str, Any], rank: int, world: int, dmp: Any, plan: Any,
     digest against the saved one (every restore must give that same state)."""
     cfg = FlashConfig(run_id="bench", node_id=f"n{rank}", memory_root=Path(spec["shm"]), keep_memory=1)
     ckpt = FlashCheckpointer(dmp, plan, dense_opt, cfg)
-    times, digests, steps, parts = [], [], [], []
-    for _ in range(RESTORES):
-        zero_state(dmp)
-        dist.barrier()
-        t0 = time.perf_counter()
-        got = ckpt.restore()
-        times.append(slowest(time.perf_counter() - t0))
-        steps.append(got.step if got else None)
-        parts.append(restore_parts(got))
-        digests.append(state_digest(dmp, dense_opt))
+    runs = repeated_restores(ckpt, dmp, dense_opt)
+    times = runs["times"]
     res: dict[str, Any] = {"world": world, "restore_s": float(np.median(times)), "restore_all_s": times}
-    res["parts_s"] = median_parts(parts)
-    res["step"] = steps[-1] if len(set(steps)) == 1 else steps
-    res["digest"] = digests[-1] if len(set(digests)) == 1 else digests
-    res["sources"] = sorted(set(got.file_sources.values())) if got else []
+    res["parts_s"] = median_parts(runs["parts"])
+    res["step"] = one_or_all(runs["steps"])
+    res["digest"] = one_or_all(runs["digests"])
+    res["sources"] = runs["sources"]
     ckpt.close()
     return res
 
