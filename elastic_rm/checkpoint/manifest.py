@@ -17,7 +17,7 @@ import mmap
 import os
 import re
 import shutil
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -305,7 +305,8 @@ def publish_dir(tmp: Path, final: Path, sync: bool) -> None:
 
 CHAIN_FIELDS = ("step", "manifest_sha256", "kind", "parent", "parent_sha256", "base", "base_sha256")
 _CHAIN_CACHE_MAX = 4096
-_chain_cache: dict[str, tuple[tuple[int, int, int, int], dict[str, Any]]] = {}
+# path -> (version, fields, what callers made of the fields: chain_value's memo by maker)
+_chain_cache: dict[str, tuple[tuple[int, int, int, int], dict[str, Any], dict[Any, Any]]] = {}
 
 
 def chain_fields(step_dir: str | Path) -> dict[str, Any]:
@@ -317,21 +318,36 @@ def chain_fields(step_dir: str | Path) -> dict[str, Any]:
     modification and change times (an inode reused after a removal, or a timestamp as coarse as the
     file system's, alone could pass for the old version). Raises OSError or ValueError (RecursionError)
     like reading it would."""
+    return dict(_chain_entry(step_dir)[1])
+
+
+def chain_value(step_dir: str | Path, make: Callable[[dict[str, Any]], Any]) -> Any:
+    """make(chain_fields(step_dir)), computed once per version of the manifest (the same cache): a
+    listing of a chain of hundreds of steps at every save then costs a stat per step. `make` must not
+    change the fields it is given, and its result is shared (immutable)."""
+    _, fields, memo = _chain_entry(step_dir)
+    if make not in memo:
+        memo[make] = make(dict(fields))
+    return memo[make]
+
+
+def _chain_entry(
+    step_dir: str | Path,
+) -> tuple[tuple[int, int, int, int], dict[str, Any], dict[Any, Any]]:
     path = os.path.join(step_dir, MANIFEST)
     st = os.stat(path)
     key, version = path, (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
     hit = _chain_cache.get(key)
     if hit is not None and hit[0] == version:
-        return dict(hit[1])
+        return hit
     with open(path, "rb") as f:
         doc = json.loads(f.read())
     if not isinstance(doc, dict):
         raise ValueError(f"{path}: not a JSON object")
-    fields = {k: doc[k] for k in CHAIN_FIELDS if k in doc}
     if len(_chain_cache) >= _CHAIN_CACHE_MAX:
         _chain_cache.clear()
-    _chain_cache[key] = (version, fields)
-    return dict(fields)
+    entry = _chain_cache[key] = (version, {k: doc[k] for k in CHAIN_FIELDS if k in doc}, {})
+    return entry
 
 
 def chain_steps(directory: Path, step: int) -> list[int]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .fold_lock import JOURNAL, fold_lock, hidden_dirname
-from .manifest import chain_fields, committed_steps, step_dirname
+from .manifest import chain_value, committed_steps, step_dirname
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def read_links(directory: Path) -> dict[int, Link]:
     root = str(directory)
     for step in committed_steps(directory):
         try:
-            link = link_of(chain_fields(os.path.join(root, step_dirname(step))))
+            link = chain_value(os.path.join(root, step_dirname(step)), link_of)
         except (OSError, ValueError, KeyError, TypeError, RecursionError):
             continue  # uncommitted or unreadable: restore reports it, retention skips it
         if link.step == step:

@@ -434,12 +434,44 @@ def test_apply_in_place_writes_rows_of_any_width_at_any_offset(tmp_path: Path) -
             pieces.append(DeltaPiece([name], [0] * values.dim(), values, ids, list(tensors[name].shape)))
         deltas.append(tmp_path / f"d{i}.erm")
         write_delta(deltas[-1], pieces)
-    apply_in_place(tmp_path / "base", {"f": items}, deltas)
+    written = apply_in_place(tmp_path / "base", {"f": items}, deltas)
     got = (tmp_path / "base" / "f").read_bytes()
     for name, _, shape, offset, n in items:
         assert got[offset : offset + n] == want[name].numpy().tobytes(), name
         assert len(shape) == want[name].dim()
     assert got[:3] == b"\x01\x02\x03"
+    # every row once: the rows of "a" and "c" the second delta holds are not written from the first
+    assert written == 3 * 6 + 2 * 16 + 2 * 5 + 2 * 8
+
+
+def test_a_whole_tensor_and_rows_of_it_in_a_chain_apply_as_in_order(tmp_path: Path) -> None:
+    """A delta that holds a tensor whole and another that holds rows of it: the later one's values
+    win, whichever it is (the fold applies the newest first and skips what a later delta wrote)."""
+    import torch
+
+    from elastic_rm.checkpoint.delta_file import DeltaPiece, write_delta
+
+    base = torch.zeros(6, 4)
+    items = {"f": [["t", [0, 0], [6, 4], 0, base.numel() * 4]]}
+    whole = torch.arange(24, dtype=torch.float32).reshape(6, 4)
+    rows = torch.full((2, 4), -1.0)
+    for name, order in (("rows-last", ["whole", "rows"]), ("whole-last", ["rows", "whole"])):
+        d = tmp_path / name
+        (d / "base").mkdir(parents=True)
+        (d / "base" / "f").write_bytes(base.numpy().tobytes())
+        deltas, want = [], base.clone()
+        for i, kind in enumerate(order):
+            deltas.append(d / f"{i}.erm")
+            if kind == "whole":
+                write_delta(deltas[-1], [DeltaPiece(["t"], [0, 0], whole)])
+                want = whole.clone()
+            else:
+                write_delta(deltas[-1], [DeltaPiece(["t"], [0, 0], rows, torch.tensor([1, 3]), [6, 4])])
+                want[[1, 3]] = rows
+        written = apply_in_place(d / "base", items, deltas)
+        got = torch.frombuffer(bytearray((d / "base" / "f").read_bytes()), dtype=torch.float32)
+        assert torch.equal(got.reshape(6, 4), want), name
+        assert written == base.numel() * 4, name  # each row once
 
 
 def test_a_layout_that_does_not_split_a_tensor_into_whole_rows_is_refused_naming_its_file(
