@@ -258,16 +258,11 @@ def apply_in_place(
     on_stage: Stage | None = None,
     plans: Plans | None = None,
 ) -> int:
-    """Give the base's files of `base_dir` (those it holds) the deltas' entries, the later delta's
-    where two hold a row; returns the bytes written. Every delta is checked before the first write,
-    unless `plans` (of checked_plans, for these deltas in this order) says it was: a fold checks them
-    before it hides its base, and each check reads every delta's header and row ids.
-    `on_stage("delta")` after each delta file.
-
-    Why newest first: a chain of a checkpoint per step takes the same hot rows again and again, and
-    each row needs only its newest value; a row a later delta wrote is skipped (a mask per tensor),
-    so each row is written once. The result is the same as applying them in order, from any mix of
-    the base and the folded state (a fold a crash cut short)."""
+    """Write the deltas' entries, in order, into the base's files of `base_dir` (those it holds);
+    returns the bytes written. Every delta is checked before the first write, unless `plans` (of
+    checked_plans, for these deltas in this order) says it was: a fold checks them before it hides its
+    base, and each check reads every delta's header and row ids. `on_stage("delta")` after each
+    delta file."""
     import numpy as np  # the agent's server folds too; numpy only when it does
 
     if plans is None or [d for d, _ in plans] != list(deltas):
@@ -276,12 +271,9 @@ def apply_in_place(
     files = {name for _, plan in plans for name, *_ in plan}
     opened = {n: open(base_dir / n, "r+b") for n in sorted(files)}
     maps = {n: _mapped(f, writable=True) for n, f in opened.items()}
-    # per tensor of the base (file, offset): True once a newer entry wrote it whole, else the mask of
-    # the rows a newer entry wrote
-    done: dict[tuple[str, int], Any] = {}
     dst = None
     try:
-        for delta, plan in reversed(plans):
+        for delta, plan in plans:
             with open(delta, "rb") as f:
                 mapped = _mapped(f, writable=False)
             raw = np.frombuffer(mapped, dtype=np.uint8)
@@ -289,46 +281,22 @@ def apply_in_place(
             for name, at, nbytes, sizes, e in plan:
                 dst = np.frombuffer(maps[name], dtype=np.uint8, count=nbytes, offset=at)
                 lo, n = data_at + e["data"][0], e["data"][1]
-                seen = done.get((name, at))
                 if e["rows"] is None:
                     if n != nbytes:
                         raise CorruptCheckpointError(f"{delta}: {'.'.join(e['key'])}: size differs")
-                    if seen is True:
-                        continue
-                    if seen is None:
-                        dst[:] = raw[lo : lo + n]
-                        written += n
-                    else:  # rows of it a newer delta wrote keep their values
-                        keep = ~seen
-                        row = nbytes // sizes[0]
-                        word = _word(row, at, lo)
-                        words = row // word(0).itemsize
-                        src = raw[lo : lo + n].view(word).reshape(sizes[0], words)
-                        dst.view(word).reshape(sizes[0], words)[keep] = src[keep]
-                        written += int(keep.sum()) * row
-                    done[(name, at)] = True
-                    continue
-                count = e["shape"][0]
-                row = nbytes // max(1, sizes[0])
-                r0 = data_at + e["rows"][0]
-                rows = raw[r0 : r0 + 8 * count].view(np.int64) - e["offsets"][0]
-                if count and (rows.min() < 0 or rows.max() >= sizes[0] or n != count * row):
-                    raise CorruptCheckpointError(f"{delta}: {'.'.join(e['key'])}: rows out of the base")
-                if seen is True:
-                    continue
-                if seen is None:
-                    seen = done[(name, at)] = np.zeros(sizes[0], dtype=bool)
-                word = _word(row, at, lo)
-                words = row // word(0).itemsize
-                src = raw[lo : lo + n].view(word).reshape(count, words)
-                new = ~seen[rows]
-                if new.all():
+                    dst[:] = raw[lo : lo + n]
+                else:
+                    count = e["shape"][0]
+                    row = nbytes // max(1, sizes[0])
+                    r0 = data_at + e["rows"][0]
+                    rows = raw[r0 : r0 + 8 * count].view(np.int64) - e["offsets"][0]
+                    if count and (rows.min() < 0 or rows.max() >= sizes[0] or n != count * row):
+                        raise CorruptCheckpointError(f"{delta}: {'.'.join(e['key'])}: rows out of the base")
+                    word = _word(row, at, lo)
+                    words = row // word(0).itemsize
+                    src = raw[lo : lo + n].view(word).reshape(count, words)
                     dst.view(word).reshape(sizes[0], words)[rows] = src
-                    written += n
-                elif new.any():
-                    dst.view(word).reshape(sizes[0], words)[rows[new]] = src[new]
-                    written += int(new.sum()) * row
-                seen[rows] = True
+                written += n
             if on_stage is not None:
                 on_stage("delta")
     finally:
