@@ -68,3 +68,24 @@ def test_a_manifest_rewritten_with_the_same_size_and_modification_time_is_read_a
     now = path.stat()
     assert (now.st_ino, now.st_size, now.st_mtime_ns) == (old.st_ino, old.st_size, old.st_mtime_ns)
     assert chain_fields(node / step_dirname(1))["manifest_sha256"] == "f" * len(first["manifest_sha256"])
+
+
+def test_each_manifest_versions_link_is_made_once(tmp_path: Path, monkeypatch) -> None:
+    """read_links builds a step's Link once per version of its manifest: a listing of a long chain at
+    every commit then costs a stat per step, and a replaced manifest gets a new Link."""
+    from elastic_rm.checkpoint import retention
+
+    node = tmp_path / "n0"
+    for step in (1, 2, 3):
+        make_step(node, step, {"__0_0.distcp": bytes([step]) * 100})
+    made: list[int] = []
+    real = retention.link_of
+    monkeypatch.setattr(retention, "link_of", lambda doc: made.append(doc["step"]) or real(doc))
+    links = read_links(node)
+    assert sorted(made) == [1, 2, 3]
+    assert read_links(node) == links and sorted(made) == [1, 2, 3]  # none made again
+
+    other = tmp_path / "other"
+    make_step(other, 2, {"__0_0.distcp": b"new" * 50})
+    publish_dir(other / step_dirname(2), node / step_dirname(2), sync=False)
+    assert read_links(node)[2].sha != links[2].sha and sorted(made) == [1, 2, 2, 3]
