@@ -323,8 +323,8 @@ def chain_fields(step_dir: str | Path) -> dict[str, Any]:
 
 def chain_value(step_dir: str | Path, make: Callable[[dict[str, Any]], Any]) -> Any:
     """make(chain_fields(step_dir)), computed once per version of the manifest (the same cache): a
-    listing of a chain of hundreds of steps at every save then costs a stat per step. `make` must not
-    change the fields it is given, and its result is shared (immutable)."""
+    listing of a chain of hundreds of steps at every save then costs a stat per step. `make` gets a
+    copy of the fields; its result is shared, so it must be immutable."""
     _, fields, memo = _chain_entry(step_dir)
     if make not in memo:
         memo[make] = make(dict(fields))

@@ -31,7 +31,6 @@ from .manifest import (
     FILE_HASH,
     MANIFEST,
     CorruptCheckpointError,
-    chain_value,
     committed_steps,
     entry_hash,
     file_digest,
@@ -43,7 +42,7 @@ from .manifest import (
 )
 from .node_memory import held_bytes
 from .peers import safe_name
-from .retention import Link, chain, link_of, prune_chains, read_links
+from .retention import chain, link_of, prune_chains, read_links
 
 log = logging.getLogger(__name__)
 
@@ -111,9 +110,6 @@ class CheckpointStore:
         # beside the old chain); in between a chain only grows
         self._peak = 0
         self._samples_due: dict[str, int] = {}
-        # per replica root: (step, manifest digest) of the newest step committed there whose whole chain
-        # was held; a delta on top of it needs only its parent and base looked at, not every step
-        self._held_top: dict[str, tuple[int, str]] = {}
 
     @property
     def node_dir(self) -> Path:
@@ -264,11 +260,7 @@ class CheckpointStore:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise Refused(422, f"replica refused: {e}") from None
             link = link_of(manifest)
-            if (
-                link.kind == "delta"
-                and not self._extends_held(root, link)
-                and chain({**read_links(root), step: link}, step) is None
-            ):
+            if link.kind == "delta" and chain({**read_links(root), step: link}, step) is None:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise Refused(
                     424,
@@ -282,7 +274,6 @@ class CheckpointStore:
                 self._peak = max(self._peak, sample)
             self._samples_due[src] = max(0, due - 1)
             publish_dir(tmp, root / step_dirname(step), sync=False)
-            self._held_top[str(root)] = (step, link.sha)
             if due > 0:  # after a base and the next `keep` steps a delta only extends the kept chain
                 prune_chains(root, keep)
         log.info("replica of step %d (%s) from %s committed (%d files)", step, link.kind, src, len(pending))
@@ -295,7 +286,6 @@ class CheckpointStore:
         if json_step(body) != step:
             raise Refused(400, f"the fold's manifest is not of step {step}")
         with self._lock:
-            self._held_top.pop(str(root), None)
             recover_fold(root)
             self._peak = max(self._peak, held_bytes(self.node_dir))
             try:
@@ -307,25 +297,6 @@ class CheckpointStore:
                 raise Refused(422, f"fold of {src}'s replica to step {step} failed: {e}") from None
             prune_chains(root, keep)
         log.info("replica of %s folded in place into a base at step %d", src, step)
-
-    def _extends_held(self, root: Path, link: Link) -> bool:
-        """Whether the delta `link` extends the newest step committed in `root` whose chain was held
-        then, and its parent and base are still there as they were. Steps are removed from the
-        newest down (a restore drops the steps after it) or by this store (a prune keeps the newest
-        chain; a fold forgets it), so the steps between them are still held."""
-        top = self._held_top.get(str(root))
-        if top is None or top != (link.parent, link.parent_sha):
-            return False
-        for step, sha in ((link.parent, link.parent_sha), (link.base, link.base_sha)):
-            if step is None:
-                return False
-            try:
-                held = chain_value(os.path.join(root, step_dirname(step)), link_of)
-            except (OSError, ValueError, KeyError, TypeError, RecursionError):
-                return False
-            if held.step != step or held.sha != sha:
-                return False
-        return True
 
     def _may_sample(self, src: str, body: bytes) -> bool:
         """Whether commit() will sample the memory held: a full step (a new base) or one of the steps

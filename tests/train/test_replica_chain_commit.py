@@ -1,8 +1,7 @@
-"""A replica delta's commit checks that its chain is held here without reading every step of it
-(elastic_rm.checkpoint.store): a chain of a checkpoint per step holds hundreds of steps, and the server
-commits one at every step. A delta on the step committed last looks at its parent and base only; any
-other delta, or one whose parent or base has gone, is checked against the whole chain (and refused
-with 424 when it is not held)."""
+"""A replica delta is committed only when its whole chain is held here (elastic_rm.checkpoint.store):
+its parent, every step back to its base, and that base a full step, each with the checksum the delta
+names. A delta that passes only some of these is refused with 424 at once, so the pusher learns it now
+rather than a restore failing on the step later."""
 
 from __future__ import annotations
 
@@ -14,14 +13,14 @@ from typing import Any
 
 import pytest
 
-from elastic_rm.checkpoint import store as store_module
 from elastic_rm.checkpoint.manifest import file_entry, make_manifest, step_dirname
 from elastic_rm.checkpoint.store import CheckpointStore, Refused
 
 
-def push(store: CheckpointStore, tmp: Path, step: int, link: dict[str, Any]) -> str:
-    """Upload and commit one step of n1 holding a small file; returns its manifest digest."""
+def push(store: CheckpointStore, tmp: Path, step: int, link: dict[str, Any]) -> tuple[int, str]:
+    """Upload and commit one step of n1 holding a small file; returns (step, manifest digest)."""
     src = tmp / "src" / step_dirname(step)
+    shutil.rmtree(src, ignore_errors=True)
     src.mkdir(parents=True)
     data = bytes([step % 256]) * 100
     (src / "__0_delta.erm").write_bytes(data)
@@ -37,8 +36,8 @@ def push(store: CheckpointStore, tmp: Path, step: int, link: dict[str, Any]) -> 
     )
     store.begin("n1", step)
     store.receive("n1", step, "__0_delta.erm", len(data), io.BufferedReader(io.BytesIO(data)))
-    store.commit("n1", step, body, keep=1)
-    return json.loads(body)["manifest_sha256"]
+    store.commit("n1", step, body, keep=5)
+    return step, json.loads(body)["manifest_sha256"]
 
 
 def delta(base: tuple[int, str], parent: tuple[int, str]) -> dict[str, Any]:
@@ -51,30 +50,34 @@ def delta(base: tuple[int, str], parent: tuple[int, str]) -> dict[str, Any]:
     }
 
 
-def test_a_delta_on_the_last_commit_reads_no_other_step_and_a_broken_chain_is_still_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def refused(store: CheckpointStore, tmp: Path, step: int, link: dict[str, Any]) -> int:
+    with pytest.raises(Refused) as error:
+        push(store, tmp, step, link)
+    assert not (tmp / "n0" / "replicas" / "n1" / step_dirname(step)).exists()
+    return error.value.code
+
+
+def test_a_delta_on_the_last_commit_is_checked_against_its_whole_chain(tmp_path: Path) -> None:
     store = CheckpointStore(tmp_path / "n0")
-    base = (1, push(store, tmp_path, 1, {}))
-    top = base
-    for step in range(2, 8):
-        top = (step, push(store, tmp_path, step, delta(base, top)))
-    listed: list[Path] = []
-    real = store_module.read_links
-    monkeypatch.setattr(store_module, "read_links", lambda d: listed.append(d) or real(d))
-    top = (8, push(store, tmp_path, 8, delta(base, top)))
-    assert listed == []  # the chain's steps were not listed: it extends the step committed last
     root = tmp_path / "n0" / "replicas" / "n1"
-    assert [p.name for p in sorted(root.iterdir())] == [step_dirname(s) for s in range(1, 9)]
+    first = push(store, tmp_path, 1, {})
+    second = push(store, tmp_path, 2, delta(first, first))
+    third = push(store, tmp_path, 3, delta(first, second))
 
-    # a delta on another step than the last: the whole chain is looked at (and held: committed)
-    seventh = json.loads((root / step_dirname(7) / "manifest.json").read_bytes())["manifest_sha256"]
-    ninth = (9, push(store, tmp_path, 9, delta(base, (7, seventh))))
-    assert listed == [root]
+    # its base a delta (step 2), not the full step its parent's chain rests on
+    assert refused(store, tmp_path, 4, delta(second, third)) == 424
+    # a new base at 5: a delta on it naming the older base 1
+    fifth = push(store, tmp_path, 5, {})
+    assert refused(store, tmp_path, 6, delta(first, fifth)) == 424
+    sixth = push(store, tmp_path, 6, delta(fifth, fifth))
+    seventh = push(store, tmp_path, 7, delta(fifth, sixth))
 
-    # the base gone (removed outside the store): the next delta is refused, its chain is not held
-    shutil.rmtree(root / step_dirname(1))
-    with pytest.raises(Refused) as refused:
-        push(store, tmp_path, 10, delta(base, ninth))
-    assert refused.value.code == 424
-    assert not (root / step_dirname(10)).exists()
+    # a middle step gone (removed outside the store) under a parent and base that are still there
+    shutil.rmtree(root / step_dirname(6))
+    assert refused(store, tmp_path, 8, delta(fifth, seventh)) == 424
+    # and the base gone: refused too
+    shutil.rmtree(root / step_dirname(5))
+    assert refused(store, tmp_path, 8, delta(fifth, seventh)) == 424
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == [
+        step_dirname(s) for s in (1, 2, 3, 7)
+    ]
