@@ -45,6 +45,7 @@ from ..wire.channel import (
     ROUND_FAIL,
     ROUND_JOIN,
     ROUND_LEAVE,
+    STACKS_SIGNAL,
 )
 from .channel import AgentChannel, DrainResult, pid_alive
 from .host import AgentHost
@@ -165,8 +166,12 @@ class InPlaceRounds:
             return False
         why = self._wait_lost(pids, LOST_LIMIT_S if self.waiting_s(pids) is not None else FIRST_HOLD_LIMIT_S)
         with self._cond:
+            not_held = [p for p in pids if p not in self._lost]
             since = min((self._lost.pop(p)[0] for p in pids if p in self._lost), default=time.monotonic())
         if why is not None:
+            shown = self.show_stacks(not_held)
+            if shown:
+                why += f"; pid(s) {shown} printed their stacks (where they waited) to this node's log"
             self.events.emit(
                 "round", f"round after the loss not in place: {why}; restarting the workers", in_place=False
             )
@@ -176,6 +181,21 @@ class InPlaceRounds:
             self._leave(agent, pending.round, pids)
             return False
         return self._move(agent, group, old, since, after_loss=True)
+
+    def show_stacks(self, pids: list[int]) -> list[int]:
+        """Make each live worker of ``pids`` that uses rounds in place print its threads' stacks to its
+        log (``STACKS_SIGNAL``: only those registered for it; the signal would end another process).
+        Returns the pids signalled."""
+        with self._cond:
+            registered = [p for p in pids if p in self._capable]
+        shown = []
+        for pid in registered:
+            try:
+                os.kill(pid, STACKS_SIGNAL)
+            except ProcessLookupError:
+                continue
+            shown.append(pid)
+        return shown
 
     def _wait_lost(self, pids: list[int], limit_s: float) -> str | None:
         """None once every worker said it waits in place after its round failed; else why not."""

@@ -30,9 +30,11 @@ Without an agent (plain torchrun) or when the body ends without a drain, it yiel
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import logging
 import os
+import signal
 import socket
 import sys
 import time
@@ -54,6 +56,7 @@ from ..wire.channel import (
     ROUND_FAIL,
     ROUND_FILE,
     ROUND_LEAVE,
+    STACKS_SIGNAL,
     decode_round,
 )
 from .held_failure import say_held
@@ -164,6 +167,7 @@ def rounds(
             on_hold=_held(reporter, round_id),
         )
         if reporter.active:
+            _stacks_on_signal()
             resumed = _resumed(reporter, round_id) if index else None
             reporter.new_round(after_first_step=_first_step(rnd, resumed))
             reporter.send(KIND_INPLACE)
@@ -234,6 +238,22 @@ def _freeze_imports() -> None:
         gc.collect()  # what is garbage already is not frozen
         gc.freeze()
         _freeze_imports.done = True  # type: ignore[attr-defined]
+
+
+def _stacks_on_signal() -> None:
+    """Print every thread's stack on the agent's ``STACKS_SIGNAL`` (once per process). Why: a worker
+    that does not hold its failed round in time is restarted, and its stacks, printed from the signal
+    handler even while a collective blocks, say where it waited. A script that handles the signal itself
+    keeps its handler."""
+    if getattr(_stacks_on_signal, "done", False):
+        return
+    _stacks_on_signal.done = True  # type: ignore[attr-defined]
+    if signal.getsignal(STACKS_SIGNAL) is not signal.SIG_DFL:
+        return
+    try:
+        faulthandler.register(STACKS_SIGNAL, file=sys.__stderr__, all_threads=True)
+    except (AttributeError, OSError, ValueError) as exc:  # no stderr file descriptor to print to
+        log.debug("elastic-rm: no stack dump on signal %d: %r", STACKS_SIGNAL, exc)
 
 
 def _forget_the_old_world() -> None:

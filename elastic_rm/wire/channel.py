@@ -9,6 +9,7 @@ control file; workers read it at each flush.
 
 from __future__ import annotations
 
+import signal
 import struct
 
 ENV_AGENT_DIR = "ELASTIC_RM_AGENT_DIR"
@@ -38,6 +39,11 @@ KIND_INPLACE, KIND_RESUMED, KIND_FAILED = 5, 6, 7
 KIND_LOST = 9
 RESUMED = struct.Struct("<q")  # the round id
 MAX_TEXT = 2048
+# Agent -> worker: on this signal a worker of rounds in place prints every thread's stack to its stderr
+# (faulthandler, from the signal handler: it works while a collective blocks) and carries on. The agent
+# sends it to a worker that did not hold its failed round in time, before restarting it: its log then
+# says where the worker waited.
+STACKS_SIGNAL = signal.SIGUSR1
 
 # ---- restores (elastic_rm.train.report, elastic_rm.agent.restores) ----------------------------------------
 # Worker -> agent, once after the first step that follows a restore: RESTORED_HEAD, then UTF-8 JSON
