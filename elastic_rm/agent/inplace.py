@@ -45,6 +45,7 @@ from ..wire.channel import (
     ROUND_FAIL,
     ROUND_JOIN,
     ROUND_LEAVE,
+    STACKS_BODY,
     STACKS_SIGNAL,
 )
 from .channel import AgentChannel, DrainResult, pid_alive
@@ -71,6 +72,7 @@ class InPlaceRounds:
         self.events = events
         self._cond = threading.Condition()
         self._capable: set[int] = set()
+        self._prints_stacks: set[int] = set()  # workers that print their stacks on STACKS_SIGNAL
         self._resumed: dict[int, int] = {}  # pid -> round id it trained a first step in
         self._failed: dict[int, str] = {}  # pid -> why its re-init failed
         self._lost: dict[int, tuple[float, str]] = {}  # pid -> (monotonic time, why) of its failed round
@@ -81,10 +83,12 @@ class InPlaceRounds:
         channel.extra_handlers[KIND_LOST] = self._on_lost
 
     # ---- channel messages (the channel's thread) ------------------------------------------------------
-    def _on_inplace(self, pid: int, _body: bytes) -> None:
+    def _on_inplace(self, pid: int, body: bytes) -> None:
         with self._cond:
             first = not self._capable
             self._capable.add(pid)
+            if body == STACKS_BODY:
+                self._prints_stacks.add(pid)
         if first and self.on_capable is not None:
             try:
                 self.on_capable()
@@ -183,11 +187,11 @@ class InPlaceRounds:
         return self._move(agent, group, old, since, after_loss=True)
 
     def show_stacks(self, pids: list[int]) -> list[int]:
-        """Make each live worker of ``pids`` that uses rounds in place print its threads' stacks to its
-        log (``STACKS_SIGNAL``: only those registered for it; the signal would end another process).
+        """Make each live worker of ``pids`` that said it prints its threads' stacks on ``STACKS_SIGNAL``
+        print them to its log (another process could end of the signal, or take it for its own).
         Returns the pids signalled."""
         with self._cond:
-            registered = [p for p in pids if p in self._capable]
+            registered = [p for p in pids if p in self._prints_stacks]
         shown = []
         for pid in registered:
             try:

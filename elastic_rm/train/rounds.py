@@ -56,6 +56,7 @@ from ..wire.channel import (
     ROUND_FAIL,
     ROUND_FILE,
     ROUND_LEAVE,
+    STACKS_BODY,
     STACKS_SIGNAL,
     decode_round,
 )
@@ -167,10 +168,9 @@ def rounds(
             on_hold=_held(reporter, round_id),
         )
         if reporter.active:
-            _stacks_on_signal()
             resumed = _resumed(reporter, round_id) if index else None
             reporter.new_round(after_first_step=_first_step(rnd, resumed))
-            reporter.send(KIND_INPLACE)
+            reporter.send(KIND_INPLACE, STACKS_BODY if _stacks_on_signal() else b"")
         prepared = None  # the round's body owns it now
         yield rnd
         t0 = time.monotonic()
@@ -240,20 +240,21 @@ def _freeze_imports() -> None:
         _freeze_imports.done = True  # type: ignore[attr-defined]
 
 
-def _stacks_on_signal() -> None:
-    """Print every thread's stack on the agent's ``STACKS_SIGNAL`` (once per process). Why: a worker
-    that does not hold its failed round in time is restarted, and its stacks, printed from the signal
-    handler even while a collective blocks, say where it waited. A script that handles the signal itself
-    keeps its handler."""
-    if getattr(_stacks_on_signal, "done", False):
-        return
-    _stacks_on_signal.done = True  # type: ignore[attr-defined]
-    if signal.getsignal(STACKS_SIGNAL) is not signal.SIG_DFL:
-        return
-    try:
-        faulthandler.register(STACKS_SIGNAL, file=sys.__stderr__, all_threads=True)
-    except (AttributeError, OSError, ValueError) as exc:  # no stderr file descriptor to print to
-        log.debug("elastic-rm: no stack dump on signal %d: %r", STACKS_SIGNAL, exc)
+def _stacks_on_signal() -> bool:
+    """Print every thread's stack on the agent's ``STACKS_SIGNAL``, registered once per process; whether
+    this process prints them (the agent signals only a worker that said so). Why: a worker that does not
+    hold its failed round in time is restarted, and its stacks, printed from the signal handler even
+    while a collective blocks, say where it waited. A script that handles the signal itself keeps its
+    handler and is never sent the signal."""
+    if not hasattr(_stacks_on_signal, "registered"):
+        _stacks_on_signal.registered = False  # type: ignore[attr-defined]
+        if signal.getsignal(STACKS_SIGNAL) is signal.SIG_DFL:
+            try:
+                faulthandler.register(STACKS_SIGNAL, file=sys.__stderr__, all_threads=True)
+                _stacks_on_signal.registered = True  # type: ignore[attr-defined]
+            except (AttributeError, OSError, ValueError) as exc:  # no stderr file descriptor to print to
+                log.debug("elastic-rm: no stack dump on signal %d: %r", STACKS_SIGNAL, exc)
+    return _stacks_on_signal.registered  # type: ignore[attr-defined]
 
 
 def _forget_the_old_world() -> None:

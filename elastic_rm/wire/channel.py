@@ -30,7 +30,8 @@ ACK = struct.Struct("<qB7x")  # last completed step, status
 CONTROL = struct.Struct("<HBxIQ")  # magic, version, drain (0/1), drain sequence number
 
 # ---- rounds in place (elastic_rm.train.rounds, elastic_rm.agent.inplace) ------------------------------
-# Worker -> agent (after HEADER): KIND_INPLACE says "this process stays across rounds" (no body);
+# Worker -> agent (after HEADER): KIND_INPLACE says "this process stays across rounds"; its body is
+# STACKS_BODY when the worker prints its stacks on STACKS_SIGNAL (below), else empty;
 # KIND_RESUMED carries RESUMED once the worker trained its first step of a round it joined in place;
 # KIND_FAILED carries RESUMED then UTF-8 text (at most MAX_TEXT bytes): why its re-init failed.
 KIND_INPLACE, KIND_RESUMED, KIND_FAILED = 5, 6, 7
@@ -42,8 +43,10 @@ MAX_TEXT = 2048
 # Agent -> worker: on this signal a worker of rounds in place prints every thread's stack to its stderr
 # (faulthandler, from the signal handler: it works while a collective blocks) and carries on. The agent
 # sends it to a worker that did not hold its failed round in time, before restarting it: its log then
-# says where the worker waited.
+# says where the worker waited. Only to a worker whose KIND_INPLACE said so: a script may handle the signal
+# itself (Slurm's `--signal=USR1@...` warning before a job's time limit is a common one).
 STACKS_SIGNAL = signal.SIGUSR1
+STACKS_BODY = b"stacks"
 
 # ---- restores (elastic_rm.train.report, elastic_rm.agent.restores) ----------------------------------------
 # Worker -> agent, once after the first step that follows a restore: RESTORED_HEAD, then UTF-8 JSON

@@ -1,9 +1,13 @@
 """A worker for test_inplace_stacks: its round's body blocks in a call that never returns (as a collective
-waiting on a peer that will never answer) inside ``with rnd:``, so it never holds a failed round."""
+waiting on a peer that will never answer) inside ``with rnd:``, so it never holds a failed round. With the
+argument ``own-handler`` the script handles SIGUSR1 itself (as a job warned by Slurm before its time
+limit does) and says so on stdout when the signal comes."""
 
 from __future__ import annotations
 
 import os
+import signal
+import sys
 
 from elastic_rm.train.report import StepReporter
 from elastic_rm.train.rounds import rounds
@@ -14,6 +18,9 @@ def wait_for_the_dead_peer() -> None:
     print("blocked", flush=True)
     os.read(read_end, 1)  # nothing is ever written
 
+
+if sys.argv[1:] == ["own-handler"]:
+    signal.signal(signal.SIGUSR1, lambda *_: print("own handler ran", flush=True))
 
 for rnd in rounds(StepReporter()):
     with rnd:

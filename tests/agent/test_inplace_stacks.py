@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 
 from elastic_rm.agent.channel import AgentChannel
@@ -48,3 +49,24 @@ def test_a_worker_that_did_not_hold_prints_where_it_waits_and_other_processes_ge
                 p.wait()
     dump = stderr_path.read_text()
     assert "stuck_worker.py" in dump and " in wait_for_the_dead_peer" in dump, dump  # where it waits
+
+
+def test_a_worker_whose_script_handles_the_signal_itself_is_never_sent_it(
+    tmp_path,
+    one_rank,  # noqa: F811
+):
+    with AgentChannel(str(tmp_path / "ch")) as channel:
+        agent = InPlaceRounds(channel, EventLog("run", "node"))
+        opted_in = threading.Event()
+        agent.on_capable = opted_in.set
+        env = {**os.environ, ENV_AGENT_DIR: channel.directory, "PYTHONPATH": REPO}
+        proc = subprocess.Popen([sys.executable, WORKER, "own-handler"], env=env, stdout=subprocess.PIPE)
+        try:
+            assert proc.stdout.readline() == b"blocked\n"
+            assert opted_in.wait(30), "the worker never said it stays in place"
+            assert agent.show_stacks([proc.pid]) == []  # its own SIGUSR1 handler is not the agent's to call
+            assert proc.poll() is None
+        finally:
+            proc.kill()
+            proc.wait()
+        assert b"own handler ran" not in proc.stdout.read()
