@@ -31,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 
+import psutil
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 
 from ..checkpoint.peers import PEERS_ENV
@@ -62,6 +63,8 @@ LOST_LIMIT_S = 5.0
 # lease expired; a frozen peer (SIGSTOP) fails no collective, and its survivors restart after this wait.
 FIRST_HOLD_LIMIT_S = 1.0
 RELEASE_LIMIT_S = 30.0  # how long workers told to fail their held round may take to exit
+STACKS_WAIT_S = 0.5  # how long a worker asked for its stacks may take to take the signal, before its restart
+STACKS_PRINT_S = 0.05  # ... and, once taken, to print them (within STACKS_WAIT_S)
 
 
 class InPlaceRounds:
@@ -72,7 +75,9 @@ class InPlaceRounds:
         self.events = events
         self._cond = threading.Condition()
         self._capable: set[int] = set()
-        self._prints_stacks: set[int] = set()  # workers that print their stacks on STACKS_SIGNAL
+        # workers that print their stacks on STACKS_SIGNAL: pid -> the process's start time, so that a
+        # pid reused by a process that did not say so is never signalled (the signal would end it)
+        self._prints_stacks: dict[int, float] = {}
         self._resumed: dict[int, int] = {}  # pid -> round id it trained a first step in
         self._failed: dict[int, str] = {}  # pid -> why its re-init failed
         self._lost: dict[int, tuple[float, str]] = {}  # pid -> (monotonic time, why) of its failed round
@@ -84,11 +89,14 @@ class InPlaceRounds:
 
     # ---- channel messages (the channel's thread) ------------------------------------------------------
     def _on_inplace(self, pid: int, body: bytes) -> None:
+        started = _start_time(pid) if body == STACKS_BODY else None
         with self._cond:
             first = not self._capable
             self._capable.add(pid)
-            if body == STACKS_BODY:
-                self._prints_stacks.add(pid)
+            if started is not None:
+                self._prints_stacks[pid] = started
+            else:  # it stopped printing them (its script took the signal), or it is gone
+                self._prints_stacks.pop(pid, None)
         if first and self.on_capable is not None:
             try:
                 self.on_capable()
@@ -168,14 +176,16 @@ class InPlaceRounds:
             opted = bool(self._capable & set(pids))
         if not pids or not opted or agent.services is None:
             return False
-        why = self._wait_lost(pids, LOST_LIMIT_S if self.waiting_s(pids) is not None else FIRST_HOLD_LIMIT_S)
+        limit_s = LOST_LIMIT_S if self.waiting_s(pids) is not None else FIRST_HOLD_LIMIT_S
+        why, late = self._wait_lost(pids, limit_s)
         with self._cond:
-            not_held = [p for p in pids if p not in self._lost]
             since = min((self._lost.pop(p)[0] for p in pids if p in self._lost), default=time.monotonic())
         if why is not None:
-            shown = self.show_stacks(not_held)
+            shown = self.show_stacks(late)
             if shown:
-                why += f"; pid(s) {shown} printed their stacks (where they waited) to this node's log"
+                why += (
+                    f"; pid(s) {shown} were asked to print their stacks (where they waited) to the node's log"
+                )
             self.events.emit(
                 "round", f"round after the loss not in place: {why}; restarting the workers", in_place=False
             )
@@ -188,35 +198,46 @@ class InPlaceRounds:
 
     def show_stacks(self, pids: list[int]) -> list[int]:
         """Make each live worker of ``pids`` that said it prints its threads' stacks on ``STACKS_SIGNAL``
-        print them to its log (another process could end of the signal, or take it for its own).
-        Returns the pids signalled."""
+        print them to its log, and wait (at most ``STACKS_WAIT_S``) until each took the signal: the
+        restart that follows would otherwise end it with the signal still pending, and nothing printed.
+        Only those that said so, in the same process (by its start time): another process could die of
+        the signal, or take it for its own. Returns the pids signalled."""
         with self._cond:
             registered = [p for p in pids if p in self._prints_stacks]
+            started = {p: self._prints_stacks[p] for p in registered}
         shown = []
         for pid in registered:
+            if not pid_alive(pid) or _start_time(pid) != started[pid]:
+                continue
             try:
                 os.kill(pid, STACKS_SIGNAL)
             except ProcessLookupError:
                 continue
             shown.append(pid)
+        deadline = time.monotonic() + STACKS_WAIT_S
+        while any(_signal_pending(p, STACKS_SIGNAL) for p in shown) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if shown:  # taken is not yet printed: the handler runs once the worker's thread next runs
+            time.sleep(max(0.0, min(STACKS_PRINT_S, deadline - time.monotonic())))
         return shown
 
-    def _wait_lost(self, pids: list[int], limit_s: float) -> str | None:
-        """None once every worker said it waits in place after its round failed; else why not."""
+    def _wait_lost(self, pids: list[int], limit_s: float) -> tuple[str | None, list[int]]:
+        """(None, []) once every worker said it waits in place after its round failed; else why not,
+        and the live workers that did not hold it within ``limit_s`` (none when the wait ended early)."""
         deadline = time.monotonic() + limit_s
         while True:
             with self._cond:
                 capable = self._capable & set(pids)
                 missing = [p for p in pids if p not in self._lost]
             if len(capable) != len(pids):
-                return f"{len(pids) - len(capable)} worker(s) do not use elastic_rm.train.rounds"
+                return f"{len(pids) - len(capable)} worker(s) do not use elastic_rm.train.rounds", []
             if not missing:
-                return None
+                return None, []
             dead = [p for p in missing if not pid_alive(p)]
             if dead:
-                return f"worker pid(s) {dead} exited (a script without `with rnd:` around its body?)"
+                return f"worker pid(s) {dead} exited (a script without `with rnd:` around its body?)", []
             if time.monotonic() > deadline:
-                return f"worker pid(s) {missing} did not hold a failed round within {limit_s:g}s"
+                return f"worker pid(s) {missing} did not hold a failed round within {limit_s:g}s", missing
             with self._cond:
                 self._cond.wait(0.05)
 
@@ -390,3 +411,23 @@ class InPlaceRounds:
                 return f"worker pid(s) {pending} did not resume within {REINIT_LIMIT_S:.0f}s"
             with self._cond:
                 self._cond.wait(0.05)
+
+
+def _start_time(pid: int) -> float | None:
+    """When process ``pid`` started (None: gone): tells a worker from a later process with its pid."""
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def _signal_pending(pid: int, sig: int) -> bool:
+    """Whether ``sig`` is still pending for process ``pid`` (/proc: the process's shared set and its main
+    thread's); False once it was taken, or when the process is gone."""
+    bit = 1 << (sig - 1)
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            masks = [line.split()[1] for line in f if line.startswith(("SigPnd:", "ShdPnd:"))]
+    except OSError:
+        return False
+    return any(int(mask, 16) & bit for mask in masks)

@@ -242,19 +242,22 @@ def _freeze_imports() -> None:
 
 def _stacks_on_signal() -> bool:
     """Print every thread's stack on the agent's ``STACKS_SIGNAL``, registered once per process; whether
-    this process prints them (the agent signals only a worker that said so). Why: a worker that does not
-    hold its failed round in time is restarted, and its stacks, printed from the signal handler even
-    while a collective blocks, say where it waited. A script that handles the signal itself keeps its
-    handler and is never sent the signal."""
+    this process prints them now (the agent signals only a worker that said so at its round's start).
+    Why: a worker that does not hold its failed round in time is restarted, and its stacks, printed from
+    the signal handler even while a collective blocks, say where it waited. A script that handles the
+    signal itself, before the first round or since, keeps its handler and is not sent the signal (a
+    handler set with ``signal.signal`` replaces faulthandler's and shows in ``signal.getsignal``)."""
     if not hasattr(_stacks_on_signal, "registered"):
-        _stacks_on_signal.registered = False  # type: ignore[attr-defined]
-        if signal.getsignal(STACKS_SIGNAL) is signal.SIG_DFL:
+        registered = False
+        if signal.getsignal(STACKS_SIGNAL) is signal.SIG_DFL and sys.__stderr__ is not None:
             try:
                 faulthandler.register(STACKS_SIGNAL, file=sys.__stderr__, all_threads=True)
-                _stacks_on_signal.registered = True  # type: ignore[attr-defined]
-            except (AttributeError, OSError, ValueError) as exc:  # no stderr file descriptor to print to
+                registered = True
+            except (AttributeError, OSError, RuntimeError, ValueError) as exc:  # no stderr descriptor
                 log.debug("elastic-rm: no stack dump on signal %d: %r", STACKS_SIGNAL, exc)
-    return _stacks_on_signal.registered  # type: ignore[attr-defined]
+        _stacks_on_signal.registered = registered  # type: ignore[attr-defined]
+    registered: bool = _stacks_on_signal.registered  # type: ignore[attr-defined]
+    return registered and signal.getsignal(STACKS_SIGNAL) is signal.SIG_DFL
 
 
 def _forget_the_old_world() -> None:

@@ -43,9 +43,10 @@ MAX_TEXT = 2048
 # Agent -> worker: on this signal a worker of rounds in place prints every thread's stack to its stderr
 # (faulthandler, from the signal handler: it works while a collective blocks) and carries on. The agent
 # sends it to a worker that did not hold its failed round in time, before restarting it: its log then
-# says where the worker waited. Only to a worker whose KIND_INPLACE said so: a script may handle the signal
-# itself (Slurm's `--signal=USR1@...` warning before a job's time limit is a common one).
-STACKS_SIGNAL = signal.SIGUSR1
+# says where the worker waited. Only to a worker whose KIND_INPLACE said so, as a script may handle the
+# signal itself. A real-time signal, not SIGUSR1 or SIGUSR2: Slurm sends those before a job's time limit
+# (`--signal`), and training frameworks handle them to requeue the job.
+STACKS_SIGNAL = signal.SIGRTMIN + 4
 STACKS_BODY = b"stacks"
 
 # ---- restores (elastic_rm.train.report, elastic_rm.agent.restores) ----------------------------------------

@@ -1,7 +1,7 @@
 """A worker for test_inplace_stacks: its round's body blocks in a call that never returns (as a collective
 waiting on a peer that will never answer) inside ``with rnd:``, so it never holds a failed round. With the
-argument ``own-handler`` the script handles SIGUSR1 itself (as a job warned by Slurm before its time
-limit does) and says so on stdout when the signal comes."""
+argument ``own-handler`` the script handles the agent's stacks signal itself and says so on stdout when
+the signal comes."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import sys
 
 from elastic_rm.train.report import StepReporter
 from elastic_rm.train.rounds import rounds
+from elastic_rm.wire.channel import STACKS_SIGNAL
 
 
 def wait_for_the_dead_peer() -> None:
@@ -20,7 +21,7 @@ def wait_for_the_dead_peer() -> None:
 
 
 if sys.argv[1:] == ["own-handler"]:
-    signal.signal(signal.SIGUSR1, lambda *_: print("own handler ran", flush=True))
+    signal.signal(STACKS_SIGNAL, lambda *_: print("own handler ran", flush=True))
 
 for rnd in rounds(StepReporter()):
     with rnd:

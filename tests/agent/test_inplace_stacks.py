@@ -5,10 +5,12 @@ channel: the stacks come from the worker's signal handler while its main thread 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
-import time
+
+import pytest
 
 from elastic_rm.agent.channel import AgentChannel
 from elastic_rm.agent.inplace import InPlaceRounds
@@ -19,29 +21,35 @@ from tests.agent.test_inplace_hold import REPO, one_rank  # noqa: F401 - a fixtu
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stuck_worker.py")
 
 
-def wait_until(predicate, limit: float, what: str) -> None:
-    deadline = time.monotonic() + limit
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)
+def start_worker(channel: AgentChannel, *args: str, stderr=None) -> subprocess.Popen:
+    env = {**os.environ, ENV_AGENT_DIR: channel.directory, "PYTHONPATH": REPO}
+    proc = subprocess.Popen([sys.executable, WORKER, *args], env=env, stdout=subprocess.PIPE, stderr=stderr)
+    assert proc.stdout.readline() == b"blocked\n"
+    return proc
 
 
-def test_a_worker_that_did_not_hold_prints_where_it_waits_and_other_processes_get_no_signal(
-    tmp_path,
-    one_rank,  # noqa: F811
-):
+def opted_in(agent: InPlaceRounds) -> threading.Event:
+    event = threading.Event()
+    agent.on_capable = event.set
+    return event
+
+
+def test_a_worker_that_did_not_hold_prints_where_it_waits_before_its_restart(tmp_path, one_rank):  # noqa: F811
+    """The restart (torch's SIGTERM to the worker) comes right after show_stacks returns: the stacks
+    must be in the log by then, not lost with a signal still pending."""
     stderr_path = tmp_path / "stderr"
     with AgentChannel(str(tmp_path / "ch")) as channel, open(stderr_path, "wb") as stderr:
         agent = InPlaceRounds(channel, EventLog("run", "node"))
-        env = {**os.environ, ENV_AGENT_DIR: channel.directory, "PYTHONPATH": REPO}
-        proc = subprocess.Popen([sys.executable, WORKER], env=env, stdout=subprocess.PIPE, stderr=stderr)
+        ready = opted_in(agent)
+        proc = start_worker(channel, stderr=stderr)
         other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
         try:
-            assert proc.stdout.readline() == b"blocked\n"
-            wait_until(lambda: agent.show_stacks([proc.pid]) == [proc.pid], 30, "the worker opting in")
-            wait_until(lambda: b"wait_for_the_dead_peer" in stderr_path.read_bytes(), 30, "its stacks")
-            assert agent.show_stacks([other.pid]) == []  # it did not opt in: SIGUSR1 would end it
-            assert proc.poll() is None and other.poll() is None  # both carry on
+            assert ready.wait(30), "the worker never said it stays in place"
+            assert agent.show_stacks([other.pid]) == []  # it did not opt in: the signal would end it
+            assert agent.show_stacks([proc.pid]) == [proc.pid]
+            proc.send_signal(signal.SIGTERM)  # as the restart does
+            assert proc.wait(30) == -signal.SIGTERM
+            assert other.poll() is None
             assert agent.waiting_s([proc.pid]) is None  # it never held a failed round
         finally:
             for p in (proc, other):
@@ -51,22 +59,49 @@ def test_a_worker_that_did_not_hold_prints_where_it_waits_and_other_processes_ge
     assert "stuck_worker.py" in dump and " in wait_for_the_dead_peer" in dump, dump  # where it waits
 
 
-def test_a_worker_whose_script_handles_the_signal_itself_is_never_sent_it(
-    tmp_path,
-    one_rank,  # noqa: F811
-):
+def test_a_worker_whose_script_handles_the_signal_itself_is_never_sent_it(tmp_path, one_rank):  # noqa: F811
     with AgentChannel(str(tmp_path / "ch")) as channel:
         agent = InPlaceRounds(channel, EventLog("run", "node"))
-        opted_in = threading.Event()
-        agent.on_capable = opted_in.set
-        env = {**os.environ, ENV_AGENT_DIR: channel.directory, "PYTHONPATH": REPO}
-        proc = subprocess.Popen([sys.executable, WORKER, "own-handler"], env=env, stdout=subprocess.PIPE)
+        ready = opted_in(agent)
+        proc = start_worker(channel, "own-handler")
         try:
-            assert proc.stdout.readline() == b"blocked\n"
-            assert opted_in.wait(30), "the worker never said it stays in place"
-            assert agent.show_stacks([proc.pid]) == []  # its own SIGUSR1 handler is not the agent's to call
+            assert ready.wait(30), "the worker never said it stays in place"
+            assert agent.show_stacks([proc.pid]) == []  # its own handler is not the agent's to call
             assert proc.poll() is None
         finally:
             proc.kill()
             proc.wait()
         assert b"own handler ran" not in proc.stdout.read()
+
+
+def test_a_later_process_with_a_workers_pid_is_never_sent_the_signal(tmp_path, one_rank):  # noqa: F811
+    """pids come round again on a long job: a new worker still importing, with the pid of one that said
+    it prints its stacks, would die of the signal."""
+    if os.geteuid() != 0 or not os.access("/proc/sys/kernel/ns_last_pid", os.W_OK):
+        pytest.skip("choosing the next pid (/proc/sys/kernel/ns_last_pid) needs root")
+    with AgentChannel(str(tmp_path / "ch")) as channel:
+        agent = InPlaceRounds(channel, EventLog("run", "node"))
+        ready = opted_in(agent)
+        proc = start_worker(channel)
+        assert ready.wait(30), "the worker never said it stays in place"
+        old = proc.pid
+        proc.kill()
+        proc.wait()
+        later = None
+        for _ in range(5):  # another process may take the pid first: bounded retries
+            with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+                f.write(str(old - 1))
+            later = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+            if later.pid == old:
+                break
+            later.kill()
+            later.wait()
+            later = None
+        if later is None:
+            pytest.skip(f"pid {old} was not given to the next process in 5 tries")
+        try:
+            assert agent.show_stacks([later.pid]) == []
+            assert later.poll() is None
+        finally:
+            later.kill()
+            later.wait()
