@@ -74,7 +74,9 @@ class InPlaceRounds:
         self.channel = channel
         self.events = events
         self._cond = threading.Condition()
-        self._capable: set[int] = set()
+        # workers that opted in: pid -> the process's start time (None: gone when it said so), so that a
+        # later process given the same pid, which never said so, is not taken for one that did
+        self._capable: dict[int, float | None] = {}
         # workers that print their stacks on STACKS_SIGNAL: pid -> the process's start time, so that a
         # pid reused by a process that did not say so is never signalled (the signal would end it)
         self._prints_stacks: dict[int, float] = {}
@@ -89,10 +91,11 @@ class InPlaceRounds:
 
     # ---- channel messages (the channel's thread) ------------------------------------------------------
     def _on_inplace(self, pid: int, body: bytes) -> None:
-        started = _start_time(pid) if body == STACKS_BODY else None
+        created = _start_time(pid)
+        started = created if body == STACKS_BODY else None
         with self._cond:
             first = not self._capable
-            self._capable.add(pid)
+            self._capable[pid] = created
             if started is not None:
                 self._prints_stacks[pid] = started
             else:  # it stopped printing them (its script took the signal), or it is gone
@@ -122,6 +125,13 @@ class InPlaceRounds:
         with self._cond:
             self._lost[pid] = (time.monotonic(), f"round {round_id}: {text}")
             self._cond.notify_all()
+
+    def _opted(self, pids: list[int]) -> set[int]:
+        """The workers of ``pids`` that opted in: the process that said so (or gone since), never a later
+        process with its pid (a worker of a restart that does not use rounds would be waited for)."""
+        with self._cond:
+            said = {p: self._capable[p] for p in pids if p in self._capable}
+        return {p for p, started in said.items() if (now := _start_time(p)) is None or now == started}
 
     # ---- workers waiting after their round failed ------------------------------------------------------
     def waiting_s(self, pids: list[int]) -> float | None:
@@ -172,8 +182,7 @@ class InPlaceRounds:
         restart must follow (the event log says why, when the workers opted in)."""
         old = {w.local_rank: w.id for w in group.workers if w.id is not None}
         pids = sorted(old.values())
-        with self._cond:
-            opted = bool(self._capable & set(pids))
+        opted = bool(self._opted(pids))
         if not pids or not opted or agent.services is None:
             return False
         limit_s = LOST_LIMIT_S if self.waiting_s(pids) is not None else FIRST_HOLD_LIMIT_S
@@ -226,8 +235,8 @@ class InPlaceRounds:
         and the live workers that did not hold it within ``limit_s`` (none when the wait ended early)."""
         deadline = time.monotonic() + limit_s
         while True:
+            capable = self._opted(pids)
             with self._cond:
-                capable = self._capable & set(pids)
                 missing = [p for p in pids if p not in self._lost]
             if len(capable) != len(pids):
                 return f"{len(pids) - len(capable)} worker(s) do not use elastic_rm.train.rounds", []
@@ -246,8 +255,7 @@ class InPlaceRounds:
         """None when every worker opted in and drained cleanly; else why the round cannot be in place."""
         if drained is None:
             return "the workers were not drained"
-        with self._cond:
-            capable = self._capable & set(pids)
+        capable = self._opted(pids)
         if len(capable) != len(pids):
             return f"{len(pids) - len(capable)} worker(s) do not use elastic_rm.train.rounds"
         if set(drained.acked) != set(pids):
@@ -261,9 +269,9 @@ class InPlaceRounds:
         pids = sorted(old.values())
         why = self.why_not(pids, drained) if pids else "no workers"
         if why is not None:
-            with self._cond:
-                opted = bool(self._capable & set(pids))
-            if opted:  # a script that opted in hears why this round restarts it; others hear nothing new
+            if self._opted(
+                pids
+            ):  # a script that opted in hears why this round restarts it; others hear nothing new
                 self.events.emit(
                     "round", f"round not in place: {why}; restarting the workers", in_place=False
                 )
