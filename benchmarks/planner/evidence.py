@@ -8,19 +8,70 @@ from collections import defaultdict
 
 from elastic_rm.planner.sim.report import completed_by_all
 
+_SCALE = re.compile(r"^scale (up|down) (\d+) -> (\d+): ")
+# the start size the first round's reason names: a cold start's "; N node(s)", a warm start's ": N node(s)"
+_PLANNED = re.compile(
+    r"(?:cold start: [^;]*; |warm start from \d+ finished run\(s\) of \S+: )(\d+) node\(s\)"
+)
+
+
+def _texts(job) -> list[str]:
+    """The job's decisions without their times ("960s: first round of ..." -> "first round of ...")."""
+    return [d.split(": ", 1)[1] if ": " in d else d for d in job.decisions]
+
+
+def _scales(job) -> list[tuple[str, int, int, str]]:
+    """(direction, from, to, reason) of every scale-up and scale-down the planner decided."""
+    out = []
+    for text in _texts(job):
+        m = _SCALE.match(text)
+        if m:
+            out.append((m.group(1), int(m.group(2)), int(m.group(3)), text[m.end() :]))
+    return out
+
+
+def _planned(job) -> int:
+    """The start size stage 1 chose (the first round's size where its reason names none)."""
+    first = " | ".join(job.decisions[:1])
+    m = _PLANNED.search(first)
+    return int(m.group(1)) if m else _first(first)
+
+
+def _down(job, below: bool) -> bool:
+    """A scale-down stage 2 chose (not a stop-loss, a probe or lent nodes given back), to a size below the
+    request (``below``) or not."""
+    req = job.trace.req_nodes
+    return any(
+        d == "down"
+        and (b < req) == below
+        and not why.startswith(("stop-loss", "probe:"))
+        and "lent" not in why
+        for d, _, b, why in _scales(job)
+    )
+
+
+# What the planner's own decisions say cost a job (a job counts under every cause that applies):
 CAUSES = (
+    ("start below the request (the warm start's size)", lambda j, s, d: _planned(j) < j.trace.req_nodes),
     (
-        "start below the request (warm start)",
-        lambda j, s, d: _first(d) < s.trace.req_nodes and "warm start" in d,
-    ),
-    (
-        "start below the request (cold start)",
-        lambda j, s, d: _first(d) < s.trace.req_nodes and "warm start" not in d,
+        "start short of its size (too few free nodes)",
+        lambda j, s, d: _first(d) < min(_planned(j), j.trace.req_nodes),
     ),
     ("OOM", lambda j, s, d: "OOM happened" in d),
-    ("scale-down", lambda j, s, d: "scale down" in d and "probe:" not in d),
+    ("memory raised (OOM predicted)", lambda j, s, d: "OOM predicted" in d),
+    ("scale-down below the request", lambda j, s, d: _down(j, below=True)),
+    ("scale-down, not below the request", lambda j, s, d: _down(j, below=False)),
+    (
+        "lent nodes given back",
+        lambda j, s, d: any("lent" in why and a == "down" for a, _, _, why in _scales(j)),
+    ),
     ("one-node probe", lambda j, s, d: "probe:" in d),
-    ("stage-2 scale-up", lambda j, s, d: "scale up" in d and "toward the start size" not in d),
+    (
+        "stage-2 scale-up",
+        lambda j, s, d: any(
+            a == "up" and not why.startswith("toward the start size") for a, _, _, why in _scales(j)
+        ),
+    ),
     ("stop-loss", lambda j, s, d: "stop-loss" in d),
     ("resize round (budgets)", lambda j, s, d: "resize to" in d),
     ("straggler round", lambda j, s, d: "straggler" in d),

@@ -191,7 +191,7 @@ def warm_start(
         cpu_per_node=cpu_budget,
         mem_per_node_bytes=mem_budget,
         coef=coef,
-        reason=f"warm start from {len(good)} finished run(s) of {sig}{why}",
+        reason=f"warm start from {len(good)} finished run(s) of {sig}: {world} node(s){why}",
         confidence=conf,
         from_history=len(mine),
         warm=True,

@@ -77,3 +77,60 @@ def test_perturbed_traces_change_only_the_compute_time_and_by_a_few_parts_in_a_t
             "median_vs_optimus": -0.25,
         }
     )
+
+
+def _job(req: int, start: float, *decisions: str):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(trace=SimpleNamespace(req_nodes=req), start_s=start, decisions=list(decisions))
+
+
+def _causes(job, static_start: float = 0.0) -> set[str]:
+    from benchmarks.planner.evidence import CAUSES
+
+    s = _job(job.trace.req_nodes, static_start)
+    d = " | ".join(job.decisions)
+    return {name for name, test in CAUSES if test(job, s, d)}
+
+
+def test_the_causes_tell_a_start_planned_small_from_one_the_cluster_started_short():
+    planned = _job(
+        8, 0.0, "0s: first round of 4 node(s); warm start from 3 finished run(s) of a-1: 4 node(s)"
+    )
+    assert _causes(planned) == {"start below the request (the warm start's size)"}
+    short = _job(
+        8,
+        0.0,
+        "0s: first round of 3 node(s); warm start from 3 finished run(s) of a-1: 12 node(s)",
+        "60s: scale up 3 -> 12: toward the start size 12 (warm start ...)",
+    )
+    assert _causes(short) == {"start short of its size (too few free nodes)"}  # the catch-up is no scale-up
+    cold = _job(8, 0.0, "0s: first round of 2 node(s); cold start: no finished run of a-1; 8 node(s), memory")
+    assert _causes(cold) == {"start short of its size (too few free nodes)"}
+    assert _causes(_job(8, 120.0, "0s: first round of 8 node(s); cold start: x; 8 node(s), m"), 60.0) == {
+        "queued longer"
+    }
+
+
+def test_the_causes_tell_scale_downs_below_the_request_from_give_backs_and_reverts():
+    first = "0s: first round of 8 node(s); cold start: x; 8 node(s), m"
+    below = _job(8, 0.0, first, "600s: scale down 8 -> 6: the user's 8 node(s): fewer would lose > 3%")
+    assert _causes(below) == {"scale-down below the request"}
+    past = _job(
+        8, 0.0, first, "600s: scale up 8 -> 10: the next node up to 10 brings >= 20% of an average node"
+    )
+    assert _causes(past) == {"stage-2 scale-up"}
+    back = _job(
+        8,
+        0.0,
+        first,
+        "600s: scale up 8 -> 10: the next node up to 10 brings >= 20% of an average node",
+        "900s: scale down 10 -> 8: 4 node(s) wanted by queued jobs; nodes lent past the request given back",
+    )
+    assert _causes(back) == {"stage-2 scale-up", "lent nodes given back"}
+    revert = _job(8, 0.0, first, "1200s: scale down 12 -> 8: stop-loss: 12 node(s) measured below the rate")
+    assert _causes(revert) == {"stop-loss"}
+    above = _job(8, 0.0, first, "1200s: scale down 12 -> 9: nodes beyond 9 bring < 15% of an average node")
+    assert _causes(above) == {"scale-down, not below the request"}
+    memory = _job(8, 0.0, first, "900s: OOM predicted on n1 in 300 s (10 GiB, +2 GiB/h); memory budget to 14")
+    assert _causes(memory) == {"memory raised (OOM predicted)"}
