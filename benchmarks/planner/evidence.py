@@ -37,6 +37,11 @@ def _planned(job) -> int:
     return int(m.group(1)) if m else _first(first)
 
 
+def _lent_back(why: str) -> bool:
+    """Whether a scale-down's reason is lent nodes given back to a queue (lending.py's reason)."""
+    return "lent" in why
+
+
 def _down(job, below: bool) -> bool:
     """A scale-down stage 2 chose (not a stop-loss, a probe or lent nodes given back), to a size below the
     request (``below``) or not."""
@@ -45,7 +50,7 @@ def _down(job, below: bool) -> bool:
         d == "down"
         and (b < req) == below
         and not why.startswith(("stop-loss", "probe:"))
-        and "lent" not in why
+        and not _lent_back(why)
         for d, _, b, why in _scales(job)
     )
 
@@ -63,7 +68,7 @@ CAUSES = (
     ("scale-down, not below the request", lambda j, s, d: _down(j, below=False)),
     (
         "lent nodes given back",
-        lambda j, s, d: any("lent" in why and a == "down" for a, _, _, why in _scales(j)),
+        lambda j, s, d: any(a == "down" and _lent_back(why) for a, _, _, why in _scales(j)),
     ),
     ("one-node probe", lambda j, s, d: "probe:" in d),
     (

@@ -77,9 +77,9 @@ class InPlaceRounds:
         # workers that opted in: pid -> the process's start time (None: gone when it said so), so that a
         # later process given the same pid, which never said so, is not taken for one that did
         self._capable: dict[int, float | None] = {}
-        # workers that print their stacks on STACKS_SIGNAL: pid -> the process's start time, so that a
-        # pid reused by a process that did not say so is never signalled (the signal would end it)
-        self._prints_stacks: dict[int, float] = {}
+        # of those, the ones that print their stacks on STACKS_SIGNAL (signalled only while ``_opted``
+        # finds the same process: a later process with the pid would die of the signal)
+        self._prints_stacks: set[int] = set()
         self._resumed: dict[int, int] = {}  # pid -> round id it trained a first step in
         self._failed: dict[int, str] = {}  # pid -> why its re-init failed
         self._lost: dict[int, tuple[float, str]] = {}  # pid -> (monotonic time, why) of its failed round
@@ -92,14 +92,13 @@ class InPlaceRounds:
     # ---- channel messages (the channel's thread) ------------------------------------------------------
     def _on_inplace(self, pid: int, body: bytes) -> None:
         created = _start_time(pid)
-        started = created if body == STACKS_BODY else None
         with self._cond:
             first = not self._capable
             self._capable[pid] = created
-            if started is not None:
-                self._prints_stacks[pid] = started
+            if body == STACKS_BODY and created is not None:
+                self._prints_stacks.add(pid)
             else:  # it stopped printing them (its script took the signal), or it is gone
-                self._prints_stacks.pop(pid, None)
+                self._prints_stacks.discard(pid)
         if first and self.on_capable is not None:
             try:
                 self.on_capable()
@@ -213,10 +212,10 @@ class InPlaceRounds:
         the signal, or take it for its own. Returns the pids signalled."""
         with self._cond:
             registered = [p for p in pids if p in self._prints_stacks]
-            started = {p: self._prints_stacks[p] for p in registered}
+        same = self._opted(registered)
         shown = []
         for pid in registered:
-            if not pid_alive(pid) or _start_time(pid) != started[pid]:
+            if pid not in same or not pid_alive(pid):
                 continue
             try:
                 os.kill(pid, STACKS_SIGNAL)
@@ -269,9 +268,8 @@ class InPlaceRounds:
         pids = sorted(old.values())
         why = self.why_not(pids, drained) if pids else "no workers"
         if why is not None:
-            if self._opted(
-                pids
-            ):  # a script that opted in hears why this round restarts it; others hear nothing new
+            # a script that opted in hears why this round restarts it; others hear nothing new
+            if self._opted(pids):
                 self.events.emit(
                     "round", f"round not in place: {why}; restarting the workers", in_place=False
                 )
