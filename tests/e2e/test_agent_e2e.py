@@ -53,6 +53,9 @@ def test_metrics_reach_etcd_with_cpu_and_step_times(etcd, run_id, tmp_path, proc
     assert rec.mem_total_bytes > 0 and rec.workers[0].rss_bytes > 10 * 2**20
 
 
+# 25 s; CI keeps the drain at a step boundary in tests/e2e/test_erm_status.py's job and
+# test_inplace_rounds.py's scale-up
+@pytest.mark.slow
 def test_new_round_drains_workers_at_a_step_boundary(etcd, run_id, tmp_path, procs):
     nodes = [node(tmp_path, etcd, run_id, n) for n in ("a", "b")]
     procs.extend(nodes)
@@ -84,6 +87,8 @@ def test_new_round_drains_workers_at_a_step_boundary(etcd, run_id, tmp_path, pro
     assert len(stops) == 1  # both nodes stopped at the same step
 
 
+# 47 s; CI keeps tests/e2e/test_ermrun_nodes.py's torchrun environment and stock torchrun on our backend
+@pytest.mark.slow
 def test_unmodified_ddp_script_matches_torchrun(etcd, run_id, tmp_path, procs):
     outs = {}
     for name in ("x", "y"):

@@ -26,7 +26,8 @@ def etcd_children() -> set[int]:
     return {p.pid for p in marked_processes(os.environ[ENV_SESSION]) if p.name() == "etcd"}
 
 
-@pytest.mark.parametrize("extra", [[], ["--standalone"]])
+# --standalone: 7 s; CI keeps the embedded etcd without it, and --standalone's run id below
+@pytest.mark.parametrize("extra", [[], pytest.param(["--standalone"], marks=pytest.mark.slow)])
 def test_embedded_etcd_runs_a_job_and_is_stopped(tmp_path, extra):
     before = etcd_children()
     result = run([*extra, "--nproc-per-node", "2", STEPS], tmp_path)
@@ -73,7 +74,8 @@ def test_unreachable_endpoint_fails_before_any_worker_and_names_it(tmp_path):
 )
 def test_bad_input_is_a_clear_error(tmp_path, args, message):
     before = etcd_children()
-    result = run([*args, STEPS], tmp_path, timeout=60)
+    # no early spares: each would import torch beside the failing ermrun (test_unknown_flag_... keeps them)
+    result = run(["--spares", "off", *args, STEPS], tmp_path, timeout=60)
     assert result.returncode != 0
     assert message in result.stderr, result.stderr[-2000:]
     assert "Traceback" not in result.stderr

@@ -63,6 +63,8 @@ def three_nodes_training(etcd, run_id: str, tmp_path, procs) -> dict[str, Proc]:
     return nodes
 
 
+# 23 s; CI keeps tests/netns/test_partitions.py's leader lost past its lease (a new leader, back to 3)
+@pytest.mark.slow
 def test_sigkill_of_the_leader_node_gives_survivors_a_new_round_and_a_joiner_restores_three(
     etcd, run_id, tmp_path, procs
 ):
@@ -91,6 +93,8 @@ def test_sigkill_of_the_leader_node_gives_survivors_a_new_round_and_a_joiner_res
     )
 
 
+# 15 s; CI keeps tests/rendezvous/test_handler.py's standby promotion on real handlers and etcd
+@pytest.mark.slow
 def test_node_beyond_max_is_standby_then_promoted(etcd, run_id, tmp_path, procs):
     nodes = {n: ermrun(tmp_path, n, node_args(etcd.endpoint, run_id, "2", n)) for n in ("a", "b")}
     procs.extend(nodes.values())

@@ -15,6 +15,7 @@ import signal
 import socket
 from pathlib import Path
 
+import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
@@ -143,6 +144,9 @@ def final_state(step_dir: Path, out: Path) -> dict[str, torch.Tensor]:
     return flat
 
 
+# 46 s; CI keeps the golden script's pipeline in-process (tests/train/test_delta_pipeline.py,
+# test_prefetch_batches.py) and rounds in place end to end (test_inplace_rounds.py, test_inplace_loss.py)
+@pytest.mark.slow
 def test_golden_script_elastic_2_1_2_equals_a_replay(etcd, run_id, tmp_path: Path, procs) -> None:
     durable = tmp_path / "ckpt"
     replay_id = f"{run_id}-replay"

@@ -9,6 +9,7 @@ import subprocess
 import time
 
 import psutil
+import pytest
 
 from tests.conftest import BIN
 from tests.e2e.helpers import STEPS, records
@@ -96,6 +97,7 @@ def test_a_sigkilled_agent_takes_its_workers_spares_and_etcd_with_it(tmp_path):
         _stop(agent, owned)
 
 
+@pytest.mark.slow  # 10 s; CI keeps a run with --spares off in tests/e2e/test_spares_cli.py
 def test_spares_off_starts_no_spare_process(tmp_path):
     agent = _start(tmp_path, "--spares", "off")
     workers: list[int] = []

@@ -7,6 +7,8 @@ import os
 import re
 import signal
 
+import pytest
+
 from elastic_rm.train.rounds import OUTSIDE_WARNING
 from tests.conftest import REPO, Proc
 from tests.e2e.helpers import records, wait_until
@@ -30,6 +32,8 @@ def _rows(tmp_path, node: str, world: int) -> list[dict]:
     return [r for r in records(tmp_path, node) if r.get("world") == world]
 
 
+# 14 s; CI keeps the survivors' processes after a loss in tests/e2e/test_inplace_loss.py
+@pytest.mark.slow
 def test_elastic_run_keeps_the_survivors_process_and_the_for_form_warns_at_start(
     etcd, run_id, tmp_path, procs
 ):

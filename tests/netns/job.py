@@ -45,7 +45,7 @@ class Outage:
 
 
 # A scenario's `worker` parameter: the steps worker in CI, the DLRM slow (70-90 s a scenario on 2 cores,
-# the replay included, against 18-33 s); test_partitions.py runs one DLRM case in CI.
+# the replay included, against 18-33 s).
 SLOW = pytest.mark.slow
 WORKERS = ["steps", pytest.param("dlrm", marks=SLOW)]
 LEASE_TTL = {"steps": 2, "dlrm": 3}  # the DLRM's workers starve a 2 s lease on a loaded 2-core machine

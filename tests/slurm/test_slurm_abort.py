@@ -153,7 +153,9 @@ def test_a_second_ctrl_c_during_the_squeue_that_finds_the_interrupted_sbatchs_jo
     assert took in slurm.ended_jobs()
 
 
-@pytest.mark.slow  # two signals within the first pass (11 s); CI keeps the single second signal above
+# two signals within the first pass (11 s); CI keeps the second signal of
+# test_an_interrupted_sbatchs_job_is_stopped_and_a_second_signal_cancels_at_once
+@pytest.mark.slow
 def test_a_second_and_third_signal_during_the_first_sigterm_pass_still_cancel_every_job(
     etcd, run_id, tmp_path, procs, slurm
 ):

@@ -30,6 +30,9 @@ from tests.slurm.helpers import (
 )
 
 
+# 20 s; CI keeps the run to its end and the Ctrl-C below, and growth and the queue against the real cluster
+# (test_slurm_growth.py, test_slurm_queue.py)
+@pytest.mark.slow
 def test_grows_to_the_wanted_count_reports_the_queue_and_ctrl_c_leaves_nothing(
     etcd, run_id, tmp_path, procs, slurm
 ):

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from erm_harness import assemble, assert_bit_exact, run_world
 
 from elastic_rm.checkpoint.local_servers import NodeServer, node_servers, peer_lists
@@ -57,6 +58,8 @@ def manifest(root: Path, step: int) -> dict[str, Any]:
     return json.loads((root / f"step-{step:08d}" / "manifest.json").read_bytes())
 
 
+# 10 s; CI keeps the other folds' bit-for-bit restores in this file and tests/train/test_fold_in_place.py
+@pytest.mark.slow
 def test_a_fold_pauses_like_a_delta_and_its_base_restores_bit_for_bit(tmp_path: Path) -> None:
     """compact_ratio tiny: every save after the first delta passes the bound (full, delta, fold, fold,
     ...): each folds the chain before it into a base in place and writes its delta on top. The durable
@@ -209,6 +212,8 @@ def server_peak(server: NodeServer) -> int:
         conn.close()
 
 
+# 11 s; CI keeps the bound at every save and per node with skewed tables, and the peer's folded chain
+@pytest.mark.slow
 def test_two_nodes_with_replicas_stay_within_the_bound_over_several_folds(tmp_path: Path) -> None:
     """Two nodes, each holding its own chain and its peer's replica, over several folds: each node
     directory's bytes at their largest, as its checkpointer and its checkpoint server sampled them,

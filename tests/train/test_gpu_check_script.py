@@ -9,9 +9,13 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
 
 
+# 11 s; a benchmark's script; CI keeps the reshard paths it calls (tests/train/test_train_reshard.py)
+@pytest.mark.slow
 def test_gpu_check_logic_on_cpu(tmp_path):
     out = subprocess.run(
         [

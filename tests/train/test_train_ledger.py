@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from erm_harness import assemble, max_diff, run_world
 from test_train_recovery import phase
@@ -26,6 +27,9 @@ def _spec(phases: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+# 18 s; CI keeps tests/train/test_train_units.py's exactly-once ledger through crashes and the e2e ledger
+# checks
+@pytest.mark.slow
 def test_two_rounds_one_failure_consume_each_range_exactly_once(tmp_path: Path) -> None:
     """Round 1 (world 2) checkpoints every 3 steps and dies after step 7, so range 6 is in no checkpoint.
     Round 2 (world 3) restores step 6, gets ranges 6..9 handed out again, and ends with every sample

@@ -99,6 +99,8 @@ def check_chain(worlds: list[int], optim: str, tmp: Path, **spec: Any) -> list[l
     return results
 
 
+# 18 s; CI keeps the 3-2-3 chain below and tests/train/test_delta_ckpt.py's restores at worlds 1, 2, 3
+@pytest.mark.slow
 def test_reshard_chain_2_3_2_1_2_adagrad(tmp_path: Path) -> None:
     """2->3, 3->2, 2->1 and 1->2 with fused Adagrad in one launch of three processes."""
     check_chain([2, 3, 2, 1, 2], "adagrad", tmp_path)

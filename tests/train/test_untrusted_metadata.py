@@ -107,6 +107,7 @@ def _spec(phases: list[dict]) -> dict:
     }
 
 
+@pytest.mark.slow  # 19 s; CI keeps the forged metadata refused by the same reader above
 def test_a_peer_serving_forged_metadata_with_a_matching_manifest_is_refused(tmp_path: Path) -> None:
     """Node n1 saves a checkpoint; node n0, with no copy of its own, restores it from n1's checkpoint
     server over HTTP: first as saved (it loads), then with n1's .metadata replaced by one that would run
