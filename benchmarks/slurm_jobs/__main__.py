@@ -392,11 +392,9 @@ def decisions(events: list[Event], t0: float) -> list[dict]:
                 "kind": "launch",
                 "action": d.get("action"),
             }
-            for key in ("node", "job", "jobs", "waiting_nodes", "target_nodes"):
+            for key in ("node", "job", "waiting_nodes", "target_nodes"):
                 if d.get(key) is not None:
                     row[key] = d[key]
-            if d.get("nice"):  # a node job submitted behind others (growth, or catching up)
-                row["nice"] = d["nice"]
             out.append(row)
     # in time order: a run's first node jobs are reported once erm launch has loaded ermrun's parser,
     # after the leader's first events when its nodes started faster than that

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-TOOLS = ("sbatch", "squeue", "scancel", "sinfo")  # scontrol too, where it exists (renice)
+TOOLS = ("sbatch", "squeue", "scancel", "sinfo")
 ENDED = frozenset(
     {
         "COMPLETED",
@@ -51,7 +51,6 @@ class SlurmJob:
     node_count: int
     user: str
     exit_code: int | None
-    nice: int | None = None  # None: squeue did not say
 
     @property
     def ended(self) -> bool:
@@ -80,13 +79,6 @@ def _count(value) -> int:
     return int(value or 0)
 
 
-def _nice(value) -> int | None:
-    """squeue's nice where it prints one (22.05's --json does not): an integer, or an object."""
-    if isinstance(value, dict):
-        value = value.get("number") if value.get("set", True) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def _reason(reason: str, description: str) -> str:
     """The pending reason, with its details when squeue's description carries them: ``ReqNodeNotAvail``'s
     description names the unavailable nodes (``ReqNodeNotAvail, UnavailableNodes:b1``)."""
@@ -109,7 +101,6 @@ def parse_jobs(text: str) -> list[SlurmJob]:
                 node_count=_count(j.get("node_count")),
                 user=_text(j.get("user_name")),
                 exit_code=_exit_code(j.get("exit_code")),
-                nice=_nice(j.get("nice")),
             )
             for j in jobs
         ]
@@ -195,12 +186,6 @@ class Slurm:
     def cancel(self, *job_ids: str) -> None:
         if job_ids:
             self._run(["scancel", *job_ids])
-
-    def renice(self, job_ids: list[str], nice: int) -> None:
-        """Pending jobs' nice set to ``nice`` (``scontrol update``; a user may set any nice of 0 or more on
-        their own jobs, only an operator a negative one)."""
-        if job_ids:
-            self._run(["scontrol", "update", f"JobId={','.join(job_ids)}", f"Nice={nice}"])
 
     def node_states(self) -> dict[str, str]:
         """Node name -> sinfo's state (idle, allocated, down*, drained, draining...)."""

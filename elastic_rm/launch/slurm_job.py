@@ -10,10 +10,6 @@ from dataclasses import dataclass
 # positive nice needs no admin rights).
 GROWTH_NICE = 10000
 GROWTH_MARK = "; past its request"  # ends the comment of such a node job
-# A node job below the run's request, while the run trains (its MIN node jobs run), waits at this nice: a
-# job that does not run yet starts first, as on the simulated cluster, which starts its queue before a
-# running job takes more nodes; growth past the request (GROWTH_NICE) comes after it.
-CATCH_UP_NICE = 1000
 
 
 @dataclass(frozen=True)
@@ -63,9 +59,8 @@ class SlurmOptions:
             f'--node-id "$SLURMD_NODENAME" {script}\n'
         )
 
-    def sbatch_options(self, exclude: list[str], growth: bool = False, catch_up: bool = False) -> list[str]:
-        """A node job's options; ``growth``: a node past the run's request, which other jobs go before;
-        ``catch_up``: a node below the request of a run that trains, which jobs not yet running go before."""
+    def sbatch_options(self, exclude: list[str], growth: bool = False) -> list[str]:
+        """A node job's options; ``growth``: a node past the run's request, which other jobs go before."""
         opts = [
             "--nodes=1",
             "--ntasks=1",
@@ -78,8 +73,6 @@ class SlurmOptions:
         ]
         if growth:
             opts.append(f"--nice={GROWTH_NICE}")
-        elif catch_up:
-            opts.append(f"--nice={CATCH_UP_NICE}")
         if self.partition:
             opts.append(f"--partition={self.partition}")
         hosts = sorted(set(self.exclude) | set(exclude))

@@ -20,12 +20,7 @@ executor (elastic_rm.launch.executor), over jobs instead of hosts:
 - growth yields to other jobs: a node job past the run's request (the job description's, else --nnodes'
   minimum) is submitted with a large ``--nice`` (Slurm starts every other pending job first), and while
   other jobs of the partition wait, no such job is submitted and the pending ones are cancelled. Other
-  runs' growth jobs are not counted as waiting (they yield as well);
-- a run that trains (its --nnodes minimum of node jobs run) catches up to its request behind jobs that do
-  not run yet: its pending node jobs below the request get a smaller ``--nice`` (set with ``scontrol
-  update`` once the run trains, back to 0 if it stops training), so a job that arrived later and fits the
-  nodes that free starts on them first, as on the simulated cluster (erm simulate), which starts its queue
-  before a running job grows.
+  runs' growth jobs are not counted as waiting (they yield as well).
 
 Size: one executor; its rules read one state of the run and of Slurm's queue at each poll, and split
 apart they would pass that state between modules.
@@ -46,7 +41,7 @@ from .interrupts import Interrupts
 from .slurm import SlurmError as HostListError
 from .slurm import expand_hostlist
 from .slurm_cli import BAD_NODE_STATES, HURRY_WAIT_S, NODE_LOST, Slurm, SlurmError, SlurmJob
-from .slurm_job import CATCH_UP_NICE, GROWTH_MARK, GROWTH_NICE, SlurmOptions
+from .slurm_job import GROWTH_MARK, GROWTH_NICE, SlurmOptions
 
 # the planner's reason for a demand past the round's size that replaces stragglers
 # (elastic_rm/planner/policy.py): their nodes go back once replaced, so those node jobs are no growth
@@ -62,17 +57,9 @@ REQ_NODE_NOT_AVAIL = "ReqNodeNotAvail"
 class SlurmNode:
     """One node job: pending, then running on a Slurm node (whose name is the node id), then ended."""
 
-    def __init__(
-        self,
-        job_id: str,
-        state: str = "PENDING",
-        nodes: str = "",
-        growth: bool = False,
-        nice: int | None = 0,
-    ):
+    def __init__(self, job_id: str, state: str = "PENDING", nodes: str = "", growth: bool = False):
         self.job_id = job_id
         self.growth = growth  # past the run's request: niced, cancelled while pending if others wait
-        self.nice = nice  # Slurm's nice of the job, as submitted or updated since (None: unknown)
         self.state = state
         self.slurm_node = nodes
         self.reason = ""
@@ -130,7 +117,6 @@ class SlurmExecutor(Executor):
         self.submitted = 0
         self._node_names: set[str] | None = None  # every Slurm node's name
         self._ended_ids: set[str] = set()  # our ended nodes' ids, while etcd still lists them (lease)
-        self._renice_failed = False  # scontrol update failed once: node jobs keep the nice they have
 
     @staticmethod
     def _no_host_start(host: Host):
@@ -152,7 +138,7 @@ class SlurmExecutor(Executor):
         found = [j for j in self.slurm.jobs() if self._ours(j) and not j.ended and j.job_id not in self.nodes]
         for job in found:
             growth = job.comment == self.options.growth_comment
-            node = SlurmNode(job.job_id, job.state, job.nodes, growth=growth, nice=job.nice)
+            node = SlurmNode(job.job_id, job.state, job.nodes, growth=growth)
             self.nodes[job.job_id] = node
             self._emit(
                 "adopt", node.host, f"adopted Slurm job {job.job_id} ({job.state} {job.nodes})".strip()
@@ -216,7 +202,6 @@ class SlurmExecutor(Executor):
         for host in self._pool.expired_blacklist():
             self._emit("reinstate", host, f"host {host.name} is off the blacklist; it may run a node again")
         self._check_node_health()
-        self._catch_up_behind_others()
         self.others_waiting = self._others_waiting(jobs)
         self._write_queue(now)
         self._report_pending(now)
@@ -298,57 +283,6 @@ class SlurmExecutor(Executor):
                 error = f"Slurm node {node.slurm_node} is {st}"
                 self._stop(node, f"{error}; a replacement excludes it")
                 self._blacklist(node.slurm_node, error, at_once=True)
-
-    def _trains(self) -> bool:
-        """Whether the run's --nnodes minimum of node jobs runs: the run trains (or can), and its node jobs
-        still pending below the request only make it faster."""
-        running = sum(n.state == "RUNNING" and not n.stopping for n in self.nodes.values())
-        return running >= self._cfg.min_nodes
-
-    def _catch_up_behind_others(self) -> None:
-        """While the run trains, its pending node jobs below the request go behind every job that does not
-        run yet (``CATCH_UP_NICE``); while it does not (before its MIN runs, or after losing it), they wait
-        at the normal priority like any job that has not started. Only the jobs whose nice differs are
-        updated (an adopted job's nice is unknown: squeue --json of Slurm 22.05 does not print it)."""
-        if self._renice_failed:
-            return
-        trains = self._trains()
-        wanted = CATCH_UP_NICE if trains else 0
-        moved = sorted(
-            (
-                n
-                for n in self.nodes.values()
-                if n.pending and not n.stopping and not n.growth and n.nice != wanted
-            ),
-            key=lambda n: int(n.job_id) if n.job_id.isdigit() else 0,
-        )
-        if not moved:
-            return
-        ids = [n.job_id for n in moved]
-        try:
-            self.slurm.renice(ids, wanted)
-        except SlurmError as exc:
-            self._renice_failed = True
-            self._warn(
-                "renice",
-                f"{exc}; the run's node jobs below its request keep their priority (while the run trains, "
-                "a later job that fits the nodes that free may wait behind them)",
-            )
-            return
-        for node in moved:
-            node.nice = wanted
-        if trains:
-            message = (
-                f"node job(s) {' '.join(ids)} below the run's request of {self.request()} wait behind jobs "
-                f"that do not run yet (--nice={wanted}): the run trains on its running node(s)"
-            )
-        else:
-            message = (
-                f"node job(s) {' '.join(ids)} back at the normal priority: the run does not train "
-                f"(fewer than its minimum of {self._cfg.min_nodes} node(s) running)"
-            )
-        self._events.emit("launch", message, action="catch-up", jobs=ids, nice=wanted)
-        self._say(message)
 
     def _write_queue(self, now: float) -> None:
         """The queue key: at once when a count changed (the planner gives nodes back sooner, the first
@@ -538,26 +472,20 @@ class SlurmExecutor(Executor):
         return sorted(out | (set(state.node_ids) & self._node_names))
 
     def _submit(self, state: RunState, reason: str, growth: bool = False) -> SlurmNode | None:
-        catch_up = not growth and self._trains()
-        options = self.options.sbatch_options(self._exclusions(state), growth, catch_up)
+        options = self.options.sbatch_options(self._exclusions(state), growth)
         try:
             job_id = self.slurm.submit(options, self.options.batch_script())
         except SlurmError as exc:
             self._warn(f"sbatch:{exc}", f"{exc}; trying again at the next poll")
             return None
-        nice = 0
         if growth:
-            nice = GROWTH_NICE
-            reason += f"; past the run's request of {self.request()}: --nice={nice}"
-        elif catch_up:
-            nice = CATCH_UP_NICE
-            reason += f"; the run trains: --nice={nice}, behind jobs that do not run yet"
-        return self._submitted(job_id, reason, growth=growth, nice=nice)
+            reason += f"; past the run's request of {self.request()}: --nice={GROWTH_NICE}"
+        return self._submitted(job_id, reason, growth=growth)
 
-    def _submitted(self, job_id: str, reason: str, growth: bool, nice: int = 0, **data) -> SlurmNode:
+    def _submitted(self, job_id: str, reason: str, growth: bool, **data) -> SlurmNode:
         """A node job Slurm took: followed from now on, and said in a `submit` event."""
         self.submitted += 1
-        node = SlurmNode(job_id, growth=growth, nice=nice)
+        node = SlurmNode(job_id, growth=growth)
         self.nodes[job_id] = node
         self._emit(
             "submit",
@@ -566,7 +494,6 @@ class SlurmExecutor(Executor):
             reason=reason,
             job=job_id,
             growth=growth,
-            nice=nice,
             **data,
         )
         return node
@@ -668,8 +595,7 @@ class SlurmExecutor(Executor):
 
     def _stop_unknown(self, job: SlurmJob, reason: str, cancel: bool) -> None:
         """A job of the run whose sbatch never returned its id: followed and stopped with the others."""
-        growth = job.comment == self.options.growth_comment
-        node = SlurmNode(job.job_id, job.state, job.nodes, growth=growth, nice=job.nice)
+        node = SlurmNode(job.job_id, job.state, job.nodes, growth=job.comment == self.options.growth_comment)
         self.nodes[job.job_id] = node
         self._emit("adopt", node.host, f"found Slurm job {job.job_id} of the run ({job.state} {job.nodes})")
         self._stop(node, reason)

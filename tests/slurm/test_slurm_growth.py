@@ -1,24 +1,18 @@
 """Growth past the run's request yields to other jobs on the local Slurm: its node jobs are niced (another
 job submitted later starts first), and while another job waits, pending ones are cancelled and no more are
-submitted until the queue is empty. Once the run trains, its node jobs below the request go behind jobs that
-do not run yet. The executor runs against the real cluster and etcd; its node jobs' batch script only
-sleeps (tests/slurm/helpers.py: sleeper_executor)."""
+submitted until the queue is empty. The executor runs against the real cluster and etcd; its node jobs'
+batch script only sleeps (tests/slurm/helpers.py: sleeper_executor)."""
 
 from __future__ import annotations
 
-import os
 import time
 
 from elastic_rm.etcd.client import EtcdClient
-from elastic_rm.launch.executor import ExecutorConfig
-from elastic_rm.launch.pool import HostPool
-from elastic_rm.launch.slurm_cli import Slurm
-from elastic_rm.launch.slurm_job import CATCH_UP_NICE, GROWTH_MARK, GROWTH_NICE
-from elastic_rm.launch.slurm_nodes import STRAGGLER_SPARE, SlurmExecutor, SlurmNode
-from elastic_rm.obs.events import EventLog
+from elastic_rm.launch.slurm_job import GROWTH_MARK, GROWTH_NICE
+from elastic_rm.launch.slurm_nodes import STRAGGLER_SPARE
 from elastic_rm.wire.keyspace import Keyspace
 from elastic_rm.wire.records import DemandRecord, QueueRecord, RoundRecord
-from tests.slurm.helpers import actions, launch_events, run_options, sleeper_executor, tool_env
+from tests.slurm.helpers import actions, launch_events, sleeper_executor
 
 NODES = 6  # tests/slurm/conftest.py's cluster
 
@@ -169,104 +163,3 @@ def test_growth_inside_a_straggler_demand_is_held_and_no_spare_follows_the_swap(
         executor._events.flush()
     holds = [e.data for e in launch_events(etcd, run_id) if e.data.get("action") == "hold"]
     assert [h["target_nodes"] for h in holds] == [4], holds
-
-
-def test_a_training_runs_node_jobs_below_its_request_go_behind_a_job_that_does_not_run_yet(
-    slurm, etcd, run_id, tmp_path
-):
-    """A run that requests 3 nodes starts on the 2 that are free and trains; a job submitted after its node
-    jobs then gets the nodes that free first (as on the simulated cluster), and a node job the run submits
-    while it trains is niced from the start."""
-    with EtcdClient(etcd.endpoint) as client:
-        executor = sleeper_executor(client, slurm, run_id, tmp_path, request=3)
-        blocker = _sbatch(slurm, "blocker", NODES - 2)
-        _wait_state(slurm, blocker, "RUNNING")
-        assert executor.tick() is None  # before a demand: the request, 3 node jobs at the normal nice
-        ids = sorted(executor.nodes, key=int)
-        assert len(ids) == 3 and [_squeue(slurm)[i]["nice"] for i in ids] == [0, 0, 0]
-        deadline = time.monotonic() + 30
-        while sum(_squeue(slurm)[i]["state"] == "RUNNING" for i in ids) < 2:
-            assert time.monotonic() < deadline, _squeue(slurm)
-            time.sleep(0.1)
-        later = _sbatch(slurm, "other-user", NODES - 2)  # after the run's node jobs: behind them so far
-        assert executor.tick() is None  # the run trains on 2 nodes: its third node job goes behind
-        jobs = _squeue(slurm)
-        (behind,) = [i for i in ids if jobs[i]["state"] == "PENDING"]
-        assert jobs[behind]["nice"] == CATCH_UP_NICE and jobs[later]["prio"] > jobs[behind]["prio"], jobs
-        slurm.cmd("scancel", blocker)
-        _wait_state(slurm, later, "RUNNING")  # the 4 freed nodes: the later job fits them whole
-        assert _squeue(slurm)[behind]["state"] == "PENDING"
-        slurm.cmd("scancel", behind)  # gone (as if an admin cancelled it): the run submits another
-        deadline = time.monotonic() + 30
-        while behind in executor.nodes:
-            assert time.monotonic() < deadline
-            assert executor.tick() is None
-            time.sleep(0.1)
-        (again,) = [i for i in executor.nodes if i not in ids]
-        assert _squeue(slurm)[again]["nice"] == CATCH_UP_NICE
-        assert executor.nodes[again].nice == CATCH_UP_NICE and not executor.nodes[again].growth
-        executor._events.flush()
-    events = launch_events(etcd, run_id)
-    assert [e["jobs"] for e in actions(events, "catch-up")] == [[behind]]
-    (resubmit,) = [e for e in actions(events, "submit") if e["job"] == again]
-    assert (
-        f"the run trains: --nice={CATCH_UP_NICE}" in resubmit["reason"] and resubmit["nice"] == CATCH_UP_NICE
-    )
-
-
-def _executor_with_scontrol(client, run_id: str, tmp_path, body: str, said: list[str]) -> SlurmExecutor:
-    """An executor (MIN 1) whose Slurm commands find ``body`` as scontrol first on PATH; its nodes are set
-    by the test."""
-    env = tool_env(tmp_path, "scontrol", body, dict(os.environ))
-    keys = Keyspace("/elastic-rm", run_id)
-    events = EventLog(run_id, "erm-launch", client=client, keys=keys)
-    return SlurmExecutor(
-        client,
-        keys,
-        HostPool(),
-        Slurm(env=env),
-        run_options(run_id, partition="debug"),
-        events,
-        ExecutorConfig(1, 4),
-        said.append,
-        partitions=("debug",),
-    )
-
-
-def test_pending_node_jobs_go_behind_while_the_run_trains_and_back_when_it_stops(etcd, run_id, tmp_path):
-    """Only the pending node jobs below the request whose nice differs are updated, in one scontrol call:
-    not growth, not a job being stopped; an adopted job's unknown nice is set too."""
-    log = tmp_path / "scontrol.log"
-    with EtcdClient(etcd.endpoint) as client:
-        executor = _executor_with_scontrol(client, run_id, tmp_path, f'echo "$@" >> {log}\n', [])
-        executor.nodes["1"] = SlurmNode("1", "RUNNING", "b1")
-        executor.nodes["2"] = SlurmNode("2")
-        executor.nodes["3"] = SlurmNode("3", growth=True, nice=GROWTH_NICE)
-        executor.nodes["4"] = SlurmNode("4", nice=None)  # adopted (squeue --json does not say)
-        executor.nodes["5"] = SlurmNode("5")
-        executor.nodes["5"].stop_requested_at = 1.0  # being cancelled
-        executor._catch_up_behind_others()
-        executor._catch_up_behind_others()  # nothing differs any more: no second call
-        assert log.read_text().splitlines() == [f"update JobId=2,4 Nice={CATCH_UP_NICE}"]
-        assert [executor.nodes[i].nice for i in "2345"] == [CATCH_UP_NICE, GROWTH_NICE, CATCH_UP_NICE, 0]
-        del executor.nodes["1"]  # its job ended: the run does not train
-        executor._catch_up_behind_others()
-        assert log.read_text().splitlines()[1:] == ["update JobId=2,4 Nice=0"]
-        executor._events.flush()
-    moves = actions(launch_events(etcd, run_id), "catch-up")
-    assert [(m["jobs"], m["nice"]) for m in moves] == [(["2", "4"], CATCH_UP_NICE), (["2", "4"], 0)]
-
-
-def test_a_refused_scontrol_update_is_said_once_and_not_retried(etcd, run_id, tmp_path):
-    log = tmp_path / "scontrol.log"
-    refuse = f'echo "$@" >> {log}\necho "scontrol: error: Access/permission denied" >&2\nexit 1\n'
-    said: list[str] = []
-    with EtcdClient(etcd.endpoint) as client:
-        executor = _executor_with_scontrol(client, run_id, tmp_path, refuse, said)
-        executor.nodes["1"] = SlurmNode("1", "RUNNING", "b1")
-        executor.nodes["2"] = SlurmNode("2")
-        executor._catch_up_behind_others()
-        executor._catch_up_behind_others()
-    assert len(log.read_text().splitlines()) == 1 and executor.nodes["2"].nice == 0
-    (warning,) = said
-    assert "Access/permission denied" in warning and "keep their priority" in warning

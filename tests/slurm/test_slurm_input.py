@@ -80,7 +80,6 @@ def _job(**over) -> dict:
         "node_count": 2,
         "user_name": "alice",
         "exit_code": 256,
-        "nice": 1000,
     }
     return {**job, **over}
 
@@ -88,7 +87,6 @@ def _job(**over) -> dict:
 def test_squeue_json_is_read_as_22_05_and_later_releases_print_it():
     old = parse_jobs(json.dumps({"jobs": [_job()]}))[0]
     assert (old.job_id, old.partitions, old.node_count, old.exit_code) == ("7", ("debug", "other"), 2, 1)
-    assert old.nice == 1000
     new = parse_jobs(
         json.dumps(
             {
@@ -97,16 +95,12 @@ def test_squeue_json_is_read_as_22_05_and_later_releases_print_it():
                         job_state=["RUNNING"],
                         node_count={"set": True, "number": 3},
                         exit_code={"return_code": {"number": 0}},
-                        nice={"set": True, "number": 10000},
                     )
                 ]
             }
         )
     )[0]
     assert (new.state, new.node_count, new.exit_code, new.ended) == ("RUNNING", 3, 0, False)
-    assert new.nice == 10000
-    unsaid = [j.nice for j in parse_jobs(json.dumps({"jobs": [_job(nice=None), _job(nice={"set": False})]}))]
-    assert unsaid == [None, None]
     named = _job(state_reason="ReqNodeNotAvail", state_description="ReqNodeNotAvail, UnavailableNodes:b1")
     other = _job(state_description="Nodes required for job are DOWN, DRAINED or reserved for jobs in ...")
     reasons = [j.reason for j in parse_jobs(json.dumps({"jobs": [named, other]}))]
