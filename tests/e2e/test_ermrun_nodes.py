@@ -197,7 +197,9 @@ def test_stock_torchrun_uses_the_elastic_rm_backend(etcd, run_id, tmp_path, proc
     assert {r["world"] for r in records(tmp_path, "t") if r.get("start")} == {2}
 
 
-@pytest.mark.slow  # 15 s; CI keeps tests/netns/test_asymmetric.py's lease expiry and rejoin
+# 15 s; CI keeps tests/netns/test_partitions.py's host cut off past its lease (its lease expires, it rejoins
+# under a new id)
+@pytest.mark.slow
 def test_node_paused_past_its_lease_rejoins_as_a_new_member(etcd, run_id, tmp_path, procs):
     nodes = three_nodes_training(etcd, run_id, tmp_path, procs)
     shard = memory_root() / run_id / "c" / "step-5" / "shard"  # what a flash checkpoint leaves under c
