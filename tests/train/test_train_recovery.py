@@ -86,8 +86,8 @@ def test_corrupt_checkpoints_fall_back_or_fail_clearly(tmp_path: Path) -> None:
     assert "no good checkpoint" in err and "step 6" in err and "step 2" in err, r0[3]
 
 
-# 17 s; CI keeps the replica restore after a SIGKILL (tests/e2e/test_inplace_loss.py) and restores from
-# durable (tests/train/test_delta_fold.py)
+# 17 s; CI keeps the replica restore after a SIGKILL (tests/e2e/test_inplace_loss.py) and a restore from the
+# durable copy when the memory copy is corrupt (test_corrupt_checkpoints_fall_back_or_fail_clearly, above)
 @pytest.mark.slow
 def test_node_lost_restores_from_peer_replica_else_durable(tmp_path: Path) -> None:
     """Three simulated nodes, each with its own checkpoint server process serving only its own memory
