@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import os
 import sys
 
 SUBCOMMANDS = (
@@ -55,5 +57,18 @@ def main(argv: list[str] | None = None) -> int:
     return int(_load(args.command).run(args) or 0)
 
 
+def console() -> None:
+    """The `erm` command: main(), then the process ends at once, without tearing the interpreter down.
+    A subcommand returns once its work is done and its output written (erm launch: every node stopped,
+    the events flushed, the etcd client closed); the teardown of the modules it loaded (torch, for
+    ermrun's parser) is about a second of CPU that a script waiting for erm launch would otherwise wait
+    out after the run's last node is gone, several on a busy login node. An exception ends the usual way."""
+    rc = main()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()
