@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM while `erm launch` runs: the first ends the run, a second hurries its end.
+"""Ctrl-C, SIGTERM and SIGHUP while `erm launch` runs: the first ends the run, a second hurries its end.
 
 The first signal while the run starts or goes on raises KeyboardInterrupt, and erm launch stops the run's
 nodes gracefully (their ermrun leaves the rendezvous; they are killed after --stop-grace). Once a stop
@@ -14,7 +14,10 @@ from __future__ import annotations
 import os
 import signal
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# SIGHUP: the session that started erm launch ended (an ssh connection to the login node dropped); the run
+# ends as on Ctrl-C rather than leave its nodes running without a launcher. Unless it is ignored when erm
+# launch starts (nohup): then it stays ignored, and the run goes on.
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _write(line: str) -> None:
@@ -39,6 +42,8 @@ class Interrupts:
 
     def __enter__(self) -> Interrupts:
         for sig in SIGNALS:
+            if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+                continue  # nohup erm launch ...
             self._previous[sig] = signal.signal(sig, self._on_signal)
         return self
 

@@ -51,6 +51,8 @@ class SlurmJob:
     node_count: int
     user: str
     exit_code: int | None
+    # a pending job array is one record for all its pending tasks: how many of them may wait at once
+    array_tasks: int = 1
 
     @property
     def ended(self) -> bool:
@@ -79,6 +81,23 @@ def _count(value) -> int:
     return int(value or 0)
 
 
+def _array_tasks(text: str) -> int:
+    """The tasks of a pending job array's record (``1-6``, ``1,3,5-9:2``), at most its throttle (``%2``:
+    two run at once); 1 for a job that is no array, or a string this code does not read."""
+    spec, _, throttle = text.partition("%")
+    count = 0
+    try:
+        for part in filter(None, spec.split(",")):
+            span, _, step = part.partition(":")
+            first, _, last = span.partition("-")
+            count += (int(last or first) - int(first)) // int(step or 1) + 1
+        if throttle:
+            count = min(count, int(throttle))
+    except ValueError:
+        return 1
+    return max(count, 1)
+
+
 def _reason(reason: str, description: str) -> str:
     """The pending reason, with its details when squeue's description carries them: ``ReqNodeNotAvail``'s
     description names the unavailable nodes (``ReqNodeNotAvail, UnavailableNodes:b1``)."""
@@ -101,6 +120,7 @@ def parse_jobs(text: str) -> list[SlurmJob]:
                 node_count=_count(j.get("node_count")),
                 user=_text(j.get("user_name")),
                 exit_code=_exit_code(j.get("exit_code")),
+                array_tasks=_array_tasks(_text(j.get("array_task_string"))),
             )
             for j in jobs
         ]
@@ -153,7 +173,8 @@ class Slurm:
     def partitions(self) -> tuple[list[str], str | None]:
         """Every partition's name and the default one (sinfo marks it with ``*``)."""
         names, default = [], None
-        for line in self._run(["sinfo", "-h", "-o", "%P"]).split():
+        # --all: a hidden partition (Hidden=YES) the user may submit to is still one
+        for line in self._run(["sinfo", "--all", "-h", "-o", "%P"]).split():
             name = line.rstrip("*")
             if line.endswith("*"):
                 default = name
@@ -186,6 +207,15 @@ class Slurm:
     def cancel(self, *job_ids: str) -> None:
         if job_ids:
             self._run(["scancel", *job_ids])
+
+    def partition_nodes(self, partitions: list[str]) -> set[str]:
+        """The names of the nodes of these partitions (hidden ones too: sinfo's --all, which -p excludes)."""
+        nodes = set()
+        for line in self._run(["sinfo", "--all", "-h", "-N", "-o", "%N %P"]).splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[1].rstrip("*") in partitions:
+                nodes.add(parts[0])
+        return nodes
 
     def node_states(self) -> dict[str, str]:
         """Node name -> sinfo's state (idle, allocated, down*, drained, draining...)."""

@@ -11,7 +11,12 @@ executor (elastic_rm.launch.executor), over jobs instead of hosts:
 - fewer wanted: pending jobs are cancelled first, then running nodes the round neither uses nor keeps as
   standby get SIGTERM (their agent leaves the rendezvous, the batch script ends, the node is idle);
 - a node job that ends while the run is open failed; when Slurm ended it (NODE_FAIL, an admin's cancel)
-  or its node is DOWN or DRAIN, its host is blacklisted at once and the replacement excludes it;
+  or its node is DOWN or DRAIN, its host is blacklisted at once and the replacement excludes it; one that
+  reached its own time limit is replaced without blame; one that Slurm suspended is cancelled and
+  replaced; after START_FAILURES node jobs in a row that ended before any node of the run registered,
+  the executor gives up (exit 1) instead of submitting one a poll;
+- no node job is submitted while every node of the run's partitions is excluded (sbatch would refuse it:
+  a FAILED job in Slurm's records at every poll); that is said once;
 - on start, the run's jobs that Slurm still has (same name and comment) are adopted, not duplicated;
 - the run's ``queue`` key gets the nodes that other pending jobs of the run's partitions ask for
   (``waiting_nodes``; at once when it changes, else every few seconds): the planner gives nodes back
@@ -52,6 +57,12 @@ STRAGGLER_SPARE = "spare for a straggler"
 WAITING_FOR_NODES = ("Resources", "Priority", "None", "")
 # waits for named nodes that are unavailable: waiting for nodes only if it names one of this run's
 REQ_NODE_NOT_AVAIL = "ReqNodeNotAvail"
+# ends that are the job's own limits (--time, --deadline), not its host's fault: no blacklist
+NOT_THE_HOST = frozenset({"TIMEOUT", "DEADLINE"})
+# a node job in these states holds its node with its processes stopped (_stop_suspended)
+SUSPENDED = frozenset({"SUSPENDED", "STOPPED"})
+# node jobs in a row that end before any node of the run registered: erm launch gives up (_gave_up)
+START_FAILURES = 5
 
 
 class SlurmNode:
@@ -117,6 +128,9 @@ class SlurmExecutor(Executor):
         self.submitted = 0
         self._node_names: set[str] | None = None  # every Slurm node's name
         self._ended_ids: set[str] = set()  # our ended nodes' ids, while etcd still lists them (lease)
+        self._start_failures: list[str] = []  # node jobs in a row that ended before their agent registered
+        self._partition_nodes: set[str] | None = None  # the run's partitions' nodes (sinfo), read once
+        self._excluded_said: tuple[str, ...] | None = None  # the exclusions last said to cover them all
 
     @staticmethod
     def _no_host_start(host: Host):
@@ -143,17 +157,23 @@ class SlurmExecutor(Executor):
             self._emit(
                 "adopt", node.host, f"adopted Slurm job {job.job_id} ({job.state} {job.nodes})".strip()
             )
+            if job.state == "COMPLETING":  # ending (a previous launcher's scancel): its end is no failure
+                node.stop_requested_at, node.stop_reason = (
+                    self._clock(),
+                    "it was ending when erm launch started",
+                )
+                node.killed = True
         return [j.job_id for j in found]
 
     def _ours(self, job: SlurmJob) -> bool:
         return self.options.owns(job.name, job.comment)
 
     def _others_waiting(self, jobs: list[SlurmJob]) -> int:
-        """Nodes that other pending jobs of the run's partitions ask for; another run's growth node jobs
-        (niced, yielding themselves) and jobs pending for something else than nodes are no demand to give
-        nodes back for."""
+        """Nodes that other pending jobs of the run's partitions ask for (each pending task of an array);
+        another run's growth node jobs (niced, yielding themselves) and jobs pending for something else than
+        nodes are no demand to give nodes back for."""
         return sum(
-            j.node_count
+            j.node_count * j.array_tasks
             for j in jobs
             if j.state == "PENDING"
             and not self._ours(j)
@@ -191,9 +211,13 @@ class SlurmExecutor(Executor):
             return None
         by_id = {j.job_id: j for j in jobs}
         ended = self._follow(by_id)
+        self._note_registrations(state, ended)  # a node that registered, then ended since, did run
         for node in ended:
             self._on_job_end(node, by_id.get(node.job_id), state)
-        self._note_registrations(state)
+        if state.closed is None and (why := self._gave_up()) is not None:
+            self._say(why)
+            self._events.emit("launch", why, action="give_up")
+            return 1
         self._enforce_stop_deadlines(now)
         if state.closed is not None:
             if not self._rounds_read:
@@ -202,6 +226,7 @@ class SlurmExecutor(Executor):
         for host in self._pool.expired_blacklist():
             self._emit("reinstate", host, f"host {host.name} is off the blacklist; it may run a node again")
         self._check_node_health()
+        self._stop_suspended()
         self.others_waiting = self._others_waiting(jobs)
         self._write_queue(now)
         self._report_pending(now)
@@ -217,6 +242,8 @@ class SlurmExecutor(Executor):
                 del self.nodes[job_id]
                 if job is not None:
                     node.state, node.exit_code = job.state, job.exit_code
+                    # a job that ran and ended between two polls: its node is still the one to blame
+                    node.slurm_node = node.slurm_node or job.nodes
                 ended.append(node)
                 continue
             if node.pending and job.state != "PENDING" and job.nodes:
@@ -251,9 +278,38 @@ class SlurmExecutor(Executor):
         if job is not None and job.reason not in ("", "None"):
             error += f" ({job.reason})"
         self._emit("failure", node.host, f"node {node.node_id} failed: {error}", error=error, job=node.job_id)
+        if not node.registered:
+            self._start_failures.append(error)
+        if job is not None and job.state in NOT_THE_HOST:
+            return  # the job's own time limit: a replacement may land on the same host
         if node.slurm_node:
             lost = job is None or job.state in NODE_LOST
             self._blacklist(node.slurm_node, error, at_once=lost)
+
+    def _note_registrations(self, state: RunState, ended: list[SlurmNode] = ()) -> None:
+        """A node whose agent registered ran on its host: the host's count of failures in a row starts over
+        (``nodes`` is keyed by job id, the pool by host), and so does the count of node jobs that ended
+        before any node of the run registered. ``ended``: this poll's ended nodes (their agents' keys
+        outlive them by the lease)."""
+        for node in [*self.nodes.values(), *ended]:
+            if not node.registered and among(node.node_id, state.node_ids):
+                node.registered = True
+                self._ever_registered = True
+                self._start_failures.clear()
+                if node.slurm_node:
+                    self._pool.succeeded(node.slurm_node)
+
+    def _gave_up(self) -> str | None:
+        """Why erm launch gives up: START_FAILURES node jobs in a row ended before their agent registered
+        and no node of the run ever did (ermrun cannot start on the nodes: a --workdir or python that the
+        compute nodes lack; the jobs' output files say which), rather than submit one more every poll."""
+        if self._ever_registered or len(self._start_failures) < START_FAILURES:
+            return None
+        return (
+            f"{len(self._start_failures)} node jobs in a row ended before their ermrun registered, and no "
+            f"node of the run ever did; giving up (the node jobs' output, {self.options.output}, says why). "
+            "Last failures:\n  " + "\n  ".join(self._start_failures[-3:])
+        )
 
     def _blacklist(self, host_name: str, error: str, at_once: bool) -> None:
         if host_name not in self._pool:
@@ -283,6 +339,19 @@ class SlurmExecutor(Executor):
                 error = f"Slurm node {node.slurm_node} is {st}"
                 self._stop(node, f"{error}; a replacement excludes it")
                 self._blacklist(node.slurm_node, error, at_once=True)
+
+    def _stop_suspended(self) -> None:
+        """A node job that Slurm suspended (preemption by suspension, gang scheduling, an admin's scontrol
+        suspend) holds its node with its agent frozen: the run goes on without it once its lease expires,
+        and it would count as live here for as long as Slurm keeps it so. It is cancelled (a frozen ermrun
+        cannot leave gracefully), and a replacement takes its place on another node. Not the host's
+        fault: no blacklist."""
+        for node in self.nodes.values():
+            if node.state in SUSPENDED and not node.stopping:
+                why = f" ({node.reason})" if node.reason not in ("", "None") else ""
+                # a batch signal to a suspended job is not answered (scancel --batch waits out its timeout)
+                self._stop(node, f"Slurm {node.state.lower()} its job{why}", cancel=True)
+                node.killed = True
 
     def _write_queue(self, now: float) -> None:
         """The queue key: at once when a count changed (the planner gives nodes back sooner, the first
@@ -472,7 +541,10 @@ class SlurmExecutor(Executor):
         return sorted(out | (set(state.node_ids) & self._node_names))
 
     def _submit(self, state: RunState, reason: str, growth: bool = False) -> SlurmNode | None:
-        options = self.options.sbatch_options(self._exclusions(state), growth)
+        excluded = self._exclusions(state)
+        if self._all_excluded(excluded):
+            return None
+        options = self.options.sbatch_options(excluded, growth)
         try:
             job_id = self.slurm.submit(options, self.options.batch_script())
         except SlurmError as exc:
@@ -481,6 +553,43 @@ class SlurmExecutor(Executor):
         if growth:
             reason += f"; past the run's request of {self.request()}: --nice={GROWTH_NICE}"
         return self._submitted(job_id, reason, growth=growth)
+
+    def _all_excluded(self, excluded: list[str]) -> bool:
+        """Whether no node of the run's partitions may take a node job now (each runs one of the run's
+        nodes, is blacklisted, is in --exclude, or its node id is still registered): sbatch would refuse
+        the job ("Requested node configuration is not available") at every poll, each refusal a FAILED job
+        in Slurm's records. Said once per set of exclusions, with why each node is out."""
+        if self._partition_nodes is None:
+            try:
+                self._partition_nodes = self.slurm.partition_nodes(sorted(self.partitions))
+            except SlurmError:
+                return False  # unknown: sbatch will say
+        nodes = self._partition_nodes
+        out = set(excluded) | set(self.options.exclude)
+        if not nodes or not nodes <= out:
+            self._excluded_said = None
+            return False
+        key = tuple(sorted(out))
+        if key == self._excluded_said:
+            return True
+        self._excluded_said = key
+        ours = nodes & {n.slurm_node for n in self.nodes.values() if n.slurm_node}
+        barred = nodes & set(self.options.exclude)
+        black = {n for n in nodes - ours - barred if n in self._pool and self._pool.blacklisted(n)}
+        why = [
+            (ours, "running a node of this run"),
+            (black, "blacklisted"),
+            (barred, "in --exclude"),
+            (nodes - ours - barred - black, "still registered in etcd: a previous agent's lease"),
+        ]
+        message = (
+            f"no node of partition(s) {','.join(sorted(self.partitions))} can take a node job now ("
+            + "; ".join(f"{', '.join(sorted(names))}: {what}" for names, what in why if names)
+            + "); no node job is submitted until one can"
+        )
+        self._say(message)
+        self._events.emit("launch", message, action="excluded", excluded=list(key))
+        return True
 
     def _submitted(self, job_id: str, reason: str, growth: bool, **data) -> SlurmNode:
         """A node job Slurm took: followed from now on, and said in a `submit` event."""
@@ -498,13 +607,15 @@ class SlurmExecutor(Executor):
         )
         return node
 
-    def _stop(self, node, reason: str) -> None:
+    def _stop(self, node, reason: str, cancel: bool = False) -> None:
+        """SIGTERM to the node job's ermrun (its agent leaves gracefully); a pending job, or with
+        ``cancel``, is cancelled instead."""
         if node.stopping:
             return
         node.stop_requested_at = self._clock()
         node.stop_reason = reason
         try:
-            if node.pending:
+            if node.pending or cancel:
                 self.slurm.cancel(node.job_id)
             else:
                 self.slurm.signal(node.job_id, "TERM")

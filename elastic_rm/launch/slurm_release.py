@@ -18,6 +18,7 @@ import signal
 import subprocess
 import tempfile
 import threading
+import time
 
 from ..etcd.client import EtcdClient
 from ..etcd.errors import EtcdError
@@ -26,6 +27,8 @@ from ..wire.records import DemandRecord, RecordError, RoundRecord
 
 log = logging.getLogger(__name__)
 CHECK_EVERY_S = 2.0
+GIVE_BACK_S = 30.0  # how long a refused shrink of the allocation is tried again
+GIVE_BACK_RETRY_S = 3.0
 
 
 def should_release(
@@ -122,20 +125,37 @@ class AllocationRelease(threading.Thread):
         )  # the agent leaves as on any SIGTERM: workers stopped, lease revoked
         return True
 
-    def give_back(self) -> None:
-        """After the agent left: shrink the allocation by this node (Slurm then ends this task)."""
-        if self.keep:
-            # scontrol writes slurm_job_<id>_resize.{sh,csh} into its working directory: not the job's. Slurm
-            # may end this task before the directory is removed: it stays in $TMPDIR then.
-            scratch = tempfile.mkdtemp(prefix="erm-slurm-release-")
-            try:
-                _run(
-                    ["scontrol", "update", f"JobId={self.job_id}", f"NodeList={','.join(self.keep)}"], scratch
-                )
-            except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
-                log.warning("--slurm-release: %s; the node stays in the allocation, idle", exc)
-            finally:
-                shutil.rmtree(scratch, ignore_errors=True)
+    def give_back(self, limit_s: float = GIVE_BACK_S) -> None:
+        """After the agent left: shrink the allocation by this node (Slurm then ends this task). The node
+        list is read again right before each try: another spare may have shrunk the allocation since this
+        node decided (a list naming a node no longer in the job is refused). A refused shrink (Slurm may
+        answer "try again in a bit") is tried again every few seconds, for at most ``limit_s``."""
+        if not self.keep:
+            return
+        # scontrol writes slurm_job_<id>_resize.{sh,csh} into its working directory: not the job's. Slurm
+        # may end this task before the directory is removed: it stays in $TMPDIR then.
+        scratch = tempfile.mkdtemp(prefix="erm-slurm-release-")
+        deadline = time.monotonic() + limit_s
+        try:
+            while True:
+                try:
+                    listed = _run(["squeue", "-h", "-j", self.job_id, "-o", "%N"]).strip()
+                    hosts = _run(["scontrol", "show", "hostnames", listed]).split()
+                    keep = [h for h in hosts if h != self.slurm_node]
+                    if not keep or len(keep) == len(hosts):
+                        return  # this node is no longer in the job, or the last one: nothing to give back
+                    _run(
+                        ["scontrol", "update", f"JobId={self.job_id}", f"NodeList={','.join(keep)}"], scratch
+                    )
+                    self.keep = keep
+                    return
+                except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+                    if time.monotonic() + GIVE_BACK_RETRY_S > deadline:
+                        log.warning("--slurm-release: %s; the node stays in the allocation, idle", exc)
+                        return
+                    time.sleep(GIVE_BACK_RETRY_S)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 def start_release(settings, node_id: str | None, environ=os.environ) -> AllocationRelease:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import sys
@@ -518,12 +519,12 @@ def _execute(args: argparse.Namespace, plan: _Plan, client) -> int:
     lock = threading.Lock()
 
     def print_line(line: str) -> None:
-        with lock:
+        with lock, contextlib.suppress(OSError):
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
 
     def say(message: str) -> None:
-        with lock:
+        with lock, contextlib.suppress(OSError):  # a terminal gone (SIGHUP) must not break the stop
             sys.stderr.write(f"[erm launch] {message}\n")
             sys.stderr.flush()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -30,7 +31,10 @@ def add_slurm_arguments(p: argparse.ArgumentParser, source) -> None:
         "(repeatable)",
     )
     g.add_argument(
-        "--exclude", default="", metavar="HOSTS", help="Slurm nodes never to use (comma-separated)"
+        "--exclude",
+        default="",
+        metavar="HOSTS",
+        help="Slurm nodes never to use: comma-separated, or Slurm's host list (b[1-3,5])",
     )
     g.add_argument(
         "--slurm-output",
@@ -65,6 +69,46 @@ def _partitions(slurm, wanted: str | None) -> tuple[str, ...]:
     return chosen
 
 
+# sbatch options that erm launch sets itself, or that would change what a node job is: refused in --slurm-arg
+# (long names; sbatch also takes an unambiguous prefix of one, and the short forms), with what to use
+RESERVED_SBATCH = {
+    "--job-name": ("-J", "erm launch names its node jobs erm-<rdzv-id> to find them again"),
+    "--comment": (None, "erm launch's comment marks the run's node jobs (adoption, growth)"),
+    "--partition": ("-p", "use erm launch's --partition"),
+    "--exclude": ("-x", "use erm launch's --exclude"),
+    "--output": ("-o", "use erm launch's --slurm-output"),
+    "--chdir": ("-D", "use erm launch's --workdir"),
+    "--nodes": ("-N", "every node job is one node; the run's size is --nnodes"),
+    "--array": ("-a", "every node job is one job"),
+    "--requeue": (None, "a node job that ends is replaced by erm launch, not requeued by Slurm"),
+    "--wrap": (None, "the batch script runs ermrun"),
+}
+
+
+def _sbatch_args(given: list[str]) -> tuple[str, ...]:
+    """--slurm-arg as given, or ValueError naming a reserved option and what to use instead."""
+    for arg in given:
+        name = arg.split("=", 1)[0]
+        for option, (short, instead) in RESERVED_SBATCH.items():
+            long_form = name.startswith("--") and len(name) >= 5 and option.startswith(name)
+            if long_form or (short is not None and name.startswith(short) and not name.startswith("--")):
+                raise ValueError(f"--slurm-arg={arg}: sbatch's {option} cannot be set here: {instead}")
+    return tuple(given)
+
+
+def _exclude_hosts(text: str) -> tuple[str, ...]:
+    """--exclude: host names, comma-separated, each of which may be Slurm's host list (b[1-3,5])."""
+    from elastic_rm.launch.slurm import SlurmError as HostListError
+    from elastic_rm.launch.slurm import expand_hostlist
+
+    if not text.strip():
+        return ()
+    try:
+        return tuple(h.strip() for h in expand_hostlist(text) if h.strip())
+    except HostListError as exc:
+        raise ValueError(f"--exclude {text}: {exc}") from None
+
+
 def _options(args: argparse.Namespace, run_id: str, flags: list[str], script: list[str], ns_job=None):
     from elastic_rm.launch.command import parse_env
     from elastic_rm.launch.slurm_job import SlurmOptions
@@ -73,8 +117,8 @@ def _options(args: argparse.Namespace, run_id: str, flags: list[str], script: li
     return SlurmOptions(
         run_id=run_id,
         partition=args.partition,
-        sbatch_args=tuple(args.slurm_arg),
-        exclude=tuple(h.strip() for h in args.exclude.split(",") if h.strip()),
+        sbatch_args=_sbatch_args(args.slurm_arg),
+        exclude=_exclude_hosts(args.exclude),
         output=args.slurm_output or os.path.join(args.workdir, "%x-%j.out"),
         workdir=args.workdir,
         python=args.python,
@@ -360,7 +404,7 @@ def execute_slurm(args, ns, settings, checked, nnodes, client, interrupts, first
     lock = threading.Lock()
 
     def say(message: str) -> None:
-        with lock:
+        with lock, contextlib.suppress(OSError):  # a terminal gone (SIGHUP) must not break the stop
             sys.stderr.write(f"[erm launch] {message}\n")
             sys.stderr.flush()
 

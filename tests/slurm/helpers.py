@@ -44,8 +44,10 @@ def launch(
     log="launch.log",
     script=(WORKER,),
     env=None,
+    prefix=(),
 ) -> Proc:
     argv = [
+        *prefix,  # e.g. nohup
         os.path.join(BIN, "erm"),
         "launch",
         "--slurm",
@@ -142,11 +144,22 @@ def run_options(run_id: str, partition: str | None = None) -> SlurmOptions:
     )
 
 
-def sleeper_executor(client, cluster, run_id: str, tmp_path, request: int, nodes: int = 6) -> SlurmExecutor:
+def sleeper_executor(
+    client,
+    cluster,
+    run_id: str,
+    tmp_path,
+    request: int,
+    nodes: int = 6,
+    body: str = "exec sleep 300",
+    say=lambda message: None,
+    slurm=None,
+) -> SlurmExecutor:
     """The Slurm executor of a run on ``cluster``, driven by the test's calls to tick(); its node jobs'
-    batch script only sleeps (what ermrun would do in them does not matter to Slurm's queue)."""
+    batch script only sleeps (what ermrun would do in them does not matter to Slurm's queue), or runs
+    ``body`` (a shell script) instead. ``slurm``: Slurm's commands (default: the cluster's)."""
     sleeper = tmp_path / "python"  # stands in for the python that would run ermrun: the job just holds
-    sleeper.write_text("#!/bin/sh\nexec sleep 300\n")
+    sleeper.write_text(f"#!/bin/sh\n{body}\n")
     sleeper.chmod(0o755)
     keys = Keyspace("/elastic-rm", run_id)
     options = SlurmOptions(
@@ -166,10 +179,10 @@ def sleeper_executor(client, cluster, run_id: str, tmp_path, request: int, nodes
         client,
         keys,
         HostPool(),
-        Slurm(env=cluster.env()),
+        slurm or Slurm(env=cluster.env()),
         options,
         events,
         ExecutorConfig(1, nodes, exit_grace_s=60),
-        lambda message: None,
+        say,
         partitions=("debug",),
     )

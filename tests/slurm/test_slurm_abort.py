@@ -1,6 +1,6 @@
-"""Ctrl-C and SIGTERM while `erm launch --slurm` starts or stops the run: whenever they land (while sbatch
-runs, between the first node jobs' submission and the executor, twice during the stop), no job of the run
-is left in squeue, erm launch exits 130 and says what it cancels, never with a traceback."""
+"""Ctrl-C, SIGTERM and SIGHUP while `erm launch --slurm` starts or stops the run: whenever they land (while
+sbatch runs, between the first node jobs' submission and the executor, twice during the stop), no job of
+the run is left in squeue, erm launch exits 130 and says what it cancels, never with a traceback."""
 
 from __future__ import annotations
 
@@ -222,3 +222,26 @@ def test_a_restarted_launcher_interrupted_before_its_executor_names_the_runs_job
         f"or scancel {earlier}"
     ) in out, out[-3000:]
     assert [j["id"] for j in run_jobs(slurm, run_id)] == [earlier]  # left, as said (the fixture cancels it)
+
+
+def test_a_hangup_ends_the_run_unless_erm_launch_was_started_with_nohup(etcd, run_id, tmp_path, procs, slurm):
+    """SIGHUP: the session that started erm launch ended (an ssh connection to the login node dropped).
+    The run ends as on Ctrl-C, rather than leave its node jobs without a launcher; under nohup the hangup
+    stays ignored and the run goes on."""
+    extra = ["--python", holder(tmp_path, ignore_term=False)]
+    kept = f"{run_id}-nohup"
+    hung = launch(tmp_path, slurm, etcd, run_id, "1", extra=extra, log="hung.log")
+    nohup = launch(tmp_path, slurm, etcd, kept, "1", extra=extra, log="nohup.log", prefix=("nohup",))
+    procs += [hung, nohup]
+    for p, rid in ((hung, run_id), (nohup, kept)):
+        wait_until(lambda rid=rid: [j["state"] for j in run_jobs(slurm, rid)] == ["RUNNING"], 60, rid, [p])
+    os.kill(hung.pid, signal.SIGHUP)
+    os.kill(nohup.pid, signal.SIGHUP)
+    assert hung.wait(60) == 130, hung.output()[-3000:]
+    assert "Slurm lists none of them any more" in hung.output() and "Traceback" not in hung.output()
+    assert run_jobs(slurm, run_id) == []
+    assert nohup.popen.poll() is None, nohup.output()[-3000:]  # still running, its node job too
+    assert [j["state"] for j in run_jobs(slurm, kept)] == ["RUNNING"]
+    os.kill(nohup.pid, signal.SIGTERM)
+    assert nohup.wait(60) == 130, nohup.output()[-3000:]
+    assert run_jobs(slurm, kept) == []

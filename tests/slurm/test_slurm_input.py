@@ -242,6 +242,8 @@ def test_flags_ermruns_parser_refuses_leave_no_node_job(
         (["--host-failures", "0"], "--host-failures must be >= 1, got 0"),
         (["--blacklist-cooldown", "-1"], "--blacklist-cooldown must be >= 0"),
         (["--events-file", "/proc/erm/events.jsonl"], "--events-file /proc/erm/events.jsonl: cannot open it"),
+        (["--slurm-arg=--comment=project-42"], "--slurm-arg=--comment=project-42: sbatch's --comment cannot"),
+        (["--exclude", "b[1-"], "--exclude b[1-: unbalanced brackets"),
     ],
 )
 def test_a_bad_launcher_setting_is_refused_before_any_node_job(tmp_path, run_id, etcd, slurm, extra, said):
@@ -322,3 +324,53 @@ def test_a_slurm_command_past_its_timeout_or_interrupted_is_killed(tmp_path):
         Slurm(env=env).jobs()
     killed = pid()
     wait_until(lambda: gone(killed), 10, "the interrupted squeue killed", [])
+
+
+def test_slurm_args_that_would_unmake_a_node_job_are_refused_and_the_rest_pass():
+    from launcher.commands.launch_slurm import _sbatch_args
+
+    allowed = [
+        "--time=4:00:00",
+        "--gres=gpu:8",
+        "-A",
+        "proj",
+        "--qos=high",
+        "--no-requeue",
+        "--nice=5",
+        "-t",
+        "9",
+    ]
+    assert _sbatch_args(allowed) == tuple(allowed)
+    for arg, option in [
+        ("--comment=x", "--comment"),
+        ("--comm=x", "--comment"),  # sbatch takes an unambiguous prefix
+        ("-Jx", "--job-name"),
+        ("--job-name=x", "--job-name"),
+        ("-N2", "--nodes"),
+        ("--array=1-4", "--array"),
+        ("--requeue", "--requeue"),
+        ("-p", "--partition"),
+        ("--output=o", "--output"),
+    ]:
+        with pytest.raises(ValueError, match=f"--slurm-arg={arg}: sbatch's {option} cannot be set here"):
+            _sbatch_args([arg])
+
+
+def test_exclude_takes_slurms_host_list():
+    from launcher.commands.launch_slurm import _exclude_hosts
+
+    assert _exclude_hosts("b[1-2,4],c7") == ("b1", "b2", "b4", "c7")
+    assert _exclude_hosts(" b1, b2 ") == ("b1", "b2")
+    assert _exclude_hosts("") == ()
+
+
+def test_a_pending_job_array_waits_for_a_node_per_task_up_to_its_throttle():
+    """Slurm lists a pending array as one record (22.05: ``array_task_string`` "1-6"): its tasks each
+    want the record's nodes, at most its throttle (``%N``) at once."""
+    records = [
+        _job(job_id=3, array_task_string="1-6", node_count=1),
+        _job(job_id=4, array_task_string="1-10:3%2", node_count=2),
+        _job(job_id=5, array_task_string="", node_count=2),
+    ]
+    jobs = parse_jobs(json.dumps({"jobs": records}))
+    assert [(j.array_tasks, j.node_count) for j in jobs] == [(6, 1), (2, 2), (1, 2)]

@@ -85,3 +85,31 @@ def test_a_spare_node_of_the_allocation_is_given_back_and_training_goes_on(etcd,
 
 def _tail(path: Path) -> str:
     return path.read_text()[-3000:] if path.exists() else ""
+
+
+def test_the_give_back_reads_the_allocations_nodes_again_before_it_shrinks(slurm):
+    """Two spares decide in the same check; the first shrinks the allocation, so the second's list of the
+    nodes to keep is stale (a node list naming a node no longer in the job is refused): it is read again
+    right before the shrink. Here the list this node decided on names a node the job does not hold.
+    (A second shrink of one allocation is refused by this test cluster, which has no accounting storage:
+    "the DB index is being set", tried again until the give-back's limit.)"""
+    from elastic_rm.launch.slurm_release import AllocationRelease
+
+    r = slurm.cmd("sbatch", "--parsable", "-N", "3", "-J", "fixed", "--wrap", "sleep 300")
+    job_id = r.stdout.strip().split(";")[0]
+
+    def nodes() -> list[str]:
+        listed = slurm.cmd("squeue", "-h", "-j", job_id, "-o", "%N %T").stdout.split()
+        if listed[1:] != ["RUNNING"]:
+            return []
+        return slurm.cmd("scontrol", "show", "hostnames", listed[0]).stdout.split()
+
+    wait_until(lambda: len(nodes()) == 3, 30, "the allocation of 3 nodes")
+    first, second, third = nodes()
+    release = AllocationRelease(None, None, second, job_id, second)
+    release.keep = [first, "b99"]  # stale: decided on a list that no longer holds
+    with pytest.MonkeyPatch.context() as mp:  # scontrol and squeue of the test cluster
+        for key, value in slurm.env().items():
+            mp.setenv(key, value)
+        release.give_back(limit_s=20)
+    assert nodes() == [first, third] and release.keep == [first, third]
