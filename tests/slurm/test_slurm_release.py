@@ -95,7 +95,9 @@ def test_the_give_back_reads_the_allocations_nodes_again_before_it_shrinks(slurm
     "the DB index is being set", tried again until the give-back's limit.)"""
     from elastic_rm.launch.slurm_release import AllocationRelease
 
-    r = slurm.cmd("sbatch", "--parsable", "-N", "3", "-J", "fixed", "--wrap", "sleep 300")
+    r = slurm.cmd(
+        "sbatch", "--parsable", "-N", "3", "-J", "fixed", "--output=/dev/null", "--wrap", "sleep 300"
+    )
     job_id = r.stdout.strip().split(";")[0]
 
     def nodes() -> list[str]:
