@@ -60,8 +60,15 @@ class SlurmJob:
 
 
 def _exit_code(value) -> int | None:
-    """squeue's exit code: a wait status in 22.05 (the code in its high byte), an object in later releases."""
+    """squeue's exit code: a wait status in 22.05 (the code in its high byte), an object in later releases,
+    where a job ended by a signal has return code 0 and its signal beside it: 128 + the signal then, as a
+    shell says it (a SIGKILLed ermrun is no success)."""
     if isinstance(value, dict):
+        signal = value.get("signal", {})
+        signal = signal.get("id", {}) if isinstance(signal, dict) else {}
+        signal = signal.get("number", 0) if isinstance(signal, dict) else signal
+        if "SIGNALED" in (value.get("status") or []) and signal:
+            return 128 + int(signal)
         number = value.get("return_code", {})
         return number.get("number") if isinstance(number, dict) else number
     if isinstance(value, int):
@@ -73,6 +80,14 @@ def _text(value) -> str:
     if isinstance(value, list):  # later releases give states and reasons as lists
         return ",".join(str(v) for v in value)
     return "" if value is None else str(value)
+
+
+def _state(value) -> str:
+    """The job's base state. Later releases give a list: the base state first, then flags (["PENDING",
+    "REQUEUED"], ["RUNNING", "COMPLETING"]); a flag is not the state."""
+    if isinstance(value, list):
+        value = value[0] if value else ""
+    return _text(value).upper()
 
 
 def _count(value) -> int:
@@ -113,7 +128,7 @@ def parse_jobs(text: str) -> list[SlurmJob]:
                 job_id=str(j["job_id"]),
                 name=_text(j.get("name")),
                 comment=_text(j.get("comment")),
-                state=_text(j.get("job_state")).upper(),
+                state=_state(j.get("job_state")),
                 nodes=_text(j.get("nodes")),
                 reason=_reason(_text(j.get("state_reason")), _text(j.get("state_description"))),
                 partitions=tuple(p for p in _text(j.get("partition")).split(",") if p),

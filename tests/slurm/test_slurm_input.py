@@ -101,6 +101,13 @@ def test_squeue_json_is_read_as_22_05_and_later_releases_print_it():
         )
     )[0]
     assert (new.state, new.node_count, new.exit_code, new.ended) == ("RUNNING", 3, 0, False)
+    flagged = _job(job_state=["PENDING", "REQUEUED"])  # a base state, then flags
+    killed = _job(
+        job_state=["FAILED"],
+        exit_code={"status": ["SIGNALED"], "return_code": {"number": 0}, "signal": {"id": {"number": 9}}},
+    )
+    jobs = parse_jobs(json.dumps({"jobs": [flagged, killed]}))
+    assert [(j.state, j.exit_code) for j in jobs] == [("PENDING", 1), ("FAILED", 137)]
     named = _job(state_reason="ReqNodeNotAvail", state_description="ReqNodeNotAvail, UnavailableNodes:b1")
     other = _job(state_description="Nodes required for job are DOWN, DRAINED or reserved for jobs in ...")
     reasons = [j.reason for j in parse_jobs(json.dumps({"jobs": [named, other]}))]
