@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
@@ -65,8 +66,9 @@ def console() -> None:
     out after the run's last node is gone, several on a busy login node. An exception ends the usual way."""
     rc = main()
     logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError):  # a reader gone (erm status | head): nothing to write to
+            stream.flush()
     os._exit(rc)
 
 
