@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sys
 
 import pytest
 
@@ -230,7 +231,14 @@ def test_a_hangup_ends_the_run_unless_erm_launch_was_started_with_nohup(etcd, ru
     stays ignored and the run goes on."""
     extra = ["--python", holder(tmp_path, ignore_term=False)]
     kept = f"{run_id}-nohup"
-    hung = launch(tmp_path, slurm, etcd, run_id, "1", extra=extra, log="hung.log")
+    # SIGHUP at its default, whatever this test inherited (a suite run under nohup ignores it)
+    hup_default = (
+        sys.executable,
+        "-c",
+        "import os, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_DFL); "
+        "os.execv(sys.argv[1], sys.argv[1:])",
+    )
+    hung = launch(tmp_path, slurm, etcd, run_id, "1", extra=extra, log="hung.log", prefix=hup_default)
     nohup = launch(tmp_path, slurm, etcd, kept, "1", extra=extra, log="nohup.log", prefix=("nohup",))
     procs += [hung, nohup]
     for p, rid in ((hung, run_id), (nohup, kept)):
