@@ -5,6 +5,7 @@ the real executor."""
 
 from __future__ import annotations
 
+import re
 import time
 
 from elastic_rm.etcd.client import EtcdClient
@@ -50,8 +51,11 @@ def test_node_jobs_that_fail_at_once_blame_their_hosts_and_the_launcher_gives_up
     events = launch_events(etcd, run_id)
     failures = actions(events, "failure")
     assert len(failures) == START_FAILURES
-    assert all(" on b" in f["error"] and "FAILED" in f["error"] for f in failures), failures
-    assert actions(events, "blacklist"), "a host that failed twice in a row is blacklisted"
+    hosts = [re.search(r" on (b\d+) ended FAILED", f["error"]) for f in failures]
+    assert all(hosts), failures  # each failure names the node it ran on
+    hosts = [h.group(1) for h in hosts]
+    for host in {h for h in hosts if hosts.count(h) >= 2}:  # Slurm mostly reuses the first idle node
+        assert any(f"host {host} blacklisted" in m for m in said), said
     gave_up = next(m for m in said if "giving up" in m)
     assert f"{START_FAILURES} node jobs in a row ended before their ermrun registered" in gave_up
     assert str(tmp_path / "%j.out") in gave_up  # where the batch script said what failed
