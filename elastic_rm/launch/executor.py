@@ -264,12 +264,15 @@ class Executor:
                     cooldown_s=cooldown,
                 )
 
-    def _note_registrations(self, state: RunState) -> None:
-        for name, node in self.nodes.items():
+    def _note_registrations(self, state: RunState, ended=()) -> None:
+        """A node whose agent registered ran on its host: the host's count of failures in a row starts
+        over. ``ended``: nodes found ended at this poll, which may have registered since the last one
+        (their agents' keys outlive them by the lease)."""
+        for node in [*self.nodes.values(), *ended]:
             if not node.registered and among(node.node_id, state.node_ids):
                 node.registered = True
                 self._ever_registered = True
-                self._pool.succeeded(name)
+                self._pool.succeeded(node.host.name)
 
     def _enforce_stop_deadlines(self, now: float) -> None:
         for node in self.nodes.values():

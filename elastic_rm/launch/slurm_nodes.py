@@ -286,19 +286,6 @@ class SlurmExecutor(Executor):
             lost = job is None or job.state in NODE_LOST
             self._blacklist(node.slurm_node, error, at_once=lost)
 
-    def _note_registrations(self, state: RunState, ended: list[SlurmNode] = ()) -> None:
-        """A node whose agent registered ran on its host: the host's count of failures in a row starts over
-        (``nodes`` is keyed by job id, the pool by host), and so does the count of node jobs that ended
-        before any node of the run registered. ``ended``: this poll's ended nodes (their agents' keys
-        outlive them by the lease)."""
-        for node in [*self.nodes.values(), *ended]:
-            if not node.registered and among(node.node_id, state.node_ids):
-                node.registered = True
-                self._ever_registered = True
-                self._start_failures.clear()
-                if node.slurm_node:
-                    self._pool.succeeded(node.slurm_node)
-
     def _gave_up(self) -> str | None:
         """Why erm launch gives up: START_FAILURES node jobs in a row ended before their agent registered
         and no node of the run ever did (ermrun cannot start on the nodes: a --workdir or python that the

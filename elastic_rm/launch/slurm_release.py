@@ -106,10 +106,8 @@ class AllocationRelease(threading.Thread):
             stays={self.batch_host},
         ):
             return False
-        listed = _run(["squeue", "-h", "-j", self.job_id, "-o", "%N"]).strip()
-        hosts = _run(["scontrol", "show", "hostnames", listed]).split()
-        keep = [h for h in hosts if h != self.slurm_node]
-        if not keep or len(keep) == len(hosts):
+        keep = self._others()
+        if not keep:
             return False
         log.warning(
             "--slurm-release: node %s is a spare beyond the run's demand; it leaves the run, then "
@@ -125,6 +123,14 @@ class AllocationRelease(threading.Thread):
         )  # the agent leaves as on any SIGTERM: workers stopped, lease revoked
         return True
 
+    def _others(self) -> list[str]:
+        """The allocation's other nodes, as Slurm lists them now; empty when this node is not in it or is
+        its last one (nothing to give back then)."""
+        listed = _run(["squeue", "-h", "-j", self.job_id, "-o", "%N"]).strip()
+        hosts = _run(["scontrol", "show", "hostnames", listed]).split()
+        keep = [h for h in hosts if h != self.slurm_node]
+        return keep if len(keep) < len(hosts) else []
+
     def give_back(self, limit_s: float = GIVE_BACK_S) -> None:
         """After the agent left: shrink the allocation by this node (Slurm then ends this task). The node
         list is read again right before each try: another spare may have shrunk the allocation since this
@@ -139,10 +145,8 @@ class AllocationRelease(threading.Thread):
         try:
             while True:
                 try:
-                    listed = _run(["squeue", "-h", "-j", self.job_id, "-o", "%N"]).strip()
-                    hosts = _run(["scontrol", "show", "hostnames", listed]).split()
-                    keep = [h for h in hosts if h != self.slurm_node]
-                    if not keep or len(keep) == len(hosts):
+                    keep = self._others()
+                    if not keep:
                         return  # this node is no longer in the job, or the last one: nothing to give back
                     _run(
                         ["scontrol", "update", f"JobId={self.job_id}", f"NodeList={','.join(keep)}"], scratch

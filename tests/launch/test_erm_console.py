@@ -18,9 +18,9 @@ REPO = Path(__file__).resolve().parents[2]
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
 
 
-def erm(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+def erm(*args: str, stdin: str | None = None, command=(ERM,)) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [ERM, *args], input=stdin, capture_output=True, text=True, cwd=REPO, env=ENV, timeout=120
+        [*command, *args], input=stdin, capture_output=True, text=True, cwd=REPO, env=ENV, timeout=120
     )
 
 
@@ -43,13 +43,6 @@ def test_a_failing_subcommand_keeps_its_status_and_message(tmp_path):
 
 
 def test_python_dash_m_ends_the_same_way():
-    done = subprocess.run(
-        [sys.executable, "-m", "launcher.erm", "plan", "examples/dlrm/job.json", "--json"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=ENV,
-        timeout=120,
-    )
+    done = erm("plan", "examples/dlrm/job.json", "--json", command=(sys.executable, "-m", "launcher.erm"))
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["signature"].startswith("dlrm-example-")
