@@ -131,6 +131,7 @@ class Executor:
             state = self._read()
         except EtcdError as exc:
             self._warn("etcd", f"cannot read the run from etcd ({exc}); nodes keep running, retrying")
+            self._enforce_stop_deadlines(now)  # a stop's bound needs no etcd
             return None
         for name, node, rc in exited:
             self._on_exit(name, node, rc, state)

@@ -223,14 +223,14 @@ class Slurm:
         if job_ids:
             self._run(["scancel", *job_ids])
 
-    def partition_nodes(self, partitions: list[str]) -> set[str]:
-        """The names of the nodes of these partitions (hidden ones too: sinfo's --all, which -p excludes)."""
-        nodes = set()
+    def node_partitions(self) -> dict[str, frozenset[str]]:
+        """Node name -> the partitions it is in (hidden ones too: sinfo's --all, which -p excludes)."""
+        out: dict[str, set[str]] = {}
         for line in self._run(["sinfo", "--all", "-h", "-N", "-o", "%N %P"]).splitlines():
             parts = line.split()
-            if len(parts) == 2 and parts[1].rstrip("*") in partitions:
-                nodes.add(parts[0])
-        return nodes
+            if len(parts) == 2:
+                out.setdefault(parts[0], set()).add(parts[1].rstrip("*"))
+        return {node: frozenset(partitions) for node, partitions in out.items()}
 
     def node_states(self) -> dict[str, str]:
         """Node name -> sinfo's state (idle, allocated, down*, drained, draining...)."""

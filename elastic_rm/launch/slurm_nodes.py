@@ -18,10 +18,11 @@ executor (elastic_rm.launch.executor), over jobs instead of hosts:
 - no node job is submitted while every node of the run's partitions is excluded (sbatch would refuse it:
   a FAILED job in Slurm's records at every poll); that is said once;
 - on start, the run's jobs that Slurm still has (same name and comment) are adopted, not duplicated;
-- the run's ``queue`` key gets the nodes that other pending jobs of the run's partitions ask for
-  (``waiting_nodes``; at once when it changes, else every few seconds): the planner gives nodes back
-  while others wait; and the run's node jobs that Slurm runs (``running_nodes``): the leader holds the
-  first round until their agents registered (bounded), so that it does not form without them;
+- the run's ``queue`` key gets the nodes that other pending jobs ask for in any partition that shares a
+  node with the run's (``waiting_nodes``; at once when it changes, else every few seconds): the planner
+  gives nodes back while others wait; and the run's node jobs that Slurm runs (``running_nodes``): the
+  leader holds the first round until their agents registered (bounded), so that it does not form without
+  them;
 - growth yields to other jobs: a node job past the run's request (the job description's, else --nnodes'
   minimum) is submitted with a large ``--nice`` (Slurm starts every other pending job first), and while
   other jobs of the partition wait, no such job is submitted and the pending ones are cancelled. Other
@@ -129,7 +130,9 @@ class SlurmExecutor(Executor):
         self._node_names: set[str] | None = None  # every Slurm node's name
         self._ended_ids: set[str] = set()  # our ended nodes' ids, while etcd still lists them (lease)
         self._start_failures: list[str] = []  # node jobs in a row that ended before their agent registered
-        self._partition_nodes: set[str] | None = None  # the run's partitions' nodes (sinfo), read once
+        self._node_partitions: dict[str, frozenset[str]] | None = (
+            None  # node -> partitions (sinfo), read once
+        )
         self._excluded_said: tuple[str, ...] | None = None  # the exclusions last said to cover them all
 
     @staticmethod
@@ -169,18 +172,43 @@ class SlurmExecutor(Executor):
         return self.options.owns(job.name, job.comment)
 
     def _others_waiting(self, jobs: list[SlurmJob]) -> int:
-        """Nodes that other pending jobs of the run's partitions ask for (each pending task of an array);
-        another run's growth node jobs (niced, yielding themselves) and jobs pending for something else than
-        nodes are no demand to give nodes back for."""
+        """Nodes that other pending jobs ask for (each pending task of an array) in any partition that
+        shares a node with the run's: a node given back may start them too (clusters often lay several
+        partitions, by time limit or priority, over the same nodes). Another run's growth node jobs (niced,
+        yielding themselves) and jobs pending for something else than nodes are no demand to give nodes
+        back for."""
+        sharing = self._sharing_partitions()
         return sum(
             j.node_count * j.array_tasks
             for j in jobs
             if j.state == "PENDING"
             and not self._ours(j)
-            and self.partitions & set(j.partitions)
+            and sharing & set(j.partitions)
             and not (j.name.startswith("erm-") and j.comment.endswith(GROWTH_MARK))
             and self._waits_for_nodes(j.reason)
         )
+
+    def _partition_map(self) -> dict[str, frozenset[str]] | None:
+        """Node -> its partitions, read once from sinfo; None while sinfo fails (said once, read again at
+        the next need)."""
+        if self._node_partitions is None:
+            try:
+                self._node_partitions = self.slurm.node_partitions()
+            except SlurmError as exc:
+                self._warn("sinfo", f"cannot read the partitions' nodes ({exc}); trying again")
+        return self._node_partitions
+
+    def _partition_nodes(self) -> set[str] | None:
+        """The nodes of the run's partitions; None while unknown."""
+        nodes = self._partition_map()
+        return None if nodes is None else {n for n, parts in nodes.items() if parts & self.partitions}
+
+    def _sharing_partitions(self) -> set[str]:
+        """The run's partitions and every partition that shares a node with them (the run's own while
+        sinfo fails)."""
+        nodes = self._partition_map() or {}
+        ours = [parts for parts in nodes.values() if parts & self.partitions]
+        return self.partitions.union(*ours)
 
     def _waits_for_nodes(self, reason: str) -> bool:
         """Whether a pending job's reason says nodes would start it: an allow-list, so that a reason this
@@ -203,11 +231,13 @@ class SlurmExecutor(Executor):
             state = self._read()
         except EtcdError as exc:
             self._warn("etcd", f"cannot read the run from etcd ({exc}); nodes keep running, retrying")
+            self._enforce_stop_deadlines(now)  # a stop's bound needs no etcd
             return None
         try:
             jobs = self.slurm.jobs()
         except SlurmError as exc:
             self._warn("squeue", f"{exc}; node jobs keep running, the queue key keeps its last value")
+            self._enforce_stop_deadlines(now)
             return None
         by_id = {j.job_id: j for j in jobs}
         ended = self._follow(by_id)
@@ -352,7 +382,7 @@ class SlurmExecutor(Executor):
         rec = QueueRecord(
             waiting_nodes=waiting,
             source="erm launch --slurm: nodes that other pending jobs of "
-            f"{','.join(sorted(self.partitions))} ask for",
+            f"{','.join(sorted(self._sharing_partitions()))} ask for",
             time=time.time(),
             running_nodes=running,
         )
@@ -546,12 +576,9 @@ class SlurmExecutor(Executor):
         nodes, is blacklisted, is in --exclude, or its node id is still registered): sbatch would refuse
         the job ("Requested node configuration is not available") at every poll, each refusal a FAILED job
         in Slurm's records. Said once per set of exclusions, with why each node is out."""
-        if self._partition_nodes is None:
-            try:
-                self._partition_nodes = self.slurm.partition_nodes(sorted(self.partitions))
-            except SlurmError:
-                return False  # unknown: sbatch will say
-        nodes = self._partition_nodes
+        nodes = self._partition_nodes()
+        if nodes is None:
+            return False  # unknown: sbatch will say
         out = set(excluded) | set(self.options.exclude)
         if not nodes or not nodes <= out:
             self._excluded_said = None

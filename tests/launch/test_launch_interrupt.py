@@ -160,3 +160,34 @@ def test_the_wait_for_ermruns_parser_thread_ends_on_one_more_signal(monkeypatch)
     finally:
         busy.set()
         parser.join(30)
+
+
+def test_a_node_past_its_stop_grace_is_killed_while_etcd_is_unreachable(run_id, tmp_path):
+    """A node told to stop whose ssh client does not end: killed once the stop's bound is over, whether or
+    not the launcher can read the run from etcd (an etcd outage must not keep a node running)."""
+    from tests.launch.sshd import closed_port
+
+    keys = Keyspace("/elastic-rm", run_id)
+    said: list[str] = []
+    with EtcdClient(f"127.0.0.1:{closed_port()}", timeout=0.5) as client:
+        host = Host("h1", "127.0.0.1")
+        pool = HostPool()
+        pool.add(host)
+        events = EventLog(run_id, "erm-launch", client=client, keys=keys)
+        executor = Executor(
+            client, keys, pool, None, events, ExecutorConfig(1, 1, stop_grace_s=1), said.append
+        )
+        pool.take("h1")
+        node = executor.nodes["h1"] = RemoteNode(
+            host, [sys.executable, "-c", STUCK, str(tmp_path / "input")], said.append
+        )
+        try:
+            node.request_stop("the test gives it back")
+            assert executor.tick() is None and node.poll() is None  # within its bound
+            node.stop_requested_at -= 12  # the stop grace and the 10 s after it are over
+            assert executor.tick() is None
+            assert gone(node.pid), said
+        finally:
+            kill_tree(node.pid)
+    assert any("cannot read the run from etcd" in s for s in said), said
+    assert any("did not stop within 11s" in s for s in said), said

@@ -12,6 +12,7 @@ from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.launch.slurm_cli import SlurmJob
 from elastic_rm.launch.slurm_nodes import START_FAILURES
 from elastic_rm.wire.keyspace import Keyspace
+from tests.launch.sshd import closed_port
 from tests.slurm.conftest import NODES
 from tests.slurm.helpers import actions, launch_events, run_jobs, sleeper_executor
 
@@ -138,8 +139,8 @@ class _Recorded:
     def node_states(self) -> dict[str, str]:
         return {f"b{k}": "idle" for k in range(1, 5)}
 
-    def partition_nodes(self, partitions: list[str]) -> set[str]:
-        return set(self.node_states())
+    def node_partitions(self) -> dict[str, frozenset[str]]:
+        return {node: frozenset({"debug"}) for node in self.node_states()}
 
 
 def _job(job_id: str, state: str, nodes: str, run_id: str = "r") -> SlurmJob:
@@ -197,3 +198,23 @@ def test_a_job_found_completing_at_adoption_ends_as_stopped_not_as_a_failure(etc
         executor.nodes.clear()
     assert not actions(events, "failure") and not actions(events, "blacklist")
     assert [e["job"] for e in actions(events, "stopped")] == ["7"]
+
+
+def test_a_node_job_past_its_stop_grace_is_cancelled_while_etcd_is_unreachable(run_id, tmp_path):
+    """A node told to stop that does not: its job is cancelled once the stop grace is over, whether or not
+    the launcher can read the run from etcd (an etcd outage must not keep a node Slurm would free)."""
+    slurm = _Recorded([_job("7", "RUNNING", "b1", run_id)])
+    said: list[str] = []
+    with EtcdClient(f"127.0.0.1:{closed_port()}", timeout=0.5) as client:
+        executor = sleeper_executor(
+            client, None, run_id, tmp_path, request=1, nodes=1, slurm=slurm, say=said.append
+        )
+        assert executor.adopt() == ["7"]
+        node = executor.nodes["7"]
+        executor._stop(node, "the test gives it back")
+        assert executor.tick() is None and slurm.cancelled == []  # within its grace
+        node.stop_requested_at -= executor._cfg.stop_grace_s + 1  # its grace is over
+        assert executor.tick() is None
+        assert slurm.cancelled == ["7"], said
+    assert any("cannot read the run from etcd" in s for s in said), said
+    assert any("did not stop within" in s for s in said), said

@@ -27,10 +27,11 @@ def _squeue(cluster) -> dict[str, dict]:
     return out
 
 
-def _sbatch(cluster, name: str, nodes: int) -> str:
+def _sbatch(cluster, name: str, nodes: int, partition: str | None = None) -> str:
     r = cluster.cmd(
         "sbatch",
         "--parsable",
+        *(["-p", partition] if partition else []),
         "-N",
         str(nodes),
         "--exclusive",
@@ -85,7 +86,8 @@ def test_pending_growth_is_cancelled_while_another_job_waits(slurm, etcd, run_id
     with EtcdClient(etcd.endpoint) as client:
         executor = sleeper_executor(client, slurm, run_id, tmp_path, request=1)
         request, *growth = _fill_and_grow(client, slurm, executor, run_id)
-        waiting = _sbatch(slurm, "other-user", 2)
+        # in another partition laid over the same nodes (the test cluster's "other": Nodes=ALL)
+        waiting = _sbatch(slurm, "other-user", 2, partition="other")
         assert executor.tick() is None
         jobs = _squeue(slurm)
         assert request in jobs and not any(jobs.get(g, {}).get("state") == "PENDING" for g in growth), jobs

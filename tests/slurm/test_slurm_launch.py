@@ -60,24 +60,29 @@ def test_grows_to_the_wanted_count_reports_the_queue_and_ctrl_c_leaves_nothing(
     base = f"erm launch run {run_id}"
     assert comments == [base, base, base + GROWTH_MARK], comments
 
-    # another user's job that cannot start (it wants every node): its nodes wait, ours do not count
-    r = slurm.cmd(
-        "sbatch",
-        "--parsable",
-        "-N",
-        str(len(slurm.node_names)),
-        "-J",
-        "other",
-        "-o",
-        "/dev/null",
-        "--wrap",
-        "sleep 60",
-    )
-    other = r.stdout.strip()
+    # other users' jobs that cannot start (each wants every node): their nodes wait, ours do not count;
+    # one in the run's partition, one in a partition laid over the same nodes ("other": Nodes=ALL)
+    others = [
+        slurm.cmd(
+            "sbatch",
+            "--parsable",
+            *partition,
+            "-N",
+            str(len(slurm.node_names)),
+            "-J",
+            "other",
+            "-o",
+            "/dev/null",
+            "--wrap",
+            "sleep 60",
+        ).stdout.strip()
+        for partition in ([], ["-p", "other"])
+    ]
+    waiting = 2 * len(slurm.node_names)
     wait_until(
-        lambda: (queue_record(etcd, run_id) or {}).get("waiting_nodes") == len(slurm.node_names),
+        lambda: (queue_record(etcd, run_id) or {}).get("waiting_nodes") == waiting,
         30,
-        "the other job's nodes in the queue key",
+        "the other jobs' nodes in the queue key",
         [p],
     )
     status = subprocess.run(
@@ -87,10 +92,10 @@ def test_grows_to_the_wanted_count_reports_the_queue_and_ctrl_c_leaves_nothing(
         timeout=60,
     )
     shown = json.loads(status.stdout)
-    assert shown["waiting_nodes"] == len(slurm.node_names), status.stderr
-    assert shown["queue"]["waiting_nodes"] == len(slurm.node_names) and not shown["queue"]["unknown"]
+    assert shown["waiting_nodes"] == waiting, status.stderr
+    assert shown["queue"]["waiting_nodes"] == waiting and not shown["queue"]["unknown"]
     assert 0 <= shown["queue"]["age_s"] <= shown["queue"]["stale_after_s"]  # the launcher rewrites it
-    slurm.cmd("scancel", other)
+    slurm.cmd("scancel", *others)
 
     pids = agents_pids(tmp_path, running)
     os.kill(p.pid, signal.SIGINT)  # the launcher alone, as a terminal's Ctrl-C would

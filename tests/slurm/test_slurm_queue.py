@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -18,7 +19,7 @@ from elastic_rm.wire.keyspace import Keyspace
 from elastic_rm.wire.records import QUEUE_STALE_AFTER_S, QueueRecord
 from launcher.commands.status import render
 from tests.e2e.test_status_render import status_of, text
-from tests.slurm.helpers import launch_events, run_options
+from tests.slurm.helpers import launch_events, run_options, tool_env
 
 
 def _executor(
@@ -56,7 +57,11 @@ def _job(job_id: int, name: str, state: str, partition: str, nodes: int) -> dict
     }
 
 
-def test_waiting_nodes_are_other_pending_jobs_of_the_runs_partitions(etcd, run_id):
+# sinfo --all -h -N -o "%N %P": b1 and b2 are debug's (the default) and also long's; b3 and b4 only other's
+SINFO = "printf 'b1 debug*\\nb1 long\\nb2 debug*\\nb2 long\\nb3 other\\nb4 other\\n'\n"
+
+
+def test_waiting_nodes_are_other_pending_jobs_of_partitions_that_share_the_runs_nodes(etcd, run_id, tmp_path):
     jobs = parse_jobs(
         json.dumps(
             {
@@ -68,25 +73,48 @@ def test_waiting_nodes_are_other_pending_jobs_of_the_runs_partitions(etcd, run_i
                     _job(
                         3, "train2", "PENDING", "other,debug", 2
                     ),  # may run in either: it waits for ours too
-                    _job(4, "train3", "PENDING", "other", 8),  # another partition's queue
+                    _job(4, "train3", "PENDING", "other", 8),  # a partition of other nodes
                     _job(5, "train4", "RUNNING", "debug", 3),
+                    _job(6, "train5", "PENDING", "long", 1),  # another partition over our nodes
                 ]
             }
         )
     )
+    slurm = Slurm(env=tool_env(tmp_path, "sinfo", SINFO, dict(os.environ)))
     with EtcdClient(etcd.endpoint) as client:
-        executor = _executor(client, run_id, Slurm(), [])
+        executor = _executor(client, run_id, slurm, [])
         executor.others_waiting = executor._others_waiting(jobs)
         executor._write_queue(now=100.0)
         kv = client.get(Keyspace("/elastic-rm", run_id).queue)
         rec = QueueRecord.parse("queue", kv.value)
-        assert rec.waiting_nodes == 6 and "debug" in rec.source
+        assert rec.waiting_nodes == 7 and "debug,long ask for" in rec.source, rec
         client.put(kv.key, QueueRecord(waiting_nodes=99, source="marker").to_json())
         executor._write_queue(now=101.0)  # the same count within the refresh interval: not rewritten
         assert QueueRecord.parse("queue", client.get(kv.key).value).waiting_nodes == 99
         executor.others_waiting = executor._others_waiting(jobs[1:2])
         executor._write_queue(now=102.0)  # a new count: written at once
         assert QueueRecord.parse("queue", client.get(kv.key).value).waiting_nodes == 4
+
+
+def test_waiting_nodes_are_of_the_runs_partitions_alone_while_sinfo_fails(etcd, run_id, tmp_path):
+    """sinfo failing: the partitions that share the run's nodes are unknown; said once, read again later."""
+    jobs = parse_jobs(
+        json.dumps({"jobs": [_job(2, "train", "PENDING", "debug", 4), _job(6, "t", "PENDING", "long", 1)]})
+    )
+    env = tool_env(
+        tmp_path,
+        "sinfo",
+        "echo 'sinfo: error: Unable to contact slurm controller' >&2\nexit 1\n",
+        dict(os.environ),
+    )
+    said: list[str] = []
+    with EtcdClient(etcd.endpoint) as client:
+        executor = _executor(client, run_id, Slurm(env=env), said)
+        assert executor._others_waiting(jobs) == 4 and executor._others_waiting(jobs) == 4
+        (warning,) = [s for s in said if "sinfo" in s]
+        assert "Unable to contact slurm controller" in warning and "trying again" in warning
+        tool_env(tmp_path, "sinfo", SINFO, env)  # the controller is back
+        assert executor._others_waiting(jobs) == 5
 
 
 def test_running_nodes_are_the_runs_running_node_jobs_and_a_change_is_written_at_once(etcd, run_id):
