@@ -1,4 +1,4 @@
-"""Slurm's command-line tools as `erm launch --slurm` uses them: sbatch, squeue, scancel, sinfo.
+"""Slurm's command-line tools as `erm launch --slurm` uses them: sbatch, squeue, scancel, sinfo, scontrol.
 
 Only the client commands, never Slurm's REST API or its libraries: they work from any login node with the
 user's own rights. ``squeue --json`` is parsed whole (Slurm 22.05 ignores squeue's filters with --json), so
@@ -8,6 +8,7 @@ one call per poll gives both this run's node jobs and the partition's queue.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -30,9 +31,12 @@ ENDED = frozenset(
 )
 NODE_LOST = frozenset({"NODE_FAIL", "BOOT_FAIL", "CANCELLED", "PREEMPTED"})  # the node, not ermrun, ended it
 BAD_NODE_STATES = ("down", "drain", "fail")  # sinfo's %T: down, down*, drained, draining, failing...
-# how long a hurried stop (a second Ctrl-C) waits for squeue to list none of the cancelled jobs (Slurm's
-# KillWait, on a job whose processes ignore SIGTERM, is the usual delay)
-HURRY_WAIT_S = 40.0
+# Slurm's default KillWait: scancel's SIGTERM, then SIGKILL this long after (a job whose processes ignore
+# SIGTERM lives that long); used where scontrol cannot say the cluster's own
+KILL_WAIT_DEFAULT_S = 30.0
+# after scancel, how much longer than KillWait a stop waits for squeue to list none of the cancelled jobs
+# (the epilog, the controller noting the end)
+AFTER_KILL_WAIT_S = 10.0
 
 
 class SlurmError(RuntimeError):
@@ -149,6 +153,7 @@ class Slurm:
     def __init__(self, env: dict[str, str] | None = None, timeout_s: float = 30.0):
         self.env = env
         self.timeout_s = timeout_s
+        self._kill_wait_s: float | None = None
 
     def _run(self, argv: list[str], stdin: str | None = None) -> str:
         """A session of its own: a terminal's Ctrl-C goes to erm launch's process group, and would kill the
@@ -222,6 +227,18 @@ class Slurm:
     def cancel(self, *job_ids: str) -> None:
         if job_ids:
             self._run(["scancel", *job_ids])
+
+    def cancel_wait_s(self) -> float:
+        """How long after scancel a stop waits for its jobs to leave squeue: the cluster's KillWait
+        (``scontrol show config``, read once; Slurm's default where scontrol cannot say) plus
+        AFTER_KILL_WAIT_S."""
+        if self._kill_wait_s is None:
+            try:
+                found = re.search(r"^KillWait\s*=\s*(\d+)", self._run(["scontrol", "show", "config"]), re.M)
+            except SlurmError:
+                found = None
+            self._kill_wait_s = float(found.group(1)) if found else KILL_WAIT_DEFAULT_S
+        return self._kill_wait_s + AFTER_KILL_WAIT_S
 
     def node_partitions(self) -> dict[str, frozenset[str]]:
         """Node name -> the partitions it is in (hidden ones too: sinfo's --all, which -p excludes)."""

@@ -46,7 +46,7 @@ from .hostfile import Host
 from .interrupts import Interrupts
 from .slurm import SlurmError as HostListError
 from .slurm import expand_hostlist
-from .slurm_cli import BAD_NODE_STATES, HURRY_WAIT_S, NODE_LOST, Slurm, SlurmError, SlurmJob
+from .slurm_cli import BAD_NODE_STATES, NODE_LOST, Slurm, SlurmError, SlurmJob
 from .slurm_job import GROWTH_MARK, GROWTH_NICE, SlurmOptions
 
 # the planner's reason for a demand past the round's size that replaces stragglers
@@ -672,10 +672,11 @@ class SlurmExecutor(Executor):
                 break  # the hurried scancel below stops them all
             self._stop(node, reason)
         cancel_at = self._clock() + self._cfg.stop_grace_s
-        deadline, cancelled, hurried, listed = cancel_at + 10, False, False, False
+        deadline, cancelled, hurried, listed = cancel_at + self.slurm.cancel_wait_s(), False, False, False
         while self._clock() <= deadline:
             if self._interrupts.hurry and not hurried:
-                hurried, cancel_at, deadline = True, self._clock(), self._clock() + HURRY_WAIT_S
+                hurried, cancel_at = True, self._clock()
+                deadline = cancel_at + self.slurm.cancel_wait_s()
             if not cancelled and self._clock() >= cancel_at and self.nodes:
                 cancelled = True
                 self._say(f"cancelling Slurm job(s) {' '.join(self.nodes)} (scancel)")

@@ -309,9 +309,9 @@ def _list_new(slurm, options, first: FirstJobs, ids: list[str], grace_s: float, 
     """Appends to ``ids`` the run's jobs Slurm lists that were not there before the first ones; tries
     again while squeue fails, within the stop's bound (shorter once a signal hurries the stop, none once
     one more asks to leave). False when squeue never answered."""
-    from elastic_rm.launch.slurm_cli import HURRY_WAIT_S, SlurmError
+    from elastic_rm.launch.slurm_cli import SlurmError
 
-    deadline = time.monotonic() + grace_s + 10
+    deadline = time.monotonic() + grace_s + slurm.cancel_wait_s()
     hurried = False
     while True:
         try:
@@ -320,7 +320,7 @@ def _list_new(slurm, options, first: FirstJobs, ids: list[str], grace_s: float, 
         except SlurmError as exc:
             failure = exc
         if interrupts.hurry and not hurried:
-            hurried, deadline = True, min(deadline, time.monotonic() + HURRY_WAIT_S)
+            hurried, deadline = True, min(deadline, time.monotonic() + slurm.cancel_wait_s())
         if interrupts.leave or time.monotonic() >= deadline:
             print(
                 f"erm launch: cannot list Slurm's jobs ({failure}): check squeue for jobs named "
@@ -336,7 +336,7 @@ def cancel_jobs(slurm, job_ids: list[str], grace_s: float, interrupts) -> list[s
     (it leaves and cleans up) and is cancelled after ``grace_s``, or at once when a signal hurries the stop
     (elastic_rm.launch.interrupts). Returns once squeue lists none of them alive, else (bounded, or
     on one more signal, after the hurried scancel) the ids left, which it names with the scancel command."""
-    from elastic_rm.launch.slurm_cli import HURRY_WAIT_S, SlurmError
+    from elastic_rm.launch.slurm_cli import SlurmError
 
     if not job_ids:
         return []
@@ -346,7 +346,7 @@ def cancel_jobs(slurm, job_ids: list[str], grace_s: float, interrupts) -> list[s
         file=sys.stderr,
     )
     now = time.monotonic()
-    cancel_at, deadline = now + grace_s, now + grace_s + 10
+    cancel_at, deadline = now + grace_s, now + grace_s + slurm.cancel_wait_s()
     signalled: set[str] = set()
     cancelled = hurried = False
     alive: list | None = None
@@ -370,7 +370,8 @@ def cancel_jobs(slurm, job_ids: list[str], grace_s: float, interrupts) -> list[s
                 pass  # e.g. its batch step is not there yet: again at the next look
         if interrupts.hurry and not hurried:
             hurried = True
-            cancel_at, deadline = time.monotonic(), time.monotonic() + HURRY_WAIT_S
+            cancel_at = time.monotonic()
+            deadline = cancel_at + slurm.cancel_wait_s()
         if alive is None or (not cancelled and time.monotonic() >= cancel_at):
             if not cancelled:
                 print(f"erm launch: cancelling Slurm job(s) {' '.join(job_ids)} (scancel)", file=sys.stderr)

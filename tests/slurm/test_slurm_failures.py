@@ -136,6 +136,9 @@ class _Recorded:
     def cancel(self, *job_ids: str) -> None:
         self.cancelled += job_ids
 
+    def cancel_wait_s(self) -> float:
+        return 12.0
+
     def node_states(self) -> dict[str, str]:
         return {f"b{k}": "idle" for k in range(1, 5)}
 

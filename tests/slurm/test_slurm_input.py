@@ -381,3 +381,17 @@ def test_a_pending_job_array_waits_for_a_node_per_task_up_to_its_throttle():
     ]
     jobs = parse_jobs(json.dumps({"jobs": records}))
     assert [(j.array_tasks, j.node_count) for j in jobs] == [(6, 1), (2, 2), (1, 2)]
+
+
+def test_a_stop_waits_for_the_clusters_kill_wait_after_scancel(tmp_path, slurm):
+    """scancel's SIGKILL comes KillWait after its SIGTERM: the stop waits that long plus 10 s for the jobs
+    to leave squeue, with the cluster's own KillWait (the test cluster's: 2 s), read once, and Slurm's
+    default of 30 s where scontrol cannot say."""
+    assert Slurm(env=slurm.env()).cancel_wait_s() == 12.0
+    calls = tmp_path / "calls"
+    printed = f"echo x >> {calls}\necho 'KillWait                = 7 sec'\n"
+    counted = Slurm(env=tool_env(tmp_path, "scontrol", printed, slurm.env()))
+    assert counted.cancel_wait_s() == 17.0 and counted.cancel_wait_s() == 17.0
+    assert calls.read_text() == "x\n"  # read once
+    failing = tool_env(tmp_path, "scontrol", "echo 'slurm_load_ctl_conf error' >&2\nexit 1\n", slurm.env())
+    assert Slurm(env=failing).cancel_wait_s() == 40.0

@@ -230,7 +230,11 @@ def test_a_failing_squeue_keeps_the_last_value_and_is_reported_once(etcd, run_id
 @pytest.mark.slow  # 10 s; CI keeps the same stop with no known node, below
 def test_stop_all_with_a_failing_squeue_keeps_trying_and_names_the_jobs_left(etcd, run_id, tmp_path):
     """squeue and scancel failing: no node job is known to have ended; erm launch says which to scancel."""
-    broken = Slurm(env={"PATH": str(tmp_path)})  # no Slurm command on PATH: every call fails
+    # no Slurm command on PATH but scontrol's KillWait (0: the stop waits 10 s after its scancel, not 40)
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text("#!/bin/sh\necho 'KillWait = 0 sec'\n")
+    scontrol.chmod(0o755)
+    broken = Slurm(env={"PATH": str(tmp_path)})
     said: list[str] = []
     with EtcdClient(etcd.endpoint) as client:
         executor = _executor(client, run_id, broken, said, ExecutorConfig(1, 1, stop_grace_s=0.1))
