@@ -390,7 +390,10 @@ def test_the_planner_asks_for_a_node_erm_launch_starts_it_on_a_discovered_host_a
     (progress / "stop").write_text("")
     assert p.wait(240) == 0, p.output()[-4000:]
     assert admitted.reason.startswith("scale up 2 -> 3"), admitted.reason
-    start = [
-        e for e in launch_events(etcd, run_id) if e.data.get("action") == "start" and e.data["host"] == "h3"
-    ]
-    assert len(start) == 1 and "demand 3" in start[0].data["reason"], [e.data for e in start]
+    on_h3 = [e.data for e in launch_events(etcd, run_id) if e.data.get("host") == "h3"]
+    starts = [e for e in on_h3 if e["action"] == "start"]
+    stops = [e for e in on_h3 if e["action"] == "stop"]
+    assert starts and all("demand 3" in e["reason"] for e in starts), on_h3
+    # near the payback bar, the planner's demand may fall back to 2 for a sample and rise again (each sample
+    # moves its model; docs/launch.md, "The executor"): h3 is then stopped and started again, for nothing else
+    assert len(stops) == len(starts) - 1 and all("2 wanted" in e["reason"] for e in stops), on_h3
