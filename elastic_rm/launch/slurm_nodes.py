@@ -130,9 +130,8 @@ class SlurmExecutor(Executor):
         self._node_names: set[str] | None = None  # every Slurm node's name
         self._ended_ids: set[str] = set()  # our ended nodes' ids, while etcd still lists them (lease)
         self._start_failures: list[str] = []  # node jobs in a row that ended before their agent registered
-        self._node_partitions: dict[str, frozenset[str]] | None = (
-            None  # node -> partitions (sinfo), read once
-        )
+        # node -> its partitions (sinfo), read once
+        self._node_partitions: dict[str, frozenset[str]] | None = None
         self._excluded_said: tuple[str, ...] | None = None  # the exclusions last said to cover them all
 
     @staticmethod

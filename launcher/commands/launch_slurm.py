@@ -191,6 +191,7 @@ def check_slurm(args: argparse.Namespace, run_id: str, flags: list[str], script:
     slurm.check_installed()
     partitions = _partitions(slurm, args.partition)
     slurm.submit(options.sbatch_options([]), options.batch_script(), test_only=True)
+    slurm.cancel_wait_s()  # KillWait, read now that Slurm answers: a stop may come when it does not
     return slurm, options, partitions
 
 
