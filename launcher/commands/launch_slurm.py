@@ -191,7 +191,6 @@ def check_slurm(args: argparse.Namespace, run_id: str, flags: list[str], script:
     slurm.check_installed()
     partitions = _partitions(slurm, args.partition)
     slurm.submit(options.sbatch_options([]), options.batch_script(), test_only=True)
-    slurm.cancel_wait_s()  # KillWait, read now that Slurm answers: a stop may come when it does not
     return slurm, options, partitions
 
 
@@ -277,12 +276,14 @@ def submit_first(checked, count: int, first: FirstJobs) -> None:
     of the run already (a restarted erm launch adopts those). Records those jobs in ``first.before``."""
     slurm, options, _ = checked
     first.before = _run_job_ids(slurm, options)
-    if first.before:
-        return
-    for _ in range(count):
-        first.submitted.append(
-            (slurm.submit(options.sbatch_options([]), options.batch_script()), time.time())
-        )
+    if not first.before:
+        for _ in range(count):
+            first.submitted.append(
+                (slurm.submit(options.sbatch_options([]), options.batch_script()), time.time())
+            )
+    # KillWait, read while Slurm answers and ermrun's parser still loads, after the submissions: a stop
+    # may come when Slurm does not answer
+    slurm.cancel_wait_s()
 
 
 def cancel_first(checked, first: FirstJobs, grace_s: float, interrupts) -> list[str]:
