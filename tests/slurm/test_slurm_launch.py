@@ -62,22 +62,7 @@ def test_grows_to_the_wanted_count_reports_the_queue_and_ctrl_c_leaves_nothing(
 
     # other users' jobs that cannot start (each wants every node): their nodes wait, ours do not count;
     # one in the run's partition, one in a partition laid over the same nodes ("other": Nodes=ALL)
-    others = [
-        slurm.cmd(
-            "sbatch",
-            "--parsable",
-            *partition,
-            "-N",
-            str(len(slurm.node_names)),
-            "-J",
-            "other",
-            "-o",
-            "/dev/null",
-            "--wrap",
-            "sleep 60",
-        ).stdout.strip()
-        for partition in ([], ["-p", "other"])
-    ]
+    others = [whole_cluster_job(slurm, 60), whole_cluster_job(slurm, 60, "other")]
     waiting = 2 * len(slurm.node_names)
     wait_until(
         lambda: (queue_record(etcd, run_id) or {}).get("waiting_nodes") == waiting,
@@ -243,19 +228,7 @@ def test_the_planners_smaller_demand_gives_the_spare_nodes_back_to_slurm(
 
 
 def test_a_node_job_pending_too_long_is_reported_with_slurms_reason(etcd, run_id, tmp_path, procs, slurm):
-    r = slurm.cmd(
-        "sbatch",
-        "--parsable",
-        "-N",
-        str(len(slurm.node_names)),
-        "-J",
-        "other",
-        "-o",
-        "/dev/null",
-        "--wrap",
-        "sleep 120",
-    )
-    other = r.stdout.strip()
+    other = whole_cluster_job(slurm, 120)
     wait_until(
         lambda: any(j["id"] == other and j["state"] == "RUNNING" for j in slurm.jobs()), 30, "the blocker"
     )
@@ -269,6 +242,24 @@ def test_a_node_job_pending_too_long_is_reported_with_slurms_reason(etcd, run_id
     assert p.wait(60) == 130, p.output()[-3000:]
     assert run_jobs(slurm, run_id) == []  # the pending node job was cancelled
     slurm.cmd("scancel", other)
+
+
+def whole_cluster_job(slurm, seconds: int, partition: str | None = None) -> str:
+    """Another user's job that wants every node of the cluster (in ``partition``, else the default) and
+    sleeps ``seconds`` once it runs; its id."""
+    where = ["-p", partition] if partition else []
+    argv = [
+        "sbatch",
+        "--parsable",
+        *where,
+        "-N",
+        str(len(slurm.node_names)),
+        "-J",
+        "other",
+        "-o",
+        "/dev/null",
+    ]
+    return slurm.cmd(*argv, "--wrap", f"sleep {seconds}").stdout.strip()
 
 
 def demand_of(stop: dict) -> int | None:
