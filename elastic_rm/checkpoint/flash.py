@@ -74,6 +74,7 @@ from elastic_rm.checkpoint.restore_report import report_restore
 from elastic_rm.checkpoint.retention import drop_newer_than
 from elastic_rm.checkpoint.snapshot import Snapshotter, app_state
 from elastic_rm.checkpoint.sources import CheckpointSource, DirectorySource, HttpPeerSource, memory_sources
+from elastic_rm.checkpoint.split_folds import chain_tops, finish_split_folds, folded_offers, memory_dirs
 
 log = logging.getLogger(__name__)
 
@@ -755,6 +756,7 @@ class FlashCheckpointer:
         self._chain = None  # the model is about to change under the chain: the next save is a base
         self._rolled = None
         srcs = sources or self.sources()
+        self._finish_split_folds()
         try:
             result = restore_checkpoint(
                 self.dmp, self.dense_optimizer, srcs, self.pg, self.rank, self.cfg.verify_checksums
@@ -770,16 +772,26 @@ class FlashCheckpointer:
                         log.info("restore: %d bytes fetched from %s", src.bytes_fetched, src.name)
                     src.clear()
 
+    def _finish_split_folds(self) -> None:
+        """A fold that ran on some nodes (or a node's own memory) and not on others (or its replica on
+        the peer) is finished everywhere before the steps are read (split_folds.py). Collective."""
+        dirs = memory_dirs(self.node_dir) if self.leader else []
+        offers = folded_offers(dirs)
+        held = all_gather_json([sorted(offers), chain_tops(dirs)], self.pg)  # digests only: small
+        wanted = {sha for _, tops in held for sha in tops} & {sha for folded, _ in held for sha in folded}
+        givers = {sha: min(r for r, (folded, _) in enumerate(held) if sha in folded) for sha in wanted}
+        mine = {sha: offers[sha] for sha, r in givers.items() if r == self.rank}
+        bodies = {sha: text for part in all_gather_json(mine, self.pg) for sha, text in part.items()}
+        finish_split_folds(dirs, bodies)
+        dist.barrier(group=self.pg)  # no rank lists steps while a leader folds
+
     def _drop_newer_than(self, step: int) -> None:
         """Steps newer than the one restored were refused (or incomplete): training goes on from
         ``step`` and saves steps with their numbers again, so the old ones go, from this node's memory
         (the replicas it holds for peers included: a restore must never mix them with a new step) and the
         durable copy; kept, retention would count them as the newest and prune the new chain.
         Collective: no rank saves before every directory is clean."""
-        dirs = [self.node_dir] if self.leader else []
-        rep = self.node_dir / "replicas"
-        if self.leader and rep.is_dir():
-            dirs += sorted(p for p in rep.iterdir() if p.is_dir())
+        dirs = memory_dirs(self.node_dir) if self.leader else []
         if self.rank == 0 and self.cfg.durable_dir is not None:
             dirs.append(Path(self.cfg.durable_dir))
         for directory in dirs:

@@ -387,10 +387,15 @@ def folded_manifest(base: dict[str, Any], top: dict[str, Any], files: dict[str, 
 
 
 def fold_chain(directory: Path, body: bytes, on_stage: Stage | None = None) -> None:
-    """`_fold_chain` under the directory's fold lock: a restore's drop of newer steps waits for it."""
+    """`_fold_chain` under the directory's fold lock: a restore's drop of newer steps waits for it. A
+    fold still pending there (one an error such as a full disk stopped) is finished first; while it
+    cannot be, this one is refused: its journal is the only record of where that base is."""
     if not directory.is_dir():
         raise FoldRefused(f"{directory} holds no chain")
     with fold_lock(directory):
+        _recover_fold(directory)
+        if (directory / JOURNAL).exists():
+            raise FoldRefused(f"{directory}: an earlier fold is still pending there ({JOURNAL})")
         _fold_chain(directory, body, on_stage)
 
 
@@ -484,37 +489,58 @@ def recover_fold(directory: Path) -> int | None:
 
 
 def _recover_fold(directory: Path) -> int | None:
-    """Finish the fold a crash interrupted in `directory`, if any; returns the folded step (None: no
-    fold was pending). A fold that cannot be finished (a delta gone, a file that does not match) is
-    dropped, its base with it: the other copies of the chain (the peer's, the durable one) remain."""
+    """Finish the fold a crash (or an error) interrupted in `directory`, if any; returns the folded step
+    (None: no fold was pending, or it is still pending). A fold that cannot be finished (a delta gone,
+    a file that does not match) is dropped, its base with it: the other copies of the chain (the
+    peer's, the durable one) remain. One that failed on an error of the file system that may pass (no
+    space left, an I/O error) stays pending, journal and base, and the next call tries again: its base
+    may be this node's only copy of the chain."""
     path = directory / JOURNAL
     try:
         journal = json.loads(path.read_bytes())
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, RecursionError):
+    except (ValueError, RecursionError):
         journal = None
+    except OSError as e:
+        log.warning("fold journal %s unreadable now (%s); the fold stays pending", path, e)
+        return None
     try:
         if not isinstance(journal, dict):
             raise CorruptCheckpointError(f"{path}: unreadable fold journal")
         _finish(directory, journal, lambda _: None)
         log.info("finished the interrupted fold of step %s in %s", journal["top"], directory)
         return int(journal["top"])
+    except OSError as e:
+        if not isinstance(e, (FileNotFoundError, NotADirectoryError, IsADirectoryError)):
+            log.warning(
+                "the fold of step %s in %s stopped on %s; it stays pending and is tried again (its "
+                "journal and hidden base are kept)",
+                journal.get("top") if isinstance(journal, dict) else "?",
+                directory,
+                e,
+            )
+            return None
+        _drop_fold(directory, journal, e)
+        return None
     except (
         CorruptCheckpointError,
         FoldRefused,
-        OSError,
         ValueError,
         KeyError,
         IndexError,
         TypeError,
         AttributeError,
     ) as e:
-        log.warning("dropping an interrupted fold in %s that cannot be finished: %s", directory, e)
-        if isinstance(journal, dict) and isinstance(journal.get("base"), int):
-            shutil.rmtree(directory / hidden_dirname(journal["base"]), ignore_errors=True)
-        path.unlink(missing_ok=True)
+        _drop_fold(directory, journal, e)
         return None
+
+
+def _drop_fold(directory: Path, journal: Any, why: BaseException) -> None:
+    log.warning("dropping an interrupted fold in %s that cannot be finished: %s", directory, why)
+    if isinstance(journal, dict) and isinstance(journal.get("base"), int):
+        shutil.rmtree(directory / hidden_dirname(journal["base"]), ignore_errors=True)
+    (directory / JOURNAL).unlink(missing_ok=True)
 
 
 __all__ = [

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -275,6 +276,41 @@ def test_the_peer_holds_the_folded_chain_and_a_new_node_restores_from_it(tmp_pat
     assert (
         assert_bit_exact(assemble(tmp_path, "s4"), assemble(tmp_path, "restored"), "from the peer") > 10_000
     )
+
+
+def test_a_node_lost_between_its_own_fold_and_its_peers_restores_from_the_same_fold(tmp_path: Path) -> None:
+    """Three nodes with replicas: steps 1 (a base) and 2 (a delta) are committed and replicated
+    everywhere; step 3 folds. n0 dies once every node folded its own memory, before its ring peer (n1)
+    folded n0's replica: the survivors hold step 2 folded, and n0's files only in n1's replica, still
+    the chain. Before the restore n1 folds that replica the same way, so world 2 restores step 2 bit
+    for bit (without it no step was held alike: the fold had removed step 1 on the survivors)."""
+    shm = tmp_path / "shm"
+    flash = {"memory_root": str(shm), "differential": True, "compact_ratio": 1e-9, "replicate": True}
+    nodes, survivors = ["n0", "n1", "n2"], ["n1", "n2"]
+    with node_servers(shm, nodes) as s:
+        actions = trained_saves([1, 2], dump=True) + [
+            {"do": "exit_before_peer_fold", "node": "n0"},
+            {"do": "train", "seeds": [3]},
+            {"do": "save", "step": 3, "block": True},
+        ]
+        with pytest.raises(AssertionError, match=r"--- rank 0 \(rc 137\) ---"):
+            run_world(
+                3, spec([{**phase(3, actions, **flash), "peers": peer_lists(s, nodes)}]), tmp_path / "a"
+            )
+        s["n0"].proc.kill()  # n0 is lost: its agent (its checkpoint server) and its memory with it
+        s["n0"].proc.wait(timeout=30)
+        shutil.rmtree(shm / "n0")
+        held = shm / "n1" / "replicas" / "n0"
+        assert manifest(held, 2)["kind"] == "delta" and "folded" in manifest(shm / "n1", 2)
+        restore = [{"do": "restore"}, {"do": "dump", "name": "restored"}]
+        b = {**phase(2, restore, **flash), "nodes": survivors, "peers": peer_lists(s, survivors)}
+        shutil.copytree(tmp_path / "a" / "dump", tmp_path / "b" / "dump")
+        results = run_world(2, spec([b]), tmp_path / "b")
+    restored = [results[r][0]["restores"][0] for r in range(2)]
+    assert all(r.get("step") == 2 and r["skipped"] == [] for r in restored), restored
+    assert manifest(held, 2)["manifest_sha256"] == manifest(shm / "n1", 2)["manifest_sha256"]
+    got = assemble(tmp_path / "b", "restored")
+    assert assert_bit_exact(assemble(tmp_path / "b", "s2"), got, "split fold") > 10_000
 
 
 def test_buffers_that_do_not_hold_the_chain_make_the_fold_a_full_save(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ server run; the restore is the checkpointer's (its start finishes the interrupte
 
 from __future__ import annotations
 
+import errno
 import json
 import shutil
 import signal
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 from erm_harness import assemble, assert_bit_exact, run_world
 
+from elastic_rm.checkpoint import inplace
 from elastic_rm.checkpoint.inplace import (
     JOURNAL,
     FoldRefused,
@@ -30,6 +32,7 @@ from elastic_rm.checkpoint.inplace import (
 from elastic_rm.checkpoint.manifest import MANIFEST, file_entry, make_manifest
 from elastic_rm.checkpoint.retention import chain, drop_newer_than, read_links
 from elastic_rm.checkpoint.server import CheckpointServer
+from elastic_rm.checkpoint.split_folds import chain_tops, finish_split_folds, folded_offers, memory_dirs
 from elastic_rm.checkpoint.store import CheckpointStore, Refused
 
 TABLES = [
@@ -392,6 +395,63 @@ def test_a_replica_fold_a_server_crash_interrupted_is_finished_when_the_server_s
         assert server.store.listing()["replicas"]["n0"] == [4]
     finally:
         server.stop()
+
+
+def test_a_fold_stopped_by_a_full_disk_stays_pending_and_is_finished_once_space_returns(
+    saved: Path, reference: tuple[bytes, dict[str, bytes]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every row written and checked, then the new manifest's write fails (no space left): the fold
+    stays pending, its journal and hidden base kept (they are this node's only copy of the chain),
+    through further tries while the disk is full; a new fold there is refused meanwhile (it would
+    overwrite the journal). Once the write succeeds, the next try finishes it to the same bytes."""
+    body, folded = reference
+    node = node_copy(saved, tmp_path)
+    real_write = inplace.write_file
+
+    def full_disk(path: Path, data: bytes, sync: bool) -> None:
+        if path.name == MANIFEST + ".new":
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real_write(path, data, sync)
+
+    monkeypatch.setattr(inplace, "write_file", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        fold_chain(node, body)
+    for _ in range(2):
+        assert recover_fold(node) is None
+        assert (node / JOURNAL).is_file() and (node / hidden_dirname(1)).is_dir()
+    with pytest.raises(FoldRefused, match="still pending"):
+        fold_chain(node, body)
+    assert (node / JOURNAL).is_file() and (node / hidden_dirname(1)).is_dir()
+    monkeypatch.setattr(inplace, "write_file", real_write)
+    assert recover_fold(node) == 4
+    assert tree(node) == folded
+
+
+def test_a_chain_folded_on_one_copy_only_is_folded_alike_from_the_offered_manifest(
+    saved: Path, reference: tuple[bytes, dict[str, bytes]], tmp_path: Path
+) -> None:
+    """A node folded its memory and its peer's replica of it was left the chain (the node stopped in
+    between): the folded manifest the node offers folds the replica to the same bytes. A directory
+    whose newest step is not the delta that manifest folded is left as it is."""
+    body, folded = reference
+    own = node_copy(saved, tmp_path)
+    fold_chain(own, body)
+    held = tmp_path / "peer" / "replicas" / "n0"
+    shutil.copytree(saved / "shm" / "n0", held)
+    other = tmp_path / "other" / "n0"
+    shutil.copytree(saved / "shm" / "n0", other)
+    shutil.rmtree(other / "step-00000004")  # its chain ends at step 3: no offer folds it
+    before = tree(other)
+    offers = folded_offers(memory_dirs(own.parent / "n0"))
+    top = read_links(held)[4].sha
+    assert offers == {top: body.decode()} and chain_tops([held, other, own]) == [
+        top,
+        read_links(other)[3].sha,
+    ]
+    assert finish_split_folds([held, other, own], offers) == [(held, 4)]
+    assert tree(held) == folded
+    assert tree(other) == before
+    assert finish_split_folds([held], offers) == [] and chain_tops([held]) == []  # folded: nothing to do
 
 
 def test_apply_in_place_writes_rows_of_any_width_at_any_offset(tmp_path: Path) -> None:
