@@ -167,7 +167,8 @@ def test_replica_push_is_verified_and_committed_atomically(servers, tmp_path: Pa
 
     # a file that no longer matches the manifest (flipped in memory or in transit): refused, nothing kept
     body9 = make_step(src, 9, files)
-    (src / step_dirname(9) / "__1_0.distcp").write_bytes(b"\0" + files["__1_0.distcp"][1:])
+    flipped = bytes([files["__1_0.distcp"][0] ^ 0xFF]) + files["__1_0.distcp"][1:]  # never the same byte
+    (src / step_dirname(9) / "__1_0.distcp").write_bytes(flipped)
     with pytest.raises(PeerError, match=r"HTTP 422 .*__1_0.distcp: size/checksum do not match"):
         c.push_replica("n0", 9, src / step_dirname(9), names, body9, keep=2)
     # a missing file and a torn manifest: refused too
