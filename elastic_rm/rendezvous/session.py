@@ -21,7 +21,7 @@ from ..etcd.errors import EtcdError
 from ..etcd.lease import KeptLease
 from ..obs.events import EventLog
 from ..planner.interface import NodeState
-from ..wire.records import NodeRecord, RoundRecord, dumps
+from ..wire.records import NodeRecord, RecordError, RoundRecord, dumps
 from .bootstrap import default_local_addr, pick_master_port
 from .settings import RendezvousSettings
 
@@ -31,6 +31,17 @@ log = logging.getLogger(__name__)
 def new_node_id(host: str) -> str:
     safe = "".join(c if c.isalnum() or c in "._-" else "-" for c in host)[:64].strip("-._") or "node"
     return f"{safe}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class NodeIdInUse(ValueError):
+    """Another live process on this host holds this node id in the run."""
+
+    def __init__(self, run_id: str, node_id: str, holder: NodeRecord) -> None:
+        super().__init__(
+            f"node id {node_id!r} is in use in run {run_id}: pid {holder.pid} on {holder.host} holds it. "
+            f"Stop that process first (erm stop {run_id} --node {node_id}), or give this one another "
+            "--node-id"
+        )
 
 
 class NodeSession:
@@ -126,6 +137,8 @@ class NodeSession:
                 self.start_lease()
             assert self.lease is not None
             key, value = self._keys.node(self.node_id), dumps(self.record(state))
+            if not self.registered_rev:
+                self._refuse_a_live_holder(key)
             self.state = state
             if not wait:
                 self._client.put_nowait(key, value, lease=self.lease.id)
@@ -140,6 +153,25 @@ class NodeSession:
                 # as a new member now, as when the keeper reports it.
                 self.lease.mark_lost()
                 self.ensure_registered(state, wait, retry_lost_lease - 1)
+
+    def _refuse_a_live_holder(self, key: str) -> None:
+        """Before this process first registers its node id: a record of that id under another lease is
+        an earlier process's. A dead one's (an agent restarted at once by a supervisor, before its
+        predecessor's lease expired) is taken over, and the run's rounds carry on (docs/guarantees.md).
+        One still running on this host would take the rounds of this process and this one its rounds:
+        refuse then (NodeIdInUse). A holder on another host cannot be told alive from dead from here: it
+        is taken over as before."""
+        assert self.lease is not None
+        kv = self._client.get(key)
+        if kv is None or kv.lease == self.lease.id:
+            return
+        try:
+            holder = NodeRecord.parse(key, kv.value)
+        except RecordError:
+            return  # a malformed record is overwritten, as any other
+        alive = holder.pid > 0 and holder.pid != os.getpid() and psutil.pid_exists(holder.pid)
+        if holder.host == self.host and alive:
+            raise NodeIdInUse(self._keys.run_id, self.node_id, holder)
 
     def registration(self, state: NodeState) -> tuple[str, bytes, int] | None:
         """This node's record in ``state`` as a ``(key, value, lease)`` put, for a caller that sends it with

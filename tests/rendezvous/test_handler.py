@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import subprocess
 import threading
 import time
 from dataclasses import replace
@@ -24,6 +25,8 @@ from elastic_rm.planner.policy import PlannerPolicy
 from elastic_rm.rendezvous.handler import ElasticRMRendezvousHandler
 from elastic_rm.rendezvous.leader import adopt_straggler_flags
 from elastic_rm.rendezvous.registration import create_handler
+from elastic_rm.rendezvous.session import NodeIdInUse
+from elastic_rm.wire.records import dumps
 
 
 def make(etcd, run_id, lo, hi, **conf) -> ElasticRMRendezvousHandler:
@@ -294,6 +297,61 @@ def test_a_lease_that_expired_unnoticed_rejoins_as_a_new_member(etcd, run_id):
         assert h.node_id == "n0-r1" and info.world_size == 1 and info.rank == 0
     finally:
         h.release()
+
+
+def _hold_as(handler, pid: int) -> None:
+    """Rewrite ``handler``'s node record, under its own lease, as if process ``pid`` of this host held it."""
+    session = handler._session
+    key = f"/elastic-rm/{handler.get_run_id()}/nodes/{session.node_id}"
+    record = replace(session.record(session.state), pid=pid)
+    with EtcdClient(handler.settings.endpoints[0], timeout=2) as c:
+        c.put(key, dumps(record), lease=session.lease.id)
+
+
+def test_a_second_process_under_a_live_processs_node_id_is_refused_and_the_first_keeps_its_round(
+    etcd, run_id
+):
+    """Two live processes under one node id would take each other's rounds: the second one, on the same
+    host as the live holder, is refused with an error naming it; the holder stays registered in its
+    round under its own lease."""
+    holder = subprocess.Popen(["sleep", "60"])  # the live process that holds the id
+    first = make(etcd, run_id, 1, 2, node_id="x")
+    second = None
+    try:
+        assert first.next_rendezvous().world_size == 1
+        _hold_as(first, holder.pid)
+        second = make(etcd, run_id, 1, 2, node_id="x")
+        with pytest.raises(
+            NodeIdInUse, match=rf"node id 'x' is in use in run {run_id}: pid {holder.pid} on "
+        ):
+            second.next_rendezvous()
+        assert list(first.view.round.members) == ["x"] and first.view.round.round == 1
+        with EtcdClient(etcd.endpoint, timeout=2) as c:
+            kv = c.get(f"/elastic-rm/{run_id}/nodes/x")
+            assert kv is not None and kv.lease == first._session.lease.id
+    finally:
+        first.release()
+        if second is not None:
+            second.release()
+        holder.kill()
+        holder.wait(10)
+
+
+def test_a_node_id_whose_holder_died_is_taken_over_at_once(etcd, run_id):
+    """An agent restarted on its node by a supervisor (the old process dead, its lease still alive): the
+    new process takes the id over without waiting for the lease (docs/guarantees.md)."""
+    gone = subprocess.Popen(["true"])
+    gone.wait(10)  # a pid of this host that no process has any more
+    old = make(etcd, run_id, 1, 1, node_id="x")
+    old.next_rendezvous()
+    old._session.lease.stop()  # killed: nothing refreshes its lease any more, nothing revokes it
+    _hold_as(old, gone.pid)
+    new = make(etcd, run_id, 1, 1, node_id="x", lease_ttl="30")
+    try:
+        info = new.next_rendezvous()
+        assert new.node_id == "x" and info.world_size == 1
+    finally:
+        new.release()
 
 
 def test_a_joined_node_registers_as_active_and_logs_its_round_in_one_etcd_request(etcd, run_id):
