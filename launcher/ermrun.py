@@ -393,6 +393,12 @@ def _launch(args: argparse.Namespace, options: AgentOptions, progress, early: Ea
         if isinstance(exc, SignalException):  # the node was taken down (docs/operate.md): no traceback
             print(f"ermrun: stopped by {exc.sigval.name}; the run goes on without this node", file=sys.stderr)
             return 128 + int(exc.sigval)
+        if isinstance(exc, ModuleNotFoundError) and args.rdzv_backend in ("etcd", "etcd-v2"):
+            return _fail(
+                f"--rdzv-backend {args.rdzv_backend} is torch's etcd v2 backend; its client is not installed "
+                f"({exc}): pip install python-etcd==0.4.5 urllib3 dnspython (elastic-rm's [bench] extra), "
+                "or use the default backend, elastic-rm (etcd v3)"
+            )
         raise
     finally:
         if log_dir is not None:

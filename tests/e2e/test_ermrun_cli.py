@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 
@@ -80,6 +81,18 @@ def test_bad_input_is_a_clear_error(tmp_path, args, message):
     assert message in result.stderr, result.stderr[-2000:]
     assert "Traceback" not in result.stderr
     assert etcd_children() <= before
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("etcd") is not None and importlib.util.find_spec("urllib3") is not None,
+    reason="torch's etcd v2 client is installed here (make bench installs it)",
+)
+def test_the_etcd_v2_backend_without_its_client_says_what_to_install(tmp_path):
+    args = ["--spares", "off", "--rdzv-backend", "etcd-v2", "--rdzv-endpoint", "127.0.0.1:9", STEPS]
+    result = run(args, tmp_path, timeout=60)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "pip install python-etcd" in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert records(tmp_path, "e") == []
 
 
 def test_unknown_flag_is_rejected_by_the_parser(tmp_path):
