@@ -65,6 +65,17 @@ TRIM_EVERY = 100
 MAX_VALUE_BYTES = 16 * 1024  # an event larger than this is refused (etcd values should stay small)
 BACKLOG = 256  # recent events kept in memory, replayed to a file or listener attached late
 TRIM_BATCH = 64  # deletes per transaction (etcd's default --max-txn-ops is 128)
+# The unix times a reader accepts, from 1970 to the end of year 9999: what time.localtime and strftime
+# format on every platform. A time outside (1e300, -1e20) is a malformed value, not a crash of the reader.
+MIN_TIME = 0.0
+MAX_TIME = 253_402_300_799.0
+
+
+def sane_time(t: object) -> bool:
+    """A number of unix seconds that the readers can format (see MAX_TIME)."""
+    return (
+        isinstance(t, (int, float)) and not isinstance(t, bool) and MIN_TIME <= t <= MAX_TIME
+    )  # NaN compares False
 
 
 class EventError(ValueError):
@@ -104,8 +115,10 @@ class Event:
         if d.get("v") != VERSION:
             raise EventError(f"{source}: unsupported event version {d.get('v')!r}")
         t = d.get("time")
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
-            raise EventError(f"{source}: field 'time' must be a number of unix seconds")
+        if not sane_time(t):
+            raise EventError(
+                f"{source}: field 'time' must be a number of unix seconds from 1970 to 9999, got {t!r:.40}"
+            )
         for name in ("run", "node", "kind", "message"):
             if not isinstance(d.get(name), str):
                 raise EventError(f"{source}: field {name!r} must be a string")
@@ -114,7 +127,21 @@ class Event:
         data = d.get("data", {})
         if not isinstance(data, dict):
             raise EventError(f"{source}: field 'data' must be a JSON object")
+        if d["kind"] == "sample":
+            _check_sample(source, data)
         return cls(float(t), d["run"], d["node"], d["kind"], d["message"], data)
+
+
+def _check_sample(source: str, data: dict[str, Any]) -> None:
+    """A sample's ``gpu_util``, when there, is a list of utilisations (null: a GPU that did not say)."""
+    utils = data.get("gpu_util")
+    if utils is not None and not (
+        isinstance(utils, list)
+        and all(u is None or (isinstance(u, (int, float)) and not isinstance(u, bool)) for u in utils)
+    ):
+        raise EventError(
+            f"{source}: a sample's field 'gpu_util' must be a list of numbers, got {utils!r:.40}"
+        )
 
 
 def _jsonable(value: Any) -> Any:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import html
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -16,10 +17,10 @@ from typing import Any
 
 from ..etcd.client import EtcdClient
 from ..wire.keyspace import Keyspace
-from ..wire.records import RoundRecord, effective_rounds
+from ..wire.records import RoundRecord
 from .events import PERIODIC_KINDS, Event, EventError, merge, read_etcd, read_file
 from .restores import round_restores, with_restores
-from .status import MEASURED_HOW, decision_rows, outcomes_from_kvs
+from .status import MEASURED_HOW, decided_rounds, decision_rows, outcome_problem, outcomes_from_kvs
 
 
 @dataclass
@@ -44,7 +45,7 @@ def load_run(
         streams.append(from_etcd)
         errors += bad
         kvs, _ = client.get_prefix(keys.rounds)
-        records.update((r.round, r) for r in effective_rounds(kvs, errors))
+        records.update((r.round, r) for r in decided_rounds(kvs, errors))
         outcomes.update(outcomes_from_kvs(kvs, errors))
     for path in files:
         mine = []
@@ -58,25 +59,42 @@ def load_run(
     for e in events:  # rounds whose record is gone (another etcd, or a file only): the leader's event
         r = e.data.get("round")
         if e.kind == "decision" and isinstance(r, int) and r not in records:
-            try:
-                records[r] = RoundRecord(
-                    round=r,
-                    members=tuple(e.data.get("members") or ()),
-                    reason=str(e.data.get("reason") or ""),
-                    predicted_gain=e.data.get("predicted_gain"),
-                    confidence=e.data.get("confidence"),
-                    time=e.time,
-                )
-            except (TypeError, ValueError) as exc:
-                errors.append(f"decision event at {e.time}: {exc}")
+            problem = _decision_problem(e.data)
+            if problem is not None:
+                errors.append(f"decision event at {e.time}: {problem}")
+                continue
+            records[r] = RoundRecord(
+                round=r,
+                members=tuple(e.data.get("members") or ()),
+                reason=str(e.data.get("reason") or ""),
+                predicted_gain=e.data.get("predicted_gain"),
+                confidence=e.data.get("confidence"),
+                time=e.time,
+            )
     for e in events:  # the leader's outcome event carries the same record (files, or a compacted etcd)
         r = e.data.get("round")
         if e.kind == "outcome" and isinstance(r, int) and r not in outcomes:
-            outcomes[r] = dict(e.data)
+            problem = outcome_problem(e.data)
+            if problem is None:
+                outcomes[r] = dict(e.data)
+            else:
+                errors.append(f"outcome event at {e.time}: {problem}")
     decisions = with_restores(
         decision_rows([records[n] for n in sorted(records)], outcomes), round_restores(events)
     )
     return RunData(run_id, events, decisions, errors)
+
+
+def _decision_problem(data: dict[str, Any]) -> str | None:
+    """Why a decision event's data cannot stand for its round record (None: it can)."""
+    members = data.get("members")
+    if members is not None and not (isinstance(members, list) and all(isinstance(m, str) for m in members)):
+        return f"field 'members' must be a list of node ids, got {members!r:.40}"
+    for name in ("predicted_gain", "confidence"):
+        x = data.get(name)
+        if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x)):
+            return f"field {name!r} must be a number or null, got {x!r:.40}"
+    return None
 
 
 def _pct(x: float | None) -> str:

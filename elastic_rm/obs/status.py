@@ -9,6 +9,8 @@ as written; `erm report` and `erm demo` read the same record.
 
 from __future__ import annotations
 
+import json
+import math
 import statistics
 import time
 from collections.abc import Iterable
@@ -26,7 +28,7 @@ from ..wire.records import (
     RoundRecord,
     effective_rounds,
 )
-from .events import PERIODIC_KINDS, Event, EventError
+from .events import PERIODIC_KINDS, Event, EventError, sane_time
 from .restores import round_restores, with_restores
 
 RECENT_EVENTS = 8
@@ -65,11 +67,38 @@ def round_throughput(samples: Iterable[Event]) -> dict[int, float]:
     return {r: sum(statistics.median(v[len(v) // 2 :]) for v in nodes.values()) for r, nodes in per.items()}
 
 
+OUTCOME_NUMBERS = (  # an outcome's numeric fields: each a number or null (absent: null)
+    "throughput_before",
+    "throughput_after",
+    "measured_gain",
+    "predicted_gain",
+    "prediction_error",
+)
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def outcome_problem(d: object) -> str | None:
+    """Why ``d`` is not an outcome record as the leader writes it (None: it is): an object with an integer
+    ``round``, each of OUTCOME_NUMBERS a finite number or null, and a measured gain only with both
+    throughputs it was measured from. Readers show a malformed outcome as such, and leave it out."""
+    if not isinstance(d, dict) or not isinstance(d.get("round"), int) or isinstance(d["round"], bool):
+        return "expected an object with an integer 'round'"
+    for name in OUTCOME_NUMBERS:
+        if d.get(name) is not None and not _is_number(d[name]):
+            return f"field {name!r} must be a number or null, got {d[name]!r:.40}"
+    if d.get("measured_gain") is not None and (
+        d.get("throughput_before") is None or d.get("throughput_after") is None
+    ):
+        return "a 'measured_gain' without the 'throughput_before' and 'throughput_after' it was measured from"
+    return None
+
+
 def outcomes_from_kvs(kvs: Iterable[KeyValue], errors: list[str]) -> dict[int, dict[str, Any]]:
     """Round -> the leader's outcome record (``rounds/<n>/outcome``) among ``kvs``; malformed ones are
     reported in ``errors`` and left out."""
-    import json
-
     out: dict[int, dict[str, Any]] = {}
     for kv in kvs:
         if "/rounds/" in kv.key and kv.key.endswith("/outcome"):
@@ -78,11 +107,32 @@ def outcomes_from_kvs(kvs: Iterable[KeyValue], errors: list[str]) -> dict[int, d
             except (ValueError, RecursionError):
                 errors.append(f"etcd key {kv.key}: not JSON")
                 continue
-            if isinstance(d, dict) and isinstance(d.get("round"), int):
+            problem = outcome_problem(d)
+            if problem is None:
                 out[d["round"]] = d
             else:
-                errors.append(f"etcd key {kv.key}: expected an object with an integer 'round'")
+                errors.append(f"etcd key {kv.key}: {problem}")
     return out
+
+
+def decided_rounds(kvs: list[KeyValue], errors: list[str]) -> list[RoundRecord]:
+    """:func:`effective_rounds`, less the records whose ``time`` no reader can format (1e300: see
+    elastic_rm.obs.events.MAX_TIME), which are reported in ``errors`` as malformed."""
+    records = effective_rounds(kvs, errors)
+    bad = [r for r in records if not sane_time(r.time)]
+    if not bad:
+        return records
+    keys = {}
+    for kv in kvs:
+        parts = kv.key.rsplit("/", 2)
+        if kv.key.endswith("/record") and "/rounds/" in kv.key and parts[-2].isdigit():
+            keys[int(parts[-2])] = kv.key
+    for r in bad:
+        errors.append(
+            f"malformed value in etcd key {keys.get(r.round, f'of round {r.round}')}: field 'time' must be "
+            f"unix seconds from 1970 to 9999, got {r.time!r}"
+        )
+    return [r for r in records if sane_time(r.time)]
 
 
 def prediction_error(outcome: dict[str, Any]) -> float | None:
@@ -217,12 +267,13 @@ def status_from_kvs(
             queue = queue_view(QueueRecord.parse(keys.queue, by_key[keys.queue].value), now)
         except RecordError as exc:
             errors.append(str(exc))
-    records = effective_rounds([kv for kv in kvs if kv.key.startswith(keys.rounds)], errors)
+    records = decided_rounds([kv for kv in kvs if kv.key.startswith(keys.rounds)], errors)
     events = parse_events(keys, kvs, errors)
     outcomes = outcomes_from_kvs(kvs, errors)
     members = list(current.members) if current else []
     leader = by_key[keys.leader].value.decode(errors="replace") if keys.leader in by_key else None
     rates = [nodes.get(n, {}).get("samples_per_s") for n in members]
+    rows = decision_rows(records, outcomes)  # all: each compared to the round before it
     return {
         "run": keys.run_id,
         "revision": revision,
@@ -241,7 +292,7 @@ def status_from_kvs(
         "queue": queue,
         "data": data,  # the sample ledger as of the newest checkpoint (None: no ledger mirrored)
         # with each round's restore: downtime and steps trained again (the agents' "restore" events)
-        "decisions": with_restores(decision_rows(records, outcomes)[-decisions:], round_restores(events)),
+        "decisions": with_restores(rows[max(0, len(rows) - max(0, decisions)) :], round_restores(events)),
         "measured_how": MEASURED_HOW,
         "events": [
             {"time": e.time, "node": e.node, "kind": e.kind, "message": e.message}

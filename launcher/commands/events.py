@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 
-from .status import UsageError, add_connection_arguments, connect, resolve_run
+from .status import UsageError, add_connection_arguments, check_run, connect, reader_gone, resolve_run
 
 HELP = "Print or follow a run's event log (rounds, decisions, failures, drains, job start/end)."
 FILE_POLL_S = 0.5  # --follow --file: how often to look for new lines (a file has no watch)
@@ -77,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
         if not args.endpoint:
             raise UsageError("pass --endpoint (etcd) or --file (a node's --event-log)")
         return _from_etcd(args, show, bad)
+    except BrokenPipeError:  # erm events | head -1
+        return reader_gone()
     except (EtcdError, ValueError, UsageError, OSError) as exc:
         print(f"erm events: error: {exc}", file=sys.stderr)
         return 2
@@ -91,6 +93,8 @@ def _from_etcd(args, show, bad) -> int:
     with connect(args) as client:
         keys = Keyspace(args.prefix, resolve_run(client, args.prefix, args.run_id))
         events, errors, revision = read_etcd(client, keys)
+        if not events and not errors:
+            check_run(client, keys)  # a run id that is not there: say so, do not wait for it forever
         for message in errors:
             bad(message)
         for e in events:
@@ -98,10 +102,16 @@ def _from_etcd(args, show, bad) -> int:
         if not args.follow:
             return 0
         lock = threading.Lock()  # the watch calls back on the client's thread
+        gone = threading.Event()  # stdout's reader left (erm events --follow | head -1)
 
         def on_event(e) -> None:
             with lock:
-                show(e)
+                if gone.is_set():
+                    return
+                try:
+                    show(e)
+                except BrokenPipeError:
+                    gone.set()
 
         def on_error(message: str) -> None:
             with lock:
@@ -109,11 +119,13 @@ def _from_etcd(args, show, bad) -> int:
 
         cancel = follow_etcd(client, keys, revision + 1, on_event, on_error)
         try:
-            while not _run_over(client, keys):  # or Ctrl-C (KeyboardInterrupt)
+            while not gone.is_set() and not _run_over(client, keys):  # or Ctrl-C (KeyboardInterrupt)
                 time.sleep(RUN_OVER_POLL_S)  # timed: a Ctrl-C on any thread ends it
             time.sleep(RUN_OVER_POLL_S)  # the watch delivers what came before the last node left
         finally:
             cancel()
+        if gone.is_set():
+            raise BrokenPipeError  # as when the main thread writes: run() leaves quietly
         print(f"erm events: run {keys.run_id} closed and every node left", file=sys.stderr, flush=True)
     return 0
 

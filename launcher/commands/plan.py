@@ -46,5 +46,10 @@ def run(args: argparse.Namespace) -> int:
     except JobSpecError as exc:
         print(f"erm plan: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(report, indent=2, default=float) if args.json else render(report))
+    try:
+        print(json.dumps(report, indent=2, default=float) if args.json else render(report), flush=True)
+    except BrokenPipeError:  # erm plan job.json | head -1
+        from .status import reader_gone
+
+        return reader_gone()
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .status import UsageError, add_etcd_security_arguments, connect
+from .status import UsageError, add_etcd_security_arguments, connect, seconds
 
 HELP = "Write a PNG and an HTML page of a run: world size, throughput, utilisation, decisions."
 
@@ -22,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="an --event-log file (repeatable; merged with etcd's copy without duplicates)",
     )
     p.add_argument("-o", "--out-dir", default=".", help="directory for RUN.png and RUN.html (default: .)")
-    p.add_argument("--timeout", type=float, default=5.0, help="seconds for each etcd call (default 5)")
+    p.add_argument("--timeout", type=seconds, default=5.0, help="seconds for each etcd call (default 5)")
     p.add_argument(
         "--all-events",
         action="store_true",

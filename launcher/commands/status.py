@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from elastic_rm.etcd.client import EtcdClient
+    from elastic_rm.wire.keyspace import Keyspace
 
 HELP = "Show a job's round, members (resources, step times), leader and last decisions."
 MEASURED_SHORT = (
@@ -19,13 +21,24 @@ MEASURED_SHORT = (
 )
 
 
+def seconds(text: str) -> float:
+    """argparse type: a finite number of seconds > 0 (nan and inf are no timeout)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: a finite number of seconds > 0")
+    return value
+
+
 def add_connection_arguments(p: argparse.ArgumentParser, endpoint_required: bool = True) -> None:
     p.add_argument(
         "--endpoint", required=endpoint_required, help="etcd endpoint(s), host:port[,host:port...]"
     )
     p.add_argument("--run-id", help="the job's --rdzv-id (default: the only run under the prefix)")
     p.add_argument("--prefix", default="/elastic-rm", help="etcd key prefix (default /elastic-rm)")
-    p.add_argument("--timeout", type=float, default=5.0, help="seconds for each etcd call (default 5)")
+    p.add_argument("--timeout", type=seconds, default=5.0, help="seconds for each etcd call (default 5)")
     add_etcd_security_arguments(p)
 
 
@@ -87,29 +100,61 @@ def resolve_run(client: EtcdClient, prefix: str, run_id: str | None) -> str:
     return runs[0]
 
 
+def no_run(client: EtcdClient, keys: Keyspace) -> UsageError:
+    """The error for a run id with no key in etcd, naming the runs there (as `erm stop` says it)."""
+    from elastic_rm.obs.status import list_runs
+
+    runs = list_runs(client, keys.prefix)
+    return UsageError(f"no run {keys.run_id!r} under {keys.prefix} (runs: {', '.join(runs) or 'none'})")
+
+
+def check_run(client: EtcdClient, keys: Keyspace) -> None:
+    """Raise :func:`no_run` unless the run has a key in etcd: a round, a node registered before the first
+    round, an event, anything under its prefix."""
+    if not client.get_prefix(keys.run)[0]:
+        raise no_run(client, keys)
+
+
+def reader_gone() -> int:
+    """Stdout's reader left (``erm status --json | head -1``): no traceback, no message; stdout pointed
+    at /dev/null (the flush at exit would fail again) and exit status 1, as Python's documentation on
+    SIGPIPE recommends and as rich does when it is the one writing."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout without a file descriptor (a test's StringIO)
+        pass
+    return 1
+
+
 def run(args: argparse.Namespace) -> int:
     from elastic_rm.etcd.errors import EtcdError
-    from elastic_rm.obs.status import job_status
+    from elastic_rm.obs.status import status_from_kvs
     from elastic_rm.wire.keyspace import Keyspace
 
     try:
         with connect(args) as client:
-            run_id = resolve_run(client, args.prefix, args.run_id)
-            status = job_status(
-                client,
-                Keyspace(args.prefix, run_id),
-                decisions=max(0, args.decisions),
-                all_events=args.all_events,
+            keys = Keyspace(args.prefix, resolve_run(client, args.prefix, args.run_id))
+            kvs, revision = client.get_prefix(keys.run)
+            if not kvs:
+                raise no_run(client, keys)
+            status = status_from_kvs(
+                keys, kvs, revision, decisions=max(0, args.decisions), all_events=args.all_events
             )
     except (EtcdError, ValueError, UsageError) as exc:
         print(f"erm status: error: {exc}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(status, indent=2, sort_keys=True))
-    else:
-        from rich.console import Console
+    try:
+        if args.json:
+            print(json.dumps(status, indent=2, sort_keys=True), flush=True)
+        else:
+            from rich.console import Console
 
-        Console().print(render(status, max_members=max(0, args.members)))
+            Console().print(render(status, max_members=max(0, args.members)))
+            sys.stdout.flush()
+    except BrokenPipeError:
+        return reader_gone()
     return 0
 
 

@@ -10,7 +10,7 @@ import threading
 import time
 
 from ..interrupt import wait_interruptibly
-from .status import UsageError, add_connection_arguments, connect, render, resolve_run
+from .status import UsageError, add_connection_arguments, connect, no_run, render, resolve_run
 
 HELP = "Live view of a job (erm status, refreshed from etcd watches); Ctrl-C to quit."
 MIN_FRAME_S = 0.2  # coalesce bursts of changes into one redraw
@@ -101,6 +101,9 @@ def run(args: argparse.Namespace) -> int:
         with connect(args) as client:
             keys = Keyspace(args.prefix, resolve_run(client, args.prefix, args.run_id))
             watched = WatchedRun(client, keys)
+            if not watched.snapshot()[0]:  # a run id that is not there
+                watched.close()
+                raise no_run(client, keys)
 
             def frame():
                 kvs, revision, error = watched.snapshot()
