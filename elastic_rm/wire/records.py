@@ -114,6 +114,17 @@ def _port(key: str, data: dict[str, Any], name: str) -> int:
     return port
 
 
+def _pid(key: str, data: dict[str, Any]) -> int:
+    """A process id: > 0 (0 or a negative pid would signal a process group, -1 every process)."""
+    pid = _field(key, data, "pid", int)  # a bool is not an int here
+    if pid <= 0:
+        raise RecordError(
+            f"malformed value in etcd key {key}: field 'pid' must be a process id > 0, got {pid}; "
+            "delete or fix the key"
+        )
+    return pid
+
+
 def dumps(record: Any, **extra: Any) -> bytes:
     """The record as versioned JSON; ``extra`` adds derived fields for readers (never parsed back)."""
     body = {"v": VERSION, **asdict(record), **extra}
@@ -159,7 +170,7 @@ class NodeRecord:
             node=_field(key, d, "node", str),
             host=_field(key, d, "host", str),
             addr=_field(key, d, "addr", str),
-            pid=_field(key, d, "pid", int),
+            pid=_pid(key, d),
             nproc=_field(key, d, "nproc", int),
             state=NodeState(state),
             round=_field(key, d, "round", int, 0),
