@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError as FutureCancelled
@@ -64,8 +65,8 @@ class EtcdClient:
         user: str | None = None,
         password: str | None = None,
     ):
-        if timeout <= 0:
-            raise EtcdConfigError(f"etcd timeout must be > 0 seconds, got {timeout}")
+        if not (math.isfinite(timeout) and timeout > 0):  # nan would pass `timeout <= 0`
+            raise EtcdConfigError(f"etcd timeout must be > 0 seconds (a finite number), got {timeout}")
         if (user is None) != (password is None):
             raise EtcdConfigError("etcd auth needs both a user and a password, or neither")
         self.endpoints = parse_endpoints(endpoints)

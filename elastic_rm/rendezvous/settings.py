@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import dataclass
 
@@ -78,6 +79,8 @@ def _number(params: RendezvousParameters, key: str, default: float, minimum: flo
                 " (--rdzv-conf separates key=value pairs with commas, e.g. lease_ttl=3,last_call_timeout=1)"
             )
         raise ValueError(f"--rdzv-conf {key}={raw!r} is not a number{hint}") from None
+    if not math.isfinite(value):  # nan passes every comparison below; inf is no number of seconds
+        raise ValueError(f"--rdzv-conf {key}={raw!r} must be a finite number")
     if value <= minimum:
         raise ValueError(f"--rdzv-conf {key}={raw!r} must be greater than {minimum:g}")
     return value
@@ -141,7 +144,7 @@ class RendezvousSettings:
         node_id = params.get("node_id")
         if node_id:
             validate_name("node id", node_id)
-        timeout_default = float(params.get("timeout", 600) or 600)
+        timeout_default = _number(params, "timeout", 600.0, minimum=-math.inf) or 600.0  # 0: the default
         lease_ttl = _number(params, "lease_ttl", default_lease_ttl(params.max_nodes))
         if lease_ttl != int(lease_ttl):
             raise ValueError(f"--rdzv-conf lease_ttl={lease_ttl} must be a whole number of seconds")

@@ -8,6 +8,9 @@ import os
 import sys
 import time
 
+from .outputs import output_dir_problem
+from .status import seconds
+
 HELP = (
     "Run a whole elastic job on this machine: a planned scale-up, a straggler replaced, a killed node; "
     "then a summary."
@@ -20,9 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="where logs, checkpoints, the summary and demo.json (its figures) go (default: a new temp dir)",
     )
     p.add_argument(
-        "--phase-timeout", type=float, default=120.0, help="seconds each phase may take (default 120)"
+        "--phase-timeout", type=seconds, default=120.0, help="seconds each phase may take (default 120)"
     )
-    p.add_argument("--hold", type=float, default=8.0, help="seconds to train in each phase (default 8)")
+    p.add_argument("--hold", type=seconds, default=8.0, help="seconds to train in each phase (default 8)")
     p.add_argument("--no-live", action="store_true", help="plain log lines instead of the live view")
 
 
@@ -65,6 +68,9 @@ def run(args: argparse.Namespace) -> int:
     if not os.path.isfile(DEFAULT_SCRIPT):
         print(f"erm demo: error: the example {DEFAULT_SCRIPT} is missing", file=sys.stderr)
         return 2
+    if args.workdir and (problem := output_dir_problem(args.workdir)):  # before etcd and the nodes start
+        print(f"erm demo: error: --workdir {args.workdir}: {problem}", file=sys.stderr)
+        return 2
     live = None
     if not args.no_live and sys.stdout.isatty():
         from rich.live import Live
@@ -95,6 +101,12 @@ def run(args: argparse.Namespace) -> int:
             live.stop()
             live = None
         print(f"erm demo: {exc or 'interrupted'}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # e.g. a file of the workdir could not be written (the workdir is checked above)
+        if live is not None:
+            live.stop()
+            live = None
+        print(f"erm demo: error: {exc}", file=sys.stderr)
         return 1
     finally:
         if live is not None:

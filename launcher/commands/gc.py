@@ -1,4 +1,7 @@
-"""`erm gc`: remove the node memory (/dev/shm/elastic-rm/<run>) that crashed runs left on this machine."""
+"""`erm gc`: remove the node memory (/dev/shm/elastic-rm/<run>) that crashed runs left on this machine.
+
+Only directories that elastic-rm made (owners.is_node_memory: a claim, or a run's node-memory layout) are
+ever removed; anything else under the root is listed and left alone."""
 
 from __future__ import annotations
 
@@ -43,6 +46,9 @@ def run(args: argparse.Namespace) -> int:
     freed = 0
     verb = "would remove" if args.dry_run else "removed"
     for r in runs:
+        if not r.node_memory:
+            print(f"skipped {r.path}: not elastic-rm node memory: left alone")
+            continue
         if r.owners:
             pids = ", ".join(map(str, r.owners))
             print(f"kept {r.path} ({_mb(r.bytes)}): in use by pid {pids}")

@@ -4,7 +4,10 @@ policy."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+
+from .outputs import output_dir_problem, output_file_problem
 
 HELP = "Simulate a shared cluster on a job trace under the static, Optimus-style and planner policies."
 
@@ -72,9 +75,22 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     for flag in ("machines", "cores", "mem_gib", "gpus", "tick", "load"):
-        if getattr(args, flag) is not None and getattr(args, flag) <= 0:
-            print(f"erm simulate: --{flag.replace('_', '-')} must be > 0", file=sys.stderr)
+        value = getattr(args, flag)
+        if value is not None and not (math.isfinite(value) and value > 0):  # nan and inf too
+            print(f"erm simulate: --{flag.replace('_', '-')} must be a finite number > 0", file=sys.stderr)
             return 2
+    for flag in ("fail_rate", "straggler_rate"):
+        if not math.isfinite(getattr(args, flag)):
+            print(f"erm simulate: --{flag.replace('_', '-')} must be a finite number", file=sys.stderr)
+            return 2
+    # the output paths before the simulation runs: a bad one is said now, not after minutes of work
+    problem = output_dir_problem(args.out)
+    if problem:
+        print(f"erm simulate: --out {args.out}: {problem}", file=sys.stderr)
+        return 2
+    if args.write_trace and (problem := output_file_problem(args.write_trace)):
+        print(f"erm simulate: --write-trace {args.write_trace}: {problem}", file=sys.stderr)
+        return 2
     spec = ClusterSpec(args.machines, args.cores, args.mem_gib, args.gpus)
     inst = Instability(
         fail_per_node_h=max(args.fail_rate, 0.0), straggler_per_node_h=max(args.straggler_rate, 0.0)
@@ -93,7 +109,14 @@ def run(args: argparse.Namespace) -> int:
                 f"generated(n={n}, seed={args.seed}, load={load}, family={args.family})",
             )
             if args.write_trace:
-                write_trace(args.write_trace, jobs)
+                try:
+                    write_trace(args.write_trace, jobs)
+                except OSError as exc:
+                    print(
+                        f"erm simulate: --write-trace {args.write_trace}: cannot write it: {exc}",
+                        file=sys.stderr,
+                    )
+                    return 1
     except TraceError as exc:
         print(f"erm simulate: {exc}", file=sys.stderr)
         return 2
@@ -111,6 +134,11 @@ def run(args: argparse.Namespace) -> int:
         f"({spec.cores:g} cores, {spec.mem_gib:g} GiB, {spec.gpus} GPUs)"
     )
     print(table(result["summary"], baseline="static" if "static" in policies else policies[0]))
-    for path in write_outputs(result, data, args.out, plots=not args.no_plots):
+    try:
+        paths = write_outputs(result, data, args.out, plots=not args.no_plots)
+    except OSError as exc:
+        print(f"erm simulate: --out {args.out}: cannot write the results: {exc}", file=sys.stderr)
+        return 1
+    for path in paths:
         print(f"wrote {path}")
     return 0

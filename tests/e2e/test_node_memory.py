@@ -20,13 +20,15 @@ from tests.e2e.helpers import wait_until
 ERMRUN = os.path.join(BIN, "ermrun")
 ERM = os.path.join(BIN, "erm")
 
-# a worker that fills its node's memory directory, then exits with the code given
+# a worker that fills its node's memory directory (a flash checkpoint's layout: `erm gc` removes nothing
+# else), then exits with the code given
 WRITER = """
 import os, pathlib, sys, time
 env = os.environ
 node = pathlib.Path(env["ELASTIC_RM_MEMORY_ROOT"]) / env["TORCHELASTIC_RUN_ID"] / env["ERM_NODE_ID"]
-node.mkdir(parents=True, exist_ok=True)
-(node / "step-1").write_bytes(b"0" * 100_000)
+(node / "step-00000001").mkdir(parents=True, exist_ok=True)
+(node / "step-00000001" / "shard").write_bytes(b"0" * 100_000)
+(node / "step-00000001" / "manifest.json").write_text("{}")
 if sys.argv[1] == "forever":
     time.sleep(600)
 sys.exit(int(sys.argv[1]))
@@ -67,7 +69,9 @@ def test_erm_gc_removes_a_killed_runs_memory_and_keeps_a_live_ones(tmp_path, pro
     )
     procs += [live, dead]
     for name, p in (("live-run", live), ("dead-run", dead)):
-        wait_until(lambda n=name: any((memory_root() / n).glob("*/step-1")), 90, f"{name}'s node memory", [p])
+        wait_until(
+            lambda n=name: any((memory_root() / n).glob("*/step-00000001")), 90, f"{name}'s node memory", [p]
+        )
     assert live_owners(memory_root() / "live-run") == [live.pid]
     os.kill(dead.pid, signal.SIGKILL)  # the agent only: its watchdog ends the workers
     dead.wait(10)
@@ -84,11 +88,11 @@ def test_erm_gc_removes_a_killed_runs_memory_and_keeps_a_live_ones(tmp_path, pro
     assert done.returncode == 0, done.stderr
     assert f"removed {memory_root() / 'dead-run'}" in done.stdout, done.stdout
     assert not (memory_root() / "dead-run").exists()
-    assert any((memory_root() / "live-run").glob("*/step-1"))
+    assert any((memory_root() / "live-run").glob("*/step-00000001"))
     live.signal(signal.SIGTERM)
     live.wait(60)
     assert not (memory_root() / "live-run" / OWNERS).exists()  # the claim went with the agent
-    assert any((memory_root() / "live-run").glob("*/step-1"))  # a signal leaves the node's memory
+    assert any((memory_root() / "live-run").glob("*/step-00000001"))  # a signal leaves the node's memory
     assert "in use" not in _erm("gc").stdout and not (memory_root() / "live-run").exists()
 
 
@@ -116,11 +120,12 @@ def test_a_claim_by_a_dead_process_is_not_live(tmp_path):
 def test_erm_gc_run_removes_that_runs_memory_only(tmp_path):
     root = tmp_path / "shm"
     for run in ("job-a", "job-b"):  # what killed runs left: no owner
-        (root / run / "n0" / "step-5").mkdir(parents=True)
-        (root / run / "n0" / "step-5" / "shard").write_bytes(b"0" * 4096)
+        (root / run / "n0" / "step-00000005").mkdir(parents=True)
+        (root / run / "n0" / "step-00000005" / "shard").write_bytes(b"0" * 4096)
+        (root / run / "n0" / "step-00000005" / "manifest.json").write_text("{}")
     done = _erm("gc", "--root", str(root), "--run", "job-a")
     assert done.returncode == 0, done.stderr
     assert f"removed {root / 'job-a'}" in done.stdout and "job-b" not in done.stdout, done.stdout
-    assert not (root / "job-a").exists() and (root / "job-b" / "n0" / "step-5" / "shard").exists()
+    assert not (root / "job-a").exists() and (root / "job-b" / "n0" / "step-00000005" / "shard").exists()
     none = _erm("gc", "--root", str(root), "--run", "job-c")
     assert none.returncode == 0 and "no node memory of run 'job-c'" in none.stdout, none.stdout
