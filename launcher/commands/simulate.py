@@ -8,6 +8,7 @@ import math
 import sys
 
 from .outputs import output_dir_problem, output_file_problem
+from .status import reader_gone
 
 HELP = "Simulate a shared cluster on a job trace under the static, Optimus-style and planner policies."
 
@@ -129,16 +130,27 @@ def run(args: argparse.Namespace) -> int:
         return 2
     result = run_policies(jobs, spec, args.seed, policies, inst, args.tick)
     data = payload(result, spec, inst, args.seed, source, len(jobs))
-    print(
-        f"{len(jobs)} jobs from {source}; cluster {spec.machines} x "
-        f"({spec.cores:g} cores, {spec.mem_gib:g} GiB, {spec.gpus} GPUs)"
-    )
-    print(table(result["summary"], baseline="static" if "static" in policies else policies[0]))
+    reader_left = False  # `erm simulate ... | head`: the results are still written
+    try:
+        print(
+            f"{len(jobs)} jobs from {source}; cluster {spec.machines} x "
+            f"({spec.cores:g} cores, {spec.mem_gib:g} GiB, {spec.gpus} GPUs)"
+        )
+        print(
+            table(result["summary"], baseline="static" if "static" in policies else policies[0]), flush=True
+        )
+    except BrokenPipeError:
+        reader_left = True
     try:
         paths = write_outputs(result, data, args.out, plots=not args.no_plots)
     except OSError as exc:
         print(f"erm simulate: --out {args.out}: cannot write the results: {exc}", file=sys.stderr)
         return 1
-    for path in paths:
-        print(f"wrote {path}")
-    return 0
+    try:
+        if not reader_left:
+            for path in paths:
+                print(f"wrote {path}", flush=True)
+            return 0
+    except BrokenPipeError:
+        pass
+    return reader_gone()

@@ -3,9 +3,14 @@ flag) said before the simulation runs; an output that fails at write time is a m
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+
 import pytest
 
 from launcher.erm import main
+from tests.conftest import BIN, REPO
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -61,3 +66,15 @@ def test_out_that_fails_at_write_time_is_a_message(tmp_path, capsys):
 def test_write_trace_that_fails_at_write_time_is_a_message(tmp_path, capsys):
     rc, _, err = run(capsys, "--out", str(tmp_path / "o"), "--write-trace", "/dev/full")  # ENOSPC
     assert rc == 1 and "--write-trace /dev/full: cannot write it" in err and "Traceback" not in err, err
+
+
+def test_a_reader_that_left_ends_the_output_quietly_and_the_results_are_still_written(tmp_path):
+    """`erm simulate ... | head -1`: no traceback, exit status 1, and result.json written all the same."""
+    out = tmp_path / "sim"
+    argv = [os.path.join(BIN, "erm"), "simulate", "--generate", "8", "--no-plots", "--out", str(out)]
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    assert p.stdout is not None
+    p.stdout.close()  # the reader left before the first line
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 1 and err == "", (p.returncode, err[-2000:])
+    assert json.loads((out / "result.json").read_text())["policies"]
