@@ -91,7 +91,7 @@ class Connection:
     @property
     def endpoint(self) -> str:
         host, port = self.endpoints[self._index]
-        return f"{host}:{port}"
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
     @property
     def transport(self) -> str:
@@ -119,7 +119,7 @@ class Connection:
         }
         kind = GatewayClient if fork.gateway_needed() else TlsAetcdClient
         return kind(
-            host=host,
+            host=f"[{host}]" if ":" in host else host,  # an IPv6 address: gRPC's target is [addr]:port
             port=port,
             username=self._user,
             password=self._password,

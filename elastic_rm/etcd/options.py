@@ -46,7 +46,8 @@ class TlsOptions:
 
 
 def parse_endpoints(endpoints: str | Sequence[str], default_port: int = 2379) -> list[tuple[str, int]]:
-    """``"h1:2379,h2:2379"`` or a list of ``host[:port]`` (an ``http(s)://`` scheme is tolerated)."""
+    """``"h1:2379,h2:2379"`` or a list of ``host[:port]`` (an ``http(s)://`` scheme is tolerated; an IPv6
+    address in brackets, ``[::1]:2379``, is returned without them)."""
     items = endpoints.split(",") if isinstance(endpoints, str) else list(endpoints)
     parsed = []
     for item in (i.strip() for i in items):
