@@ -19,6 +19,7 @@ import psutil
 from ..etcd.client import EtcdClient
 from ..etcd.errors import EtcdError
 from ..etcd.lease import KeptLease
+from ..etcd.ops import Compare, Op
 from ..obs.events import EventLog
 from ..planner.interface import NodeState
 from ..wire.records import NodeRecord, RecordError, RoundRecord, dumps
@@ -31,6 +32,11 @@ log = logging.getLogger(__name__)
 def new_node_id(host: str) -> str:
     safe = "".join(c if c.isalnum() or c in "._-" else "-" for c in host)[:64].strip("-._") or "node"
     return f"{safe}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def _alive(pid: int) -> bool:
+    """Whether another process of this host has this pid."""
+    return pid > 0 and pid != os.getpid() and psutil.pid_exists(pid)
 
 
 class NodeIdInUse(ValueError):
@@ -137,14 +143,15 @@ class NodeSession:
                 self.start_lease()
             assert self.lease is not None
             key, value = self._keys.node(self.node_id), dumps(self.record(state))
-            if not self.registered_rev:
-                self._refuse_a_live_holder(key)
             self.state = state
             if not wait:
                 self._client.put_nowait(key, value, lease=self.lease.id)
                 return
             try:
-                rev = self._client.put(key, value, lease=self.lease.id)
+                if self.registered_rev:
+                    rev = self._client.put(key, value, lease=self.lease.id)
+                else:
+                    rev = self._first_registration(key, value)
                 self.registered_rev = self.registered_rev or rev
             except EtcdError as exc:
                 if "lease not found" not in str(exc) or retry_lost_lease <= 0:
@@ -154,24 +161,26 @@ class NodeSession:
                 self.lease.mark_lost()
                 self.ensure_registered(state, wait, retry_lost_lease - 1)
 
-    def _refuse_a_live_holder(self, key: str) -> None:
-        """Before this process first registers its node id: a record of that id under another lease is
-        an earlier process's. A dead one's (an agent restarted at once by a supervisor, before its
-        predecessor's lease expired) is taken over, and the run's rounds carry on (docs/guarantees.md).
-        One still running on this host would take the rounds of this process and this one its rounds:
-        refuse then (NodeIdInUse). A holder on another host cannot be told alive from dead from here: it
-        is taken over as before."""
+    def _first_registration(self, key: str, value: bytes) -> int:
+        """This process's first registration of its node id, in one request when the id is free. A record
+        of that id under another lease is an earlier process's. A dead one's (an agent restarted at once
+        by a supervisor, before its predecessor's lease expired) is taken over, and the run's rounds
+        carry on (docs/guarantees.md). One still running on this host would take the rounds of this
+        process and this one its rounds: refused (NodeIdInUse). A holder on another host cannot be told
+        alive from dead from here: it is taken over as before. Returns the registration's revision."""
         assert self.lease is not None
-        kv = self._client.get(key)
-        if kv is None or kv.lease == self.lease.id:
-            return
-        try:
-            holder = NodeRecord.parse(key, kv.value)
-        except RecordError:
-            return  # a malformed record is overwritten, as any other
-        alive = holder.pid > 0 and holder.pid != os.getpid() and psutil.pid_exists(holder.pid)
-        if holder.host == self.host and alive:
-            raise NodeIdInUse(self._keys.run_id, self.node_id, holder)
+        got = self._client.txn([Compare.absent(key)], [Op.put(key, value, self.lease.id)], [Op.get(key)])
+        if got.succeeded:
+            return got.revision
+        held = got.kvs[0] if got.kvs else None
+        if held is not None and held.lease != self.lease.id:
+            try:
+                holder = NodeRecord.parse(key, held.value)
+            except RecordError:
+                holder = None  # a malformed record is overwritten, as any other
+            if holder is not None and holder.host == self.host and _alive(holder.pid):
+                raise NodeIdInUse(self._keys.run_id, self.node_id, holder)
+        return self._client.put(key, value, lease=self.lease.id)
 
     def registration(self, state: NodeState) -> tuple[str, bytes, int] | None:
         """This node's record in ``state`` as a ``(key, value, lease)`` put, for a caller that sends it with
