@@ -239,6 +239,8 @@ def closed_stdout(argv: list[str]) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(argv, p.returncode, "", err)
 
 
+# 16 s (five erm processes); CI keeps a closed pipe through erm simulate and erm events --follow
+@pytest.mark.slow
 def test_status_and_plan_leave_quietly_when_the_reader_left(etcd, run_id, tmp_path):
     recorded(etcd, run_id, tmp_path)
     job = tmp_path / "job.json"
