@@ -17,8 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from elastic_rm.planner.config import config_from_job
     from elastic_rm.planner.explain import explain, render
-    from elastic_rm.planner.job import JobSpecError
 
     name = "<stdin>" if args.job == "-" else args.job
     try:
@@ -41,9 +41,10 @@ def run(args: argparse.Namespace) -> int:
         for key in ("min_nodes", "max_nodes"):
             if getattr(args, key) is not None:
                 desc[key] = getattr(args, key)
-    try:
-        report = explain(desc, where=name)
-    except JobSpecError as exc:
+    try:  # the job's "planner" settings, checked as ermrun --job checks them: the live leader uses them
+        cfg = config_from_job(desc, where=f"{name}: planner") if isinstance(desc, dict) else None
+        report = explain(desc, cfg, where=name)
+    except ValueError as exc:  # a JobSpecError, or a planner setting config_from_job refuses
         print(f"erm plan: {exc}", file=sys.stderr)
         return 2
     try:

@@ -49,6 +49,24 @@ def test_plan_rejects_bad_descriptions_with_a_message(tmp_path, capsys, text, ne
     assert rc == 2 and needle in err and "bad.json" in err and "Traceback" not in err + out
 
 
+def test_plan_checks_and_uses_the_jobs_planner_settings_as_ermrun_does(tmp_path, capsys):
+    """The job's "planner" object is what the live leader plans with: erm plan refuses what ermrun --job
+    refuses, naming the field, and plans with the settings it accepts (here the cold start's size)."""
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps({**JOB, "min_nodes": 1, "max_nodes": 8, "planner": {"window": "x"}}))
+    rc, out, err = run(capsys, "plan", str(path))
+    assert rc == 2 and "planner.window: expected a number >= 0" in err and "Traceback" not in err + out
+    sizes = []
+    for nodes in (3, 5):
+        path.write_text(
+            json.dumps({**JOB, "min_nodes": 1, "max_nodes": 8, "planner": {"cold_start_nodes": nodes}})
+        )
+        rc, out, err = run(capsys, "plan", str(path), "--json")
+        assert rc == 0 and not err, err
+        sizes.append(json.loads(out)["stage1"]["world"])
+    assert sizes == [3, 5]
+
+
 def test_plan_missing_file(capsys, tmp_path):
     rc, _, err = run(capsys, "plan", str(tmp_path / "nope.json"))
     assert rc == 2 and "cannot read" in err
