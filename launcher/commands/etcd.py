@@ -10,6 +10,17 @@ import sys
 HELP = "Run an etcd member for a multi-host job (foreground; Ctrl-C stops it)."
 
 
+def port(text: str) -> int:
+    """argparse type: a TCP port, 1-65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r}: a port number from 1 to 65535")
+    return value
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--name", default=socket.gethostname().split(".")[0], help="member name (default: short hostname)"
@@ -19,8 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--listen-host", default="0.0.0.0", help="address to listen on (default: all)")
     p.add_argument("--advertise-host", default=socket.getfqdn(), help="address other hosts reach this one at")
-    p.add_argument("--client-port", type=int, default=2379)
-    p.add_argument("--peer-port", type=int, default=2380)
+    p.add_argument("--client-port", type=port, default=2379)
+    p.add_argument("--peer-port", type=port, default=2380)
     p.add_argument(
         "--initial-cluster",
         help="all members, name=http://host:peerport,... (default: this member alone)",
@@ -38,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from elastic_rm.etcd.server import EtcdServerError, find_etcd_binary, member_command
 
+    if args.client_port == args.peer_port:
+        print(f"erm etcd: error: --client-port and --peer-port are both {args.client_port}", file=sys.stderr)
+        return 2
     if (args.cert_file is None) != (args.key_file is None):
         print("erm etcd: error: --cert-file and --key-file go together", file=sys.stderr)
         return 2

@@ -7,6 +7,8 @@ import signal
 import subprocess
 import time
 
+import pytest
+
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.etcd.errors import EtcdError
 from elastic_rm.etcd.server import free_port
@@ -54,3 +56,19 @@ def test_erm_etcd_rejects_half_tls(tmp_path):
         [erm, "etcd", "--cert-file", "/etc/hostname"], capture_output=True, text=True, timeout=30
     )
     assert result.returncode == 2 and "--cert-file and --key-file go together" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--client-port", "99999"], "argument --client-port: '99999': a port number from 1 to 65535"),
+        (["--peer-port", "0"], "argument --peer-port: '0': a port number from 1 to 65535"),
+        (["--client-port", "2400", "--peer-port", "2400"], "--client-port and --peer-port are both 2400"),
+    ],
+)
+def test_erm_etcd_refuses_ports_etcd_cannot_listen_on_before_starting_it(tmp_path, args, message):
+    erm = os.path.join(BIN, "erm")
+    argv = [erm, "etcd", "--data-dir", str(tmp_path / "data"), "--print-command", *args]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert not (tmp_path / "data").exists()
