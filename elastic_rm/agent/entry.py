@@ -26,8 +26,10 @@ from torch.distributed.launcher.api import LaunchConfig, _get_addr_and_port, _ge
 
 from ..checkpoint import owners
 from ..checkpoint.node_memory import remove_node_memory, run_memory_dir
+from ..rendezvous.handler import ElasticRMRendezvousHandler
 from ..rendezvous.registration import node_services, register
 from ..rendezvous.services import NodeServices
+from ..rendezvous.session import NodeIdInUse
 from ..train.world_sizes import ENV_NNODES
 from .agent import AgentOptions, ElasticRMAgent
 
@@ -85,6 +87,15 @@ def not_needed(state: WorkerState, services: NodeServices | None, node_id: str) 
     if state == WorkerState.STOPPED:
         return "while its workers were stopped for a new round"
     return None
+
+
+def closed_outcome(status: str) -> str:
+    """The outcome a node that closes the run records (ClosedRecord.outcome), from its job's status."""
+    if status == "succeeded":
+        return "succeeded"
+    if status.startswith("failed"):
+        return "failed"
+    return "stopped" if status.startswith("stopped") else ""
 
 
 def free_node_memory(run_id: str, agent: ElasticRMAgent, why: str) -> None:
@@ -222,6 +233,9 @@ def launch_agent(
             status += f" {when}"
             raise LeftBeforeWorkers(str(exc), exc.sigval, when) from exc
         raise
+    except NodeIdInUse:
+        close_rendezvous = False  # the run, and this node id in it, are another live process's
+        raise
     except Exception:
         events.record(agent.get_event_failed(), config.event_log_handler)
         raise
@@ -230,7 +244,9 @@ def launch_agent(
         agent.events.flush()  # the etcd copy is written without waiting: let the last event land
         agent.close()
         agent.events.close()
-        if close_rendezvous:
-            handler.shutdown()
+        if close_rendezvous and isinstance(handler, ElasticRMRendezvousHandler):
+            handler.shutdown(outcome=closed_outcome(status))
+        elif close_rendezvous:
+            handler.shutdown()  # torch's own backends
         elif services is not None:
             services.release()  # leave without closing the run (torch's backends keep theirs as torch does)

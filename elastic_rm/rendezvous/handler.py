@@ -25,12 +25,14 @@ normal exit, not when the agent dies from a signal).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 
 from torch.distributed.elastic.rendezvous import (
     RendezvousClosedError,
     RendezvousConnectionError,
+    RendezvousError,
     RendezvousGracefulExitError,
     RendezvousHandler,
     RendezvousInfo,
@@ -123,6 +125,7 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             events=self._session.events,
         )
         self._shut = False
+        self._seen_open = False  # this process saw the run open at least once (_closed_error)
         self._probe: PeerProbe | None = None
         self.services: NodeServices = RendezvousNodeServices(
             self._client, self._session, self._view, self._leader, self.release, job, metrics_parser
@@ -220,9 +223,8 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             if error is not None:
                 raise error
             if closed is not None:
-                raise RendezvousGracefulExitError(
-                    f"run {self._keys.run_id} is closed (by {closed.by}); nothing to join"
-                )
+                raise self._closed_error(closed)
+            self._seen_open = True
             if session.lease_lost:
                 session.ensure_registered(NodeState.JOINING)
                 after, acked = 0, 0
@@ -346,11 +348,33 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             RendezvousStoreInfo(master_addr=r.master[0], master_port=r.master[1]),
         )
 
+    def _closed_error(self, closed: ClosedRecord) -> RendezvousError:
+        """A closed run sends a node home gracefully (exit 0): a standby at the job's end, a node that
+        arrived late. A process that never saw the run open and finds it closed after a failure or an
+        `erm stop` is most likely the job started again under the same run id: it fails, saying so,
+        rather than exit 0 having run nothing (a run id names one run). A node that erm launch started
+        (ERM_LAUNCH_HOST set) may come up after the run it was started for ended: it exits gracefully,
+        the launcher decides about its nodes."""
+        saw_it_open = self._seen_open or self._session.joined is not None
+        launched = bool(os.environ.get("ERM_LAUNCH_HOST"))
+        if saw_it_open or launched or closed.outcome not in ("failed", "stopped"):
+            return RendezvousGracefulExitError(
+                f"run {self._keys.run_id} is closed (by {closed.by}); nothing to join"
+            )
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(closed.time)) if closed.time else "?"
+        return RendezvousClosedError(
+            f"run {self._keys.run_id} ended ({closed.outcome}, closed by {closed.by} at {when}) before "
+            f"this node started. A run id names one run: start the job again with a new --rdzv-id, or "
+            f"delete the old run's keys first (etcdctl del --prefix {self._keys.run})"
+        )
+
     def is_closed(self) -> bool:
         return self._view.closed is not None
 
-    def set_closed(self) -> None:
-        record = ClosedRecord(by=self._session.node_id, time=time.time())
+    def set_closed(self, outcome: str = "") -> None:
+        """Close the run; ``outcome`` (succeeded, failed, stopped) tells a process started later under
+        this run id whether the job it finds closed ran to its end (_closed_error)."""
+        record = ClosedRecord(by=self._session.node_id, time=time.time(), outcome=outcome)
         try:
             self._client.put(self._keys.closed, dumps(record))
         except EtcdError as exc:
@@ -372,14 +396,15 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
             self._waiting = cached = (r, done, max(1, len(set(r.members) - set(done.members))))
         return cached[2]
 
-    def shutdown(self) -> bool:
-        """Close the run (torch semantics), drop this node's keys, stop threads."""
+    def shutdown(self, outcome: str = "") -> bool:
+        """Close the run (torch semantics; ``outcome`` as in set_closed), drop this node's keys, stop
+        threads."""
         if self._shut:
             return True
         ok = True
         try:
             if self._view.closed is None:
-                self.set_closed()
+                self.set_closed(outcome)
         except RendezvousConnectionError as exc:
             log.warning("%s", exc)
             ok = False

@@ -14,7 +14,11 @@ import inspect
 import logging
 import sys
 
-from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError, RendezvousInfo
+from torch.distributed.elastic.rendezvous import (
+    RendezvousClosedError,
+    RendezvousGracefulExitError,
+    RendezvousInfo,
+)
 from torch.distributed.launcher import api as torch_launcher
 
 from .handler import ElasticRMRendezvousHandler
@@ -37,6 +41,10 @@ class ExitsWhenClosed(ElasticRMRendezvousHandler):
             )
             self.release()
             raise SystemExit(0) from None
+        except RendezvousClosedError as exc:  # the run failed or was stopped before this node started
+            log.error("elastic-rm: node %s: %s", self.node_id, exc)
+            self.release()
+            raise SystemExit(1) from None
 
 
 def created_by_torch_launch_agent(max_depth: int = 64) -> bool:

@@ -324,17 +324,32 @@ class RefusedRecord:
         )
 
 
+CLOSED_OUTCOMES = ("succeeded", "failed", "stopped")
+
+
 @dataclass(frozen=True)
 class ClosedRecord:
-    """``closed``: the job finished; no more rounds."""
+    """``closed``: the job finished; no more rounds. ``outcome``: how, when the closer knew (one of
+    CLOSED_OUTCOMES; "" from stock torchrun's launcher, or a record older than the field)."""
 
     by: str
     time: float = 0.0
+    outcome: str = ""
 
     @classmethod
     def parse(cls, key: str, raw: bytes) -> ClosedRecord:
         d = _load(key, raw)
-        return cls(by=_field(key, d, "by", str), time=float(_field(key, d, "time", (int, float), 0.0)))
+        outcome = _field(key, d, "outcome", str, "")
+        if outcome not in ("", *CLOSED_OUTCOMES):
+            raise RecordError(
+                f"malformed value in etcd key {key}: field 'outcome' must be one of {CLOSED_OUTCOMES}, got "
+                f"{outcome!r}; delete or fix the key"
+            )
+        return cls(
+            by=_field(key, d, "by", str),
+            time=float(_field(key, d, "time", (int, float), 0.0)),
+            outcome=outcome,
+        )
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,7 @@ def _stop_run(client, keys, wait_s: float) -> int:
     if by is not None:
         print(f"erm stop: run {keys.run_id} is already closed (by {by})")
     else:
-        client.put(keys.closed, dumps(ClosedRecord(by=STOP_BY, time=time.time())))
+        client.put(keys.closed, dumps(ClosedRecord(by=STOP_BY, time=time.time(), outcome="stopped")))
         print(f"erm stop: run {keys.run_id} closed; its agents drain their workers and exit")
     nodes, malformed = _nodes(client, keys)
     for text in malformed:

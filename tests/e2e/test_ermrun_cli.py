@@ -9,8 +9,9 @@ import subprocess
 import pytest
 
 from elastic_rm.etcd.client import EtcdClient
+from elastic_rm.wire.records import ClosedRecord
 from tests.conftest import BIN
-from tests.e2e.helpers import STEPS, records
+from tests.e2e.helpers import STEPS, ermrun, records, steps_at_world, wait_until
 from tests.leftovers import ENV_SESSION, marked_processes
 
 ERMRUN = os.path.join(BIN, "ermrun")
@@ -114,3 +115,41 @@ def test_standalone_help_says_what_ermrun_does():
     (standalone,) = [a for a in build_parser()._actions if a.dest == "standalone"]
     assert "embedded etcd" in standalone.help and "C10d" not in standalone.help, standalone.help
     assert "ignored" not in standalone.help  # ermrun refuses an --rdzv-endpoint with it
+
+
+def _closed(etcd, run_id):
+    with EtcdClient(etcd.endpoint, timeout=5) as c:
+        kv = c.get(f"/elastic-rm/{run_id}/closed")
+    return None if kv is None else ClosedRecord.parse("closed", kv.value)
+
+
+def test_a_second_ermrun_under_a_live_nodes_id_is_refused_and_leaves_the_run_open(
+    etcd, run_id, tmp_path, procs
+):
+    args = ["--nnodes", "1:2", "--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, "--node-id", "x"]
+    first = ermrun(tmp_path, "first", args)  # trains until its stop file
+    procs.append(first)
+    wait_until(lambda: steps_at_world(tmp_path, "first", 1) > 3, 120, "the first node training", [first])
+    second = run(["--spares", "off", *args, STEPS], tmp_path, timeout=120)
+    assert second.returncode == 2, second.stderr[-2000:]
+    assert (
+        f"node id 'x' is in use in run {run_id}: pid " in second.stderr and "Traceback" not in second.stderr
+    )
+    assert _closed(etcd, run_id) is None  # the refused process did not close the run
+    before = steps_at_world(tmp_path, "first", 1)
+    wait_until(lambda: steps_at_world(tmp_path, "first", 1) > before + 3, 60, "training going on", [first])
+    assert first.popen.poll() is None
+
+
+def test_a_job_started_again_under_the_id_of_a_run_that_failed_says_so_and_fails(etcd, run_id, tmp_path):
+    failing = tmp_path / "fail.py"
+    failing.write_text("import sys; sys.exit(3)\n")
+    args = ["--spares", "off", "--nnodes", "1", "--max-restarts", "0", "--rdzv-endpoint", etcd.endpoint]
+    first = run([*args, "--rdzv-id", run_id, str(failing)], tmp_path)
+    assert first.returncode != 0
+    assert _closed(etcd, run_id).outcome == "failed"
+    again = run([*args, "--rdzv-id", run_id, STEPS], tmp_path, timeout=120)
+    assert again.returncode == 2, again.stderr[-2000:]
+    assert f"run {run_id} ended (failed, closed by " in again.stderr and "new --rdzv-id" in again.stderr
+    assert "Traceback" not in again.stderr
+    assert records(tmp_path, "e") == []  # nothing ran
