@@ -66,7 +66,7 @@ from elastic_rm.checkpoint.manifest import (
     step_dirname,
     write_file,
 )
-from elastic_rm.checkpoint.node_memory import held_bytes, run_memory_dir
+from elastic_rm.checkpoint.node_memory import held_bytes, memory_dirs, run_memory_dir
 from elastic_rm.checkpoint.peers import PeerClient, PeerEndpoint, PeerError, peers_from_env
 from elastic_rm.checkpoint.plan_record import plan_digest, plan_summary
 from elastic_rm.checkpoint.restore import RestoreResult, restore_checkpoint
@@ -74,7 +74,7 @@ from elastic_rm.checkpoint.restore_report import report_restore
 from elastic_rm.checkpoint.retention import drop_newer_than
 from elastic_rm.checkpoint.snapshot import Snapshotter, app_state
 from elastic_rm.checkpoint.sources import CheckpointSource, DirectorySource, HttpPeerSource, memory_sources
-from elastic_rm.checkpoint.split_folds import chain_tops, finish_split_folds, folded_offers, memory_dirs
+from elastic_rm.checkpoint.split_folds import finish_split_folds, held_folds
 
 log = logging.getLogger(__name__)
 
@@ -776,8 +776,8 @@ class FlashCheckpointer:
         """A fold that ran on some nodes (or a node's own memory) and not on others (or its replica on
         the peer) is finished everywhere before the steps are read (split_folds.py). Collective."""
         dirs = memory_dirs(self.node_dir) if self.leader else []
-        offers = folded_offers(dirs)
-        held = all_gather_json([sorted(offers), chain_tops(dirs)], self.pg)  # digests only: small
+        offers, tops = held_folds(dirs)
+        held = all_gather_json([sorted(offers), tops], self.pg)  # digests only: small
         wanted = {sha for _, tops in held for sha in tops} & {sha for folded, _ in held for sha in folded}
         givers = {sha: min(r for r, (folded, _) in enumerate(held) if sha in folded) for sha in wanted}
         mine = {sha: offers[sha] for sha, r in givers.items() if r == self.rank}

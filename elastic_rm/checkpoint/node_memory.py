@@ -38,6 +38,15 @@ def remove_node_memory(run_id: str, node_id: str, root: Path | None = None) -> b
     return True
 
 
+def memory_dirs(node_dir: Path) -> list[Path]:
+    """A node's memory directory and the replica directories it holds for its peers (``replicas/<src>/``,
+    sorted); none when the node holds no memory."""
+    if not node_dir.is_dir():
+        return []
+    rep = node_dir / "replicas"
+    return [node_dir] + (sorted(p for p in rep.iterdir() if p.is_dir()) if rep.is_dir() else [])
+
+
 def held_bytes(directory: Path) -> int:
     """Bytes of the files under `directory` (a node's memory directory: its steps, the replicas it keeps
     for peers, unfinished temporary directories): what the node's checkpoints hold in its memory now."""

@@ -32,6 +32,7 @@ from elastic_rm.checkpoint.manifest import (
     step_dirname,
     verify_file,
 )
+from elastic_rm.checkpoint.node_memory import memory_dirs
 from elastic_rm.checkpoint.peers import PeerClient, PeerEndpoint, PeerError
 
 log = logging.getLogger(__name__)
@@ -72,8 +73,7 @@ def memory_sources(name: str, root: Path) -> list[CheckpointSource]:
     different checkpoints of one step (a replica left from before a restore): a file is read only
     with the manifest of the directory that holds it."""
     root = Path(root)
-    rep = root / "replicas"
-    peers = sorted(p for p in rep.iterdir() if p.is_dir()) if rep.is_dir() else []
+    peers = memory_dirs(root)[1:]
     return [DirectorySource(name, root)] + [DirectorySource(f"{name}/replica:{p.name}", p) for p in peers]
 
 

@@ -27,21 +27,19 @@ from .retention import read_links
 log = logging.getLogger(__name__)
 
 
-def memory_dirs(node_dir: Path) -> list[Path]:
-    """A node's memory directory and the replica directories it holds for its peers."""
-    if not node_dir.is_dir():
-        return []
-    rep = node_dir / "replicas"
-    return [node_dir] + (sorted(p for p in rep.iterdir() if p.is_dir()) if rep.is_dir() else [])
-
-
-def folded_offers(dirs: list[Path]) -> dict[str, str]:
-    """The folded bases these directories hold, as {the digest of the delta each folded: its manifest's
-    text}, each manifest checked. A fold that a crash interrupted here is finished (or dropped) first."""
+def held_folds(dirs: list[Path]) -> tuple[dict[str, str], list[str]]:
+    """What these directories hold, for the nodes to compare: their folded bases, as {the digest of the
+    delta each folded: its manifest's text} (each manifest checked), and the digests of the deltas their
+    chains end at (what a folded base elsewhere may have folded). A fold that a crash interrupted here is
+    finished (or dropped) first."""
     offers: dict[str, str] = {}
+    tops: list[str] = []
     for directory in dirs:
         recover_fold(directory)
-        for step, link in read_links(directory).items():
+        links = read_links(directory)
+        if links and (top := links[max(links)]).kind == "delta":
+            tops.append(top.sha)
+        for step, link in links.items():
             if link.kind != "full":
                 continue
             path = directory / step_dirname(step) / MANIFEST
@@ -52,17 +50,7 @@ def folded_offers(dirs: list[Path]) -> dict[str, str]:
                     offers[folded["top_sha256"]] = body.decode()
             except (OSError, UnicodeDecodeError, CorruptCheckpointError):
                 continue  # the restore reports a bad manifest; it offers nothing here
-    return offers
-
-
-def chain_tops(dirs: list[Path]) -> list[str]:
-    """The digests of the deltas these directories' chains end at: what a folded base may have folded."""
-    tops = []
-    for directory in dirs:
-        links = read_links(directory)
-        if links and (top := links[max(links)]).kind == "delta":
-            tops.append(top.sha)
-    return tops
+    return offers, tops
 
 
 def finish_split_folds(dirs: list[Path], offers: dict[str, str]) -> list[tuple[Path, int]]:
@@ -70,8 +58,8 @@ def finish_split_folds(dirs: list[Path], offers: dict[str, str]) -> list[tuple[P
     digest of the delta each folded, from every node) folded elsewhere; returns the (directory, step)
     folds done. A directory that does not hold that whole chain is left as it is (fold_chain refuses
     before touching anything)."""
-    done = []
-    for directory in dirs:
+    done: list[tuple[Path, int]] = []
+    for directory in dirs if offers else []:  # none: no fold was split (the usual restore)
         links = read_links(directory)
         if not links:
             continue
@@ -98,4 +86,4 @@ def finish_split_folds(dirs: list[Path], offers: dict[str, str]) -> list[tuple[P
     return done
 
 
-__all__ = ["chain_tops", "finish_split_folds", "folded_offers", "memory_dirs"]
+__all__ = ["finish_split_folds", "held_folds"]

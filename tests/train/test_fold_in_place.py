@@ -30,9 +30,10 @@ from elastic_rm.checkpoint.inplace import (
     recover_fold,
 )
 from elastic_rm.checkpoint.manifest import MANIFEST, file_entry, make_manifest
+from elastic_rm.checkpoint.node_memory import memory_dirs
 from elastic_rm.checkpoint.retention import chain, drop_newer_than, read_links
 from elastic_rm.checkpoint.server import CheckpointServer
-from elastic_rm.checkpoint.split_folds import chain_tops, finish_split_folds, folded_offers, memory_dirs
+from elastic_rm.checkpoint.split_folds import finish_split_folds, held_folds
 from elastic_rm.checkpoint.store import CheckpointStore, Refused
 
 TABLES = [
@@ -442,16 +443,16 @@ def test_a_chain_folded_on_one_copy_only_is_folded_alike_from_the_offered_manife
     shutil.copytree(saved / "shm" / "n0", other)
     shutil.rmtree(other / "step-00000004")  # its chain ends at step 3: no offer folds it
     before = tree(other)
-    offers = folded_offers(memory_dirs(own.parent / "n0"))
+    offers, _ = held_folds(memory_dirs(own.parent / "n0"))
     top = read_links(held)[4].sha
-    assert offers == {top: body.decode()} and chain_tops([held, other, own]) == [
+    assert offers == {top: body.decode()} and held_folds([held, other, own])[1] == [
         top,
         read_links(other)[3].sha,
     ]
     assert finish_split_folds([held, other, own], offers) == [(held, 4)]
     assert tree(held) == folded
     assert tree(other) == before
-    assert finish_split_folds([held], offers) == [] and chain_tops([held]) == []  # folded: nothing to do
+    assert finish_split_folds([held], offers) == [] and held_folds([held])[1] == []  # folded: nothing to do
 
 
 def test_apply_in_place_writes_rows_of_any_width_at_any_offset(tmp_path: Path) -> None:
