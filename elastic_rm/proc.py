@@ -1,4 +1,5 @@
-"""Stopping a launched node for good: the process, its group, and every descendant.
+"""Processes of this host: whether one runs, and stopping a launched node for good (the process, its
+group, and every descendant).
 
 torch's agent starts each worker in a session of its own, so signalling the agent's process group does not
 reach the workers; a node killed that way leaves them running. Collect the descendants first, then signal
@@ -13,6 +14,14 @@ import signal
 import psutil
 
 from . import guard
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, exited but not reaped yet, does not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def tree(pid: int) -> list[psutil.Process]:

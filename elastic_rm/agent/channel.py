@@ -23,9 +23,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-import psutil
-
 from ..background import Background
+from ..proc import pid_alive
 from ..wire.channel import (
     ACK,
     ACK_OK,
@@ -86,14 +85,6 @@ class DrainResult:
     @property
     def complete(self) -> bool:
         return not self.missing
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie, exited but not reaped yet, does not)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 class AgentChannel:

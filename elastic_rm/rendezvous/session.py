@@ -22,6 +22,7 @@ from ..etcd.lease import KeptLease
 from ..etcd.ops import Compare, Op
 from ..obs.events import EventLog
 from ..planner.interface import NodeState
+from ..proc import pid_alive
 from ..wire.records import NodeRecord, RecordError, RoundRecord, dumps
 from .bootstrap import default_local_addr, pick_master_port
 from .settings import RendezvousSettings
@@ -32,11 +33,6 @@ log = logging.getLogger(__name__)
 def new_node_id(host: str) -> str:
     safe = "".join(c if c.isalnum() or c in "._-" else "-" for c in host)[:64].strip("-._") or "node"
     return f"{safe}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-
-
-def _alive(pid: int) -> bool:
-    """Whether another process of this host has this pid."""
-    return pid > 0 and pid != os.getpid() and psutil.pid_exists(pid)
 
 
 class NodeIdInUse(ValueError):
@@ -178,7 +174,12 @@ class NodeSession:
                 holder = NodeRecord.parse(key, held.value)
             except RecordError:
                 holder = None  # a malformed record is overwritten, as any other
-            if holder is not None and holder.host == self.host and _alive(holder.pid):
+            if (
+                holder is not None
+                and holder.host == self.host
+                and holder.pid != os.getpid()
+                and pid_alive(holder.pid)
+            ):
                 raise NodeIdInUse(self._keys.run_id, self.node_id, holder)
         return self._client.put(key, value, lease=self.lease.id)
 
