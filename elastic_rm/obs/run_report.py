@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import html
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from ..wire.keyspace import Keyspace
 from ..wire.records import RoundRecord
 from .events import PERIODIC_KINDS, Event, EventError, merge, read_etcd, read_file
 from .restores import round_restores, with_restores
-from .status import MEASURED_HOW, decided_rounds, decision_rows, outcome_problem, outcomes_from_kvs
+from .status import MEASURED_HOW, decided_rounds, decision_rows, is_number, outcome_problem, outcomes_from_kvs
 
 
 @dataclass
@@ -92,7 +91,7 @@ def _decision_problem(data: dict[str, Any]) -> str | None:
         return f"field 'members' must be a list of node ids, got {members!r:.40}"
     for name in ("predicted_gain", "confidence"):
         x = data.get(name)
-        if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x)):
+        if x is not None and not is_number(x):
             return f"field {name!r} must be a number or null, got {x!r:.40}"
     return None
 

@@ -76,7 +76,8 @@ OUTCOME_NUMBERS = (  # an outcome's numeric fields: each a number or null (absen
 )
 
 
-def _is_number(x: object) -> bool:
+def is_number(x: object) -> bool:
+    """A finite int or float, not a bool: what a record's numeric field must hold."""
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
@@ -87,7 +88,7 @@ def outcome_problem(d: object) -> str | None:
     if not isinstance(d, dict) or not isinstance(d.get("round"), int) or isinstance(d["round"], bool):
         return "expected an object with an integer 'round'"
     for name in OUTCOME_NUMBERS:
-        if d.get(name) is not None and not _is_number(d[name]):
+        if d.get(name) is not None and not is_number(d[name]):
             return f"field {name!r} must be a number or null, got {d[name]!r:.40}"
     if d.get("measured_gain") is not None and (
         d.get("throughput_before") is None or d.get("throughput_after") is None

@@ -9,7 +9,7 @@ import socket
 import sys
 import time
 
-from launcher.commands.status import UsageError, add_etcd_security_arguments, connect, seconds
+from launcher.commands.status import UsageError, add_etcd_security_arguments, connect, no_run, seconds
 
 HELP = "Stop a run: drain, final checkpoint, close, every agent exits 0 (--node N: take one node down)."
 
@@ -63,11 +63,8 @@ def _malformed(exc: Exception) -> str:
 
 
 def _check_run(client, keys) -> None:
-    from elastic_rm.obs.status import list_runs
-
     if client.get(keys.round) is None and not client.get_prefix(keys.nodes)[0]:
-        runs = list_runs(client, keys.prefix)
-        raise UsageError(f"no run {keys.run_id!r} under {keys.prefix} (runs: {', '.join(runs) or 'none'})")
+        raise no_run(client, keys)
 
 
 def _registered(client, keys) -> list[str]:
