@@ -21,12 +21,13 @@ from torch.distributed.elastic.rendezvous import registry as torch_registry
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.etcd.errors import EtcdTimeoutError
 from elastic_rm.etcd.lease import Election
+from elastic_rm.planner.interface import NodeState
 from elastic_rm.planner.policy import PlannerPolicy
 from elastic_rm.rendezvous.handler import ElasticRMRendezvousHandler
 from elastic_rm.rendezvous.leader import adopt_straggler_flags
 from elastic_rm.rendezvous.registration import create_handler
 from elastic_rm.rendezvous.session import NodeIdInUse
-from elastic_rm.wire.records import dumps
+from elastic_rm.wire.records import NodeRecord, dumps
 
 
 def make(etcd, run_id, lo, hi, **conf) -> ElasticRMRendezvousHandler:
@@ -300,12 +301,14 @@ def test_a_lease_that_expired_unnoticed_rejoins_as_a_new_member(etcd, run_id):
 
 
 def _hold_as(handler, pid: int) -> None:
-    """Rewrite ``handler``'s node record, under its own lease, as if process ``pid`` of this host held it."""
+    """Rewrite ``handler``'s node record, under its own lease, as if process ``pid`` of this host held it:
+    once the record its join wrote as active without waiting has landed (a later landing would put the
+    test process's own pid back)."""
     session = handler._session
     key = f"/elastic-rm/{handler.get_run_id()}/nodes/{session.node_id}"
-    record = replace(session.record(session.state), pid=pid)
     with EtcdClient(handler.settings.endpoints[0], timeout=2) as c:
-        c.put(key, dumps(record), lease=session.lease.id)
+        assert wait_for(lambda: NodeRecord.parse(key, c.get(key).value).state == NodeState.ACTIVE)
+        c.put(key, dumps(replace(session.record(session.state), pid=pid)), lease=session.lease.id)
 
 
 def test_a_second_process_under_a_live_processs_node_id_is_refused_and_the_first_keeps_its_round(
