@@ -38,7 +38,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.types import ShardingPlan
 
-from elastic_rm.checkpoint import owners
+from elastic_rm.checkpoint import owners, timeline
 from elastic_rm.checkpoint.chain import DeltaTake, take_delta
 from elastic_rm.checkpoint.collectives import all_gather_json, broadcast_bytes
 from elastic_rm.checkpoint.delta_file import DELTA_SUFFIX, write_delta_entry
@@ -73,7 +73,13 @@ from elastic_rm.checkpoint.restore import RestoreResult, restore_checkpoint
 from elastic_rm.checkpoint.restore_report import report_restore
 from elastic_rm.checkpoint.retention import drop_newer_than
 from elastic_rm.checkpoint.snapshot import Snapshotter, app_state
-from elastic_rm.checkpoint.sources import CheckpointSource, DirectorySource, HttpPeerSource, memory_sources
+from elastic_rm.checkpoint.sources import (
+    CheckpointSource,
+    DirectorySource,
+    HttpPeerSource,
+    memory_sources,
+    newest_timeline_of,
+)
 from elastic_rm.checkpoint.split_folds import finish_split_folds, held_folds
 
 log = logging.getLogger(__name__)
@@ -221,8 +227,10 @@ class FlashCheckpointer:
         self._buffers: dict | None = None
         self._rolled: int | None = None
         self._memory_peak = 0  # see memory_peak_bytes
-        self._samples_due = 0  # publishes left to sample: a base's and the next keep_memory ones
+        self._samples_due = 0  # publishes left to sample: a base's or a fold's and the next keep_memory
         self._plan_cache: dict[str, Any] | None = None
+        # the timeline this checkpointer's saves belong to (timeline.py): set by restore()
+        self._timeline: timeline.Key = timeline.ORIGIN
         self._peer_clients: dict[PeerEndpoint, PeerClient] = {}  # one kept connection per peer
 
     @property
@@ -230,8 +238,8 @@ class FlashCheckpointer:
         """This node directory's bytes at their largest (its own steps, the replicas it keeps, temp
         directories), on a node's first rank (0 on the others). Sampled right before each fold (the
         chain at its largest), right before each publish after which a prune may remove steps (a
-        base's, and the next keep_memory ones: new files may sit beside an old chain), and now; in
-        between a chain only grows, so these are its peaks."""
+        base's or a fold's, and the next keep_memory ones: new files may sit beside an old chain),
+        and now; in between a chain only grows, so these are its peaks."""
         if not self.leader:
             return 0
         return max(self._memory_peak, held_bytes(self.node_dir))
@@ -510,6 +518,8 @@ class FlashCheckpointer:
         failures = [f for f in all_gather_json(failed, self.pg) if f]
         if failures:
             raise CorruptCheckpointError(f"fold of steps {base}..{top} failed: {'; '.join(failures)}")
+        if self.leader:  # the folded chain holds fewer steps: prune as after a base until an old chain goes
+            self._samples_due = self.cfg.keep_memory + 1
         if self.cfg.replicate:
             self._push_fold(top, body)
         return self._extended(None, json.loads(body))
@@ -607,7 +617,12 @@ class FlashCheckpointer:
         }
         head: dict[str, Any] | None = None
         if self.rank == 0:
-            head = {"position": json.loads(pos_json), "created_unix": time.time(), **self._plan_fields()}
+            head = {
+                "position": json.loads(pos_json),
+                "created_unix": time.time(),
+                "timeline": timeline.as_field(self._timeline),
+                **self._plan_fields(),
+            }
             if link["kind"] == "full":
                 head["metadata"] = file_entry(tmp / DCP_METADATA, node="*", rank=0)
         parts = all_gather_json({"files": mine, "head": head, "layout": layout}, self.pg)
@@ -631,9 +646,10 @@ class FlashCheckpointer:
             write_file(tmp / MANIFEST, body, sync=False)
             if link["kind"] == "full":
                 self._samples_due = self.cfg.keep_memory + 1
-            # a prune may remove steps only after a base's publish and the next keep_memory ones (the
-            # old chain goes once the new one holds keep_memory steps); after those, a delta only
-            # extends the kept chain, and a prune would read every manifest of it for nothing
+            # a prune may remove steps only after a base's (or a fold's: _fold) publish and the next
+            # keep_memory ones (the old chain goes once the new one holds keep_memory steps); after
+            # those, a delta only extends the kept chain, and a prune would read every manifest of it
+            # for nothing
             may_prune = self._samples_due > 0 or self.cfg.keep_memory < 1
             if self._samples_due > 0:
                 self._samples_due -= 1
@@ -757,12 +773,23 @@ class FlashCheckpointer:
         self._rolled = None
         srcs = sources or self.sources()
         self._finish_split_folds()
+        current = self._current_timeline(srcs)
         try:
             result = restore_checkpoint(
-                self.dmp, self.dense_optimizer, srcs, self.pg, self.rank, self.cfg.verify_checksums
+                self.dmp,
+                self.dense_optimizer,
+                srcs,
+                self.pg,
+                self.rank,
+                self.cfg.verify_checksums,
+                live=lambda manifest: timeline.is_live(current, manifest),
             )
             if result is not None:
-                self._drop_newer_than(result.step)
+                restored = timeline.key_of(result.manifest)
+                # newer steps were passed over: the steps saved from here reuse their numbers
+                abandons = bool(result.skipped) or restored != current
+                self._timeline = timeline.forked(current, result.manifest) if abandons else restored
+                self._drop_newer_than(result.step, current)
                 report_restore(result, self.world)  # the reporter counts global steps from here
             return result
         finally:
@@ -785,19 +812,36 @@ class FlashCheckpointer:
         finish_split_folds(dirs, bodies)
         dist.barrier(group=self.pg)  # no rank lists steps while a leader folds
 
-    def _drop_newer_than(self, step: int) -> None:
-        """Steps newer than the one restored were refused (or incomplete): training goes on from
-        ``step`` and saves steps with their numbers again, so the old ones go, from this node's memory
-        (the replicas it holds for peers included: a restore must never mix them with a new step) and the
-        durable copy; kept, retention would count them as the newest and prune the new chain.
-        Collective: no rank saves before every directory is clean."""
+    def _checkpoint_dirs(self) -> list[Path]:
+        """The directories this rank tends at a restore: its node's memory and the replicas it holds (on
+        the node's first rank), and the durable copy (on rank 0)."""
         dirs = memory_dirs(self.node_dir) if self.leader else []
         if self.rank == 0 and self.cfg.durable_dir is not None:
             dirs.append(Path(self.cfg.durable_dir))
-        for directory in dirs:
-            for newer in drop_newer_than(directory, step):
+        return dirs
+
+    def _current_timeline(self, sources: list[CheckpointSource]) -> timeline.Key:
+        """The newest timeline that a sound manifest in any source of any rank names (timeline.py): the
+        vote reads every source the restore may read (the nodes that serve checkpoints, members of the
+        round or not, and the durable copy). Collective."""
+        mine = newest_timeline_of(sources)
+        held = all_gather_json(timeline.as_field(mine) if mine is not None else None, self.pg)
+        return max((k for k in map(timeline.from_json, held) if k is not None), default=timeline.ORIGIN)
+
+    def _drop_newer_than(self, step: int, current: timeline.Key) -> None:
+        """Steps newer than the one restored were refused (or incomplete): training goes on from
+        ``step`` and saves steps with their numbers again, so the old ones go, from this node's memory
+        (the replicas it holds for peers included: a restore must never mix them with a new step) and the
+        durable copy; kept, retention would count them as the newest and prune the new chain. Steps of a
+        timeline off `current`'s history (a node that sat a restore out kept them) go too. Collective: no
+        rank saves before every directory is clean."""
+        for directory in self._checkpoint_dirs():
+            for dropped in drop_newer_than(directory, step, current):
                 log.info(
-                    "restore: dropped step %d in %s (newer than the restored step %d)", newer, directory, step
+                    "restore: dropped step %d in %s (%s)",
+                    dropped,
+                    directory,
+                    f"newer than the restored step {step}" if dropped > step else "of an abandoned timeline",
                 )
         dist.barrier(group=self.pg)
 

@@ -24,6 +24,8 @@ from typing import Any
 
 import xxhash
 
+from .timeline import check_field as timeline_field_problem
+
 MANIFEST = "manifest.json"
 DCP_METADATA = ".metadata"
 FORMAT = "elastic-rm-flash"
@@ -197,6 +199,9 @@ def _check_fields(doc: dict[str, Any], where: str) -> None:
                 raise bad(f"a delta needs '{k}_sha256' (its {k} manifest's digest)")
         if doc["base"] > doc["parent"]:
             raise bad("a delta's base must not come after its parent")
+    why = timeline_field_problem(doc.get("timeline"))
+    if why is not None:
+        raise bad(why)
     files = doc.get("files")
     if not isinstance(files, dict):
         raise bad("'files' must be a JSON object")
@@ -303,14 +308,24 @@ def publish_dir(tmp: Path, final: Path, sync: bool) -> None:
         fsync_dir(final.parent)
 
 
-CHAIN_FIELDS = ("step", "manifest_sha256", "kind", "parent", "parent_sha256", "base", "base_sha256")
+CHAIN_FIELDS = (
+    "step",
+    "manifest_sha256",
+    "kind",
+    "parent",
+    "parent_sha256",
+    "base",
+    "base_sha256",
+    "timeline",
+)
 _CHAIN_CACHE_MAX = 4096
 # path -> (version, fields, what callers made of the fields: chain_value's memo by maker)
 _chain_cache: dict[str, tuple[tuple[int, int, int, int], dict[str, Any], dict[Any, Any]]] = {}
 
 
 def chain_fields(step_dir: str | Path) -> dict[str, Any]:
-    """The fields of a step's manifest that link it into a chain (CHAIN_FIELDS; the absent ones left out).
+    """The fields of a step's manifest that link it into a chain and name its timeline (CHAIN_FIELDS; the
+    absent ones left out).
 
     Why cached: retention and the replica commit look at every step of a chain at every save, and a
     chain of a checkpoint per step holds hundreds. A step is published by renaming a new directory (which

@@ -251,13 +251,18 @@ class PeerClient:
 
     # ---- reading a peer's memory --------------------------------------------------------------
     def steps(self) -> list[int]:
+        return self.listing()[0]
+
+    def listing(self) -> tuple[list[int], Any]:
+        """The steps the peer holds (its own and its replicas') and the newest timeline their manifests
+        name (timeline.py; as the manifest field, None when it holds none or does not say)."""
         doc = json.loads(self._request("GET", "/steps"))
         found = set(doc.get("steps", []))
         for steps in doc.get("replicas", {}).values():
             found.update(steps)
         if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in found):
             raise PeerError(f"{self.peer.node} ({self.peer.url}): malformed step list")
-        return sorted(found)
+        return sorted(found), doc.get("timeline")
 
     def manifest(self, step: int) -> bytes | None:
         try:

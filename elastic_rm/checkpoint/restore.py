@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,12 +64,15 @@ def restore_checkpoint(
     pg: dist.ProcessGroup | None,
     rank: int,
     verify: bool = True,
+    live: Callable[[dict[str, Any]], bool] | None = None,
 ) -> RestoreResult | None:
+    """The newest step every rank finds the same sound manifest of (given `live`, one on the run's
+    current timeline), loaded; None when no source holds a step. Collective."""
     mine = sorted({s for src in sources for s in src.steps()})
     steps = sorted({s for part in all_gather_json(mine, pg) for s in part}, reverse=True)
     skipped: list[str] = []
     for step in steps:
-        manifest, problems = find_manifest(step, sources)
+        manifest, problems = find_manifest(step, sources, live)
         digests = all_gather_json(manifest["manifest_sha256"] if manifest else None, pg)
         if None in digests or len(set(digests)) != 1:
             why = "; ".join(problems) or "ranks found different manifests"

@@ -4,7 +4,8 @@ steps whose manifest names their ``parent`` and ``base`` with the manifests' own
 
 Why apart from the writers: node memory, a peer's replicas and the durable copy prune by the same rule,
 and the agent's checkpoint server (which must not import torch) applies it too. Only manifests are read;
-a manifest without ``kind`` is a full step.
+a manifest without ``kind`` is a full step. A restore also drops, and never reads, the steps of a
+timeline it abandoned (timeline.py).
 """
 
 from __future__ import annotations
@@ -13,12 +14,21 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import timeline
 from .fold_lock import JOURNAL, fold_lock, hidden_dirname
-from .manifest import chain_value, committed_steps, step_dirname
+from .manifest import (
+    MANIFEST,
+    CorruptCheckpointError,
+    chain_value,
+    committed_steps,
+    parse_manifest,
+    step_dirname,
+)
 
 
 @dataclass(frozen=True)
@@ -121,17 +131,19 @@ def prune_chains(directory: Path, keep: int) -> list[int]:
     return removed
 
 
-def drop_newer_than(directory: Path, step: int) -> list[int]:
-    """Remove the committed steps newer than `step`, the ``.tmp`` directories of unfinished saves
-    after it and a pending fold whose top is newer; returns the steps removed. After a restore of
-    `step` the steps after it are saved again under the same numbers: an old one kept would be
-    counted as the newest, or read with a new one. Holds the directory's fold lock: a fold running
-    there (the checkpoint server folding a replica) ends first, and its step is then dropped."""
+def drop_newer_than(directory: Path, step: int, current: timeline.Key | None = None) -> list[int]:
+    """Remove the committed steps newer than `step` (and, given the `current` timeline, those of an
+    abandoned one: timeline.py), the ``.tmp`` directories of unfinished saves after it and a pending
+    fold whose top is newer; returns the steps removed. After a restore of `step` the steps after it
+    are saved again under the same numbers: an old one kept would be counted as the newest, or read
+    with a new one. Holds the directory's fold lock: a fold running there (the checkpoint server
+    folding a replica) ends first, and its step is then dropped."""
     if not directory.is_dir():
         return []
     with fold_lock(directory):
         _drop_pending_fold(directory, step)
-        removed = [s for s in committed_steps(directory) if s > step]
+        off = set(abandoned_steps(directory, current)) if current is not None else set()
+        removed = [s for s in committed_steps(directory) if s > step or s in off]
         for s in removed:
             shutil.rmtree(directory / step_dirname(s), ignore_errors=True)
         for p in directory.iterdir():
@@ -139,6 +151,52 @@ def drop_newer_than(directory: Path, step: int) -> list[int]:
             if m and int(m.group(1)) > step:
                 shutil.rmtree(p, ignore_errors=True)
     return removed
+
+
+def _raw_timeline(fields: dict[str, Any]) -> str:
+    return json.dumps(fields.get("timeline"), sort_keys=True)  # immutable, for chain_value's memo
+
+
+def _timelines(directory: Path) -> Iterable[tuple[int, Any]]:
+    """(step, its manifest's timeline field) for the committed steps whose manifest reads (unverified)."""
+    root = str(directory)
+    for step in committed_steps(directory):
+        try:
+            yield step, json.loads(chain_value(os.path.join(root, step_dirname(step)), _raw_timeline))
+        except (OSError, ValueError, RecursionError):
+            continue
+
+
+def newest_timeline(directories: Iterable[Path]) -> timeline.Key | None:
+    """The newest timeline of the committed steps in `directories`, taken only from a manifest that
+    passes its checksum and checks (a torn or flipped one must not make every real step look
+    abandoned); None when none does."""
+    by_key: dict[timeline.Key, list[Path]] = {}
+    for directory in directories:
+        for step, raw in _timelines(directory):
+            if timeline.check_field(raw) is None:
+                key = timeline.key_of({"timeline": raw})
+                by_key.setdefault(key, []).append(Path(directory) / step_dirname(step) / MANIFEST)
+    for key in sorted(by_key, reverse=True):
+        for path in by_key[key]:
+            try:
+                parse_manifest(path.read_bytes(), str(path))
+            except (OSError, CorruptCheckpointError):
+                continue
+            return key
+    return None
+
+
+def abandoned_steps(directory: Path, current: timeline.Key) -> list[int]:
+    """The committed steps of `directory` whose manifest names a timeline off `current`'s history (read
+    unverified: such a step is never restored; one whose manifest does not read is left to the
+    pruning above)."""
+    return [
+        step
+        for step, raw in _timelines(directory)
+        if timeline.check_field(raw) is None
+        and not timeline.is_live(current, {"timeline": raw, "step": step})
+    ]
 
 
 def _drop_pending_fold(directory: Path, step: int) -> None:

@@ -13,13 +13,14 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.planner import LoadPlan
 
+from elastic_rm.checkpoint import timeline
 from elastic_rm.checkpoint.dcp_metadata import SafeMetadataReader, refuse_byte_items
 from elastic_rm.checkpoint.manifest import (
     DCP_METADATA,
@@ -34,6 +35,7 @@ from elastic_rm.checkpoint.manifest import (
 )
 from elastic_rm.checkpoint.node_memory import memory_dirs
 from elastic_rm.checkpoint.peers import PeerClient, PeerEndpoint, PeerError
+from elastic_rm.checkpoint.retention import newest_timeline
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,9 @@ class DirectorySource:
 
     def steps(self) -> list[int]:
         return committed_steps(self.root)
+
+    def newest_timeline(self) -> timeline.Key | None:
+        return newest_timeline([self.root])
 
     def manifest_bytes(self, step: int) -> bytes | None:
         path = self.root / step_dirname(step) / MANIFEST
@@ -93,6 +98,7 @@ class HttpPeerSource:
         self.cache_dir = Path(cache_dir)
         self.down: str | None = None  # why, once a request failed
         self.bytes_fetched = 0
+        self._listed: tuple[list[int], Any] | None = None  # the peer's listing, read once per restore
         # the checksum blocks each downloaded copy holds (None: the whole file), so that a reader asking
         # for more of a file (a delta's entries after its header) is sent only the blocks it lacks
         self._have: dict[Path, set[int] | None] = {}
@@ -102,14 +108,23 @@ class HttpPeerSource:
             self.down = str(e)
         log.warning("checkpoint source %s: %s failed (%s); trying the next source", self.name, what, e)
 
-    def steps(self) -> list[int]:
+    def _listing(self) -> tuple[list[int], Any]:
         if self.down:
-            return []
-        try:
-            return self.client.steps()
-        except PeerError as e:
-            self._failed("listing steps", e)
-            return []
+            return [], None
+        if self._listed is None:
+            try:
+                self._listed = self.client.listing()
+            except PeerError as e:
+                self._failed("listing steps", e)
+                return [], None
+        return self._listed
+
+    def steps(self) -> list[int]:
+        return self._listing()[0]
+
+    def newest_timeline(self) -> timeline.Key | None:
+        """As the peer's server read it from manifests that pass their checksum (store.py)."""
+        return timeline.from_json(self._listing()[1])
 
     def manifest_bytes(self, step: int) -> bytes | None:
         if self.down:
@@ -167,6 +182,7 @@ class HttpPeerSource:
         the reads kept, which holds a thread of the peer's server until it times out."""
         shutil.rmtree(self.cache_dir, ignore_errors=True)
         self._have.clear()
+        self._listed = None
         self.client.close()
 
 
@@ -178,17 +194,43 @@ def _copy_spans(src: Path, dst: Path, spans: list[tuple[int, int]]) -> None:
             fo.write(fi.read(n))
 
 
-def find_manifest(step: int, sources: Sequence[CheckpointSource]) -> tuple[dict[str, Any] | None, list[str]]:
-    """The first manifest of `step` that parses and passes its checksum, and why others did not."""
+def newest_timeline_of(sources: Sequence[CheckpointSource]) -> timeline.Key | None:
+    """The newest timeline the sources' sound manifests name (timeline.py): what a restore's vote on the
+    current timeline reads, from every source the restore may read. A source without
+    ``newest_timeline()`` (one passed to ``restore(sources=...)``) has every manifest it lists read."""
+    keys = []
+    for src in sources:
+        newest = getattr(src, "newest_timeline", None)
+        if newest is not None:
+            keys.append(newest())
+            continue
+        for step in src.steps():
+            data = src.manifest_bytes(step)
+            try:
+                keys.append(timeline.key_of(parse_manifest(data, src.name)) if data is not None else None)
+            except CorruptCheckpointError:
+                continue
+    return max((k for k in keys if k is not None), default=None)
+
+
+def find_manifest(
+    step: int, sources: Sequence[CheckpointSource], live: Callable[[dict[str, Any]], bool] | None = None
+) -> tuple[dict[str, Any] | None, list[str]]:
+    """The first manifest of `step` that parses, passes its checksum and (given `live`) lies on the
+    run's current timeline (timeline.py), and why others did not."""
     problems = []
     for src in sources:
         data = src.manifest_bytes(step)
         if data is None:
             continue
         try:
-            return parse_manifest(data, f"{src.name} step {step}"), problems
+            manifest = parse_manifest(data, f"{src.name} step {step}")
         except CorruptCheckpointError as e:
             problems.append(str(e))
+            continue
+        if live is None or live(manifest):
+            return manifest, problems
+        problems.append(f"{src.name} step {step}: of a timeline an earlier restore abandoned")
     if not problems:
         problems.append(f"step {step}: no manifest in any source (partial checkpoint)")
     return None, problems

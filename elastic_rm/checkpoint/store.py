@@ -40,9 +40,10 @@ from .manifest import (
     step_dirname,
     write_file,
 )
-from .node_memory import held_bytes
+from .node_memory import held_bytes, memory_dirs
 from .peers import safe_name
-from .retention import chain, link_of, prune_chains, read_links
+from .retention import chain, link_of, newest_timeline, prune_chains, read_links
+from .timeline import as_field
 
 log = logging.getLogger(__name__)
 
@@ -152,11 +153,13 @@ class CheckpointStore:
                 p.name: committed(p) for p in sorted(rep.iterdir()) if safe_name(p.name) and p.is_dir()
             }
         held = held_bytes(root)
+        newest = newest_timeline(memory_dirs(root))  # a restore's vote on the current timeline reads it
         return {
             "v": 1,
             "node": root.name,
             "steps": committed(root),
             "replicas": replicas,
+            "timeline": as_field(newest) if newest is not None else None,
             "held_bytes": held,
             "peak_bytes": max(self._peak, held),
         }

@@ -278,6 +278,7 @@ def test_the_peer_holds_the_folded_chain_and_a_new_node_restores_from_it(tmp_pat
     )
 
 
+@pytest.mark.slow  # 15 s; CI keeps tests/train/test_fold_in_place.py's split-fold cases
 def test_a_node_lost_between_its_own_fold_and_its_peers_restores_from_the_same_fold(tmp_path: Path) -> None:
     """Three nodes with replicas: steps 1 (a base) and 2 (a delta) are committed and replicated
     everywhere; step 3 folds. n0 dies once every node folded its own memory, before its ring peer (n1)
@@ -357,3 +358,46 @@ def test_a_node_of_two_ranks_folds_both_files_and_dense_state_where_the_base_hol
     restored = results[0][1]["restores"][0]
     assert restored["step"] == 5 and restored["skipped"] == [], restored
     assert assert_bit_exact(assemble(tmp_path, "s5"), assemble(tmp_path, "restored"), "one node") > 10_000
+
+
+def test_an_old_chain_goes_once_a_chain_folded_soon_after_its_base_holds_keep_memory_steps(
+    tmp_path: Path,
+) -> None:
+    """keep_memory=3 and a new base (the save after a restore) beside the old chain (steps 1, 2). Two
+    large deltas make the new chain fold at its 2nd and 3rd saves after the base (steps 5, 6): the
+    folded chain (5, 6) holds fewer than keep_memory steps when the base's prunes run out. Once it
+    holds keep_memory steps (5, 6, 7) the old chain goes, and node memory is within (1 + compact_ratio)
+    times the base again (without a prune after the fold it stayed for the new chain's whole life)."""
+    ratio, shm, durable = 0.13, tmp_path / "shm", tmp_path / "durable"
+    flash = bounded_flash(tmp_path, ratio, keep=3)
+    seeds = {1: 1, 2: 1, 3: 1, 4: 16, 5: 16, 6: 1, 7: 1, 8: 1}  # step -> batches trained before it
+    actions: list[dict[str, Any]] = [{"do": "init"}]
+    first = 0
+    for step, n in seeds.items():
+        if step == 3:
+            actions.append({"do": "restore"})  # the next save is a new base, beside the chain 1, 2
+        actions += [
+            {"do": "train", "seeds": list(range(first, first + n))},
+            {"do": "save", "step": step, "block": True},
+            {"do": "copy_dir", "path": str(shm / "n0"), "to": str(tmp_path / "held" / str(step))},
+        ]
+        first += n
+    results = run_world(1, spec([phase(1, actions, **flash)]), tmp_path)
+    saves = results[0][0]["saves"]
+    kinds = [s["kind"] for s in saves]
+    assert kinds == ["full", "delta", "full", "delta", "fold", "fold", "delta", "delta"], kinds
+    assert results[0][0]["restores"][0]["step"] == 2
+    held = {
+        step: sorted(
+            int(p.name.removeprefix("step-")) for p in (tmp_path / "held" / str(step)).glob("step-*")
+        )
+        for step in seeds
+    }
+    assert held[6] == [1, 2, 5, 6], held  # the newest 3 steps are 2, 5, 6: the old chain is kept
+    assert held[7] == [5, 6, 7] and held[8] == [5, 6, 7, 8], held
+    steps = list(seeds)
+    base = max(own_bytes(m) for m in full_manifests(durable, steps))
+    headers = largest_header(durable, steps, lambda step: saves[step - 1]["bytes"])
+    bound = (1 + ratio) * base + headers + len(held[8]) * largest_manifest(durable, steps)
+    now = sum(p.stat().st_size for p in (tmp_path / "held" / "8").rglob("*") if p.is_file())
+    assert now <= bound, (now, bound, base)
