@@ -434,12 +434,20 @@ def _slurm_release(args: argparse.Namespace, config):
 
 def _sigterm_leaves() -> None:
     """SIGTERM raises torch's SignalException from the start, not only once workers run: a spare node that
-    gives itself back leaves through the agent's cleanup, as a member does."""
+    gives itself back leaves through the agent's cleanup, as a member does. Once: a second SIGTERM while
+    that cleanup runs (Slurm's scancel right after the node's own) would cut the leave short and leave
+    the node's memory behind; it is said and ignored (SIGKILL still ends the process at once)."""
     import signal
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
+    def again(signum, frame):
+        print(
+            "ermrun: SIGTERM again: still leaving the rendezvous (SIGKILL ends it at once)", file=sys.stderr
+        )
+
     def leave(signum, frame):
+        signal.signal(signal.SIGTERM, again)
         raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
 
     if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
