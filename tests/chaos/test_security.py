@@ -146,7 +146,7 @@ def test_ermrun_with_etcd_user_runs_and_a_foreign_user_fails_clearly(auth_etcd, 
     "flags,message",
     [
         (["--etcd-cert", "/dev/null"], "--etcd-key"),
-        (["--etcd-key", "/dev/null"], "--etcd-cert"),
+        pytest.param(["--etcd-key", "/dev/null"], "--etcd-cert", marks=pytest.mark.slow),  # the mirror case
     ],
 )
 def test_half_a_tls_pair_is_refused_before_anything_starts(etcd, run_id, tmp_path, procs, flags, message):

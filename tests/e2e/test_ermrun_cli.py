@@ -60,18 +60,23 @@ def test_unreachable_endpoint_fails_before_any_worker_and_names_it(tmp_path):
     assert records(tmp_path, "e") == []  # it stopped at the rendezvous: no worker started
 
 
+def slow(args: list[str], message: str) -> object:
+    return pytest.param(args, message, marks=pytest.mark.slow)
+
+
 @pytest.mark.parametrize(
     "args,message",
     [
         (["--nnodes", "3:2"], "min_nodes must be > 0 and <= max_nodes"),
         (["--rdzv-id", "a/b"], "invalid run id"),
-        (["--etcd-cert", "/nonexistent/c.pem", "--etcd-key", "/nonexistent/k.pem"], "does not exist"),
-        (["--etcd-cert", "/etc/hostname"], "both a client certificate and its key"),
-        (["--membership-grace", "-1"], "--membership-grace"),
+        # each case imports torch (~4 s on 2 cores): CI keeps four, make test-all runs every one
+        slow(["--etcd-cert", "/nonexistent/c.pem", "--etcd-key", "/nonexistent/k.pem"], "does not exist"),
+        slow(["--etcd-cert", "/etc/hostname"], "both a client certificate and its key"),
+        slow(["--membership-grace", "-1"], "--membership-grace"),
         (["--job", "/nonexistent/job.json"], "cannot be read"),
-        (["--standalone", "--rdzv-endpoint", "127.0.0.1:9"], "--standalone starts its own etcd"),
+        slow(["--standalone", "--rdzv-endpoint", "127.0.0.1:9"], "--standalone starts its own etcd"),
         (["--rdzv-conf", "lease_tll=3"], "unknown key 'lease_tll'; did you mean 'lease_ttl'?"),
-        (["--rdzv-conf", "lease_ttl=3;last_call_timeout=1"], "separates key=value pairs with commas"),
+        slow(["--rdzv-conf", "lease_ttl=3;last_call_timeout=1"], "separates key=value pairs with commas"),
     ],
 )
 def test_bad_input_is_a_clear_error(tmp_path, args, message):
@@ -123,6 +128,7 @@ def _closed(etcd, run_id):
     return None if kv is None else ClosedRecord.parse("closed", kv.value)
 
 
+@pytest.mark.slow  # 10 s; CI keeps tests/rendezvous/test_handler.py's refusal of a live node id
 def test_a_second_ermrun_under_a_live_nodes_id_is_refused_and_leaves_the_run_open(
     etcd, run_id, tmp_path, procs
 ):

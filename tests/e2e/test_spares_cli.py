@@ -67,8 +67,9 @@ print(f"arenas env {arenas} started {started.get('MALLOC_ARENA_MAX')}", flush=Tr
     "args,user,expected",
     [
         ([], None, "1"),  # the default: one arena, from the spare's start on
-        (["--spares", "off"], None, "1"),  # workers torch starts inherit it too
-        (["--malloc-arenas", "0"], None, "None"),  # glibc's default
+        # workers torch starts inherit it too (a job each, ~4 s: make test-all)
+        pytest.param(["--spares", "off"], None, "1", marks=pytest.mark.slow),
+        pytest.param(["--malloc-arenas", "0"], None, "None", marks=pytest.mark.slow),  # glibc's default
         (["--malloc-arenas", "2"], "4", "4"),  # the user's own MALLOC_ARENA_MAX wins
     ],
 )

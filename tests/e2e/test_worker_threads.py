@@ -36,7 +36,7 @@ def test_two_nodes_on_one_machine_split_its_cores(etcd, run_id, tmp_path, procs,
         assert f"OMP_NUM_THREADS={want}" in p.output() and "2 nodes of the run on this machine" in p.output()
 
 
-@pytest.mark.parametrize("user", [None, "3"])
+@pytest.mark.parametrize("user", [None, pytest.param("3", marks=pytest.mark.slow)])  # a job each
 def test_a_node_alone_uses_its_cores_and_a_users_value_wins(tmp_path, user):
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     env.update({"STEPS_DIR": str(tmp_path), "STEPS_NODE": "s", "STEPS_MAX": "2"})

@@ -166,7 +166,9 @@ def test_an_elastic_rm_handler_gives_the_agent_its_services(etcd, run_id, tmp_pa
         h.next_rendezvous()
 
 
-@pytest.mark.parametrize("first", ["elastic_rm.wire.records", "elastic_rm.agent.agent"])
+@pytest.mark.parametrize(
+    "first", ["elastic_rm.wire.records", pytest.param("elastic_rm.agent.agent", marks=pytest.mark.slow)]
+)
 def test_torch_loads_the_plugin_whatever_module_comes_first(first):
     """torch loads its ``torchrun.handlers`` plugins while elastic-rm's own modules import torch: the
     plugin's module (registration.py) must then import without the modules that are still loading."""

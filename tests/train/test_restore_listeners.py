@@ -22,7 +22,9 @@ print("global step", get_reporter().global_step)
 """
 
 
-@pytest.mark.parametrize("reporter_first", ["", "import elastic_rm.train.report"])
+@pytest.mark.parametrize(
+    "reporter_first", ["", pytest.param("import elastic_rm.train.report", marks=pytest.mark.slow)]
+)
 def test_the_reporter_counts_from_the_restored_step(reporter_first):
     env = {k: v for k, v in os.environ.items() if k != "ELASTIC_RM_AGENT_DIR"}  # plain torchrun's world
     out = subprocess.run(
