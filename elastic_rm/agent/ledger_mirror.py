@@ -2,22 +2,27 @@
 
 Why here: the done marks of the sample ledger commit with the flash checkpoint (in its manifest's
 position), so the ledger in etcd is taken from committed manifests, never from a worker's live state:
-it is never ahead of the model. Coarse by construction: one etcd write per checkpoint, by the leader
+it is never ahead of the model. A checkpoint is news when it is newer in the run's history: a later
+step, or any step of a newer timeline (a restore that went back to an older step saves the same step
+numbers again, checkpoint/timeline.py). Coarse by construction: one etcd write per checkpoint, by the leader
 only (fenced by its election). Workers need no etcd access for it. The leader reads the manifests in
 its node's memory; a leader whose node holds none (a standby) asks the members' checkpoint servers.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint import timeline
 from ..checkpoint.manifest import (
     MANIFEST,
     CorruptCheckpointError,
+    chain_value,
     committed_steps,
     parse_manifest,
     step_dirname,
@@ -63,7 +68,8 @@ class LedgerMirror:
         self._publish = publish
         self._leading = leading
         self._peers = peers
-        self.mirrored_step = -1  # the newest step written by this node while leading
+        # the (timeline, step) of the newest checkpoint written by this node while leading
+        self.mirrored: tuple[timeline.Key, int] | None = None
         self._was_leading = False
         self._next_peer_poll = 0.0
         self._bad: set[tuple[str, int]] = set()  # (where, step) already reported as malformed
@@ -72,7 +78,7 @@ class LedgerMirror:
         """Mirror the newest checkpoint's ledger if it is news; the record written, else None."""
         leading = self._leading()
         if leading and not self._was_leading:
-            self.mirrored_step = -1  # a new term: state the ledger afresh
+            self.mirrored = None  # a new term: state the ledger afresh
         self._was_leading = leading
         if not leading:
             return None
@@ -84,7 +90,7 @@ class LedgerMirror:
             found = self._newest_from_peers()
         if found is None:
             return None
-        step, state = found
+        step, state, key = found
         try:
             record = ledger_record(step, self.node_id, state)
         except LedgerError as exc:
@@ -92,22 +98,27 @@ class LedgerMirror:
             return None
         if not self._publish(record):
             return None
-        self.mirrored_step = step
+        self.mirrored = (key, step)
         return record
 
-    def _newest_local(self, node_dir: Path, steps: list[int]) -> tuple[int, dict] | None:
+    def _is_news(self, key: timeline.Key, step: int) -> bool:
+        return self.mirrored is None or (key, step) > self.mirrored
+
+    def _newest_local(self, node_dir: Path, steps: list[int]) -> tuple[int, dict, timeline.Key] | None:
+        """The newest committed step's ledger, if it is news. A node's memory holds one history after
+        each restore (the abandoned steps are dropped), so its newest step number is its newest."""
         for step in reversed(steps):
-            if step <= self.mirrored_step:
-                return None
             path = node_dir / step_dirname(step) / MANIFEST
             try:
+                if not self._is_news(_cached_timeline(path.parent), step):
+                    return None
                 raw = path.read_bytes()
             except FileNotFoundError:  # not committed yet (or pruned meanwhile)
                 continue
             return self._ledger_of(raw, str(path), step)
         return None
 
-    def _newest_from_peers(self) -> tuple[int, dict] | None:
+    def _newest_from_peers(self) -> tuple[int, dict, timeline.Key] | None:
         try:
             peers = self._peers() or []
         except Exception as exc:  # noqa: BLE001 - etcd trouble: try again at the next poll
@@ -116,8 +127,10 @@ class LedgerMirror:
         for peer in peers:
             client = PeerClient(peer, PEER_TIMEOUT_S)
             try:
-                newest = max(client.steps(), default=-1)
-                raw = client.manifest(newest) if newest > self.mirrored_step else None
+                steps, newest_timeline = client.listing()
+                newest = max(steps, default=-1)
+                key = timeline.from_json(newest_timeline) or timeline.ORIGIN
+                raw = client.manifest(newest) if newest >= 0 and self._is_news(key, newest) else None
             except (PeerError, OSError, ValueError) as exc:
                 log.debug("ledger mirror: %s: %s", peer.node, exc)
                 continue
@@ -125,7 +138,7 @@ class LedgerMirror:
                 return self._ledger_of(raw, f"{peer.node}: manifest of step {newest}", newest)
         return None
 
-    def _ledger_of(self, raw: bytes, where: str, step: int) -> tuple[int, dict] | None:
+    def _ledger_of(self, raw: bytes, where: str, step: int) -> tuple[int, dict, timeline.Key] | None:
         try:
             doc = parse_manifest(raw, where)
         except CorruptCheckpointError as exc:
@@ -134,9 +147,23 @@ class LedgerMirror:
         state = doc["position"].get("ledger")
         if not isinstance(state, dict):  # a job without a sample ledger: nothing to mirror
             return None
-        return doc["step"], state
+        return doc["step"], state, timeline.key_of(doc)
 
     def _report_bad(self, where: str, step: int, exc: Exception) -> None:
         if (where, step) not in self._bad:
             self._bad.add((where, step))
             log.warning("ledger mirror: not mirroring the ledger of step %d: %s", step, exc)
+
+
+def _raw_timeline(fields: dict[str, Any]) -> str:
+    return json.dumps(fields.get("timeline"))  # immutable, for chain_value's memo
+
+
+def _cached_timeline(step_dir: Path) -> timeline.Key:
+    """A committed step's timeline from the manifest cache (one read per version of the file: the mirror
+    polls every second); one that does not read here is parsed, and reported, by _ledger_of."""
+    try:
+        raw = json.loads(chain_value(str(step_dir), _raw_timeline))
+    except (ValueError, RecursionError):
+        return timeline.ORIGIN
+    return timeline.key_of({"timeline": raw}) if timeline.check_field(raw) is None else timeline.ORIGIN

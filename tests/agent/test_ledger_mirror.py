@@ -5,6 +5,7 @@ server. Real etcd, real manifests, a real checkpoint server."""
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 
 import pytest
@@ -30,10 +31,12 @@ def ledger_after(steps: int) -> dict:
     return batches.ledger.checkpoint_state()
 
 
-def commit(node_dir: Path, step: int, position: dict) -> None:
+def commit(node_dir: Path, step: int, position: dict, timeline: dict | None = None) -> None:
     d = node_dir / step_dirname(step)
     d.mkdir(parents=True)
     body = {"step": step, "world_size": 1, "nodes": ["n0"], "position": position, "files": {}}
+    if timeline is not None:
+        body["timeline"] = timeline
     (d / "manifest.json").write_bytes(make_manifest(body))
 
 
@@ -94,6 +97,30 @@ def test_mirrors_committed_ledgers_only_while_leading(etcd, run_id, tmp_path, ca
         assert other.campaign()
         commit(node_dir, 60, {"step": 60, "ledger": ledger_after(60)})
         assert mirror.poll() is None and read(client, keys).step == 45
+
+
+def test_after_a_restore_of_an_older_step_the_new_timelines_steps_are_mirrored(etcd, run_id, tmp_path):
+    """A restore that went back from step 10 to step 5 saves steps 6, 7, ... again: they are newer than
+    the mirrored step 10 (a newer timeline), so the etcd copy follows the model back instead of staying
+    ahead of it until the new steps pass 10."""
+    keys = Keyspace("/elastic-rm", run_id)
+    node_dir = tmp_path / "n0"
+    with EtcdClient(etcd.endpoint, timeout=5) as client:
+        leader = Leader(client, keys, "n0")
+        assert leader.campaign()
+        mirror = LedgerMirror("n0", lambda: node_dir, leader.publish, lambda: leader.leading)
+        commit(node_dir, 10, {"step": 10, "ledger": ledger_after(10)})
+        assert mirror.poll().step == 10
+        shutil.rmtree(node_dir / step_dirname(10))  # the restore of step 5 dropped it
+        forked = {"id": 1, "from": [[0, 5]]}
+        commit(node_dir, 6, {"step": 6, "ledger": ledger_after(6)}, forked)
+        rec = mirror.poll()
+        assert (
+            rec is not None and (rec.step, rec.samples_done) == (6, 6 * BATCH) and read(client, keys) == rec
+        )
+        assert mirror.poll() is None  # nothing new
+        commit(node_dir, 7, {"step": 7, "ledger": ledger_after(7)}, forked)
+        assert mirror.poll().step == 7 and read(client, keys).step == 7
 
 
 def test_a_standby_leader_reads_a_members_checkpoint_server(etcd, run_id, tmp_path):
