@@ -11,7 +11,6 @@ its node's memory; a leader whose node holds none (a standby) asks the members' 
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -22,12 +21,12 @@ from ..checkpoint import timeline
 from ..checkpoint.manifest import (
     MANIFEST,
     CorruptCheckpointError,
-    chain_value,
     committed_steps,
     parse_manifest,
     step_dirname,
 )
 from ..checkpoint.peers import PeerClient, PeerEndpoint, PeerError
+from ..checkpoint.retention import timeline_field
 from ..train.ledger import LedgerError, RangeLedger
 from ..wire.records import LedgerRecord
 
@@ -155,15 +154,11 @@ class LedgerMirror:
             log.warning("ledger mirror: not mirroring the ledger of step %d: %s", step, exc)
 
 
-def _raw_timeline(fields: dict[str, Any]) -> str:
-    return json.dumps(fields.get("timeline"))  # immutable, for chain_value's memo
-
-
 def _cached_timeline(step_dir: Path) -> timeline.Key:
-    """A committed step's timeline from the manifest cache (one read per version of the file: the mirror
-    polls every second); one that does not read here is parsed, and reported, by _ledger_of."""
+    """A committed step's timeline from the manifest cache (the mirror polls every second); one that does
+    not read here is parsed, and reported, by _ledger_of."""
     try:
-        raw = json.loads(chain_value(str(step_dir), _raw_timeline))
+        raw = timeline_field(step_dir)
     except (ValueError, RecursionError):
         return timeline.ORIGIN
     return timeline.key_of({"timeline": raw}) if timeline.check_field(raw) is None else timeline.ORIGIN

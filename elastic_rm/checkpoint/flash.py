@@ -833,8 +833,8 @@ class FlashCheckpointer:
         ``step`` and saves steps with their numbers again, so the old ones go, from this node's memory
         (the replicas it holds for peers included: a restore must never mix them with a new step) and the
         durable copy; kept, retention would count them as the newest and prune the new chain. Steps of a
-        timeline off `current`'s history (a node that sat a restore out kept them) go too. Collective: no
-        rank saves before every directory is clean."""
+        timeline off `current`'s history (a node out of reach at an earlier restore kept them) go too.
+        Collective: no rank saves before every directory is clean."""
         for directory in self._checkpoint_dirs():
             for dropped in drop_newer_than(directory, step, current):
                 log.info(

@@ -157,12 +157,17 @@ def _raw_timeline(fields: dict[str, Any]) -> str:
     return json.dumps(fields.get("timeline"), sort_keys=True)  # immutable, for chain_value's memo
 
 
+def timeline_field(step_dir: str | Path) -> Any:
+    """The ``timeline`` field of a step's manifest (None when absent), read unverified through the
+    manifest cache: one read per version of the file. Raises OSError or ValueError like reading it."""
+    return json.loads(chain_value(os.fspath(step_dir), _raw_timeline))
+
+
 def _timelines(directory: Path) -> Iterable[tuple[int, Any]]:
     """(step, its manifest's timeline field) for the committed steps whose manifest reads (unverified)."""
-    root = str(directory)
     for step in committed_steps(directory):
         try:
-            yield step, json.loads(chain_value(os.path.join(root, step_dirname(step)), _raw_timeline))
+            yield step, timeline_field(directory / step_dirname(step))
         except (OSError, ValueError, RecursionError):
             continue
 
