@@ -7,6 +7,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
 
 BASH = shutil.which("bash") or "/bin/bash"
@@ -46,6 +48,7 @@ def run_ssh_test(require: bool) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # 11 s (a pytest run of its own); CI keeps the check above of what counts as runnable
 def test_without_openssh_the_ssh_tests_skip_and_say_why_unless_they_are_required():
     skipped = run_ssh_test(require=False)
     assert skipped.returncode == 0, skipped.stdout[-3000:]

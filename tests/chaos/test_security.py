@@ -122,6 +122,7 @@ def _ermrun(tmp_path, name: str, args: list[str], env: dict[str, str], procs) ->
     return p
 
 
+@pytest.mark.slow  # 13 s; CI keeps the prefix role's handler and erm commands above
 def test_ermrun_with_etcd_user_runs_and_a_foreign_user_fails_clearly(auth_etcd, tmp_path, procs):
     common = ["--rdzv-endpoint", auth_etcd.endpoint, "--rdzv-id", "job-a-3", "--nproc-per-node", "1"]
     ok = _ermrun(

@@ -15,6 +15,7 @@ from tests.e2e.helpers import STEPS
 from tests.ermrun_argv import ERMRUN, ermrun_argv
 
 
+@pytest.mark.slow  # 10 s; CI keeps the failure of a node alone below and tests/obs's event display
 def test_a_failure_is_one_event_line_and_an_event_quiet_prints_none(tmp_path):
     script = tmp_path / "fail.py"
     script.write_text("import sys; sys.exit(3)\n")

@@ -333,7 +333,7 @@ def test_a_rendezvous_across_children_forked_while_the_parent_holds_a_client(etc
         assert parent.get(f"/{run_id}-held").value == b"x"
 
 
-@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+@pytest.mark.parametrize("method", ["spawn", pytest.param("forkserver", marks=pytest.mark.slow)])
 def test_spawned_child_works_while_the_parent_holds_a_client(etcd, run_id, method):
     with EtcdClient(etcd.endpoint, timeout=3) as parent:
         parent.put(f"/{run_id}/parent", "x")

@@ -79,7 +79,10 @@ def test_a_node_record_whose_pid_is_no_process_id_is_malformed(pid):
     assert NodeRecord.parse("/x/nodes/a", _record("a", 7)).pid == 7
 
 
-@pytest.mark.parametrize("pid", ["zero", "group", "bool"])
+@pytest.mark.parametrize(
+    "pid",
+    ["group", pytest.param("zero", marks=pytest.mark.slow), pytest.param("bool", marks=pytest.mark.slow)],
+)
 def test_erm_stop_node_signals_nothing_for_a_pid_that_is_no_process_id(etcd, run_id, agent, pid):
     value = {"zero": 0, "group": -agent.pid, "bool": True}[pid]  # never -1: that would signal every process
     key = f"/elastic-rm/{run_id}/nodes/a"

@@ -50,6 +50,7 @@ def test_same_jobs_reruns_the_trace_without_every_job_a_policy_failed(oom_runs, 
     assert f"without the {len(failed)} jobs any policy failed" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # 7 s of simulations: make test-all
 def test_perturbed_traces_change_only_the_compute_time_and_by_a_few_parts_in_a_trillion():
     from dataclasses import fields
 

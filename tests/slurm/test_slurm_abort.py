@@ -59,7 +59,7 @@ def interrupt(p, how: str) -> None:
         pytest.param("1", 1, "sigterm", id="the-first-node-job-before-the-executor"),
         # the same path as SIGTERM's, with the process group's sbatch interrupted too: make test-all
         pytest.param("1", 1, "ctrl-c", id="the-first-node-job-ctrl-c", marks=pytest.mark.slow),
-        pytest.param("1:2", 2, "sigterm", id="a-growth-node-job-of-the-executor"),
+        pytest.param("1:2", 2, "sigterm", id="a-growth-node-job-of-the-executor", marks=pytest.mark.slow),
     ],
 )
 def test_an_interrupted_sbatchs_job_is_stopped_and_a_second_signal_cancels_at_once(

@@ -56,7 +56,7 @@ def test_an_unknown_partition_names_the_partitions_slurm_has(tmp_path, run_id, e
     "arg, said",
     [
         ("--gres=gpu:8", "Invalid generic resource (gres) specification"),
-        ("--bogus", "unrecognized option '--bogus'"),
+        pytest.param("--bogus", "unrecognized option '--bogus'", marks=pytest.mark.slow),  # a job each
     ],
 )
 def test_an_sbatch_refusal_is_reported_in_slurms_words_before_anything_runs(
@@ -250,7 +250,7 @@ def test_flags_ermruns_parser_refuses_leave_no_node_job(
         (["--blacklist-cooldown", "-1"], "--blacklist-cooldown must be >= 0"),
         (["--events-file", "/proc/erm/events.jsonl"], "--events-file /proc/erm/events.jsonl: cannot open it"),
         (["--slurm-arg=--comment=project-42"], "--slurm-arg=--comment=project-42: sbatch's --comment cannot"),
-        (["--exclude", "b[1-"], "--exclude b[1-: unbalanced brackets"),
+        pytest.param(["--exclude", "b[1-"], "--exclude b[1-: unbalanced brackets", marks=pytest.mark.slow),
     ],
 )
 def test_a_bad_launcher_setting_is_refused_before_any_node_job(tmp_path, run_id, etcd, slurm, extra, said):

@@ -172,6 +172,7 @@ def test_node_memory_stays_within_the_bound_at_every_save(tmp_path: Path) -> Non
     assert peaks[-1] > base + ratio * base / 2, "the chain never grew near its bound: the test shows nothing"
 
 
+@pytest.mark.slow  # 9 s; CI keeps the bound at every save (above)
 def test_each_node_stays_within_the_bound_of_its_own_base_with_skewed_tables(tmp_path: Path) -> None:
     """Skewed tables (the normal case with power-law ids): one node holds a small hot table, touched
     at every step, the other a large cold one. A bound on the whole chain would let the hot node hold
@@ -314,6 +315,7 @@ def test_a_node_lost_between_its_own_fold_and_its_peers_restores_from_the_same_f
     assert assert_bit_exact(assemble(tmp_path / "b", "s2"), got, "split fold") > 10_000
 
 
+@pytest.mark.slow  # 10 s; CI keeps test_fold_in_place.py's refused fold written in full
 def test_buffers_that_do_not_hold_the_chain_make_the_fold_a_full_save(tmp_path: Path) -> None:
     """prepare() refills the snapshot buffers with the live state of no committed step: the next save
     past the bound cannot fold from them and is a full save (every rank agrees); the buffers follow the
@@ -337,6 +339,7 @@ def test_buffers_that_do_not_hold_the_chain_make_the_fold_a_full_save(tmp_path: 
     )
 
 
+@pytest.mark.slow  # 10 s; CI keeps the one-rank-per-node folds of this file
 def test_a_node_of_two_ranks_folds_both_files_and_dense_state_where_the_base_holds_it(tmp_path: Path) -> None:
     """Two ranks on one node: its leader folds both ranks' files from both ranks' delta files. The base
     keeps the data-parallel table and its optimizer state in one rank's file, and that rank's deltas
