@@ -333,6 +333,7 @@ def test_a_rendezvous_across_children_forked_while_the_parent_holds_a_client(etc
         assert parent.get(f"/{run_id}-held").value == b"x"
 
 
+# forkserver starts its children the way spawn does (~3 s each): CI keeps spawn
 @pytest.mark.parametrize("method", ["spawn", pytest.param("forkserver", marks=pytest.mark.slow)])
 def test_spawned_child_works_while_the_parent_holds_a_client(etcd, run_id, method):
     with EtcdClient(etcd.endpoint, timeout=3) as parent:

@@ -166,7 +166,7 @@ def test_an_elastic_rm_handler_gives_the_agent_its_services(etcd, run_id, tmp_pa
         h.next_rendezvous()
 
 
-@pytest.mark.parametrize(
+@pytest.mark.parametrize(  # a new interpreter each (~4 s): CI keeps one, test_plugin_registration.py others
     "first", ["elastic_rm.wire.records", pytest.param("elastic_rm.agent.agent", marks=pytest.mark.slow)]
 )
 def test_torch_loads_the_plugin_whatever_module_comes_first(first):

@@ -45,6 +45,7 @@ def test_an_etcd_client_refuses_a_timeout_that_is_no_number_of_seconds(timeout):
         EtcdClient("127.0.0.1:1", timeout=timeout)
 
 
+# an ermrun each (~5 s): CI keeps one; every key's refusal is checked in-process above
 @pytest.mark.parametrize("conf", ["etcd_timeout=nan", pytest.param("lease_ttl=nan", marks=pytest.mark.slow)])
 def test_ermrun_refuses_a_non_finite_rdzv_conf_number_at_once(conf):
     argv = [os.path.join(BIN, "ermrun"), "--rdzv-endpoint", "127.0.0.1:1", "--rdzv-id", "x", "--nnodes", "1"]

@@ -22,7 +22,7 @@ print("global step", get_reporter().global_step)
 """
 
 
-@pytest.mark.parametrize(
+@pytest.mark.parametrize(  # a gloo world each (~6 s): CI keeps the reporter made after the restore
     "reporter_first", ["", pytest.param("import elastic_rm.train.report", marks=pytest.mark.slow)]
 )
 def test_the_reporter_counts_from_the_restored_step(reporter_first):
