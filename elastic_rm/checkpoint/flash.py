@@ -52,7 +52,7 @@ from elastic_rm.checkpoint.fold import (
     roll_forward,
     writers_of,
 )
-from elastic_rm.checkpoint.inplace import FoldRefused, fold_chain, folded_manifest, recover_fold
+from elastic_rm.checkpoint.inplace import fold_chain, folded_manifest, recover_fold
 from elastic_rm.checkpoint.manifest import (
     BLOCK,
     DCP_METADATA,
@@ -497,8 +497,8 @@ class FlashCheckpointer:
                     path = self.node_dir / step_dirname(base) / name
                     new = folded_entry(path, items, pieces, entry.get("block", BLOCK))
                     mine[name] = {**entry, **new}
-        except (OSError, ValueError, KeyError) as e:  # every rank hears of it: nothing was touched
-            mine = f"rank {self.rank}: {e}"
+        except Exception as e:  # every rank must reach the gather below and hear of it: nothing was touched
+            mine = f"rank {self.rank}: {type(e).__name__}: {e}"
         parts = all_gather_json(mine, self.pg)
         if any(isinstance(part, str) for part in parts):
             why = "; ".join(p for p in parts if isinstance(p, str))
@@ -512,9 +512,9 @@ class FlashCheckpointer:
             self._memory_peak = max(self._memory_peak, held_bytes(self.node_dir))  # the chain at its largest
             try:
                 fold_chain(self.node_dir, body)
-            except (FoldRefused, CorruptCheckpointError, OSError, ValueError) as e:
+            except Exception as e:  # every rank must reach the gather below, whatever failed here
                 recover_fold(self.node_dir)  # a fold cut short here is finished or dropped now
-                failed = f"{self.node}: {e}"
+                failed = f"{self.node}: {type(e).__name__}: {e}"
         failures = [f for f in all_gather_json(failed, self.pg) if f]
         if failures:
             raise CorruptCheckpointError(f"fold of steps {base}..{top} failed: {'; '.join(failures)}")

@@ -30,6 +30,7 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 
+from elastic_rm.checkpoint import flash as flash_module
 from elastic_rm.checkpoint.manifest import CorruptCheckpointError
 from elastic_rm.checkpoint.peers import PEERS_ENV
 from elastic_rm.checkpoint.snapshot import dense_optimizer_state, local_pieces
@@ -304,6 +305,14 @@ def run_action(w: World, a: dict[str, Any], workdir: Path, res: dict[str, Any]) 
         # node folded its own memory, before the node asks its ring peer to fold its replica
         if w.ckpt.node == a["node"]:
             w.ckpt._push_fold = lambda step, body: os._exit(137)
+    elif do == "fail_fold_entries":  # this rank's next fold fails as it computes its files' checksums,
+        # with an error no fold expects (a MemoryError, say)
+        if w.rank == a["rank"]:
+
+            def fail(*_args: Any, **_kwargs: Any) -> Any:
+                raise MemoryError("injected by the test")
+
+            flash_module.folded_entry = fail
     elif do == "dump":
         d = workdir / "dump" / a["name"]
         d.mkdir(parents=True, exist_ok=True)

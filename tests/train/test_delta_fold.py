@@ -404,3 +404,29 @@ def test_an_old_chain_goes_once_a_chain_folded_soon_after_its_base_holds_keep_me
     bound = (1 + ratio) * base + headers + len(held[8]) * largest_manifest(durable, steps)
     now = sum(p.stat().st_size for p in (tmp_path / "held" / "8").rglob("*") if p.is_file())
     assert now <= bound, (now, bound, base)
+
+
+def test_a_fold_that_fails_on_one_rank_with_an_unexpected_error_is_a_full_save_on_every_rank(
+    tmp_path: Path,
+) -> None:
+    """One rank's fold fails with an error no fold expects (a MemoryError as it computes its files'
+    checksums): every rank still reaches the fold's gather and hears of it, and the save goes on in
+    full everywhere, as for a refused fold; nothing is lost and the step restores bit for bit."""
+    shm = tmp_path / "shm"
+    actions = trained_saves([1, 2]) + [
+        {"do": "fail_fold_entries", "rank": 1},
+        {"do": "train", "seeds": [3]},
+        {"do": "save", "step": 3, "block": True},
+        {"do": "dump", "name": "s3"},
+        {"do": "restore"},
+        {"do": "dump", "name": "restored"},
+    ]
+    flash = {"memory_root": str(shm), "differential": True, "compact_ratio": 1e-9, "keep_memory": 10}
+    with node_servers(shm, ["n0", "n1"]) as servers:  # each rank reads the other node's files from it
+        one = {**phase(2, actions, **flash), "peers": peer_lists(servers, ["n0", "n1"])}
+        results = run_world(2, spec([one]), tmp_path)
+    assert [[s["kind"] for s in results[r][0]["saves"]] for r in (0, 1)] == [["full", "delta", "fold"]] * 2
+    step3 = manifest(shm / "n0", 3)
+    assert step3.get("kind", "full") == "full" and "folded" not in step3
+    assert results[0][0]["restores"][0]["step"] == 3
+    assert_bit_exact(assemble(tmp_path, "s3"), assemble(tmp_path, "restored"), "step 3 saved in full")
