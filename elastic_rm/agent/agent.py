@@ -527,10 +527,20 @@ def _ledger_mirror(run_id: str, services: NodeServices | None, node_id: str) -> 
     if services is None:
         return None
     root = run_memory_dir(run_id)
+
+    def members() -> set[str] | None:
+        current = services.pending_round
+        return None if current is None else set(current.members)
+
+    def member_servers() -> list:
+        held = members()
+        return [p for p in ckpt_hooks.peer_endpoints(services) or [] if held is None or p.node in held]
+
     return LedgerMirror(
         node_id,
         node_dir=lambda: root / services.node_id,  # the id changes when the node rejoins
         publish=services.publish_ledger,
         leading=lambda: services.leading,
-        peers=lambda: ckpt_hooks.peer_endpoints(services),
+        peers=member_servers,
+        member=lambda: services.node_id in (members() or ()),
     )

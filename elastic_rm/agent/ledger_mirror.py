@@ -6,7 +6,8 @@ it is never ahead of the model. A checkpoint is news when it is newer in the run
 step, or any step of a newer timeline (a restore that went back to an older step saves the same step
 numbers again, checkpoint/timeline.py). Coarse by construction: one etcd write per checkpoint, by the leader
 only (fenced by its election). Workers need no etcd access for it. The leader reads the manifests in
-its node's memory; a leader whose node holds none (a standby) asks the members' checkpoint servers.
+its node's memory; a leader whose node holds none, or that is not a member of the current round (a
+standby: what its memory holds is from before it sat out), asks the members' checkpoint servers.
 """
 
 from __future__ import annotations
@@ -61,12 +62,14 @@ class LedgerMirror:
         publish: Callable[[LedgerRecord], bool],
         leading: Callable[[], bool],
         peers: Callable[[], list[PeerEndpoint] | None] = lambda: None,
+        member: Callable[[], bool] = lambda: True,
     ) -> None:
         self.node_id = node_id
         self._node_dir = node_dir
         self._publish = publish
         self._leading = leading
-        self._peers = peers
+        self._peers = peers  # the members' checkpoint servers
+        self._member = member  # is this node a member of the run's current round?
         # the (timeline, step) of the newest checkpoint written by this node while leading
         self.mirrored: tuple[timeline.Key, int] | None = None
         self._was_leading = False
@@ -82,7 +85,7 @@ class LedgerMirror:
         if not leading:
             return None
         node_dir = self._node_dir()
-        steps = committed_steps(node_dir)
+        steps = committed_steps(node_dir) if self._member() else []
         found = self._newest_local(node_dir, steps)
         if found is None and not steps and time.monotonic() >= self._next_peer_poll:
             self._next_peer_poll = time.monotonic() + PEER_POLL_S

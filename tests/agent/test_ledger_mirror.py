@@ -123,10 +123,22 @@ def test_after_a_restore_of_an_older_step_the_new_timelines_steps_are_mirrored(e
         assert mirror.poll().step == 7 and read(client, keys).step == 7
 
 
-def test_a_standby_leader_reads_a_members_checkpoint_server(etcd, run_id, tmp_path):
+@pytest.mark.parametrize(
+    "member, holds_old_steps",
+    [(True, False), (False, False), (False, True)],
+    ids=["a-member-with-empty-memory", "a-standby", "a-standby-holding-old-steps"],
+)
+def test_a_leader_without_the_runs_steps_reads_a_members_checkpoint_server(
+    etcd, run_id, tmp_path, member, holds_old_steps
+):
+    """A leader whose memory holds no step yet, or that sat the current round out, mirrors the members'
+    newest checkpoint, read from their checkpoint servers; a standby does so also when its own memory
+    holds steps from before (here a newer step number, of a timeline a restore abandoned since)."""
     keys = Keyspace("/elastic-rm", run_id)
-    member_dir = tmp_path / "member"
-    commit(member_dir, 30, {"step": 30, "ledger": ledger_after(30)})
+    member_dir, standby_dir = tmp_path / "member", tmp_path / "standby"
+    commit(member_dir, 35, {"step": 35, "ledger": ledger_after(35)}, {"id": 1, "from": [[0, 30]]})
+    if holds_old_steps:
+        commit(standby_dir, 40, {"step": 40, "ledger": ledger_after(40)})
     server = CheckpointServer(member_dir)
     server.start()
     try:
@@ -135,10 +147,10 @@ def test_a_standby_leader_reads_a_members_checkpoint_server(etcd, run_id, tmp_pa
             leader = Leader(client, keys, "standby")
             assert leader.campaign()
             mirror = LedgerMirror(
-                "standby", lambda: tmp_path / "standby", leader.publish, lambda: True, peers=lambda: [peer]
+                "standby", lambda: standby_dir, leader.publish, lambda: True, lambda: [peer], lambda: member
             )
             rec = mirror.poll()
-            assert rec is not None and (rec.step, rec.samples_done) == (30, 30 * BATCH)
+            assert rec is not None and (rec.step, rec.samples_done) == (35, 35 * BATCH)
             assert read(client, keys) == rec
     finally:
         server.stop()
