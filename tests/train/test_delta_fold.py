@@ -406,6 +406,7 @@ def test_an_old_chain_goes_once_a_chain_folded_soon_after_its_base_holds_keep_me
     assert now <= bound, (now, bound, base)
 
 
+@pytest.mark.slow  # 9 s; CI keeps test_fold_in_place.py's refused fold written in full (the same way out)
 def test_a_fold_that_fails_on_one_rank_with_an_unexpected_error_is_a_full_save_on_every_rank(
     tmp_path: Path,
 ) -> None:
