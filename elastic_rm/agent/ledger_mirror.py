@@ -164,4 +164,4 @@ def _cached_timeline(step_dir: Path) -> timeline.Key:
         raw = timeline_field(step_dir)
     except (ValueError, RecursionError):
         return timeline.ORIGIN
-    return timeline.key_of({"timeline": raw}) if timeline.check_field(raw) is None else timeline.ORIGIN
+    return timeline.from_json(raw) or timeline.ORIGIN  # as a peer's listing is read
