@@ -136,6 +136,8 @@ class LedgerMirror:
             except (PeerError, OSError, ValueError) as exc:
                 log.debug("ledger mirror: %s: %s", peer.node, exc)
                 continue
+            finally:
+                client.close()  # the connection the manifest's request kept
             if raw is not None:
                 return self._ledger_of(raw, f"{peer.node}: manifest of step {newest}", newest)
         return None

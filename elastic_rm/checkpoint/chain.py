@@ -241,6 +241,7 @@ def chain_of(manifest: dict[str, Any], sources: Sequence[CheckpointSource]) -> l
 
 
 Wanted = Callable[[list[str], list[int], list[int]], bool]
+DeltaFiles = list[tuple[int, list[Path], dict[str, str]]]  # per delta: step, its files, file -> source
 
 
 def _wanted_ranges(
@@ -266,7 +267,7 @@ def delta_files(
     sources: Sequence[CheckpointSource],
     verify: bool = True,
     wanted: Wanted | None = None,
-) -> list[tuple[int, list[Path], dict[str, str]]]:
+) -> DeltaFiles:
     """For each delta of the chain, in order: (step, verified local paths of all its files, file ->
     source name). Rows of any old rank may fall into a rank's shards, so every file is opened; with
     `wanted` (which entries this rank applies) only the bytes of those entries are read and verified,
@@ -301,7 +302,7 @@ def overlaps_local(state: dict) -> Wanted:
     return wanted
 
 
-def apply_chain(state: dict, deltas: list[tuple[int, list[Path], dict[str, str]]]) -> int:
+def apply_chain(state: dict, deltas: DeltaFiles) -> int:
     """Apply each delta's files to `state`, in chain order, reading only the pieces that overlap
     this rank's shards."""
     written = 0

@@ -265,30 +265,43 @@ class PeerClient:
         return sorted(found), doc.get("timeline")
 
     def manifest(self, step: int) -> bytes | None:
+        """On the kept connection: a restore asks for several manifests in a row (a chain's)."""
         try:
-            return self._request("GET", f"/steps/{step}/manifest")
+            return self._request("GET", f"/steps/{step}/manifest", reuse=True)
         except PeerError as e:
             if e.status == 404:
                 return None
             raise
 
     def download(
-        self, step: int, file: str, dest: Path, spans: list[tuple[int, int]] | None = None, size: int = 0
+        self,
+        step: int,
+        file: str,
+        dest: Path,
+        spans: list[tuple[int, int]] | None = None,
+        size: int = 0,
+        into_existing: bool = False,
     ) -> int | None:
         """Stream a file of `step` into `dest` (written as dest.part, then renamed); the bytes received,
         or None when the peer does not hold it. With `spans` ((offset, length) pairs) only those bytes are
-        fetched (HTTP range requests) into a file of `size` bytes: the rest stays zero and unread."""
+        fetched (HTTP range requests) into a file of `size` bytes: the rest stays zero and unread.
+        ``into_existing``: the spans are written into `dest` itself, a copy holding other spans of the
+        file (a resharding reader asking for more of it); a failure midway leaves bytes in those spans
+        that the caller must not trust until it has fetched them whole."""
         if not safe_name(file):
             raise PeerError(f"refusing to request file {file!r}: not a plain file name")
+        if into_existing and spans is None:
+            raise ValueError("into_existing needs spans: a whole file is written as a new copy")
         dest.parent.mkdir(parents=True, exist_ok=True)
-        part = dest.with_name(dest.name + ".part")
+        part = dest if into_existing else dest.with_name(dest.name + ".part")
         path = f"/steps/{step}/files/{file}"
         try:
-            with open(part, "wb") as f:
+            with open(part, "r+b" if into_existing else "wb") as f:
                 if spans is None:
                     got = self._get_into(path, f, None)
                 else:
-                    f.truncate(size)
+                    if not into_existing:
+                        f.truncate(size)
                     got = 0
                     for off, n in spans:
                         r = self._get_into(path, f, (off, n))
@@ -297,14 +310,16 @@ class PeerClient:
                             break
             if got is None or (spans is not None and got != sum(n for _, n in spans)):
                 return None
-            os.replace(part, dest)
+            if not into_existing:
+                os.replace(part, dest)
             return got
         except ssl.SSLError as e:
             raise self._tls_error(f"GET {path}", e) from e
         except (OSError, http.client.HTTPException) as e:
             raise PeerError(f"{self.peer.node} ({self.peer.url}): GET {path}: {e}") from e
         finally:
-            part.unlink(missing_ok=True)
+            if not into_existing:
+                part.unlink(missing_ok=True)
 
     def _get_into(self, path: str, f: Any, span: tuple[int, int] | None) -> int | None:
         """GET `path` (or one byte span of it) into `f` at the span's offset; None on 404. On the

@@ -1,15 +1,18 @@
 """Restore the newest good checkpoint into the current world: agree on a step, resolve every file
 from the fastest source holding a verified copy, and fall back to older steps with a clear log line.
 
-A delta step is restored from its chain: every link and the parts of the delta files this rank
-applies are verified first (a chain with a missing, corrupt or foreign step is refused as a whole, never
-mixed), then the base is loaded through DCP with the current plan and each delta's rows that fall into
-this rank's shards are written over it, in chain order. A rank reads (and a peer sends it) only the
-header of each delta file and the entries that overlap its shards."""
+A delta step is restored from its chain: its links' manifests are found first, then the base is loaded
+through DCP with the current plan while a thread reads and verifies the parts of the delta files this
+rank applies (both wait on the network on a node that reads from peers), and once every rank has all of
+them, each delta's rows that fall into this rank's shards are written over the base, in chain order. A
+chain with a missing, corrupt or foreign step is refused as a whole, never mixed: the next older step is
+then loaded over everything. A rank reads (and a peer sends it) only the header of each delta file and
+the entries that overlap its shards."""
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +24,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torchrec.distributed.model_parallel import DistributedModelParallel
 
-from elastic_rm.checkpoint.chain import apply_chain, chain_of, delta_files, overlaps_local
+from elastic_rm.checkpoint.chain import DeltaFiles, Wanted, apply_chain, chain_of, delta_files, overlaps_local
 from elastic_rm.checkpoint.collectives import all_gather_json
 from elastic_rm.checkpoint.manifest import CorruptCheckpointError
 from elastic_rm.checkpoint.snapshot import app_state, load_app_state
@@ -39,13 +42,80 @@ class RestoreResult:
     skipped: list[str] = field(default_factory=list)  # why newer checkpoints were not used
     load_s: float = 0.0  # the whole load on this rank
     verify_s: float = 0.0  # of which checksum verification of the base's files
-    # on this rank: the state to load built, the chain's manifests found and its delta files read and
-    # verified (the parts this rank applies; 0 for a full step), the base (or the full step) loaded
-    # through DCP, and the deltas' rows applied over it, with the wait for every rank's outcome (0 for a
-    # full step)
+    # on this rank, of a chain (0 for a full step): its delta files read and verified (the parts this
+    # rank applies, on a thread of their own while the base loads), and of that the time the restore
+    # waited for them after the base; the base (or the full step) loaded through DCP; the deltas' rows
+    # applied over it, with the wait for every rank's outcome
     deltas_s: float = 0.0
     base_s: float = 0.0
     apply_s: float = 0.0
+    deltas_wait_s: float = 0.0
+
+
+class DeltaFetch:
+    """A chain's delta files (chain.delta_files), read and verified on a thread of their own while the
+    base loads. The thread reads through forks of the sources (``fork()``: a peer's connection is not
+    shared between threads); with a source that has none (a custom one) the files are read here, before
+    the base, as one thread would."""
+
+    def __init__(
+        self,
+        chain: list[dict[str, Any]],
+        sources: Sequence[CheckpointSource],
+        verify: bool,
+        wanted: Wanted,
+    ) -> None:
+        self.took_s = 0.0
+        self._files: DeltaFiles = []
+        self._error: Exception | None = None
+        self._forks: list[tuple[Any, Any]] = []
+        self._thread: threading.Thread | None = None
+        if len(chain) < 2:
+            return
+        if not all(callable(getattr(src, "fork", None)) for src in sources):
+            self._read(chain, sources, verify, wanted)
+            return
+        # a fork that is its source (a directory: nothing to share) is not cleared here
+        self._forks = [(src, src.fork("deltas")) for src in sources]  # type: ignore[attr-defined]
+        self._thread = threading.Thread(
+            target=self._read,
+            args=(chain, [fork for _, fork in self._forks], verify, wanted),
+            name="elastic-rm-restore-deltas",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def _read(
+        self, chain: list[dict[str, Any]], sources: Sequence[Any], verify: bool, wanted: Wanted
+    ) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._files = delta_files(chain, sources, verify, wanted)
+        except Exception as e:  # raised again by result(), on the restoring thread
+            self._error = e
+        self.took_s = time.perf_counter() - t0
+
+    def result(self) -> DeltaFiles:
+        if self._thread is not None:
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._files
+
+    def close(self) -> None:
+        """Wait for the thread (its reads are bounded by the sources' timeouts) and drop what the forks
+        downloaded: call once the files are applied or refused."""
+        if self._thread is not None:
+            self._thread.join()
+        for src, fork in self._forks:
+            clear = getattr(fork, "clear", None)
+            if fork is not src and clear is not None:
+                clear()
+        self._forks = []
+
+
+def _why(e: Exception) -> str:
+    return str(e) if isinstance(e, CorruptCheckpointError) else f"{type(e).__name__}: {e}"
 
 
 def _short(e: BaseException, limit: int = 600) -> str:
@@ -86,32 +156,35 @@ def restore_checkpoint(
         assert manifest is not None
         t0 = time.perf_counter()
         state = app_state(dmp, dense_optimizer)
-        deltas, chain, why, deltas_s = [], [manifest], None, 0.0
-        try:  # a delta: its chain's manifests and the parts of its delta files this rank applies,
-            # verified before anything is loaded
+        chain, fetch, why = [manifest], None, None
+        try:  # a delta: its chain's manifests, then its delta files read while the base loads
             chain = chain_of(manifest, sources)
-            deltas = delta_files(chain, sources, verify, overlaps_local(state))
-            deltas_s = time.perf_counter() - t0
+            fetch = DeltaFetch(chain, sources, verify, overlaps_local(state))
         except Exception as e:  # every rank must reach the gather below, whatever failed here
-            why = str(e) if isinstance(e, CorruptCheckpointError) else f"{type(e).__name__}: {e}"
+            why = _why(e)
         whys = [w for w in all_gather_json(why, pg) if w]
         if whys:
+            if fetch is not None:
+                fetch.close()
             reason = f"step {step} unusable: {whys[0]}"
             skipped.append(reason)
             if rank == 0:
                 log.warning("elastic-rm restore: %s; trying the previous checkpoint", reason)
             continue
+        assert fetch is not None  # else this rank's own reason is among whys
         base = chain[0]
         resolver = FileResolver(base["step"], base, sources, verify)
         try:
             t1 = time.perf_counter()
             dcp.load(state, storage_reader=ResolvingReader(resolver), process_group=pg)
             t2 = time.perf_counter()
-            why = None
+            deltas, why, t3 = [], None, t2
             try:
+                deltas = fetch.result()
+                t3 = time.perf_counter()
                 apply_chain(state, deltas)
             except Exception as e:  # every rank must reach the gather below, whatever failed here
-                why = str(e) if isinstance(e, CorruptCheckpointError) else f"{type(e).__name__}: {e}"
+                why = _why(e)
             whys = [w for w in all_gather_json(why, pg) if w]
             if whys:
                 raise CorruptCheckpointError(whys[0])
@@ -121,7 +194,9 @@ def restore_checkpoint(
             if rank == 0:
                 log.warning("elastic-rm restore: %s; trying the previous checkpoint", reason)
             continue
-        apply_s = time.perf_counter() - t2
+        finally:
+            fetch.close()
+        apply_s = time.perf_counter() - t3
         load_app_state(dmp, state, dense_optimizer)
         load_s = time.perf_counter() - t0
         used = {f: src for f, (src, _) in resolver.resolved.items()}
@@ -144,9 +219,10 @@ def restore_checkpoint(
             skipped,
             load_s,
             resolver.verify_s,
-            deltas_s if deltas else 0.0,
+            fetch.took_s if deltas else 0.0,
             t2 - t1,
             apply_s if deltas else 0.0,
+            t3 - t2 if deltas else 0.0,
         )
     if steps:
         raise CorruptCheckpointError(

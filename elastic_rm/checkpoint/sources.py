@@ -1,7 +1,8 @@
 """Where a checkpoint's files can be read from, fastest first, and a DCP reader that takes each file
 from the first place holding a copy whose checksum matches the manifest.
 
-A source is anything with steps / manifest bytes / a local path for a file. `DirectorySource` covers
+A source is anything with steps / manifest bytes / a local path for a file (and, to be read from two
+threads of one restore, a ``fork(name)`` giving a copy safe to use beside it). `DirectorySource` covers
 one directory (this node's memory, a replica it holds for a peer, the durable copy);
 `HttpPeerSource` is a peer node's memory, fetched from that node's agent (elastic_rm/checkpoint/server.py)
 into a cache in this node's own memory. Nodes never read each other's directories, even on one machine:
@@ -71,6 +72,10 @@ class DirectorySource:
         path = self.root / step_dirname(step) / file
         return path if path.is_file() else None
 
+    def fork(self, name: str) -> DirectorySource:
+        """Itself: it keeps no state, so another thread of a restore reads through it as it is."""
+        return self
+
 
 def memory_sources(name: str, root: Path) -> list[CheckpointSource]:
     """A node's memory directory: its own steps, then one source per peer whose replicas it holds
@@ -99,9 +104,22 @@ class HttpPeerSource:
         self.down: str | None = None  # why, once a request failed
         self.bytes_fetched = 0
         self._listed: tuple[list[int], Any] | None = None  # the peer's listing, read once per restore
+        self._manifests: dict[int, bytes | None] = {}  # the manifests asked for, read once per restore
         # the checksum blocks each downloaded copy holds (None: the whole file), so that a reader asking
         # for more of a file (a delta's entries after its header) is sent only the blocks it lacks
         self._have: dict[Path, set[int] | None] = {}
+        self._parent: HttpPeerSource | None = None  # the source this one was forked from
+
+    def fork(self, name: str) -> HttpPeerSource:
+        """A copy for another thread of the same restore: a connection and a cache of its own
+        (``<cache_dir>/<name>``, dropped with this one's), starting from what this one has read (the
+        listing, the manifests, whether the peer is down). Its bytes count here once it is cleared."""
+        twin = HttpPeerSource(self.client.peer, self.cache_dir / name, self.client.timeout_s)
+        twin.down = self.down
+        twin._listed = self._listed
+        twin._manifests = dict(self._manifests)
+        twin._parent = self
+        return twin
 
     def _failed(self, what: str, e: PeerError) -> None:
         if e.status is None:  # could not talk to it at all: do not try again in this restore
@@ -127,13 +145,17 @@ class HttpPeerSource:
         return timeline.from_json(self._listing()[1])
 
     def manifest_bytes(self, step: int) -> bytes | None:
+        """Read once per restore, as the listing is (a restore asks for a step's manifest once to find
+        the chain and again for each file it resolves; no step changes while every rank restores)."""
         if self.down:
             return None
-        try:
-            return self.client.manifest(step)
-        except PeerError as e:
-            self._failed(f"manifest of step {step}", e)
-            return None
+        if step not in self._manifests:
+            try:
+                self._manifests[step] = self.client.manifest(step)
+            except PeerError as e:
+                self._failed(f"manifest of step {step}", e)
+                return None
+        return self._manifests[step]
 
     def file_path(self, step: int, file: str) -> Path | None:
         return self.file_blocks(step, file, None, None)
@@ -157,9 +179,9 @@ class HttpPeerSource:
             if not need:
                 return dest
             spans = block_spans(entry, [(b * bs, 1) for b in sorted(need)])
-        into = dest.with_name(dest.name + ".more") if spans is not None and self._have.get(dest) else dest
+        more = spans is not None and bool(self._have.get(dest))  # the copy holds other blocks already
         try:
-            got = self.client.download(step, file, into, spans, size)
+            got = self.client.download(step, file, dest, spans, size, into_existing=more)
         except PeerError as e:
             if e.status is None:
                 self.down = str(e)
@@ -170,11 +192,9 @@ class HttpPeerSource:
         if spans is None:
             self._have[dest] = None
             return dest
-        if into != dest:  # the blocks it lacked, into the copy that holds the others
-            _copy_spans(into, dest, spans)
-            into.unlink()
-        held = self._have.get(dest) or set()
-        self._have[dest] = held | need
+        # only now are the new blocks whole: a download cut midway left part of them written, and they
+        # stay out of `have` until a later download fetches them again
+        self._have[dest] = (self._have.get(dest) or set()) | need
         return dest
 
     def clear(self) -> None:
@@ -183,15 +203,11 @@ class HttpPeerSource:
         shutil.rmtree(self.cache_dir, ignore_errors=True)
         self._have.clear()
         self._listed = None
+        self._manifests.clear()
         self.client.close()
-
-
-def _copy_spans(src: Path, dst: Path, spans: list[tuple[int, int]]) -> None:
-    with open(src, "rb") as fi, open(dst, "r+b") as fo:
-        for off, n in spans:
-            fi.seek(off)
-            fo.seek(off)
-            fo.write(fi.read(n))
+        if self._parent is not None:
+            self._parent.bytes_fetched += self.bytes_fetched
+            self.bytes_fetched = 0
 
 
 def newest_timeline_of(sources: Sequence[CheckpointSource]) -> timeline.Key | None:

@@ -423,9 +423,9 @@ class CountingServer(CheckpointHttpServer):
 
 
 def test_a_restore_reads_its_spans_from_a_peer_on_one_connection(tmp_path: Path) -> None:
-    """Many small range reads (a delta's header, then the blocks of its entries) go over one kept
-    connection, each read whole and right; clear() after the load closes it, and reads after that
-    open a new one."""
+    """Many small range reads (a delta's header, then the blocks of its entries) and the manifests go
+    over one kept connection, each span read whole and right into the one local copy of the file, beside
+    the blocks read before; clear() after the load closes it, and reads after that open a new one."""
     data = os.urandom(64 << 10)
     step_dir = tmp_path / "n0" / step_dirname(1)
     step_dir.mkdir(parents=True)
@@ -440,14 +440,29 @@ def test_a_restore_reads_its_spans_from_a_peer_on_one_connection(tmp_path: Path)
     try:
         peer = PeerEndpoint("n0", f"http://127.0.0.1:{http_thread.port}", "tok")
         src = HttpPeerSource(peer, tmp_path / "cache", timeout_s=30)
-        for b in (3, 0, 9, 15, 7):
+
+        def right(path: Path, blocks: tuple[int, ...]) -> bool:
+            got = path.read_bytes()
+            return all(got[b * block : (b + 1) * block] == data[b * block : (b + 1) * block] for b in blocks)
+
+        for b in (3, 0, 9, 15, 7):  # each into the one copy, beside the blocks fetched before
             path = src.file_blocks(1, "f.erm", entry, [(b * block + 1, 2)])
-            assert path is not None
-            assert path.read_bytes()[b * block : (b + 1) * block] == data[b * block : (b + 1) * block]
+            assert path is not None and right(path, (b,))
+        assert right(path, (3, 0, 9, 15, 7))
+        # the manifest too, once, on the same connection
+        assert src.manifest_bytes(1) == src.manifest_bytes(1) == (step_dir / MANIFEST).read_bytes()
         assert server.accepted == 1
+        # the peer lost the file: the blocks asked for are not had (nor counted as held), and the ones
+        # held stay right
+        (step_dir / "f.erm").rename(tmp_path / "f.erm")
+        assert src.file_blocks(1, "f.erm", entry, [(11 * block, 1)]) is None
+        (tmp_path / "f.erm").rename(step_dir / "f.erm")
+        path = src.file_blocks(1, "f.erm", entry, [(11 * block, 1)])
+        assert path is not None and right(path, (3, 0, 9, 15, 7, 11))
+        assert server.accepted == 2  # a refusal's answer closed the kept connection
         src.clear()
         assert src.file_blocks(1, "f.erm", entry, [(0, 1)]) is not None
-        assert server.accepted == 2
+        assert server.accepted == 3
         src.clear()
     finally:
         http_thread.stop(5.0)

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from test_timeline_units import ListedOnly
 
 from elastic_rm.checkpoint.chain import delta_files
 from elastic_rm.checkpoint.delta_file import DeltaPiece, DeltaReader, checksum_block, write_delta
@@ -22,7 +23,8 @@ from elastic_rm.checkpoint.manifest import (
     step_dirname,
 )
 from elastic_rm.checkpoint.peers import PeerEndpoint
-from elastic_rm.checkpoint.sources import HttpPeerSource
+from elastic_rm.checkpoint.restore import DeltaFetch
+from elastic_rm.checkpoint.sources import DirectorySource, HttpPeerSource
 
 ROWS, DIM = 40000, 32
 
@@ -47,6 +49,13 @@ def write_step(node_dir: Path, step: int, files: dict[str, list[DeltaPiece]], fi
     )
     (d / MANIFEST).write_bytes(body)
     return json.loads(body)
+
+
+def saved_pieces(c: dict[str, Any], wanted) -> list[DeltaPiece]:
+    """What the ranks saved of the entries `wanted` takes, in file order."""
+    return [
+        p for name in sorted(c["files"]) for p in c["files"][name] if wanted(p.key, p.offsets, p.extent or [])
+    ]
 
 
 @pytest.fixture
@@ -101,9 +110,7 @@ def test_a_rank_fetches_the_rows_of_its_shards_not_every_delta_file(delta_chain)
     assert 0 < ranged.bytes_fetched < 0.3 * sizes, (ranged.bytes_fetched, sizes)
     # what the rank applies is read from the partial copies, equal to what was saved
     read = [p for path in after[0][1] for p in DeltaReader(path).pieces(wanted)]
-    saved = [
-        p for name in sorted(c["files"]) for p in c["files"][name] if wanted(p.key, p.offsets, p.extent or [])
-    ]
+    saved = saved_pieces(c, wanted)
     assert len(read) == len(saved) == 2
     for got, exp in zip(read, saved, strict=True):
         assert got.key == exp.key and torch.equal(got.values, exp.values)
@@ -125,3 +132,56 @@ def test_a_corrupt_block_of_an_entry_a_rank_reads_is_refused(delta_chain) -> Non
             delta_files(c["chain"], [src], wanted=lambda key, off, ext: key == ["model", "t1"])
         # a rank that does not read that entry is not stopped by it
         delta_files(c["chain"], [src], wanted=lambda key, off, ext: key == ["model", "dense"])
+
+
+def assert_read_as_saved(files, c: dict[str, Any], wanted) -> None:
+    read = [p for path in files[0][1] for p in DeltaReader(path).pieces(wanted)]
+    saved = saved_pieces(c, wanted)
+    assert len(read) == len(saved) > 0
+    for got, exp in zip(read, saved, strict=True):
+        assert got.key == exp.key and torch.equal(got.values, exp.values)
+
+
+def test_a_chains_delta_files_are_read_on_a_thread_through_forks_of_the_peer_sources(delta_chain) -> None:
+    """While the base loads, a thread reads the delta files through a fork of each peer source (a
+    connection and a cache of its own); what it fetched counts on the source it was forked from, and
+    closing the fetch drops the fork's copies. A refused file is raised on the restoring thread."""
+    c = delta_chain
+    wanted = lambda key, off, ext: key == ["model", "t1"]  # noqa: E731
+    with node_servers(c["root"], ["n0"]) as s:
+        peer = HttpPeerSource(PeerEndpoint("n0", s["n0"].url, s["n0"].token), c["tmp"] / "fetch")
+        fetch = DeltaFetch(c["chain"], [peer], True, wanted)
+        files = fetch.result()
+        assert fetch.took_s > 0 and files[0][0] == 2
+        assert all((c["tmp"] / "fetch" / "deltas") in path.parents for path in files[0][1])
+        assert_read_as_saved(files, c, wanted)
+        assert peer.bytes_fetched == 0  # counted once the fork is done with
+        fetch.close()
+        assert peer.bytes_fetched > 0 and not (c["tmp"] / "fetch" / "deltas").exists()
+        peer.clear()
+
+        path = c["root"] / "n0" / step_dirname(2) / "__1_delta.erm"
+        data = bytearray(path.read_bytes())
+        data[-100] ^= 0xFF  # inside rank 1's last entry (t1's rows)
+        path.write_bytes(bytes(data))
+        fetch = DeltaFetch(c["chain"], [peer], True, wanted)
+        with pytest.raises(CorruptCheckpointError, match="__1_delta.erm.*checksum mismatch in block"):
+            fetch.result()
+        fetch.close()
+        peer.clear()
+
+
+def test_a_source_without_fork_is_read_before_the_base(delta_chain) -> None:
+    c = delta_chain
+    wanted = lambda key, off, ext: key == ["model", "dense"]  # noqa: E731
+    fetch = DeltaFetch(c["chain"], [ListedOnly(c["root"] / "n0")], True, wanted)
+    assert fetch._thread is None and fetch.took_s > 0  # read already, on this thread
+    assert_read_as_saved(fetch.result(), c, wanted)
+    fetch.close()
+    # a directory source forks as itself: read on the thread, and never cleared
+    own = DirectorySource("n0", c["root"] / "n0")
+    assert own.fork("deltas") is own
+    fetch = DeltaFetch(c["chain"], [own], True, wanted)
+    assert_read_as_saved(fetch.result(), c, wanted)
+    fetch.close()
+    assert (c["root"] / "n0" / step_dirname(2) / "__0_delta.erm").is_file()

@@ -105,7 +105,9 @@ def test_a_restore_drops_the_newer_steps_and_those_of_an_abandoned_timeline(tmp_
 
 
 class ListedOnly:
-    """A source passed to restore(sources=...) that knows nothing of timelines: its manifests are read."""
+    """A source passed to restore(sources=...) with only the three methods a source must have: it
+    knows nothing of timelines (its manifests are read) and has no fork() (a chain's delta files are
+    read from it on the restoring thread)."""
 
     def __init__(self, root: Path) -> None:
         self.name, self.inner = "custom", DirectorySource("custom", root)
