@@ -303,8 +303,10 @@ def one_or_all(values: list) -> Any:
 
 def restore_parts(got: Any) -> dict[str, float]:
     """Where a restore's time went, each part on its slowest rank (RestoreResult): the delta files
-    read and verified, the base loaded through DCP, the deltas' rows applied."""
-    return {k: slowest(getattr(got, k) if got else 0.0) for k in ("deltas_s", "base_s", "apply_s")}
+    read and verified (while the base loads) and the wait for them after the base, the base loaded
+    through DCP, the deltas' rows applied."""
+    keys = ("deltas_s", "deltas_wait_s", "base_s", "apply_s")
+    return {k: slowest(getattr(got, k) if got else 0.0) for k in keys}
 
 
 def median_parts(parts: list[dict[str, float]]) -> dict[str, float]:
