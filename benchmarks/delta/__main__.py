@@ -10,7 +10,7 @@ checkpoint, the step pause, the training throughput against training without che
 kinds of saves (a chain past its bound folds), node memory (the node directory's bytes at their
 peak, as the checkpointer and each node's checkpoint server sample them, and after each interval);
 then one save alone (its background time). Restores, at the same world and into world 3 (each timed
-three times, the median kept): the full mode's newest step; in the differential mode, for each interval,
+five times, the median kept): the full mode's newest step; in the differential mode, for each interval,
 its own chain (a new base and a save every interval) once it holds 10 deltas, against a full save of
 the same step restored in the same conditions (an interval whose chain folds before says so, with the
 chain it held), and beside them a heavy case: a mixed chain (9 deltas of 1 step, 6 of 10, then
