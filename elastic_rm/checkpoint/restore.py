@@ -6,8 +6,9 @@ through DCP with the current plan while a thread reads and verifies the parts of
 rank applies (both wait on the network on a node that reads from peers), and once every rank has all of
 them, each delta's rows that fall into this rank's shards are written over the base, in chain order. A
 chain with a missing, corrupt or foreign step is refused as a whole, never mixed: the next older step is
-then loaded over everything. A rank reads (and a peer sends it) only the header of each delta file and
-the entries that overlap its shards."""
+then loaded over everything (and, once a chain was refused after its base loaded, the older chains' delta
+files are read before their base: a refusal then costs no load). A rank reads (and a peer sends it) only
+the header of each delta file and the entries that overlap its shards."""
 
 from __future__ import annotations
 
@@ -54,9 +55,9 @@ class RestoreResult:
 
 class DeltaFetch:
     """A chain's delta files (chain.delta_files), read and verified on a thread of their own while the
-    base loads. The thread reads through forks of the sources (``fork()``: a peer's connection is not
-    shared between threads); with a source that has none (a custom one) the files are read here, before
-    the base, as one thread would."""
+    base loads (``on_thread``), through forks of the sources (``fork()``: a peer's connection is not
+    shared between threads). Otherwise, or with a source that has no fork() (a custom one), they are
+    read here, before the base, through the sources themselves."""
 
     def __init__(
         self,
@@ -64,15 +65,16 @@ class DeltaFetch:
         sources: Sequence[CheckpointSource],
         verify: bool,
         wanted: Wanted,
+        on_thread: bool = True,
     ) -> None:
         self.took_s = 0.0
         self._files: DeltaFiles = []
-        self._error: Exception | None = None
+        self._error: BaseException | None = None
         self._forks: list[tuple[Any, Any]] = []
         self._thread: threading.Thread | None = None
         if len(chain) < 2:
             return
-        if not all(callable(getattr(src, "fork", None)) for src in sources):
+        if not on_thread or not all(callable(getattr(src, "fork", None)) for src in sources):
             self._read(chain, sources, verify, wanted)
             return
         # a fork that is its source (a directory: nothing to share) is not cleared here
@@ -85,13 +87,18 @@ class DeltaFetch:
         )
         self._thread.start()
 
+    @property
+    def on_thread(self) -> bool:
+        return self._thread is not None
+
     def _read(
         self, chain: list[dict[str, Any]], sources: Sequence[Any], verify: bool, wanted: Wanted
     ) -> None:
         t0 = time.perf_counter()
         try:
             self._files = delta_files(chain, sources, verify, wanted)
-        except Exception as e:  # raised again by result(), on the restoring thread
+        except BaseException as e:  # raised again by result(), on the restoring thread: whatever ended
+            # the reads, a chain is never applied without all of its files
             self._error = e
         self.took_s = time.perf_counter() - t0
 
@@ -104,7 +111,7 @@ class DeltaFetch:
 
     def close(self) -> None:
         """Wait for the thread (its reads are bounded by the sources' timeouts) and drop what the forks
-        downloaded: call once the files are applied or refused."""
+        downloaded: call on every way out of the step's restore, once its files are applied or not."""
         if self._thread is not None:
             self._thread.join()
         for src, fork in self._forks:
@@ -141,6 +148,7 @@ def restore_checkpoint(
     mine = sorted({s for src in sources for s in src.steps()})
     steps = sorted({s for part in all_gather_json(mine, pg) for s in part}, reverse=True)
     skipped: list[str] = []
+    overlap = True  # read a chain's delta files while its base loads (DeltaFetch)
     for step in steps:
         manifest, problems = find_manifest(step, sources, live)
         digests = all_gather_json(manifest["manifest_sha256"] if manifest else None, pg)
@@ -157,46 +165,51 @@ def restore_checkpoint(
         t0 = time.perf_counter()
         state = app_state(dmp, dense_optimizer)
         chain, fetch, why = [manifest], None, None
-        try:  # a delta: its chain's manifests, then its delta files read while the base loads
-            chain = chain_of(manifest, sources)
-            fetch = DeltaFetch(chain, sources, verify, overlaps_local(state))
-        except Exception as e:  # every rank must reach the gather below, whatever failed here
-            why = _why(e)
-        whys = [w for w in all_gather_json(why, pg) if w]
-        if whys:
-            if fetch is not None:
-                fetch.close()
-            reason = f"step {step} unusable: {whys[0]}"
-            skipped.append(reason)
-            if rank == 0:
-                log.warning("elastic-rm restore: %s; trying the previous checkpoint", reason)
-            continue
-        assert fetch is not None  # else this rank's own reason is among whys
-        base = chain[0]
-        resolver = FileResolver(base["step"], base, sources, verify)
         try:
-            t1 = time.perf_counter()
-            dcp.load(state, storage_reader=ResolvingReader(resolver), process_group=pg)
-            t2 = time.perf_counter()
-            deltas, why, t3 = [], None, t2
-            try:
-                deltas = fetch.result()
-                t3 = time.perf_counter()
-                apply_chain(state, deltas)
+            try:  # a delta: its chain's manifests, then its delta files (while the base loads)
+                chain = chain_of(manifest, sources)
+                fetch = DeltaFetch(chain, sources, verify, overlaps_local(state), on_thread=overlap)
+                if not fetch.on_thread:
+                    fetch.result()  # read already: refused here, before the base loads
             except Exception as e:  # every rank must reach the gather below, whatever failed here
                 why = _why(e)
             whys = [w for w in all_gather_json(why, pg) if w]
             if whys:
-                raise CorruptCheckpointError(whys[0])
-        except (Exception, CheckpointException) as e:  # DCP gathers all ranks' errors (a BaseException)
-            reason = f"step {step} unusable: {_short(e)}"
-            skipped.append(reason)
-            if rank == 0:
-                log.warning("elastic-rm restore: %s; trying the previous checkpoint", reason)
-            continue
-        finally:
-            fetch.close()
-        apply_s = time.perf_counter() - t3
+                reason = f"step {step} unusable: {whys[0]}"
+                skipped.append(reason)
+                if rank == 0:
+                    log.warning("elastic-rm restore: %s; trying the previous checkpoint", reason)
+                continue
+            assert fetch is not None  # else this rank's own reason is among whys
+            base = chain[0]
+            resolver = FileResolver(base["step"], base, sources, verify)
+            try:
+                t1 = time.perf_counter()
+                dcp.load(state, storage_reader=ResolvingReader(resolver), process_group=pg)
+                t2 = time.perf_counter()
+                deltas, why, t3 = [], None, t2
+                try:
+                    deltas = fetch.result()
+                    t3 = time.perf_counter()
+                    apply_chain(state, deltas)
+                except Exception as e:  # every rank must reach the gather below, whatever failed here
+                    why = _why(e)
+                whys = [w for w in all_gather_json(why, pg) if w]
+                if whys:
+                    # a chain refused after its base loaded: the older steps' chains (which may share
+                    # the refused delta) are read before their base, as a refusal then costs no load
+                    overlap = False
+                    raise CorruptCheckpointError(whys[0])
+            except (Exception, CheckpointException) as e:  # DCP gathers all ranks' errors (a BaseException)
+                reason = f"step {step} unusable: {_short(e)}"
+                skipped.append(reason)
+                if rank == 0:
+                    log.warning("elastic-rm restore: %s; trying the previous checkpoint", reason)
+                continue
+            apply_s = time.perf_counter() - t3
+        finally:  # whatever ends this step's try (a gather that raised included): the thread and the forks
+            if fetch is not None:
+                fetch.close()
         load_app_state(dmp, state, dense_optimizer)
         load_s = time.perf_counter() - t0
         used = {f: src for f, (src, _) in resolver.resolved.items()}

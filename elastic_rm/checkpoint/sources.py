@@ -169,9 +169,9 @@ class HttpPeerSource:
         if self.down:
             raise SourceUnavailable(f"peer unreachable ({self.down})")
         dest = self.cache_dir / step_dirname(step) / file
-        spans, size, need = None, 0, set()
+        spans, size, need, have = None, 0, set(), set()
         if entry is not None and ranges is not None and "blocks" in entry:
-            have = self._have.get(dest, set()) if dest.is_file() else set()
+            have = self._have.get(dest, set()) if dest.is_file() else set()  # a copy gone holds none
             if have is None:
                 return dest
             bs, size = entry["block"], entry["size"]
@@ -179,7 +179,7 @@ class HttpPeerSource:
             if not need:
                 return dest
             spans = block_spans(entry, [(b * bs, 1) for b in sorted(need)])
-        more = spans is not None and bool(self._have.get(dest))  # the copy holds other blocks already
+        more = spans is not None and bool(have)  # the copy holds other blocks already
         try:
             got = self.client.download(step, file, dest, spans, size, into_existing=more)
         except PeerError as e:
@@ -194,7 +194,7 @@ class HttpPeerSource:
             return dest
         # only now are the new blocks whole: a download cut midway left part of them written, and they
         # stay out of `have` until a later download fetches them again
-        self._have[dest] = (self._have.get(dest) or set()) | need
+        self._have[dest] = have | need
         return dest
 
     def clear(self) -> None:

@@ -5,6 +5,7 @@ overlap its shards (the checksum blocks covering them, verified), fetched from a
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 from test_timeline_units import ListedOnly
 
+from elastic_rm.checkpoint import restore
 from elastic_rm.checkpoint.chain import delta_files
 from elastic_rm.checkpoint.delta_file import DeltaPiece, DeltaReader, checksum_block, write_delta
 from elastic_rm.checkpoint.local_servers import node_servers
@@ -58,33 +60,43 @@ def saved_pieces(c: dict[str, Any], wanted) -> list[DeltaPiece]:
     ]
 
 
+def write_base(node_dir: Path, step: int) -> dict:
+    """A full step of one stand-in file (its bytes are never loaded here)."""
+    d = node_dir / step_dirname(step)
+    d.mkdir(parents=True)
+    (d / "__0_0.distcp").write_bytes(b"base")
+    files = {"__0_0.distcp": file_entry(d / "__0_0.distcp", node="n0", rank=0)}
+    body = make_manifest(
+        {"step": step, "world_size": 2, "nodes": ["n0", "n0"], "position": {}, "files": files}
+    )
+    (d / MANIFEST).write_bytes(body)
+    return json.loads(body)
+
+
+def link_fields(parent: dict, base: dict) -> dict:
+    """The fields of a delta step built on `parent`, in the chain of `base`."""
+    return {
+        "kind": "delta",
+        "parent": parent["step"],
+        "parent_sha256": parent["manifest_sha256"],
+        "base": base["step"],
+        "base_sha256": base["manifest_sha256"],
+    }
+
+
 @pytest.fixture
 def delta_chain(tmp_path: Path) -> dict[str, Any]:
     """A base (a stand-in file) and a delta saved by two ranks: rank 0's file holds its halves of
     tables t0 and t1 and a dense tensor, rank 1's the other halves."""
     gen = torch.Generator().manual_seed(3)
     node = tmp_path / "shm" / "n0"
-    base_dir = node / step_dirname(1)
-    base_dir.mkdir(parents=True)
-    (base_dir / "__0_0.distcp").write_bytes(b"base")
-    base = make_manifest(
-        {"step": 1, "world_size": 2, "nodes": ["n0", "n0"], "position": {}}
-        | {"files": {"__0_0.distcp": file_entry(base_dir / "__0_0.distcp", node="n0", rank=0)}}
-    )
-    (base_dir / MANIFEST).write_bytes(base)
-    bm = json.loads(base)
+    bm = write_base(node, 1)
     dense = DeltaPiece(["model", "dense"], [0], torch.randn(1000, generator=gen))
     files = {
         "__0_delta.erm": [rows_of("t0", 0, gen), rows_of("t1", 0, gen), dense],
         "__1_delta.erm": [rows_of("t0", 1, gen), rows_of("t1", 1, gen)],
     }
-    link = {
-        "parent": 1,
-        "parent_sha256": bm["manifest_sha256"],
-        "base": 1,
-        "base_sha256": bm["manifest_sha256"],
-    }
-    m2 = write_step(node, 2, files, {"kind": "delta", **link})
+    m2 = write_step(node, 2, files, link_fields(bm, bm))
     return {"root": tmp_path / "shm", "chain": [bm, m2], "files": files, "tmp": tmp_path}
 
 
@@ -185,3 +197,74 @@ def test_a_source_without_fork_is_read_before_the_base(delta_chain) -> None:
     assert_read_as_saved(fetch.result(), c, wanted)
     fetch.close()
     assert (c["root"] / "n0" / step_dirname(2) / "__0_delta.erm").is_file()
+
+
+def world_of_one(monkeypatch, fail_at: int | None = None) -> None:
+    """restore_checkpoint's gathers as in a world of one, the `fail_at`-th raising as when a member dies
+    in the middle of the restore; no model here: the state to load is empty."""
+    calls = [0]
+
+    def gather(obj, pg=None):
+        calls[0] += 1
+        if calls[0] == fail_at:
+            raise RuntimeError("a member died (connection closed by peer)")
+        return [obj]
+
+    monkeypatch.setattr(restore, "all_gather_json", gather)
+    monkeypatch.setattr(restore, "app_state", lambda dmp, opt: {})
+    monkeypatch.setattr(restore, "load_app_state", lambda *args: None)
+
+
+def test_a_gather_that_fails_while_the_delta_files_are_read_leaves_no_thread_and_no_copies(
+    delta_chain, monkeypatch
+) -> None:
+    c = delta_chain
+    world_of_one(monkeypatch, fail_at=3)  # the steps, the manifest's digest, then the chain's outcome
+    with node_servers(c["root"], ["n0"]) as s:
+        peer = HttpPeerSource(PeerEndpoint("n0", s["n0"].url, s["n0"].token), c["tmp"] / "fetch")
+        with pytest.raises(RuntimeError, match="a member died"):
+            restore.restore_checkpoint(None, None, [peer], None, 0)
+        assert not [t for t in threading.enumerate() if t.name == "elastic-rm-restore-deltas"]
+        assert not (c["tmp"] / "fetch" / "deltas").exists()
+        assert peer.bytes_fetched > 0  # the fork's, counted when it was cleared
+        peer.clear()
+
+
+def test_a_chain_refused_over_its_delta_files_costs_one_base_load(tmp_path: Path, monkeypatch) -> None:
+    """Base 1, deltas 2, 3 and 4; delta 2's file is lost. Step 4's files are read while its base loads
+    and refused after it; the older chains (which share delta 2) are then read before their base and
+    refused without loading it, and step 1 is loaded: two loads, not one per step."""
+    node = tmp_path / "n0"
+    parent = base = write_base(node, 1)
+    for step in (2, 3, 4):
+        piece = DeltaPiece(["model", "x"], [0], torch.randn(100))
+        parent = write_step(node, step, {"__0_delta.erm": [piece]}, link_fields(parent, base))
+    (node / step_dirname(2) / "__0_delta.erm").unlink()
+    world_of_one(monkeypatch)
+    loads: list[int] = []
+    monkeypatch.setattr(
+        restore.dcp,
+        "load",
+        lambda state, storage_reader, process_group: loads.append(storage_reader.resolver.step),
+    )
+    # as rank 1: rank 0 logs the world size, from a process group this test has not
+    got = restore.restore_checkpoint(None, None, [DirectorySource("n0", node)], None, 1)
+    assert got is not None and got.step == 1 and len(got.skipped) == 3, got
+    assert all("__0_delta.erm" in why for why in got.skipped), got.skipped
+    assert loads == [1, 1]
+
+
+def test_reads_ended_by_any_exception_are_never_taken_for_an_empty_chain(delta_chain, monkeypatch) -> None:
+    """A SystemExit in the reading thread ends that thread quietly: the restoring thread must get it,
+    not a chain of no delta files (its base alone, named as the delta step)."""
+
+    def exits(*args, **kwargs):
+        raise SystemExit(3)
+
+    monkeypatch.setattr(restore, "delta_files", exits)
+    c = delta_chain
+    fetch = DeltaFetch(c["chain"], [DirectorySource("n0", c["root"] / "n0")], True, lambda *a: True)
+    assert fetch.on_thread
+    with pytest.raises(SystemExit):
+        fetch.result()
+    fetch.close()
