@@ -187,7 +187,7 @@ def test_a_source_without_fork_is_read_before_the_base(delta_chain) -> None:
     c = delta_chain
     wanted = lambda key, off, ext: key == ["model", "dense"]  # noqa: E731
     fetch = DeltaFetch(c["chain"], [ListedOnly(c["root"] / "n0")], True, wanted)
-    assert fetch._thread is None and fetch.took_s > 0  # read already, on this thread
+    assert not fetch.on_thread and fetch.took_s > 0  # read already, on this thread
     assert_read_as_saved(fetch.result(), c, wanted)
     fetch.close()
     # a directory source forks as itself: read on the thread, and never cleared
