@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from test_delta_sources import delta_fields
 from test_timeline_units import ListedOnly
 
 from elastic_rm.checkpoint import restore
@@ -73,17 +74,6 @@ def write_base(node_dir: Path, step: int) -> dict:
     return json.loads(body)
 
 
-def link_fields(parent: dict, base: dict) -> dict:
-    """The fields of a delta step built on `parent`, in the chain of `base`."""
-    return {
-        "kind": "delta",
-        "parent": parent["step"],
-        "parent_sha256": parent["manifest_sha256"],
-        "base": base["step"],
-        "base_sha256": base["manifest_sha256"],
-    }
-
-
 @pytest.fixture
 def delta_chain(tmp_path: Path) -> dict[str, Any]:
     """A base (a stand-in file) and a delta saved by two ranks: rank 0's file holds its halves of
@@ -96,7 +86,7 @@ def delta_chain(tmp_path: Path) -> dict[str, Any]:
         "__0_delta.erm": [rows_of("t0", 0, gen), rows_of("t1", 0, gen), dense],
         "__1_delta.erm": [rows_of("t0", 1, gen), rows_of("t1", 1, gen)],
     }
-    m2 = write_step(node, 2, files, link_fields(bm, bm))
+    m2 = write_step(node, 2, files, delta_fields(bm, bm))
     return {"root": tmp_path / "shm", "chain": [bm, m2], "files": files, "tmp": tmp_path}
 
 
@@ -238,7 +228,7 @@ def test_a_chain_refused_over_its_delta_files_costs_one_base_load(tmp_path: Path
     parent = base = write_base(node, 1)
     for step in (2, 3, 4):
         piece = DeltaPiece(["model", "x"], [0], torch.randn(100))
-        parent = write_step(node, step, {"__0_delta.erm": [piece]}, link_fields(parent, base))
+        parent = write_step(node, step, {"__0_delta.erm": [piece]}, delta_fields(parent, base))
     (node / step_dirname(2) / "__0_delta.erm").unlink()
     world_of_one(monkeypatch)
     loads: list[int] = []
