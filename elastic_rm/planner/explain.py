@@ -108,8 +108,10 @@ def _num(d: dict, key: str, where: str, default: float | None) -> float:
     v = d.get(key, default)
     if v is None:
         raise JobSpecError(f"{where}: missing field '{key}'")
-    if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
-        raise JobSpecError(f"{where}: field '{key}' must be a number > 0, got {v!r}")
+    # finite too: NaN <= 0 is False, so a NaN step time made a plan of NaN ("4 -> 1 node(s)"), and
+    # float() of a 400-digit integer raised OverflowError (a traceback instead of exit 2)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < 1e300:
+        raise JobSpecError(f"{where}: field '{key}' must be a finite number > 0, got {str(v)[:40]}")
     return float(v)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 
 DEFAULT_BANDWIDTH = 1.25e9  # bytes/s, 10 GbE: assumed when the job does not say
@@ -82,6 +83,10 @@ def _num(d: dict, key: str, where: str, kind: type = float, minimum: float = 0.0
             return default
         raise JobSpecError(f"{where}: missing field '{key}'")
     v = d[key]
+    # finite, and within a float: json.load reads NaN and Infinity (NaN >= minimum is False, so a NaN
+    # bandwidth reached the model) and 400-digit integers (float() of those raised OverflowError)
+    if isinstance(v, int | float) and not isinstance(v, bool) and not _finite(v):
+        raise JobSpecError(f"{where}: field '{key}' must be a finite number, got {str(v)[:40]}")
     if isinstance(v, bool) or not isinstance(v, int | float) or (kind is int and not float(v).is_integer()):
         raise JobSpecError(
             f"{where}: field '{key}' must be {'an integer' if kind is int else 'a number'}, got {v!r}"
@@ -89,6 +94,13 @@ def _num(d: dict, key: str, where: str, kind: type = float, minimum: float = 0.0
     if v < minimum:
         raise JobSpecError(f"{where}: field '{key}' must be >= {minimum}, got {v!r}")
     return kind(v)
+
+
+def _finite(v: float) -> bool:
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an integer too large for a float
+        return False
 
 
 FIELDS = frozenset(

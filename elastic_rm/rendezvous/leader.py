@@ -330,6 +330,7 @@ class RoundLeader:
         """Finished runs of this job's signature (stage 1 of the planner), as JSON objects."""
         if not self._job.get("tables"):
             return ()
+        from ..planner.history import HistoryError, parse_record
         from ..planner.job import parse_job
 
         signature = parse_job(self._job).signature()
@@ -341,8 +342,12 @@ class RoundLeader:
             except (ValueError, RecursionError):  # not UTF-8 or not JSON, huge numbers, absurd nesting
                 log.error("malformed value in etcd key %s: not JSON; ignored for the warm start", kv.key)
                 continue
-            if isinstance(data, dict):
-                records.append(data)
+            try:  # the policy skips such a record too, without a word: it does no I/O
+                parse_record(data, f"etcd key {kv.key}")
+            except HistoryError as e:
+                log.error("malformed value in %s; ignored for the warm start", e)
+                continue
+            records.append(data)
         return tuple(records)
 
     def _snapshot(self) -> ClusterSnapshot:

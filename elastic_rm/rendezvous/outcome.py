@@ -9,6 +9,7 @@ run measures it, the same way.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -34,9 +35,7 @@ class PendingOutcome:
         decided round, e.g. the first one)."""
         if r is None or not r.members or BEFORE not in r.extra:
             return None
-        before = r.extra[BEFORE]
-        ok = isinstance(before, int | float) and not isinstance(before, bool)
-        return cls(r.round, float(before) if ok else None)
+        return cls(r.round, _throughput(r.extra[BEFORE]))
 
     def measured(
         self, r: RoundRecord, throughput: float | None, coef: list[float], now: float | None = None
@@ -67,3 +66,16 @@ class PendingOutcome:
             "time": time.time(),
             "coef": coef,
         }
+
+
+def _throughput(value: object) -> float | None:
+    """A round's ``throughput_before`` as written by its leader, else None (unknown). Any other value is
+    unknown too: float() of a 400-digit integer raised OverflowError on every step of a new leader, and
+    a NaN became an outcome record with a NaN gain."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        before = float(value)
+    except OverflowError:
+        return None
+    return before if math.isfinite(before) else None

@@ -7,6 +7,7 @@ Nothing read from etcd is unpickled or executed. A value that is not what we wro
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -67,6 +68,38 @@ def _field(
     if not isinstance(value, kind):
         raise RecordError(f"malformed value in etcd key {key}: field {name!r} has the wrong type ({value!r})")
     return value
+
+
+def _number(key: str, data: dict[str, Any], name: str, default: Any = ...) -> Any:
+    """A finite number field as a float (``default`` when absent). json.loads reads NaN, Infinity and
+    integers too large for a float: float() of those raised OverflowError past every RecordError
+    handler, and a NaN ``time`` never equals itself (a queue record that never goes stale)."""
+    value = _field(key, data, name, (int, float), default)
+    if name not in data:
+        return value  # the default (a missing required field raised above)
+    try:
+        result = float(value)
+    except OverflowError:
+        result = math.inf
+    if not math.isfinite(result):
+        raise RecordError(
+            f"malformed value in etcd key {key}: field {name!r} must be a finite number, got "
+            f"{str(value)[:40]}; delete or fix the key"
+        )
+    return result
+
+
+def _optional_number(key: str, data: dict[str, Any], name: str) -> float | None:
+    """An informational number: None when absent, null or not finite (NaN, inf, too large a float)."""
+    value = _field(key, data, name, (int, float, type(None)), None)
+    if isinstance(value, bool):
+        raise RecordError(
+            f"malformed value in etcd key {key}: field {name!r} must be a number, got {value!r}"
+        )
+    try:
+        return None if value is None or not math.isfinite(value) else float(value)
+    except OverflowError:
+        return None
 
 
 def _count(key: str, data: dict[str, Any], name: str) -> int:
@@ -243,8 +276,9 @@ class RoundRecord:
         standby = _str_list(key, d, "standby")
         if set(members) & set(standby):
             raise RecordError(f"malformed value in etcd key {key}: a node is both member and standby")
-        gain = _field(key, d, "predicted_gain", (int, float, type(None)), None)
-        conf = _field(key, d, "confidence", (int, float, type(None)), None)
+        # informational: a non-finite one (the leader writes the policy's figure as is) reads as unknown
+        # rather than making the round unreadable on every node
+        gain, conf = _optional_number(key, d, "predicted_gain"), _optional_number(key, d, "confidence")
         return cls(
             round=number,
             members=members,
@@ -252,10 +286,10 @@ class RoundRecord:
             reason=_field(key, d, "reason", str, ""),
             leader=_field(key, d, "leader", str, ""),
             sealed=_field(key, d, "sealed", bool, False),
-            predicted_gain=None if gain is None else float(gain),
-            confidence=None if conf is None else float(conf),
+            predicted_gain=gain,
+            confidence=conf,
             master=_address(key, d, "master"),
-            time=float(_field(key, d, "time", (int, float), 0.0)),
+            time=_number(key, d, "time", 0.0),
             extra=_field(key, d, "extra", dict, {}),
         )
 
@@ -320,7 +354,7 @@ class RefusedRecord:
         return cls(
             reporter=_field(key, d, "reporter", str),
             lease=_field(key, d, "lease", int),
-            time=float(_field(key, d, "time", (int, float), 0.0)),
+            time=_number(key, d, "time", 0.0),
         )
 
 
@@ -347,7 +381,7 @@ class ClosedRecord:
             )
         return cls(
             by=_field(key, d, "by", str),
-            time=float(_field(key, d, "time", (int, float), 0.0)),
+            time=_number(key, d, "time", 0.0),
             outcome=outcome,
         )
 
@@ -371,7 +405,7 @@ class DemandRecord:
             reason=_field(key, d, "reason", str, ""),
             leader=_field(key, d, "leader", str, ""),
             round=_field(key, d, "round", int, 0),
-            time=float(_field(key, d, "time", (int, float), 0.0)),
+            time=_number(key, d, "time", 0.0),
         )
 
     def to_json(self) -> bytes:
@@ -406,7 +440,7 @@ class QueueRecord:
         return cls(
             waiting_nodes=_count(key, d, "waiting_nodes"),
             source=_field(key, d, "source", str, ""),
-            time=float(_field(key, d, "time", (int, float), 0.0)),
+            time=_number(key, d, "time", 0.0),
             running_nodes=running,
         )
 
@@ -438,7 +472,7 @@ class LedgerRecord:
             raise RecordError(f"malformed value in etcd key {key}: negative count in {counts}")
         return cls(
             node=_field(key, d, "node", str),
-            time=float(_field(key, d, "time", (int, float))),
+            time=_number(key, d, "time"),
             ledger=_field(key, d, "ledger", dict),
             **counts,
         )

@@ -8,6 +8,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from elastic_rm.planner.interface import Decision, Wait
 from elastic_rm.planner.membership import MembershipPolicy
 from elastic_rm.rendezvous import leader as leader_mod
@@ -87,6 +89,18 @@ def test_the_outcome_pending_for_a_round_is_read_from_its_record_and_measured_af
     assert PendingOutcome.of(RoundRecord(1, ("a",))) is None  # the first round: nothing decided before it
     assert PendingOutcome.of(RoundRecord(2, ("a",), extra={BEFORE: None})).before is None
     assert PendingOutcome.of(RoundRecord(2, ("a",), extra={BEFORE: True})).before is None  # not a number
+
+
+@pytest.mark.parametrize("before", [int("9" * 400), float("nan"), float("inf")])
+def test_a_throughput_before_that_is_no_finite_number_is_unknown(before):
+    """A new leader reads the pending outcome on every step: a 400-digit integer (json.loads reads one)
+    raised OverflowError there, and a NaN became an outcome record with a NaN gain."""
+    r = RoundRecord(2, ("a",), predicted_gain=0.1, extra={BEFORE: before})
+    pending = PendingOutcome.of(r)
+    assert pending is not None and pending.before is None
+    assert pending.measured(r, 1100.0, [], now=0.0) is None
+    out = pending.measured(r, 1100.0, [], now=OUTCOME_WINDOW_S)
+    assert out is not None and out["measured_gain"] is None and out["prediction_error"] is None
 
 
 def test_a_node_that_handed_over_waits_the_grace_though_it_campaigned_long_before(etcd, run_id):

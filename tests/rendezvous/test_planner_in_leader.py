@@ -137,3 +137,32 @@ def test_a_second_run_of_the_same_job_warm_starts_at_the_size_the_first_ended_at
             h.release()
         with EtcdClient(etcd.endpoint, timeout=10) as c:  # the session's etcd keeps no run of this job
             c.delete(f"/elastic-rm/history/{parse_job(job).signature()}/", prefix=True)
+
+
+def test_a_history_record_the_planner_cannot_use_is_reported_naming_its_key(etcd, caplog):
+    """The warm start skips a record that is JSON but not a history record (a NaN coefficient here); the
+    leader reports it with its key, as it does one that is not JSON. It was skipped without a word."""
+    from types import SimpleNamespace
+
+    from elastic_rm.rendezvous.leader import RoundLeader
+
+    from ..planner.test_history import rec
+
+    job = job_named(f"ctr-history-{time.monotonic_ns()}")
+    signature = parse_job(job).signature()
+    prefix = f"/elastic-rm/history/{signature}/"
+    good = {**rec("good", 2), "signature": signature}
+    bad = {**good, "run_id": "bad", "coef": [float("nan"), 1.0, 1.0, 1.0]}
+    with EtcdClient(etcd.endpoint, timeout=10) as c:
+        try:
+            c.put(prefix + "good", json.dumps(good))
+            c.put(prefix + "bad", json.dumps(bad))  # json.dumps writes NaN, as json.loads reads it
+            leader = SimpleNamespace(
+                _job=job, _client=c, _view=SimpleNamespace(keys=SimpleNamespace(prefix="/elastic-rm"))
+            )
+            with caplog.at_level("ERROR", logger="elastic_rm.rendezvous.leader"):
+                records = RoundLeader._read_history(leader)
+        finally:
+            c.delete(prefix, prefix=True)
+    assert [r["run_id"] for r in records] == ["good"]
+    assert any(prefix + "bad" in m and "coef" in m for m in caplog.messages), caplog.messages
