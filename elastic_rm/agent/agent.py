@@ -21,6 +21,7 @@ agent through :class:`elastic_rm.agent.host.AgentHost`: its public members wrap 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import threading
@@ -99,11 +100,13 @@ class AgentOptions:
     )
 
     def validate(self) -> None:
-        if self.sample_interval_s <= 0:
+        # written so that NaN fails too (NaN <= 0 is False): a NaN drain grace passed here and raised in
+        # the drain at the job's end; an infinite sample interval killed the monitor's thread
+        if not 0 < self.sample_interval_s < math.inf:
             raise ValueError(f"--sample-interval must be > 0 seconds, got {self.sample_interval_s}")
-        if self.drain_grace_s < 0:
+        if not self.drain_grace_s >= 0:
             raise ValueError(f"--drain-grace must be >= 0 seconds, got {self.drain_grace_s}")
-        if self.membership_grace_s is not None and self.membership_grace_s < 0:
+        if self.membership_grace_s is not None and not self.membership_grace_s >= 0:
             raise ValueError(f"--membership-grace must be >= 0 seconds, got {self.membership_grace_s}")
         if not self.event_sample_interval_s >= 0:
             raise ValueError(

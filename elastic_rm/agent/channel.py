@@ -11,6 +11,7 @@ None once no worker reported for that long.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import select
 import shutil
@@ -193,7 +194,11 @@ class AgentChannel:
             acc = per_pid.setdefault(pid, [0.0, 0.0])
             acc[0] += samples
             acc[1] += sum(ds)
-        rate = sum(s / t for s, t in per_pid.values() if t > 0)
+        # a worker whose steps took (near) no time has no rate: samples / 1e-320 s is inf, which made the
+        # record unencodable (JSON has no inf) and stopped this node's metrics
+        rates = (s / t for s, t in per_pid.values() if t > 0)
+        rate = sum(r for r in rates if math.isfinite(r))
+        rate = rate if math.isfinite(rate) else 0.0  # finite rates that overflow together
         return StepSummary(
             p50_s=_quantile(durs, 0.5),
             p90_s=_quantile(durs, 0.9),
@@ -330,11 +335,15 @@ class AgentChannel:
                 raise ValueError(
                     f"protocol version {version}, this agent speaks {VERSION} (mixed elastic-rm versions?)"
                 )
+            if pid <= 0:  # kept, it made clear_drain's liveness check raise (psutil refuses pid <= 0)
+                raise ValueError(f"pid {pid} is no process id")
             body = memoryview(data)[HEADER.size :]
             if kind == KIND_STEPS:
                 completed, samples, n = STEPS.unpack_from(body)
                 if n == 0:  # accepted, it made summary() raise on an empty quantile (chaos fuzzing)
                     raise ValueError("steps datagram with no step times")
+                if samples < 0:  # accepted, it made samples_per_s negative: the leader rejected the record
+                    raise ValueError(f"steps datagram with {samples} samples (must be >= 0)")
                 if len(body) != STEPS.size + 16 * n:
                     raise ValueError(f"steps datagram of {len(data)} bytes does not hold {n} step times")
                 times = struct.unpack_from(f"<{2 * n}d", body, STEPS.size)

@@ -53,6 +53,9 @@ class GpuSample:
 
 def decode_throttle_reasons(mask: int) -> tuple[str, ...]:
     """Names of the set bits of an NVML clock-event mask; unknown bits appear as ``bit_0x...``."""
+    # NVML's mask is an unsigned long long; a negative int (a wrapper's -1 for "unknown") has endless
+    # set bits and made the loop below spin forever, hanging the monitor's sampling thread
+    mask &= (1 << 64) - 1
     names = [name for bit, name in THROTTLE_REASON_BITS if mask & bit]
     known = 0
     for bit, _ in THROTTLE_REASON_BITS:
@@ -112,10 +115,14 @@ class NvmlProbe:
         self._nvml = nvml
         try:
             count = int(nvml.nvmlDeviceGetCount())
-            self._handles = [(i, nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count)]
         except Exception as exc:
             log.warning("NVML initialised but listing GPUs failed, monitoring none: %s", exc)
-            self._handles = []
+            count = 0
+        for i in range(count):  # one lost GPU must not hide the others (and the node's GPU count)
+            try:
+                self._handles.append((i, nvml.nvmlDeviceGetHandleByIndex(i)))
+            except Exception as exc:
+                log.warning("GPU %d does not answer NVML (%s); leaving it out of the metrics", i, exc)
         self._reasons_fn = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
             nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None
         )

@@ -14,6 +14,7 @@ its child processes, e.g. data-loader workers, not) per wall second: 1.0 is one 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -123,13 +124,16 @@ class ResourceMonitor:
         gpu_probe: GpuProbe | str | None = "auto",
         scope: NodeCgroup | str | None = "auto",
     ) -> None:
-        if not isinstance(interval_s, int | float) or not interval_s > 0:
+        # bounded: Event.wait(inf) raised OverflowError and the sampling thread died after one sample
+        if not isinstance(interval_s, int | float) or not 0 < interval_s < threading.TIMEOUT_MAX:
             raise ValueError(
-                f"monitor interval must be a positive number of seconds, got {interval_s!r} "
+                f"monitor interval must be a positive number of seconds (finite), got {interval_s!r} "
                 "(the default is 1 s; pass e.g. 0.5 or 2)"
             )
-        if not isinstance(window_s, int | float) or not window_s > 0:
-            raise ValueError(f"monitor window must be a positive number of seconds, got {window_s!r}")
+        if not isinstance(window_s, int | float) or not 0 < window_s < math.inf:  # inf: never trimmed
+            raise ValueError(
+                f"monitor window must be a positive number of seconds (finite), got {window_s!r}"
+            )
         self.interval_s = float(interval_s)
         self.window_s = float(window_s)
         self._own_probe = gpu_probe == "auto"
