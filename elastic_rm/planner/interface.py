@@ -47,6 +47,9 @@ class NodeMetrics:
     gpu_mem_used_bytes: tuple[int, ...] = ()
     gpu_throttled: bool = False
     steps: StepStats | None = None
+    # per GPU, whether its device reported a utilisation (False: MIG, counted as 0.0 in gpu_util, and not
+    # an idle GPU); () when every GPU did
+    gpu_util_known: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True)

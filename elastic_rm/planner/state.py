@@ -116,7 +116,9 @@ def _sample(node: NodeView, now: float) -> NodeSample | None:
     m = node.metrics
     if m is None or m.steps is None or m.steps.steps <= 0:
         return None
-    gpu = sum(m.gpu_util) / len(m.gpu_util) if m.gpu_util else -1.0
+    reported = m.gpu_util_known or (True,) * len(m.gpu_util)
+    known = [u for u, ok in zip(m.gpu_util, reported, strict=False) if ok]  # MIG reports none: not idle
+    gpu = sum(known) / len(known) if known else -1.0
     return NodeSample(
         t=now,
         busy_s=m.steps.p50_s if m.steps.busy_p50_s is None else m.steps.busy_p50_s,

@@ -247,13 +247,17 @@ def _reject_constant(name: str) -> float:
 
 # ---- planner view --------------------------------------------------------------------------------------
 def to_node_metrics(record: MetricsRecord) -> NodeMetrics:
-    """The planner's view. A GPU whose utilisation is unknown (null) counts as 0.0."""
+    """The planner's view. A GPU whose utilisation is unknown (null: a MIG slice) counts as 0.0 and is
+    marked in ``gpu_util_known``, which the planner reads to leave it out of its GPU comparison: without
+    the mark a node whose GPUs do not report utilisation looked idle and was replaced as a straggler at
+    the same step time as the others."""
     return NodeMetrics(
         cpu_util=record.cpu_util_mean,
         mem_used_bytes=record.mem_used_bytes,
         mem_available_bytes=record.mem_available_bytes,
         mem_total_bytes=record.mem_total_bytes,
         gpu_util=tuple(g.util if g.util is not None else 0.0 for g in record.gpus),
+        gpu_util_known=tuple(g.util is not None for g in record.gpus),
         gpu_mem_used_bytes=tuple(g.mem_used_bytes for g in record.gpus),
         gpu_throttled=any(g.throttled for g in record.gpus),
         steps=record.steps,
