@@ -59,10 +59,12 @@ def _mix(x: np.ndarray) -> np.ndarray:
 
 
 def _uniform(seed: int, idx: np.ndarray, stream: np.ndarray) -> np.ndarray:
-    """Uniform (0, 1) per (sample, stream), a pure function of (seed, sample index, stream)."""
+    """Uniform (0, 1) per (sample, stream), a pure function of (seed, sample index, stream). The seed is
+    taken modulo 2**64, as torch's manual_seed takes it: a negative one (RandomRecDataset accepts
+    ``manual_seed=-1``) overflowed uint64 at the first batch; seeds in [0, 2**64) are unchanged."""
     with np.errstate(over="ignore"):
         key = idx.astype(np.uint64)[:, None] * _K[0] + stream.astype(np.uint64)[None, :] * _K[1]
-        key = _mix(key ^ _mix(np.full(1, seed, dtype=np.uint64) + _K[2]))
+        key = _mix(key ^ _mix(np.full(1, int(seed) % (1 << 64), dtype=np.uint64) + _K[2]))
     return ((key >> np.uint64(11)).astype(np.float64) + 0.5) * (1.0 / (1 << 53))
 
 
@@ -165,6 +167,10 @@ class CriteoTSVReader:
     def __init__(self, path: str | os.PathLike[str], vocab_sizes: int | Sequence[int] = 100_000) -> None:
         self.path = Path(path)
         sizes = [vocab_sizes] * NUM_SPARSE if isinstance(vocab_sizes, int) else list(vocab_sizes)
+        # checked as SyntheticClickData checks them: a size of 0 made every id 0 (a warning only), a
+        # negative one gave negative ids (out of the table), a wrong count failed each batch
+        if len(sizes) != NUM_SPARSE or min(sizes) < 1:
+            raise ValueError(f"need {NUM_SPARSE} vocab sizes >= 1, got {sizes}")
         self.vocab_sizes = np.asarray(sizes, dtype=np.int64)
         offsets = [0]
         with open(self.path, "rb") as f:

@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from ..checkpoint.flash import FlashCheckpointer, FlashConfig
 from .ledger import GlobalBatches, RangeLedger
-from .report import get_reporter
+from .report import StepReporter, current_reporter, get_reporter
 from .rounds import Round, rounds
 from .sharding import dense_parameters
 from .world_sizes import check_global_batch
@@ -133,7 +133,8 @@ class ElasticTraining:
     ``in_backward_optimizer_filter(model.named_parameters())`` is the same set when every table has a
     fused optimizer); anything else is refused here, since its state would not restore in another
     world. ``global_batch`` is fixed for the whole run: each rank trains ``global_batch / world``
-    samples a step, so learning-rate semantics do not change with the world size."""
+    samples a step, so learning-rate semantics do not change with the world size. ``sync_every``: the
+    step reporter's (None: the one ``elastic_run`` made, else 5)."""
 
     def __init__(
         self,
@@ -146,7 +147,7 @@ class ElasticTraining:
         range_batches: int = 10,
         checkpoint_dir: str | Path | None = None,
         config: FlashConfig | None = None,
-        sync_every: int = 5,
+        sync_every: int | None = None,
     ) -> None:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         check_global_batch(global_batch, self.world)  # every world --nnodes allows, from the first round
@@ -155,6 +156,7 @@ class ElasticTraining:
                 f"checkpoint_every and range_batches must be > 0, got {checkpoint_every}, {range_batches}"
             )
         _check_dense_optimizer(dmp, dense_optimizer)
+        self.reporter = _process_reporter(sync_every)  # before the restore: a refusal costs none
         self.global_batch, self.local_batch = global_batch, global_batch // self.world
         self.checkpoint_every, self.range_batches = checkpoint_every, range_batches
         if config is None:  # replicate: a lost node's shards are also in its ring peer's memory (ermrun)
@@ -164,16 +166,18 @@ class ElasticTraining:
         self.step = self.restored.step if self.restored else 0
         self._saved = self.step if self.restored else None
         self.ledger_batches: GlobalBatches | None = None
-        self.reporter = get_reporter(sync_every=sync_every)
-        self.reporter.on_stop(self._drained)
         if self.restored is not None:
             saved_batch = self.restored.position.get("global_batch", global_batch)
             if saved_batch != global_batch:
+                # nothing of this instance trains: its checkpointer goes now, and its drain hook is never
+                # registered (a later drain would have saved through it)
+                self.ckpt.close()
                 raise ValueError(
                     f"the checkpoint of step {self.step} was trained with global_batch {saved_batch}, this "
                     f"run asks for {global_batch}: resume with {saved_batch}, or start a new run (another "
                     "run id)"
                 )
+        self.reporter.on_stop(self._drained)
         self._say(
             f"restored step {self.step}" if self.restored else "fresh start (no checkpoint)",
         )
@@ -188,11 +192,18 @@ class ElasticTraining:
         """The iterator to train from (a pipeline may read ahead). ``data`` is addressed by sample index:
         an ``IndexedRandomRecDataset``, a ``SyntheticClickData`` or ``CriteoTSVReader`` (their batches
         become TorchRec ``Batch``es), or anything with ``len()`` (or ``num_samples``) and a
-        ``make(start, end)`` that builds the batch of those samples."""
+        ``make(start, end)`` that builds the batch of those samples.
+
+        A second call in the same round (a new pipeline after an evaluation, say) goes on from the
+        batches trained so far; the previous iterator's read-ahead is handed out again. Why: it built
+        the ledger again from the restored checkpoint (or fresh), so every batch trained since was
+        trained twice and the checkpoints' ledger fell behind their step."""
         total = num_samples if num_samples is not None else len(data)
         make = make or (lambda start, end: _as_torchrec(data.batch(start, end)))
         range_size = self.range_batches * self.global_batch
-        if self.restored is not None and "ledger" in self.restored.position:
+        if self.ledger_batches is not None:  # the trained batches only, as a checkpoint of now has them
+            ledger = RangeLedger.from_checkpoint(self.ledger_batches.ledger.checkpoint_state())
+        elif self.restored is not None and "ledger" in self.restored.position:
             ledger = RangeLedger.from_checkpoint(self.restored.position["ledger"])
         else:
             if total < range_size:
@@ -222,13 +233,19 @@ class ElasticTraining:
         }
 
     def _run(self, total: int) -> Iterator[int]:
+        """The step loop. Reaching ``total`` ends the job: the checkpointer is closed with
+        ``finished=True``, which under plain torchrun frees this node's memory copies, as
+        ``FlashCheckpointer.close(finished=True)`` documents (without it a finished job left its whole
+        state, ``keep_memory`` times, in /dev/shm; an ermrun agent frees it itself). A drain, a ``break``
+        or an error keeps them: the next round or restart restores from them."""
         assert self.ledger_batches is not None
-        batches = self.ledger_batches
+        finished = False
         try:
             self.reporter.reset_timer()
             while self.step < total:
                 yield self.step
-                batches.consumed()  # the body trained the oldest batch in flight
+                # the body trained the oldest batch in flight (of the newest batches(): it may call it)
+                self.ledger_batches.consumed()
                 self.step += 1
                 if self.checkpoint_every == 1 and self._saved == self.step - 1:
                     self._check_replicated(self.ckpt.wait())
@@ -239,9 +256,12 @@ class ElasticTraining:
                     return  # the drain's checkpoint is taken (on_stop)
             if self._saved != self.step:
                 self._save(block=True)
-            self._say(f"reached step {self.step}; {batches.ledger.samples_done()} samples trained")
+            self._say(
+                f"reached step {self.step}; {self.ledger_batches.ledger.samples_done()} samples trained"
+            )
+            finished = True
         finally:
-            self.ckpt.close()
+            self.ckpt.close(finished=finished)
 
     def _check_replicated(self, failed: list[str]) -> None:
         """With a checkpoint every step, a step counts as done only once the previous step's checkpoint
@@ -267,6 +287,17 @@ class ElasticTraining:
     def _say(self, text: str) -> None:
         if self.rank == 0:
             print(f"elastic-rm: world {self.world}: {text}", file=sys.stderr, flush=True)
+
+
+def _process_reporter(sync_every: int | None) -> StepReporter:
+    """The process's step reporter. ``sync_every=None``: the one ``elastic_run``/``elastic_rounds`` made
+    (with their ``sync_every``), else a new one with 5. Why: with a fixed default of 5 here, a script
+    that passed ``sync_every`` to ``elastic_run`` only was refused by ``get_reporter`` ("already called
+    with other arguments"), after its restore; an explicit value must still match the reporter's."""
+    if sync_every is None:
+        existing = current_reporter()
+        return existing if existing is not None else get_reporter(sync_every=5)
+    return get_reporter(sync_every=sync_every)
 
 
 def _check_dense_optimizer(dmp: Any, opt: torch.optim.Optimizer | None) -> None:

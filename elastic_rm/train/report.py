@@ -401,6 +401,13 @@ def when_ready(call: Callable[[StepReporter], None]) -> None:
         _WAITING.append((os.getpid(), call))
 
 
+def current_reporter() -> StepReporter | None:
+    """This process's reporter if :func:`get_reporter` made it already, else None (makes nothing)."""
+    if _REPORTER is not None and _REPORTER._pid == os.getpid():
+        return _REPORTER
+    return None
+
+
 def get_reporter(**kwargs: Any) -> StepReporter:
     """The process's reporter, made on first call with these keyword arguments (see
     :class:`StepReporter`); later calls return the same one and must not pass different arguments."""

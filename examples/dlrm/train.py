@@ -138,6 +138,11 @@ def parse_args() -> argparse.Namespace:
         check_zipf_exponent(args.zipf)
     except ValueError as exc:
         p.error(f"--zipf: {exc}")
+    # refused here, not after the build and restore: --checkpoint-every 0 failed the first step with a
+    # ZeroDivisionError (step % 0), --range-steps 0 the ledger with a traceback
+    for flag in ("checkpoint_every", "range_steps"):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     return args
 
 
