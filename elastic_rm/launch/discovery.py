@@ -40,6 +40,11 @@ def run_discovery(command: str, timeout_s: float) -> list[Host]:
             f"discovery script {command!r} did not finish within {timeout_s:g}s (--discovery-timeout); "
             "make it print the host list and exit"
         ) from None
+    except BaseException:
+        # Ctrl-C or SIGTERM while the script runs: it is in a session of its own (so that a timeout kills
+        # its tree), which no terminal signal reaches; without this it would outlive erm launch
+        kill_tree(proc.pid)
+        raise
     if proc.returncode != 0:
         tail = err.decode(errors="replace").strip()[-500:] or "(no output on stderr)"
         raise DiscoveryError(f"discovery script {command!r} exited with {proc.returncode}: {tail}")

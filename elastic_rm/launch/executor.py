@@ -101,6 +101,7 @@ class Executor:
         self._idle_since: float | None = None
         self._ever_registered = False
         self._warned: set[str] = set()
+        self._discovery_failing = False  # the last discovery (or hostfile re-read) failed: warned already
         self._interrupts = interrupts or Interrupts()  # erm launch's signals: a second one hurries stop_all
         self._left: list[str] | None = None  # what stop_all left, once it ran
 
@@ -338,8 +339,13 @@ class Executor:
         try:
             hosts = self._discover()
         except (DiscoveryError, HostfileError) as exc:
-            self._warn(f"discovery:{exc}", f"{exc}; keeping the last host list")
+            # once per spell of failures (docs/launch.md: "warns once"), not once per distinct message: a
+            # script whose stderr differs at each run (a time in it) was warned about at every poll
+            if not self._discovery_failing:
+                self._discovery_failing = True
+                self._say(f"warning: {exc}; keeping the last host list")
             return
+        self._discovery_failing = False
         diff = diff_hosts(self._known, hosts)
         self._known = hosts
         for host in diff.removed:
@@ -350,6 +356,11 @@ class Executor:
                 self._stop(node, "its host left the discovery output")
         for host in (*diff.changed, *diff.added):
             self._pool.add(host)
+            if host.name in self.nodes:
+                # back while its previous node still stops (a flapping discovery answer, a hostfile line
+                # deleted and restored): busy until that node ended, or a second node would start there
+                # under the same id and the first one would no longer be followed (nor stopped at the end)
+                self._pool.take(host.name)
         for host in diff.added:
             self._emit(
                 "host-added", host, f"host {host.name} ({host.where()}) appeared in the discovery output"

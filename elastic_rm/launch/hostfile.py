@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from ..wire.keyspace import validate_name
 
 FORMAT = "NAME [slots=N] [addr=HOST] [port=N] [user=USER] [label=value ...]"
-_ADDR = re.compile(r"^[A-Za-z0-9._:-]+$")  # host name, IPv4 or IPv6 address
+# host name, IPv4 or IPv6 address; never a leading "-", which ssh would read as one of its options
+_ADDR = re.compile(r"^[A-Za-z0-9._:][A-Za-z0-9._:-]*$")
 _USER = re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._-]*$")
 _LABEL = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]*$")
 
@@ -126,7 +127,9 @@ def parse_hosts(text: str, source: str) -> list[Host]:
 
 def read_hostfile(path: str) -> list[Host]:
     try:
-        with open(path, encoding="utf-8") as fh:
+        # utf-8-sig: a file saved with a byte order mark (Windows editors) read its first name as
+        # "\ufeffgpu01", refused as no host name
+        with open(path, encoding="utf-8-sig") as fh:
             text = fh.read()
     except OSError as exc:
         raise HostfileError(f"hostfile {path!r} cannot be read: {exc.strerror}") from None

@@ -32,8 +32,13 @@ class Interrupts:
     """The signal handlers of one `erm launch` (a context manager), and what they asked for. ``how``: what
     stopping a node at once means on this path, for the user's message."""
 
-    def __init__(self, how: str = "scancel") -> None:
+    def __init__(
+        self,
+        how: str = "scancel",
+        first: str = "interrupted: stopping the run's nodes (Ctrl-C again stops them at once)",
+    ) -> None:
         self.how = how
+        self.first = first  # said on the first signal (before any node started, there is none to stop)
         self.stopping = False  # a stop began: signals hurry it instead of raising
         self.hurry = False  # a signal came during the stop: stop every node of the run at once
         self.leave = False  # one more: return without waiting for the nodes to end
@@ -67,7 +72,7 @@ class Interrupts:
         self._signals += 1
         if not self.stopping:
             self.stopping = True
-            _write("interrupted: stopping the run's nodes (Ctrl-C again stops them at once)")
+            _write(self.first)
             raise KeyboardInterrupt
         if not self.hurry:
             self.hurry = True

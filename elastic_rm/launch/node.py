@@ -12,6 +12,14 @@ from ..proc import kill_tree
 from .hostfile import Host
 
 TAIL_LINES = 20  # output lines kept for failure reports
+# the end of each such line kept: a failure's event carries its last lines twice (message, error), and
+# the event log refuses an event past 16 KiB (elastic_rm.obs.events) with ValueError, which ended erm
+# launch (a progress bar redrawn with \r and no newline is one long line)
+TAIL_LINE_CHARS = 200  # 200 emoji are 2,400 bytes of JSON: 3 lines twice stay below 16 KiB
+
+
+def _clip(line: str) -> str:
+    return line if len(line) <= TAIL_LINE_CHARS else "..." + line[-TAIL_LINE_CHARS:]
 
 
 class RemoteNode:
@@ -50,7 +58,7 @@ class RemoteNode:
         assert self.popen.stdout is not None
         for raw in self.popen.stdout:
             line = raw.decode(errors="replace").rstrip("\n")
-            self._tail.append(line)
+            self._tail.append(_clip(line))
             self._print(f"[{self.host.name}] {line}")
 
     def poll(self) -> int | None:

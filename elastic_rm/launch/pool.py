@@ -35,7 +35,7 @@ class HostPool:
     ):
         if failures_to_blacklist < 1:
             raise ValueError(f"--host-failures must be >= 1, got {failures_to_blacklist}")
-        if cooldown_s < 0 or max_cooldown_s < cooldown_s:
+        if not 0 <= cooldown_s <= max_cooldown_s:  # also NaN, which blacklisted a host for good
             raise ValueError("--blacklist-cooldown must be >= 0 and <= the maximum cooldown")
         self.failures_to_blacklist = failures_to_blacklist
         self.cooldown_s = cooldown_s
@@ -97,7 +97,9 @@ class HostPool:
             return None
         state.strikes += 1
         state.failures = 0
-        cooldown = min(self.cooldown_s * 2 ** (state.strikes - 1), self.max_cooldown_s)
+        # the exponent bounded: a float cooldown times 2**1024 or more raises OverflowError, which ended a
+        # long run (and stopped its nodes) at a host's 1025th blacklisting; 2**1000 is past any maximum
+        cooldown = min(self.cooldown_s * 2 ** min(state.strikes - 1, 1000), self.max_cooldown_s)
         state.blacklisted_until = self._clock() + cooldown
         return cooldown
 

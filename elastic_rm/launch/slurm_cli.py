@@ -165,6 +165,9 @@ class Slurm:
                 input=stdin,
                 capture_output=True,
                 text=True,
+                # squeue prints every user's job names and comments as their bytes: one that is not UTF-8
+                # (Latin-1 "caf\xe9") raised UnicodeDecodeError, which no caller expects, at every read
+                errors="replace",
                 timeout=self.timeout_s,
                 env=self.env,
                 stdin=None if stdin is not None else subprocess.DEVNULL,

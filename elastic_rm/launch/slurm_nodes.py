@@ -66,6 +66,17 @@ SUSPENDED = frozenset({"SUSPENDED", "STOPPED"})
 START_FAILURES = 5
 
 
+# node names one message or event lists at most (then "and N more"): an event past 16 KiB is refused
+NAMED_AT_MOST = 64
+
+
+def _some(names) -> str:
+    """Sorted names, comma-separated, the first NAMED_AT_MOST of them."""
+    names = sorted(names)
+    more = f" and {len(names) - NAMED_AT_MOST} more" if len(names) > NAMED_AT_MOST else ""
+    return ", ".join(names[:NAMED_AT_MOST]) + more
+
+
 class SlurmNode:
     """One node job: pending, then running on a Slurm node (whose name is the node id), then ended."""
 
@@ -239,6 +250,7 @@ class SlurmExecutor(Executor):
             self._enforce_stop_deadlines(now)
             return None
         by_id = {j.job_id: j for j in jobs}
+        self._follow_unknown(jobs)
         ended = self._follow(by_id)
         self._note_registrations(state, ended)  # a node that registered, then ended since, did run
         for node in ended:
@@ -261,6 +273,23 @@ class SlurmExecutor(Executor):
         self._report_pending(now)
         self._scale(state)
         return None
+
+    def _follow_unknown(self, jobs: list[SlurmJob]) -> None:
+        """Jobs of the run that squeue lists and this launcher does not follow: an sbatch that Slurm took
+        the job from but that timed out (a busy slurmctld) or printed no job id. Followed from here on
+        (counted, stopped as the others; _follow sees them run) instead of unknown to the count, which
+        submitted one more node job at every poll that such an sbatch failed."""
+        for job in jobs:
+            if self._ours(job) and not job.ended and job.job_id not in self.nodes:
+                node = SlurmNode(job.job_id, growth=job.comment == self.options.growth_comment)
+                self.nodes[job.job_id] = node
+                self._emit(
+                    "adopt",
+                    node.host,
+                    f"found Slurm job {job.job_id} of the run ({job.state} {job.nodes}), which its sbatch "
+                    "did not report".strip(),
+                    job=job.job_id,
+                )
 
     def _follow(self, by_id: dict[str, SlurmJob]) -> list[SlurmNode]:
         """Update each node job from squeue; the ones that ended (or that squeue no longer lists)."""
@@ -597,11 +626,19 @@ class SlurmExecutor(Executor):
         ]
         message = (
             f"no node of partition(s) {','.join(sorted(self.partitions))} can take a node job now ("
-            + "; ".join(f"{', '.join(sorted(names))}: {what}" for names, what in why if names)
+            + "; ".join(f"{_some(names)}: {what}" for names, what in why if names)
             + "); no node job is submitted until one can"
         )
         self._say(message)
-        self._events.emit("launch", message, action="excluded", excluded=list(key))
+        # the first names only: an event past 16 KiB is refused with ValueError (a partition of 600 nodes,
+        # each named twice, ended erm launch)
+        self._events.emit(
+            "launch",
+            message,
+            action="excluded",
+            excluded=list(key)[:NAMED_AT_MOST],
+            excluded_count=len(key),
+        )
         return True
 
     def _submitted(self, job_id: str, reason: str, growth: bool, **data) -> SlurmNode:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import shlex
 import sys
@@ -309,7 +310,10 @@ class _Plan:
 def _plan(args: argparse.Namespace) -> _Plan:
     from elastic_rm.launch.command import parse_env
     from elastic_rm.launch.pool import HostPool
+    from launcher.commands.launch_slurm import check_local
 
+    # the events file as with --slurm: one that cannot be opened was a traceback once etcd answered
+    check_local(args)
     ns, flags, script = _ermrun_command_line(args)
     min_nodes, max_nodes = _nnodes(ns)
     settings = _settings(ns, min_nodes, max_nodes)
@@ -325,16 +329,41 @@ def _plan(args: argparse.Namespace) -> _Plan:
     return _Plan(ns, flags, script, min_nodes, max_nodes, settings, ssh, env, pool, discover, hosts)
 
 
+def check_durations(args: argparse.Namespace) -> None:
+    """The executor's seconds, before anything starts: a negative --poll-interval used to start the
+    nodes and then end erm launch with a traceback (time.sleep refuses it). ValueError saying which."""
+    positive = ("poll_interval", "discovery_interval", "discovery_timeout")
+    for name in (*positive, "stop_grace", "exit_grace", "idle_timeout", "pending_report"):
+        value = getattr(args, name)
+        ok = value > 0 if name in positive else value >= 0  # False for NaN too
+        if not ok or (name in ("poll_interval", "discovery_timeout") and not math.isfinite(value)):
+            flag = "--" + name.replace("_", "-")
+            bound = "> 0" if name in positive else ">= 0"
+            raise ValueError(f"{flag} {value:g}: must be a number of seconds {bound}")
+
+
 def run(args: argparse.Namespace) -> int:
     from elastic_rm.launch.discovery import DiscoveryError
     from elastic_rm.launch.hostfile import HostfileError
+    from elastic_rm.launch.interrupts import Interrupts
     from elastic_rm.launch.ssh import SshConfigError
 
+    try:
+        check_durations(args)
+    except ValueError as exc:
+        return _fail(str(exc))
     if args.slurm:
         return _run_slurm(args)
     try:
-        plan = _plan(args)
-        client = _connect(plan.settings, plan.ns.rdzv_id)
+        # Ctrl-C, SIGTERM or SIGHUP while erm launch reads its input (ermrun's parser loads torch, the
+        # discovery script runs, etcd is slow to answer): no node was started yet; exit 130 with a line
+        # instead of a traceback (the discovery script is killed by run_discovery)
+        with Interrupts(how="nothing started yet", first="interrupted before the run started"):
+            plan = _plan(args)
+            client = _connect(plan.settings, plan.ns.rdzv_id)
+    except KeyboardInterrupt:
+        print("erm launch: no node was started", file=sys.stderr)
+        return 130
     except SystemExit as exc:  # ermrun's parser printed the usage error
         return int(exc.code or 2)
     except (_Refused, ValueError, SshConfigError, HostfileError, DiscoveryError) as exc:
@@ -342,6 +371,7 @@ def run(args: argparse.Namespace) -> int:
     return _execute(args, plan, client)
 
 
+BEGIN_HOSTS = 64  # host names in the begin event (at most 128 characters each: 8 KiB)
 PARSER_WAIT_S = 10.0  # how long an interrupted erm launch waits for the parser thread, to close its client
 
 
@@ -562,7 +592,10 @@ def _execute(args: argparse.Namespace, plan: _Plan, client) -> int:
                 "launch",
                 f"erm launch started run {run_id} with {len(hosts)} host(s)",
                 action="begin",
-                hosts=[h.name for h in hosts],
+                # the first BEGIN_HOSTS names: an event past 16 KiB is refused with ValueError (600 hosts
+                # of 30-character names ended erm launch at its start)
+                hosts=[h.name for h in hosts[:BEGIN_HOSTS]],
+                host_count=len(hosts),
                 min_nodes=plan.min_nodes,
                 max_nodes=plan.max_nodes,
             )

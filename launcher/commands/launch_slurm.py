@@ -90,7 +90,9 @@ def _sbatch_args(given: list[str]) -> tuple[str, ...]:
     for arg in given:
         name = arg.split("=", 1)[0]
         for option, (short, instead) in RESERVED_SBATCH.items():
-            long_form = name.startswith("--") and len(name) >= 5 and option.startswith(name)
+            # any prefix: sbatch takes one of any length that is unambiguous (--jo=x renamed the node
+            # jobs, --ar=1-3 made each an array of 3; a prefix that is not is refused by sbatch anyway)
+            long_form = name.startswith("--") and len(name) > 2 and option.startswith(name)
             if long_form or (short is not None and name.startswith(short) and not name.startswith("--")):
                 raise ValueError(f"--slurm-arg={arg}: sbatch's {option} cannot be set here: {instead}")
     return tuple(given)
@@ -442,7 +444,8 @@ def execute_slurm(args, ns, settings, checked, nnodes, client, interrupts, first
             action="begin",
             slurm=True,
             partitions=list(partitions),
-            adopted=adopted,
+            adopted=adopted[:64],  # an event past 16 KiB is refused (ValueError): the first job ids
+            adopted_count=len(adopted),
             min_nodes=nnodes[0],
             max_nodes=nnodes[1],
         )

@@ -217,8 +217,14 @@ class SlurmCluster:
         return env
 
     def cmd(self, *argv: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            list(argv), env=self.env(), capture_output=True, text=True, timeout=timeout, check=check
+        return subprocess.run(  # errors="replace": another user's job name need not be UTF-8
+            list(argv),
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=timeout,
+            check=check,
         )
 
     def node_states(self) -> dict[str, str]:
