@@ -62,7 +62,7 @@ DEFAULT_KEEP = 2000  # events kept in etcd per run
 # ``keep`` however many nodes write (with a count per writer, 1,000 nodes each sampling every 10 s would
 # pile up 100 events a second for 1,000 s before anyone trimmed).
 TRIM_EVERY = 100
-MAX_VALUE_BYTES = 16 * 1024  # an event larger than this is refused (etcd values should stay small)
+MAX_VALUE_BYTES = 16 * 1024  # an event larger than this is clipped (etcd values should stay small)
 BACKLOG = 256  # recent events kept in memory, replayed to a file or listener attached late
 TRIM_BATCH = 64  # deletes per transaction (etcd's default --max-txn-ops is 128)
 # The unix times a reader accepts, from 1970 to the end of year 9999: what time.localtime and strftime
@@ -157,9 +157,29 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"event data must be JSON values, got {type(value).__name__}")
 
 
+CLIPPED_MESSAGE_CHARS = 2000  # of an event past MAX_VALUE_BYTES: the start of its message
+CLIPPED_FIELD_BYTES = 512  # and its data fields up to this size (JSON); larger ones are named in "clipped"
+
+
+def _clipped(event: Event, size: int) -> Event:
+    """``event`` within MAX_VALUE_BYTES: its message's start and its small data fields, with the names
+    of the fields left out. Its sizes come from the run (host lists, a failed node's output lines), so an
+    event too large is no programming error: refused, it ended erm launch (and stopped its nodes)."""
+    message = event.message
+    if len(message) > CLIPPED_MESSAGE_CHARS:
+        message = message[:CLIPPED_MESSAGE_CHARS] + f"... ({len(event.message)} characters)"
+    kept = {k: v for k, v in event.data.items() if len(json.dumps(v)) <= CLIPPED_FIELD_BYTES}
+    kept["clipped"] = {"bytes": size, "fields": sorted(set(event.data) - set(kept))}
+    if len(Event(event.time, event.run, event.node, event.kind, message, kept).to_json()) > MAX_VALUE_BYTES:
+        kept = {"clipped": {"bytes": size, "fields": sorted(event.data)}}  # many small fields
+    log.warning("event %r clipped from %d bytes: %s", event.kind, size, message[:80])
+    return Event(event.time, event.run, event.node, event.kind, message, kept)
+
+
 class EventLog:
     """Appends events to a file and/or to etcd. Thread-safe; never raises on an etcd or disk failure
-    (logged once per failure kind); raises TypeError/ValueError for a programming error in ``emit``."""
+    (logged once per failure kind); an event past MAX_VALUE_BYTES is clipped (``_clipped``); raises
+    TypeError/ValueError for a programming error in ``emit``."""
 
     def __init__(
         self,
@@ -233,7 +253,8 @@ class EventLog:
         event = Event(time.time(), self.run_id, self.node_id, kind, message, _jsonable(data))
         line = event.to_json()
         if len(line) > MAX_VALUE_BYTES:
-            raise ValueError(f"event too large ({len(line)} bytes > {MAX_VALUE_BYTES}): {message[:80]}")
+            event = _clipped(event, len(line))
+            line = event.to_json()
         with self._lock:
             seq = next(self._seq)
             self._backlog.append(event)

@@ -118,10 +118,24 @@ def test_emit_refuses_unknown_kinds_and_non_json_data(tmp_path):
         log.emit("nope", "x")
     with pytest.raises(TypeError, match="JSON values"):
         log.emit("job", "x", thing=object())
-    with pytest.raises(ValueError, match="too large"):
-        log.emit("job", "x" * (ev.MAX_VALUE_BYTES + 1))
     log.close()
     assert (tmp_path / "e.jsonl").read_text() == ""
+
+
+def test_an_event_too_large_is_clipped_not_refused(tmp_path):
+    """Its sizes come from the run (600 host names, a failed node's long output lines): refused with
+    ValueError, such an event ended erm launch and stopped its nodes."""
+    log = ev.EventLog("r", "n", path=tmp_path / "e.jsonl")
+    hosts = [f"host-{i:04d}-{'x' * 24}" for i in range(600)]
+    event = log.emit("launch", "y" * (ev.MAX_VALUE_BYTES + 1), hosts=hosts, count=len(hosts), action="begin")
+    log.close()
+    assert len(event.to_json()) <= ev.MAX_VALUE_BYTES
+    (line,) = (tmp_path / "e.jsonl").read_text().splitlines()
+    back = ev.Event.parse("e.jsonl:1", line)
+    assert back.message.startswith("y" * ev.CLIPPED_MESSAGE_CHARS)
+    assert back.message.endswith(f"({ev.MAX_VALUE_BYTES + 1} characters)")
+    assert back.data["count"] == 600 and back.data["action"] == "begin" and "hosts" not in back.data
+    assert back.data["clipped"]["fields"] == ["hosts"] and back.data["clipped"]["bytes"] > ev.MAX_VALUE_BYTES
 
 
 def test_a_file_attached_late_gets_the_earlier_events_and_listeners_see_each_once(tmp_path):
