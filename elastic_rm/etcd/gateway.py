@@ -255,6 +255,10 @@ class _WatchStream:
         finally:
             if self._conn is not None:
                 self._conn.close()
+            # Always a last item: a close() between two lines (a failover closing the client) ended the
+            # loop above without one, and the watch then waited on next() forever. Nothing reads past the
+            # first error, so one more after an error is harmless.
+            self._put(_rpc_error(grpc.StatusCode.UNAVAILABLE, "the watch stream was closed"))
 
     async def next(self) -> Any:
         item = await self._queue.get()

@@ -98,7 +98,12 @@ class PrefixWatch:
                     except Exception:  # noqa: BLE001 - a consumer bug must not kill the watch
                         log.exception("etcd watch consumer failed on %s", kv.key)
             except asyncio.CancelledError:
-                return
+                task = asyncio.current_task()
+                if self._cancelled or (task is not None and task.cancelling()):
+                    return
+                # Not our cancellation: gRPC ends a call in flight on a channel that is closed (another
+                # call's failover closed it) with CancelledError. Ending here left the watch dead.
+                log.debug("etcd watch of %s: its channel was closed under it; resuming", self._prefix)
             except aexc.RevisionCompactedError as exc:
                 self._started.set()
                 self._compacted = int(exc.compacted_revision)

@@ -44,10 +44,18 @@ def probe_outcomes(targets: dict[str, Target], timeout_s: float = CONNECT_TIMEOU
         try:
             for node, (addr, port) in targets.items():
                 family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-                sock = socket.socket(family, socket.SOCK_STREAM)
+                try:
+                    sock = socket.socket(family, socket.SOCK_STREAM)
+                except OSError:  # no IPv6 on this host: that peer cannot be reached from here
+                    continue
                 sock.setblocking(False)
                 pending[sock] = node
-                code = sock.connect_ex((addr, port))
+                try:
+                    code = sock.connect_ex((addr, port))
+                except OSError:
+                    # a name this host cannot resolve (socket.gaierror): no answer, not a refusal. Raised,
+                    # it failed the probe of every other peer too, and left next_rendezvous() at the gate
+                    continue
                 if code in (0, errno.EINPROGRESS, errno.EAGAIN):
                     sel.register(sock, selectors.EVENT_WRITE)
                 else:
