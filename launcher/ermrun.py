@@ -202,6 +202,7 @@ def prepare(args: argparse.Namespace) -> bool:
     from elastic_rm.rendezvous.backend import BACKEND
 
     embedded = False
+    _check_nnodes(args.nnodes)
     if args.standalone:
         if args.rdzv_endpoint:
             raise ValueError(
@@ -224,6 +225,14 @@ def prepare(args: argparse.Namespace) -> bool:
     if args.rdzv_backend == BACKEND:
         add_settings_flags(args)
     return embedded
+
+
+def _check_nnodes(nnodes: str) -> None:
+    """--nnodes is N or MIN:MAX: torch's parser raised a RuntimeError (a traceback) for "1:2:3" and
+    int()'s message ("invalid literal for int()") for "two", neither naming the flag."""
+    parts = str(nnodes).split(":")
+    if len(parts) not in (1, 2) or not all(p.strip().isdigit() for p in parts):
+        raise ValueError(f"--nnodes must be N or MIN:MAX (e.g. 2 or 1:4), got {nnodes!r}")
 
 
 def add_settings_flags(args: argparse.Namespace) -> None:
@@ -349,7 +358,11 @@ def _launch(args: argparse.Namespace, options: AgentOptions, progress, early: Ea
             config, cmd, cmd_args = config_from_args(args)
         except (AssertionError, ValueError) as exc:
             return _fail(str(exc))
-        log_dir = default_log_dir(config)
+        # made by torch's parsing (no --log-dir given): removed however ermrun ends. A --log-dir the user
+        # named is never removed, even one that looks like torch's (/tmp/torchelastic_mylogs was)
+        log_dir = default_log_dir(config) if args.log_dir is None else None
+        if config.nproc_per_node < 1:  # else reported as "--rdzv-conf nproc=0", a flag not given
+            return _fail(f"--nproc-per-node must be at least 1, got {args.nproc_per_node}")
         config.rdzv_configs.setdefault("nproc", config.nproc_per_node)
         if server is not None and config.max_nodes > 1:
             log.warning(
@@ -368,7 +381,15 @@ def _launch(args: argparse.Namespace, options: AgentOptions, progress, early: Ea
             _adopt_early_spares(agent, early)
 
         try:
-            launch_agent(config, cmd, list(cmd_args), options, on_agent=on_agent, started_at=early.started_at)
+            launch_agent(
+                config,
+                cmd,
+                list(cmd_args),
+                options,
+                on_agent=on_agent,
+                started_at=early.started_at,
+                remove_log_dir=log_dir is not None,
+            )
         finally:
             if cgroup is not None:
                 cgroup.remove()

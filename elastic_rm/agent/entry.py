@@ -37,10 +37,11 @@ log = logging.getLogger(__name__)
 
 
 def default_log_dir(config: LaunchConfig) -> str | None:
-    """The torchelastic_* temporary directory torch made for the workers' logs and error files because no
-    --log-dir was given (torch leaves it behind after every run); None for a --log-dir the user named.
-    ermrun removes it at exit, the agent's watchdog after a SIGKILL (error files are read when a worker
-    fails, before that)."""
+    """The torchelastic_* temporary directory torch makes for the workers' logs and error files when no
+    --log-dir is given (torch leaves it behind after every run), else None. Only its look is checked: a
+    --log-dir the user named may look the same, so callers ask this only when none was given. ermrun
+    removes it at exit, the agent's watchdog after a SIGKILL (error files are read when a worker fails,
+    before that)."""
     root = getattr(config.logs_specs, "root_log_dir", None)
     if root and os.path.dirname(os.path.abspath(root)) == tempfile.gettempdir():
         if os.path.basename(root).startswith("torchelastic_"):
@@ -131,10 +132,13 @@ def launch_agent(
     options: AgentOptions | None = None,
     on_agent: Callable[[ElasticRMAgent], None] | None = None,
     started_at: float | None = None,
+    remove_log_dir: bool = False,
 ) -> dict[int, Any]:
     """Run this node's agent until the job ends; the workers' return values by global rank.
     ``on_agent`` sees the agent before it starts (ermrun attaches its progress printer); ``started_at``:
-    when the process started (ermrun's first line), said in the node's first event."""
+    when the process started (ermrun's first line), said in the node's first event. ``remove_log_dir``:
+    the log directory is torch's temporary one (no --log-dir was given), which the agent's watchdog
+    removes after a SIGKILL; only the caller knows, since a --log-dir may look like one."""
     if not config.run_id:
         config.run_id = str(uuid.uuid4().int)
         log.warning("no --rdzv-id given; using a random run id %s", config.run_id)
@@ -181,7 +185,8 @@ def launch_agent(
     )
     if on_agent is not None:
         on_agent(agent)
-    _remove_default_log_dir(agent, config)
+    if remove_log_dir:
+        _remove_default_log_dir(agent, config)
     _claim_node_memory(agent, config.run_id)
     name = _get_entrypoint_name(entrypoint, args)
     agent.events.emit(

@@ -39,12 +39,15 @@ MEASURED_HOW = (
 
 
 def list_runs(client: EtcdClient, prefix: str) -> list[str]:
-    """Run ids that have a round under ``prefix``."""
+    """Run ids that have a round, a leader or a registered node under ``prefix``: a run still forming its
+    first round (its nodes wait for --nnodes MIN) has no round key yet, and is the run `erm status` means."""
     kvs, _ = client.get_prefix(prefix.rstrip("/") + "/")
     runs = set()
     for kv in kvs:
         parts = kv.key[len(prefix.rstrip("/")) + 1 :].split("/")
-        if len(parts) == 2 and parts[1] == "round":
+        if len(parts) == 2 and parts[1] in ("round", "leader"):
+            runs.add(parts[0])
+        elif len(parts) == 3 and parts[1] == "nodes" and parts[0] != "history":  # not history/<sig>/<run>
             runs.add(parts[0])
     return sorted(runs)
 

@@ -32,6 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _view(demo, rows, phase: str):
     from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title=f"elastic-rm demo - {phase}", expand=False)
     for col in ("node", "process", "world", "rank", "step", "samples/s"):
@@ -57,7 +58,8 @@ def _view(demo, rows, phase: str):
         )
     events = Table(show_header=False, box=None)
     for e in demo.events[-8:]:
-        events.add_row(time.strftime("%H:%M:%S", time.localtime(e["t"])), e["text"])
+        # Text: an event names the workdir and the planner's reasons; "[...]" in them is not rich markup
+        events.add_row(time.strftime("%H:%M:%S", time.localtime(e["t"])), Text(e["text"]))
     return Group(table, events)
 
 
@@ -122,7 +124,7 @@ def _print_summary(summary: dict, workdir: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(markup=False)  # reasons, details and the workdir are text: "[...]" is not markup
     rounds = Table(title="rounds (from etcd); gain = job throughput after / before - 1")
     for col in ("round", "members", "reason", "predicted", "measured"):
         rounds.add_column(col)

@@ -64,8 +64,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         wanted = lambda e: args.all_events or e.kind not in PERIODIC_KINDS  # noqa: E731
 
+    # a file may hold several runs' events (an --event-log is appended to): --run-id picks one there,
+    # as erm report does; etcd's copy is the run's alone
+    one_run = args.run_id if args.file else None
+
     def show(e) -> None:
-        if wanted(e):
+        if wanted(e) and (one_run is None or e.run == one_run):
             print(format_event(e, args.json), flush=True)
 
     def bad(message: str) -> None:
@@ -138,6 +142,8 @@ def _run_over(client, keys) -> bool:
 def _from_files(args, show, bad) -> int:
     from elastic_rm.obs.events import EventError, merge, read_file
 
+    if args.follow and len(args.file) != 1:  # said before the listing, not after it
+        raise UsageError("--follow follows one --file")
     events = []
     for path in args.file:
         for item in read_file(path):
@@ -149,8 +155,6 @@ def _from_files(args, show, bad) -> int:
         show(e)
     if not args.follow:
         return 0
-    if len(args.file) != 1:
-        raise UsageError("--follow follows one --file")
     from elastic_rm.obs.events import Event
 
     path = args.file[0]

@@ -193,9 +193,11 @@ def render(s: dict, title: str = "", max_members: int = MAX_MEMBERS) -> Any:
     from rich.text import Text
 
     state = "closed" if s["closed"] else ("running" if s["sealed"] else "forming")
+    # a run forming its first round has no round and may have no leader yet: "-", not "None"
+    number = "-" if s["round"] is None else s["round"]
     head = Text(
-        f"{title}run {s['run']}: round {s['round']} ({state}), world {s['world_size']}, "
-        f"leader {s['leader']}, {_rate(s.get('samples_per_s'))} samples/s",
+        f"{title}run {s['run']}: round {number} ({state}), world {s['world_size']}, "
+        f"leader {s['leader'] or '-'}, {_rate(s.get('samples_per_s'))} samples/s",
         style="bold",
     )
     nodes = Table(expand=False, pad_edge=False)
@@ -220,8 +222,15 @@ def render(s: dict, title: str = "", max_members: int = MAX_MEMBERS) -> Any:
         cpu = f"{m['cpu_util']:.0%}" if m.get("cpu_util") is not None else "-"
         utils = [u for u in m.get("gpu_util") or [] if u is not None]
         gpu = f"{sum(utils) / len(utils):.0%}" if utils else ("-" if not m.get("gpus") else "?")
-        nodes.add_row(
-            str(m["rank"]), m["node"], m.get("state", "-"), cpu, mem, gpu, p50, _rate(m.get("samples_per_s"))
+        nodes.add_row(  # Text, not a str: rich would read "[...]" in a value as markup
+            str(m["rank"]),
+            Text(str(m["node"])),
+            Text(str(m.get("state", "-"))),
+            cpu,
+            mem,
+            gpu,
+            p50,
+            _rate(m.get("samples_per_s")),
         )
     parts: list[Any] = [head, nodes]
     if hidden:
@@ -292,8 +301,13 @@ def render(s: dict, title: str = "", max_members: int = MAX_MEMBERS) -> Any:
         ev.add_column("kind", no_wrap=True)
         ev.add_column("message", overflow="fold")
         for e in s["events"]:
+            # Text, not a str: a message ("[rank0]: ...", a path "[/tmp/x]") is not rich markup (a closing
+            # tag that opens nothing raised MarkupError, and "[rank0]" vanished)
             ev.add_row(
-                time.strftime("%H:%M:%S", time.localtime(e["time"])), e["node"], e["kind"], e["message"]
+                time.strftime("%H:%M:%S", time.localtime(e["time"])),
+                Text(str(e["node"])),
+                Text(str(e["kind"])),
+                Text(str(e["message"])),
             )
         parts.append(ev)
     for e in s["errors"]:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
+import tempfile
+import uuid
 
 import pytest
 
@@ -159,3 +162,19 @@ def test_a_job_started_again_under_the_id_of_a_run_that_failed_says_so_and_fails
     assert f"run {run_id} ended (failed, closed by " in again.stderr and "new --rdzv-id" in again.stderr
     assert "Traceback" not in again.stderr
     assert records(tmp_path, "e") == []  # nothing ran
+
+
+def test_a_log_dir_the_user_named_is_kept_even_if_it_looks_like_torchs_own(tmp_path):
+    """ermrun removes torch's temporary log directory (/tmp/torchelastic_<random>) at exit; a --log-dir
+    of that look was taken for it and removed with everything in it."""
+    logs = os.path.join(tempfile.gettempdir(), f"torchelastic_{uuid.uuid4().hex[:8]}")
+    os.makedirs(logs)
+    try:
+        with open(os.path.join(logs, "important.txt"), "w") as f:
+            f.write("keep")
+        result = run(["--log-dir", logs, "--redirects", "3", "--nproc-per-node", "1", STEPS], tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert open(os.path.join(logs, "important.txt")).read() == "keep"
+        assert [d for d in os.listdir(logs) if d != "important.txt"]  # the run's own logs went there
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
