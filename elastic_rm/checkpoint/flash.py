@@ -23,6 +23,7 @@ import gc
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import threading
@@ -771,6 +772,7 @@ class FlashCheckpointer:
         self.wait()
         self._chain = None  # the model is about to change under the chain: the next save is a base
         self._rolled = None
+        self._drop_stale_fetches()
         srcs = sources or self.sources()
         self._finish_split_folds()
         current = self._current_timeline(srcs)
@@ -799,6 +801,21 @@ class FlashCheckpointer:
                         log.info("restore: %d bytes fetched from %s", src.bytes_fetched, src.name)
                     src.clear()
 
+    def _drop_stale_fetches(self) -> None:
+        """Drop what an earlier restore downloaded into this node's memory and could not drop itself (a
+        worker killed mid-restore): each source drops only its own peer's copies when a restore ends, so
+        the copies of a peer gone since, or of a rank no longer on this node, stayed until the job's end.
+        Each rank drops its own ``fetch/rank<r>``; the node's first rank those of ranks not on this node
+        in this world (no rank of this world uses them). Other names there (a cache a script gave its
+        own sources) are left alone."""
+        fetch = self.node_dir / "fetch"
+        shutil.rmtree(fetch / f"rank{self.rank}", ignore_errors=True)
+        if self.leader and fetch.is_dir():
+            here = {f"rank{r}" for r, node in enumerate(self.rank_nodes) if node == self.node}
+            for p in fetch.iterdir():
+                if re.fullmatch(r"rank\d+", p.name) and p.name not in here:
+                    shutil.rmtree(p, ignore_errors=True)
+
     def _finish_split_folds(self) -> None:
         """A fold that ran on some nodes (or a node's own memory) and not on others (or its replica on
         the peer) is finished everywhere before the steps are read (split_folds.py). Collective."""
@@ -825,6 +842,11 @@ class FlashCheckpointer:
         vote reads every source the restore may read (the nodes that serve checkpoints, members of the
         round or not, and the durable copy). Collective."""
         mine = newest_timeline_of(sources)
+        # the timeline an earlier restore of this checkpointer chose counts too: a fork shows itself by
+        # its saves, and a second restore before the first save (a member lost again, rounds in place)
+        # would otherwise take the abandoned timeline back, and the next saves would reuse its numbers
+        if self._timeline != timeline.ORIGIN and (mine is None or self._timeline > mine):
+            mine = self._timeline
         held = all_gather_json(timeline.as_field(mine) if mine is not None else None, self.pg)
         return max((k for k in map(timeline.from_json, held) if k is not None), default=timeline.ORIGIN)
 

@@ -225,6 +225,13 @@ def _check_fields(doc: dict[str, Any], where: str) -> None:
             or not all(isinstance(b, str) for b in e["blocks"])
         ):
             raise bad(f"entry of {name!r}: 'block' must be an integer >= 1 and 'blocks' a list of strings")
+        # one checksum per block of the file: a reader looks up the block of each range it reads, and a
+        # list too short for the size would end the restore in an IndexError naming no file
+        if "blocks" in e and len(e["blocks"]) != -(-e["size"] // e["block"]):
+            raise bad(
+                f"entry of {name!r}: {len(e['blocks'])} block checksums for {e['size']} bytes "
+                f"in blocks of {e['block']}"
+            )
 
 
 def blocks_covering(block: int, ranges: list[tuple[int, int]]) -> list[int]:
@@ -259,7 +266,10 @@ def verify_file(path: Path, entry: dict[str, Any], ranges: list[tuple[int, int]]
     if ranges is None or "blocks" not in entry:
         return None if file_digest(path, alg) == whole else "checksum mismatch (corrupt)"
     bs = entry["block"]
-    wanted = blocks_covering(bs, ranges)
+    # a read of no bytes (an empty tensor, possibly at the very end of the file) needs no block
+    wanted = blocks_covering(bs, [(off, n) for off, n in ranges if n > 0])
+    if wanted and wanted[-1] >= len(entry["blocks"]):  # a read past the end: a file this is not
+        return f"a read at block {wanted[-1]} of a file of {len(entry['blocks'])} blocks (wrong file)"
     with _mapped(path) as view:
         for b in wanted:
             if digest(view[b * bs : (b + 1) * bs], alg) != entry["blocks"][b]:

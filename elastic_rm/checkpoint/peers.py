@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from . import timeline
 from .manifest import MANIFEST, step_dirname
 from .peer_tls import PeerTls, tls_from_env
 from .retention import Link, missing_from, read_links
@@ -256,13 +257,34 @@ class PeerClient:
     def listing(self) -> tuple[list[int], Any]:
         """The steps the peer holds (its own and its replicas') and the newest timeline their manifests
         name (timeline.py; as the manifest field, None when it holds none or does not say)."""
-        doc = json.loads(self._request("GET", "/steps"))
-        found = set(doc.get("steps", []))
-        for steps in doc.get("replicas", {}).values():
-            found.update(steps)
+        body = self._request("GET", "/steps")
+
+        def bad(what: str) -> PeerError:
+            return PeerError(f"{self.peer.node} ({self.peer.url}): malformed step listing: {what}")
+
+        # Strict, as a PeerError naming the peer: a body that is not the listing's shape (bytes from the
+        # network) must not crash the restore's first read (a TypeError), and a malformed timeline must
+        # not be dropped quietly, which would leave this peer's steps in a vote that ignored its timeline
+        try:
+            doc = json.loads(body)
+        except (ValueError, RecursionError) as e:
+            raise bad(f"not JSON ({e})") from None
+        if not isinstance(doc, dict):
+            raise bad("not a JSON object")
+        steps, replicas = doc.get("steps", []), doc.get("replicas", {})
+        if (
+            not isinstance(steps, list)
+            or not isinstance(replicas, dict)
+            or not all(isinstance(v, list) for v in replicas.values())
+        ):
+            raise bad("'steps' must be a list and 'replicas' an object of lists")
+        found = [*steps, *(s for v in replicas.values() for s in v)]
         if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in found):
-            raise PeerError(f"{self.peer.node} ({self.peer.url}): malformed step list")
-        return sorted(found), doc.get("timeline")
+            raise bad("steps must be integers >= 0")
+        why = timeline.check_field(doc.get("timeline"))
+        if why is not None:
+            raise bad(why)
+        return sorted(set(found)), doc.get("timeline")
 
     def manifest(self, step: int) -> bytes | None:
         """On the kept connection: a restore asks for several manifests in a row (a chain's)."""

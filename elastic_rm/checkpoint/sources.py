@@ -199,7 +199,11 @@ class HttpPeerSource:
 
     def clear(self) -> None:
         """Drop the downloaded copies (after the load: they only hold memory) and close the connection
-        the reads kept, which holds a thread of the peer's server until it times out."""
+        the reads kept, which holds a thread of the peer's server until it times out. The peer counts
+        as up again: a failure skips it for the rest of *that* restore, and a source passed to two
+        restores in a row (``restore(sources=...)``) must not skip a peer that is back. A fork hands
+        its bytes, and a connection failure it met, to the source it was forked from: that restore's
+        next step (its base, or an older chain's fork) then skips the peer, not waiting on it again."""
         shutil.rmtree(self.cache_dir, ignore_errors=True)
         self._have.clear()
         self._listed = None
@@ -208,6 +212,9 @@ class HttpPeerSource:
         if self._parent is not None:
             self._parent.bytes_fetched += self.bytes_fetched
             self.bytes_fetched = 0
+            if self.down and not self._parent.down:
+                self._parent.down = self.down
+        self.down = None
 
 
 def newest_timeline_of(sources: Sequence[CheckpointSource]) -> timeline.Key | None:
