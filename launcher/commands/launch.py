@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import os
 import shlex
 import sys
 import threading
 import time
-import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+
+from launcher.commands import launch_plan
 
 HELP = "Start a job's nodes (ermrun) on hosts over ssh and keep as many running as the job wants."
 
@@ -168,180 +165,6 @@ def _fail(message: str) -> int:
     return 2
 
 
-class _Refused(Exception):
-    """A reason not to start anything, printed as erm launch's error."""
-
-
-def _labels(text: str) -> dict[str, str]:
-    out = {}
-    for item in filter(None, (i.strip() for i in (text or "").split(","))):
-        key, _, value = item.partition("=")
-        out[key.strip()] = value.strip()
-    return out
-
-
-def _ermrun_command_line(args: argparse.Namespace) -> tuple[argparse.Namespace, list[str], list[str]]:
-    """The ermrun flags and script every host gets, parsed as ermrun would and checked for what cannot
-    work across hosts; a run id is made up when none is given. SystemExit on a parse error."""
-    from elastic_rm.rendezvous.backend import BACKEND
-    from launcher.ermrun import build_parser
-
-    flags = list(args.ermrun_flags)
-    script = [args.training_script, *args.training_script_args]
-    ns = build_parser().parse_args([*flags, *script])
-    if ns.rdzv_backend != BACKEND:
-        raise _Refused(f"erm launch runs the {BACKEND} rendezvous; remove --rdzv-backend {ns.rdzv_backend}")
-    if ns.standalone or not ns.rdzv_endpoint:
-        raise _Refused(
-            "erm launch needs --rdzv-endpoint HOST:PORT of an etcd that every host reaches (start one with "
-            '`erm etcd`, README "A real cluster"); --standalone\'s loopback etcd cannot serve other hosts'
-        )
-    if ns.node_id:
-        raise _Refused("erm launch names each node after its hostfile entry; remove --node-id")
-    if ns.rdzv_id in ("", "none"):
-        ns.rdzv_id = f"job-{uuid.uuid4().hex[:8]}"
-        flags.append(f"--rdzv-id={ns.rdzv_id}")
-    return ns, flags, script
-
-
-def _nnodes(ns: argparse.Namespace) -> tuple[int, int]:
-    from torch.distributed.run import parse_min_max_nnodes
-
-    min_nodes, max_nodes = parse_min_max_nnodes(ns.nnodes)
-    if not 1 <= min_nodes <= max_nodes:
-        raise _Refused(f"--nnodes {ns.nnodes} is invalid: need 1 <= MIN <= MAX (e.g. --nnodes 2:4)")
-    return min_nodes, max_nodes
-
-
-def _settings(ns: argparse.Namespace, min_nodes: int, max_nodes: int):
-    """The run's rendezvous settings as every node will read them (`RendezvousSettings`): the etcd
-    endpoints, key prefix, TLS, user, password and timeout this launcher uses too. The job description
-    is left to the nodes: its path is theirs (relative to --workdir on the hosts)."""
-    from torch.distributed.elastic.rendezvous import RendezvousParameters
-    from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
-
-    from elastic_rm.rendezvous.backend import BACKEND
-    from elastic_rm.rendezvous.settings import RendezvousSettings
-    from launcher.ermrun import add_settings_flags
-
-    add_settings_flags(ns)
-    conf = _parse_rendezvous_config(ns.rdzv_conf)
-    for key in ("job_file", "policy"):
-        conf.pop(key, None)
-    params = RendezvousParameters(BACKEND, ns.rdzv_endpoint, ns.rdzv_id, min_nodes, max_nodes, **conf)
-    return RendezvousSettings.from_parameters(params)
-
-
-def _ssh(args: argparse.Namespace):
-    from elastic_rm.launch.ssh import SshOptions
-
-    ssh = SshOptions(
-        args.ssh_binary,
-        args.ssh_user,
-        args.ssh_port,
-        args.ssh_identity,
-        tuple(args.ssh_option),
-        args.connect_timeout,
-    )
-    ssh.validate()
-    return ssh
-
-
-def _host_source(args: argparse.Namespace):
-    """A function that reads the hosts available now, with the --select labels: the discovery script's
-    answer, or the hostfile (edit it to add or drain hosts)."""
-    from elastic_rm.launch.discovery import run_discovery
-    from elastic_rm.launch.hostfile import read_hostfile
-
-    selected = _labels(",".join(args.select))
-
-    def discover():
-        if args.hostfile:
-            found = read_hostfile(args.hostfile)
-        else:
-            found = run_discovery(args.discovery_script, args.discovery_timeout)
-        return [h for h in found if all(h.labels.get(k) == v for k, v in selected.items())]
-
-    return discover
-
-
-def _connect(settings, run_id: str):
-    """The etcd client of this launcher, once etcd answered and the run is not closed."""
-    from elastic_rm.etcd.client import EtcdClient
-    from elastic_rm.etcd.errors import EtcdError
-
-    client = EtcdClient(
-        list(settings.endpoints),
-        timeout=settings.etcd_timeout,
-        tls=settings.tls,
-        user=settings.user,
-        password=settings.password,
-    )
-    try:
-        client.ping()
-        closed = client.get(settings.keys.closed) is not None
-    except EtcdError as exc:
-        client.close()
-        raise _Refused(f"cannot reach etcd: {exc}") from None
-    if closed:
-        client.close()
-        raise _Refused(f"run {run_id} is closed already (it ran before); pass a new --rdzv-id")
-    return client
-
-
-@dataclass
-class _Plan:
-    """What erm launch checked before it starts anything: the nodes' command line, the rendezvous
-    settings, how to reach and choose the hosts."""
-
-    ns: argparse.Namespace  # ermrun's parsed flags
-    flags: list[str]  # ermrun's flags as typed, for every host
-    script: list[str]
-    min_nodes: int
-    max_nodes: int
-    settings: Any  # RendezvousSettings
-    ssh: Any  # SshOptions
-    env: dict[str, str]
-    pool: Any  # HostPool
-    discover: Callable[[], list]
-    hosts: list
-
-
-def _plan(args: argparse.Namespace) -> _Plan:
-    from elastic_rm.launch.command import parse_env
-    from elastic_rm.launch.pool import HostPool
-    from launcher.commands.launch_slurm import check_local
-
-    # the events file as with --slurm: one that cannot be opened was a traceback once etcd answered
-    check_local(args)
-    ns, flags, script = _ermrun_command_line(args)
-    min_nodes, max_nodes = _nnodes(ns)
-    settings = _settings(ns, min_nodes, max_nodes)
-    ssh = _ssh(args)
-    env = parse_env(args.env)
-    pool = HostPool(args.host_failures, args.blacklist_cooldown, args.max_cooldown)
-    discover = _host_source(args)
-    hosts = discover()
-    if args.hostfile and not hosts:
-        raise _Refused(f"no host in {args.hostfile} has the labels {args.select}")
-    for h in hosts:
-        pool.add(h)
-    return _Plan(ns, flags, script, min_nodes, max_nodes, settings, ssh, env, pool, discover, hosts)
-
-
-def check_durations(args: argparse.Namespace) -> None:
-    """The executor's seconds, before anything starts: a negative --poll-interval used to start the
-    nodes and then end erm launch with a traceback (time.sleep refuses it). ValueError saying which."""
-    positive = ("poll_interval", "discovery_interval", "discovery_timeout")
-    for name in (*positive, "stop_grace", "exit_grace", "idle_timeout", "pending_report"):
-        value = getattr(args, name)
-        ok = value > 0 if name in positive else value >= 0  # False for NaN too
-        if not ok or (name in ("poll_interval", "discovery_timeout") and not math.isfinite(value)):
-            flag = "--" + name.replace("_", "-")
-            bound = "> 0" if name in positive else ">= 0"
-            raise ValueError(f"{flag} {value:g}: must be a number of seconds {bound}")
-
-
 def run(args: argparse.Namespace) -> int:
     from elastic_rm.launch.discovery import DiscoveryError
     from elastic_rm.launch.hostfile import HostfileError
@@ -349,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     from elastic_rm.launch.ssh import SshConfigError
 
     try:
-        check_durations(args)
+        launch_plan.check_durations(args)
     except ValueError as exc:
         return _fail(str(exc))
     if args.slurm:
@@ -359,14 +182,14 @@ def run(args: argparse.Namespace) -> int:
         # discovery script runs, etcd is slow to answer): no node was started yet; exit 130 with a line
         # instead of a traceback (the discovery script is killed by run_discovery)
         with Interrupts(how="nothing started yet", first="interrupted before the run started"):
-            plan = _plan(args)
-            client = _connect(plan.settings, plan.ns.rdzv_id)
+            plan = launch_plan.plan(args)
+            client = launch_plan.connect(plan.settings, plan.ns.rdzv_id)
     except KeyboardInterrupt:
         print("erm launch: no node was started", file=sys.stderr)
         return 130
     except SystemExit as exc:  # ermrun's parser printed the usage error
         return int(exc.code or 2)
-    except (_Refused, ValueError, SshConfigError, HostfileError, DiscoveryError) as exc:
+    except (launch_plan.Refused, ValueError, SshConfigError, HostfileError, DiscoveryError) as exc:
         return _fail(str(exc))
     return _execute(args, plan, client)
 
@@ -405,14 +228,14 @@ class _ParserCheck(threading.Thread):
         from launcher.commands.launch_slurm import check_poll_interval
 
         try:
-            ns, flags, script = _ermrun_command_line(self._args)
-            nnodes = _nnodes(ns)
-            settings = _settings(ns, *nnodes)
+            ns, flags, script = launch_plan.ermrun_command_line(self._args)
+            nnodes = launch_plan.nnodes(ns)
+            settings = launch_plan.settings_of(ns, *nnodes)
             check_poll_interval(self._args)
-            self.value = (ns, flags, script, settings, nnodes, _connect(settings, ns.rdzv_id))
+            self.value = (ns, flags, script, settings, nnodes, launch_plan.connect(settings, ns.rdzv_id))
         except SystemExit as exc:
             self.exit_code = int(exc.code or 2)
-        except (_Refused, ValueError, SlurmError) as exc:
+        except (launch_plan.Refused, ValueError, SlurmError) as exc:
             self.refusal = str(exc)
         except Exception as exc:  # reported as erm launch's error, not lost with the thread
             self.refusal = f"{type(exc).__name__}: {exc}"
@@ -515,7 +338,7 @@ def _run_slurm(args: argparse.Namespace) -> int:
             )
 
 
-def _stop_command(plan: _Plan, run_id: str) -> str:
+def _stop_command(plan: launch_plan.Plan, run_id: str) -> str:
     """The `erm stop` command line that reaches the run's etcd as erm launch does (its key prefix, TLS
     and user; the password from $ELASTIC_RM_ETCD_PASSWORD, as erm launch read it)."""
     from elastic_rm.wire.keyspace import DEFAULT_PREFIX
@@ -536,7 +359,7 @@ def _stop_command(plan: _Plan, run_id: str) -> str:
     return shlex.join(argv)
 
 
-def _execute(args: argparse.Namespace, plan: _Plan, client) -> int:
+def _execute(args: argparse.Namespace, plan: launch_plan.Plan, client) -> int:
     """Run the executor until the job ends (or Ctrl-C, SIGTERM: every node is stopped, a second one kills
     them at once, a third returns: elastic_rm.launch.interrupts); its exit status."""
     from elastic_rm.launch.command import NodeCommand

@@ -10,7 +10,9 @@ import sys
 import time
 
 import psutil
+import pytest
 
+from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.launch.executor import Executor, ExecutorConfig
 from elastic_rm.launch.hostfile import Host
 from elastic_rm.launch.pool import HostPool
@@ -21,14 +23,11 @@ from tests.launch.sshd import closed_port
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-class _NoRun:
-    """An etcd with nothing of the run: no demand, no round, no node registered, not closed."""
-
-    def get(self, key):
-        return None
-
-    def get_prefix(self, key):
-        return [], None
+@pytest.fixture
+def client(etcd):
+    """The session's etcd; the executor reads a run of its own there, of which nothing exists."""
+    with EtcdClient(etcd.endpoint) as c:
+        yield c
 
 
 class _Node:
@@ -57,7 +56,7 @@ class _Node:
     kill_now = kill
 
 
-def test_a_host_back_in_the_discovery_output_waits_for_its_stopping_node_to_end():
+def test_a_host_back_in_the_discovery_output_waits_for_its_stopping_node_to_end(client, run_id):
     """h1 leaves the discovery output (its node is told to stop) and comes back before that node ended:
     no second node starts on h1 meanwhile (it would run under the same node id, and the first one would no
     longer be followed, nor stopped when erm launch ends); once the first one ended, h1 gets a node."""
@@ -72,8 +71,8 @@ def test_a_host_back_in_the_discovery_output_waits_for_its_stopping_node_to_end(
     pool = HostPool()
     pool.add(h1)
     executor = Executor(
-        _NoRun(),
-        Keyspace("/elastic-rm", "r1"),
+        client,  # a run of nothing in etcd: no demand, no round, no node registered, not closed
+        Keyspace("/elastic-rm", run_id),
         pool,
         start,
         EventLog("r1", "erm-launch"),
@@ -191,15 +190,11 @@ def test_a_host_blacklisted_again_and_again_never_overflows_its_cooldown():
 
 
 def test_a_nan_cooldown_is_refused():
-    import pytest
-
     with pytest.raises(ValueError):
         HostPool(2, float("nan"), 600.0)
 
 
 def test_an_address_that_ssh_would_read_as_an_option_is_a_malformed_line():
-    import pytest
-
     from elastic_rm.launch.hostfile import HostfileError, parse_hosts
 
     with pytest.raises(HostfileError, match="line 2: address '-oProxyCommand' is not a host name"):
@@ -207,7 +202,7 @@ def test_an_address_that_ssh_would_read_as_an_option_is_a_malformed_line():
     assert parse_hosts("n1 addr=::1\n", "hostfile h")[0].addr == "::1"
 
 
-def test_a_discovery_script_that_keeps_failing_is_warned_about_once_per_spell(tmp_path):
+def test_a_discovery_script_that_keeps_failing_is_warned_about_once_per_spell(client, run_id):
     """docs/launch.md: a later failure of the script is warned about once and the last good host list is
     kept. A script whose stderr differs at each run (a timestamp, a curl timing) was warned about at every
     poll; a spell after the script worked again is warned about again."""
@@ -220,8 +215,8 @@ def test_a_discovery_script_that_keeps_failing_is_warned_about_once_per_spell(tm
     pool = HostPool()
     pool.add(h1)
     executor = Executor(
-        _NoRun(),
-        Keyspace("/elastic-rm", "r1"),
+        client,  # a run of nothing in etcd: no demand, no round, no node registered, not closed
+        Keyspace("/elastic-rm", run_id),
         pool,
         _Node,
         EventLog("r1", "erm-launch"),
@@ -257,7 +252,7 @@ def test_an_events_file_that_cannot_be_opened_is_refused_before_anything_starts(
     assert "--events-file /proc/erm/events.jsonl: cannot open it" in capsys.readouterr().err
 
 
-def test_a_node_that_fails_after_a_long_output_line_is_reported_not_a_crash():
+def test_a_node_that_fails_after_a_long_output_line_is_reported_not_a_crash(client, run_id):
     """A failure's event carries the node's last output lines; one long line (a progress bar redrawn with
     \\r and no newline, a config dump) made it larger than the event log takes (16 KiB): ValueError out of
     the executor's loop ended erm launch and with it every node of the run."""
@@ -270,8 +265,8 @@ def test_a_node_that_fails_after_a_long_output_line_is_reported_not_a_crash():
     argv = [sys.executable, "-c", f"{long_lines}; raise SystemExit(3)"]
     said: list[str] = []
     executor = Executor(
-        _NoRun(),
-        Keyspace("/elastic-rm", "r1"),
+        client,  # a run of nothing in etcd: no demand, no round, no node registered, not closed
+        Keyspace("/elastic-rm", run_id),
         pool,
         lambda host: RemoteNode(host, argv, lambda line: None),
         EventLog("r1", "erm-launch"),

@@ -168,7 +168,7 @@ def test_the_job_descriptions_request_is_read_from_job_or_rdzv_conf_job_file(
     tmp_path, run_id, etcd, slurm, how, monkeypatch
 ):
     """Before the leader's first demand the run asks for the description's request, however it is given."""
-    from launcher.commands.launch import _ermrun_command_line
+    from launcher.commands.launch_plan import ermrun_command_line
     from launcher.commands.launch_slurm import check_slurm, job_file_of
     from launcher.erm import build_parser
 
@@ -176,7 +176,7 @@ def test_the_job_descriptions_request_is_read_from_job_or_rdzv_conf_job_file(
     argv = ["launch", "--slurm", "--workdir", str(tmp_path), "--nnodes", "1:4"]
     argv += ["--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, *how, WORKER]
     args = build_parser("launch").parse_args(argv)
-    ns, flags, script = _ermrun_command_line(args)
+    ns, flags, script = ermrun_command_line(args)
     monkeypatch.setenv("SLURM_CONF", slurm.env()["SLURM_CONF"])
     _, options, _ = check_slurm(args, ns.rdzv_id, flags, script, job_file_of(ns))
     assert options.requested_nodes == 3
@@ -196,7 +196,7 @@ def test_a_job_file_named_but_unreadable_on_the_login_node_is_refused_before_any
 ):
     """Without the description's request every node job past --nnodes' minimum would be growth: refused,
     saying what to do, before anything is submitted."""
-    from launcher.commands.launch import _ermrun_command_line
+    from launcher.commands.launch_plan import ermrun_command_line
     from launcher.commands.launch_slurm import check_slurm, job_file_of
     from launcher.erm import build_parser
 
@@ -205,7 +205,7 @@ def test_a_job_file_named_but_unreadable_on_the_login_node_is_refused_before_any
     argv = ["launch", "--slurm", "--workdir", str(tmp_path), "--nnodes", "1:4"]
     argv += ["--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, "--job", "job.json", WORKER]
     args = build_parser("launch").parse_args(argv)
-    ns, flags, script = _ermrun_command_line(args)
+    ns, flags, script = ermrun_command_line(args)
     with pytest.raises(ValueError, match=said) as err:
         check_slurm(args, ns.rdzv_id, flags, script, job_file_of(ns))
     assert str(tmp_path / "job.json") in str(err.value)
