@@ -233,13 +233,10 @@ class ElasticTraining:
         }
 
     def _run(self, total: int) -> Iterator[int]:
-        """The step loop. Reaching ``total`` ends the job: the checkpointer is closed with
-        ``finished=True``, which under plain torchrun frees this node's memory copies, as
-        ``FlashCheckpointer.close(finished=True)`` documents (without it a finished job left its whole
-        state, ``keep_memory`` times, in /dev/shm; an ermrun agent frees it itself). A drain, a ``break``
-        or an error keeps them: the next round or restart restores from them."""
+        """The step loop. Reaching ``total`` does not free node memory: a script may call ``steps()``
+        again (train, evaluate, train on), and a crash between two calls must find the last checkpoint.
+        Under plain torchrun the script frees it at the job's end (``ckpt.close(finished=True)``)."""
         assert self.ledger_batches is not None
-        finished = False
         try:
             self.reporter.reset_timer()
             while self.step < total:
@@ -259,9 +256,8 @@ class ElasticTraining:
             self._say(
                 f"reached step {self.step}; {self.ledger_batches.ledger.samples_done()} samples trained"
             )
-            finished = True
         finally:
-            self.ckpt.close(finished=finished)
+            self.ckpt.close()
 
     def _check_replicated(self, failed: list[str]) -> None:
         """With a checkpoint every step, a step counts as done only once the previous step's checkpoint
