@@ -168,7 +168,7 @@ def test_a_gateway_watch_whose_client_a_failover_closes_between_two_answers_resu
             thread = threading.Thread(target=noise, daemon=True)
             thread.start()
             try:
-                for i in range(20):
+                for i in range(10):
                     client._conn.fail_over_blocking(client._conn.current())
                     writer.put(f"/w/mark{i}", "x")
                     wait_for(lambda i=i: f"/w/mark{i}" in seen, 10, f"the write after failover {i}")

@@ -284,6 +284,7 @@ def test_a_node_that_fails_after_a_long_output_line_is_reported_not_a_crash(clie
         executor.stop_all("test over")
 
 
+@pytest.mark.slow  # 6 s; CI keeps test_events.py's clipping and the long-output-line executor case above
 def test_a_hostfile_of_many_long_names_starts_a_run(etcd, run_id, tmp_path, capsys):
     """The begin event listed every host: 200 names of 120 characters (or 600 of 30) made it larger than
     the event log takes (16 KiB), and erm launch ended with a ValueError traceback at its start. Here each

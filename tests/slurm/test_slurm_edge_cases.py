@@ -6,6 +6,8 @@ import shutil
 import subprocess
 import time
 
+import pytest
+
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.launch.slurm_cli import Slurm
 from tests.slurm.helpers import actions, launch_events, run_jobs, sleeper_executor, tool_env
@@ -46,6 +48,7 @@ def test_a_node_job_whose_sbatch_timed_out_is_followed_not_submitted_again_each_
         assert actions(launch_events(etcd, run_id), "adopt"), said
 
 
+@pytest.mark.slow  # 9 s; CI keeps the sbatch-timeout case of this file and the stop tests of tests/slurm
 def test_another_users_job_with_a_name_that_is_not_utf8_breaks_neither_the_run_nor_its_stop(
     slurm, etcd, run_id, tmp_path
 ):
@@ -95,7 +98,6 @@ def test_short_prefixes_of_the_options_erm_launch_sets_are_refused_too():
     forms. sbatch takes any unambiguous prefix (tried on the test cluster: --jo=other named the job other,
     --ar=1-3 made it an array of three, --ch=/tmp moved it); only prefixes of 5 characters or more were
     refused."""
-    import pytest
 
     from launcher.commands.launch_slurm import _sbatch_args
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from erm_harness import run_world
 
 from tests.train.test_delta_fold import phase, spec, trained_saves
 
 
+@pytest.mark.slow  # 8 s; CI keeps test_timelines.py's abandoned-steps case (the vote at a restore)
 def test_a_second_restore_keeps_the_timeline_the_first_one_started(tmp_path: Path) -> None:
     shm = tmp_path / "shm"
     flash = {"memory_root": str(shm), "keep_memory": 3}
