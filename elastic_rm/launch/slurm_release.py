@@ -169,13 +169,7 @@ def start_release(settings, node_id: str | None, environ=os.environ) -> Allocati
         raise ValueError(
             "--slurm-release works inside a Slurm job step (srun ermrun ...); without srun, drop it"
         )
-    client = EtcdClient(
-        list(settings.endpoints),
-        timeout=settings.etcd_timeout,
-        tls=settings.tls,
-        user=settings.user,
-        password=settings.password,
-    )
+    client = settings.etcd_client()
     release = AllocationRelease(client, settings.keys, node_id or slurm_node, job_id, slurm_node)
     release.start()
     return release

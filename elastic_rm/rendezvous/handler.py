@@ -41,7 +41,6 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousTimeoutError,
 )
 
-from ..etcd.client import EtcdClient
 from ..etcd.errors import EtcdAuthError, EtcdConnectionError, EtcdError
 from ..planner.interface import NodeMetrics, NodeState, RoundPolicy
 from ..planner.membership import MembershipPolicy
@@ -85,13 +84,7 @@ class ElasticRMRendezvousHandler(RendezvousHandler):
         for the policy (None: the leader does not follow metrics)."""
         self.settings = settings
         self._keys = settings.keys
-        self._client = EtcdClient(
-            list(settings.endpoints),
-            timeout=settings.etcd_timeout,
-            tls=settings.tls,
-            user=settings.user,
-            password=settings.password,
-        )
+        self._client = settings.etcd_client()
         try:
             self._client.ping(self._keys.run)  # only the run's prefix: a role may grant just that
         except EtcdAuthError as exc:

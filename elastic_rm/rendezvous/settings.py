@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 from ..checkpoint.peer_tls import PeerTls, peer_tls
-from ..etcd.client import TlsOptions, parse_endpoints
+from ..etcd.client import EtcdClient, TlsOptions, parse_endpoints
 from ..planner.job import reject_unknown
 from ..wire.keyspace import DEFAULT_PREFIX, Keyspace, validate_name
 
@@ -106,6 +106,16 @@ class RendezvousSettings:
     job: dict | None = None
     ckpt_tls: str = "auto"
     peer_probe_s: float = DEFAULT_LEASE_TTL  # 0: no probes (peer_probe.py)
+
+    def etcd_client(self) -> EtcdClient:
+        """A client of the run's etcd as these settings name it: endpoints, timeout, TLS, user."""
+        return EtcdClient(
+            list(self.endpoints),
+            timeout=self.etcd_timeout,
+            tls=self.tls,
+            user=self.user,
+            password=self.password,
+        )
 
     def checkpoint_tls(self) -> tuple[PeerTls | None, bool]:
         """(TLS files for the checkpoint servers, whether TLS is required); checked in from_parameters."""

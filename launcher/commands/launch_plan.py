@@ -111,16 +111,9 @@ def host_source(args: argparse.Namespace):
 
 def connect(settings, run_id: str):
     """The etcd client of this launcher, once etcd answered and the run is not closed."""
-    from elastic_rm.etcd.client import EtcdClient
     from elastic_rm.etcd.errors import EtcdError
 
-    client = EtcdClient(
-        list(settings.endpoints),
-        timeout=settings.etcd_timeout,
-        tls=settings.tls,
-        user=settings.user,
-        password=settings.password,
-    )
+    client = settings.etcd_client()
     try:
         client.ping()
         closed = client.get(settings.keys.closed) is not None
