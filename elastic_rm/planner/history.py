@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from .config import PlannerConfig
-from .job import JobSpec
+from .job import JobSpec, finite
 from .memory_model import estimate_node_memory, rescale_observed
 
 HISTORY_STATUSES = ("completed", "failed", "oom")
@@ -64,7 +64,7 @@ def parse_record(d: object, where: str = "history record") -> HistoryRecord:
         v = d.get(key, default)
         if v is None:
             raise HistoryError(f"{where}: missing field '{key}'")
-        if isinstance(v, bool) or not isinstance(v, int | float) or not _finite(v) or v < minimum:
+        if isinstance(v, bool) or not isinstance(v, int | float) or not finite(v) or v < minimum:
             raise HistoryError(f"{where}: field '{key}' must be a finite number >= {minimum}, got {v!r}")
         return float(v)
 
@@ -77,7 +77,7 @@ def parse_record(d: object, where: str = "history record") -> HistoryRecord:
     if not isinstance(coef, list) or (coef and len(coef) != 4):
         raise HistoryError(f"{where}: field 'coef' must be a list of 4 numbers or empty")
     # finite too: json.loads reads NaN and Infinity, and NaN < 0 is False (a NaN prior reached the model)
-    if any(isinstance(c, bool) or not isinstance(c, int | float) or not _finite(c) or c < 0 for c in coef):
+    if any(isinstance(c, bool) or not isinstance(c, int | float) or not finite(c) or c < 0 for c in coef):
         raise HistoryError(f"{where}: field 'coef' must hold finite non-negative numbers, got {coef!r:.80}")
     world = num("world_size", 1)
     if not world.is_integer():
@@ -96,13 +96,6 @@ def parse_record(d: object, where: str = "history record") -> HistoryRecord:
         coef=tuple(float(c) for c in coef),
         duration_s=num("duration_s", 0.0, 0.0),
     )
-
-
-def _finite(x: float) -> bool:
-    try:
-        return math.isfinite(x)
-    except OverflowError:  # an integer too large for a float
-        return False
 
 
 def major_cluster_mean(values: list[float]) -> float:

@@ -85,7 +85,7 @@ def _num(d: dict, key: str, where: str, kind: type = float, minimum: float = 0.0
     v = d[key]
     # finite, and within a float: json.load reads NaN and Infinity (NaN >= minimum is False, so a NaN
     # bandwidth reached the model) and 400-digit integers (float() of those raised OverflowError)
-    if isinstance(v, int | float) and not isinstance(v, bool) and not _finite(v):
+    if isinstance(v, int | float) and not isinstance(v, bool) and not finite(v):
         raise JobSpecError(f"{where}: field '{key}' must be a finite number, got {str(v)[:40]}")
     if isinstance(v, bool) or not isinstance(v, int | float) or (kind is int and not float(v).is_integer()):
         raise JobSpecError(
@@ -96,10 +96,13 @@ def _num(d: dict, key: str, where: str, kind: type = float, minimum: float = 0.0
     return kind(v)
 
 
-def _finite(v: float) -> bool:
+def finite(v: float) -> bool:
+    """math.isfinite, and False for an integer too large for a float (json.loads reads one; isfinite
+    raises OverflowError on it). For the planner's readers of numbers from JSON; wire, which may not
+    import this module, has its twin in wire/metrics.py."""
     try:
         return math.isfinite(v)
-    except OverflowError:  # an integer too large for a float
+    except OverflowError:
         return False
 
 

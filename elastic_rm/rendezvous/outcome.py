@@ -9,10 +9,10 @@ run measures it, the same way.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
+from ..planner.job import finite
 from ..wire.records import RoundRecord
 
 # A decided round's outcome is measured once every member reported steps for this long: one full window
@@ -72,10 +72,6 @@ def _throughput(value: object) -> float | None:
     """A round's ``throughput_before`` as written by its leader, else None (unknown). Any other value is
     unknown too: float() of a 400-digit integer raised OverflowError on every step of a new leader, and
     a NaN became an outcome record with a NaN gain."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not finite(value):
         return None
-    try:
-        before = float(value)
-    except OverflowError:
-        return None
-    return before if math.isfinite(before) else None
+    return float(value)

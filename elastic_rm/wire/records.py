@@ -7,7 +7,6 @@ Nothing read from etcd is unpickled or executed. A value that is not what we wro
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 from torch.distributed.elastic.rendezvous import RendezvousStateError
 
 from ..planner.interface import NodeState
+from .metrics import finite
 from .node_lists import COMPACT_AT, NodeListError, decode_ids, encode_ids
 
 VERSION = 1
@@ -77,16 +77,12 @@ def _number(key: str, data: dict[str, Any], name: str, default: Any = ...) -> An
     value = _field(key, data, name, (int, float), default)
     if name not in data:
         return value  # the default (a missing required field raised above)
-    try:
-        result = float(value)
-    except OverflowError:
-        result = math.inf
-    if not math.isfinite(result):
+    if not finite(value):
         raise RecordError(
             f"malformed value in etcd key {key}: field {name!r} must be a finite number, got "
             f"{str(value)[:40]}; delete or fix the key"
         )
-    return result
+    return float(value)
 
 
 def _optional_number(key: str, data: dict[str, Any], name: str) -> float | None:
@@ -96,10 +92,7 @@ def _optional_number(key: str, data: dict[str, Any], name: str) -> float | None:
         raise RecordError(
             f"malformed value in etcd key {key}: field {name!r} must be a number, got {value!r}"
         )
-    try:
-        return None if value is None or not math.isfinite(value) else float(value)
-    except OverflowError:
-        return None
+    return None if value is None or not finite(value) else float(value)
 
 
 def _count(key: str, data: dict[str, Any], name: str) -> int:
