@@ -1,16 +1,21 @@
 """A TCP proxy on loopback in front of one etcd member, for one client: `cut()` drops every connection
 through it and refuses new ones (that client's host partitioned from etcd while others keep writing),
-`heal()` lets connections through again. Threads only; every loop ends when its socket closes."""
+`heal()` lets connections through again. ``answer_delay_s``: each 64 KiB of the server's answers waits that
+long (0.01: about 6 MB/s, so a large read stays in flight while small messages pass at once), and
+``down_bytes`` counts them. Threads only; every loop ends when its socket closes."""
 
 from __future__ import annotations
 
 import socket
 import threading
+import time
 
 
 class CutoffProxy:
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, answer_delay_s: float = 0.0) -> None:
         host, port = target.rsplit(":", 1)
+        self._answer_delay_s = answer_delay_s
+        self.down_bytes = 0
         self._target = (host, int(port))
         self._listener = socket.create_server(("127.0.0.1", 0))
         self._listener.settimeout(0.2)
@@ -43,12 +48,16 @@ class CutoffProxy:
                 s.settimeout(None)
             with self._lock:
                 self._conns |= {down, up}
-            for a, b in ((down, up), (up, down)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+            for a, b, answers in ((down, up, False), (up, down, True)):
+                threading.Thread(target=self._pump, args=(a, b, answers), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, answers: bool) -> None:
         try:
             while data := src.recv(65536):
+                if answers:
+                    self.down_bytes += len(data)
+                    if self._answer_delay_s:
+                        time.sleep(self._answer_delay_s)
                 dst.sendall(data)
         except OSError:
             pass

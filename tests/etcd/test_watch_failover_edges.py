@@ -9,7 +9,6 @@ own cancellation and ended: no event under the prefix was delivered again, silen
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -18,69 +17,6 @@ from elastic_rm.etcd import fork
 from elastic_rm.etcd.client import EtcdClient, KeyValue, WatchEvent
 from elastic_rm.etcd.server import EtcdCluster
 from tests.etcd.cutoff_proxy import CutoffProxy
-
-
-class SlowProxy:
-    """A loopback TCP proxy whose answers (server to client) trickle at about 6 MB/s: a large read stays
-    in flight for a while, small messages pass at once. Threads only; every loop ends with its socket."""
-
-    def __init__(self, target: str) -> None:
-        host, port = target.rsplit(":", 1)
-        self._target = (host, int(port))
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self._listener.settimeout(0.2)
-        self.endpoint = f"127.0.0.1:{self._listener.getsockname()[1]}"
-        self._stop = threading.Event()
-        self._socks: list[socket.socket] = []
-        self.down_bytes = 0
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                down, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            up = socket.create_connection(self._target, timeout=2)
-            for s in (down, up):
-                s.settimeout(None)
-            self._socks += [down, up]
-            threading.Thread(target=self._pump, args=(down, up, False), daemon=True).start()
-            threading.Thread(target=self._pump, args=(up, down, True), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket, slow: bool) -> None:
-        try:
-            while not self._stop.is_set() and (data := src.recv(65536)):
-                if slow:
-                    self.down_bytes += len(data)
-                    time.sleep(0.01)
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                s.close()
-
-    def __enter__(self) -> SlowProxy:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._listener.close()
-        for s in list(self._socks):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
-        self._thread.join(5)
 
 
 def wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
@@ -93,7 +29,7 @@ def wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
 def test_a_watch_resyncing_when_a_failover_closes_its_channel_resumes_on_the_new_one() -> None:
     with (
         EtcdCluster(size=1) as cluster,  # compacts: not the shared one
-        SlowProxy(cluster.endpoint) as slow,
+        CutoffProxy(cluster.endpoint, answer_delay_s=0.01) as slow,  # never cut
         CutoffProxy(cluster.endpoint) as other,  # a second endpoint to fail over to (never cut)
         EtcdClient(cluster.endpoint, timeout=5) as writer,
         EtcdClient([slow.endpoint, other.endpoint], timeout=10) as client,

@@ -30,6 +30,29 @@ def client(etcd):
         yield c
 
 
+def one_host_executor(client, run_id, host: Host, start, say, discover=None) -> tuple[Executor, HostPool]:
+    """An executor of a run of which nothing is in etcd (no demand, round, node registered or close) over
+    ``host`` and its pool; with ``discover``, the host list it reads again at every tick."""
+    pool = HostPool()
+    pool.add(host)
+    if discover is None:
+        config, extra = ExecutorConfig(1, 1), {}
+    else:
+        config = ExecutorConfig(1, 1, discovery_interval_s=0)
+        extra = {"discover": discover, "known_hosts": [host]}
+    executor = Executor(
+        client,
+        Keyspace("/elastic-rm", run_id),
+        pool,
+        start,
+        EventLog("r1", "erm-launch"),
+        config,
+        say,
+        **extra,
+    )
+    return executor, pool
+
+
 class _Node:
     """A started node as the executor sees it; ends only when the test says so."""
 
@@ -68,19 +91,7 @@ def test_a_host_back_in_the_discovery_output_waits_for_its_stopping_node_to_end(
         started.append(_Node(host))
         return started[-1]
 
-    pool = HostPool()
-    pool.add(h1)
-    executor = Executor(
-        client,  # a run of nothing in etcd: no demand, no round, no node registered, not closed
-        Keyspace("/elastic-rm", run_id),
-        pool,
-        start,
-        EventLog("r1", "erm-launch"),
-        ExecutorConfig(1, 1, discovery_interval_s=0),
-        lambda _: None,
-        discover=lambda: answers.pop(0),
-        known_hosts=[h1],
-    )
+    executor, _ = one_host_executor(client, run_id, h1, start, lambda _: None, lambda: answers.pop(0))
     executor.tick()  # h1 listed: its node starts
     executor.tick()  # h1 gone: its node is told to stop
     assert len(started) == 1 and started[0].stopping
@@ -212,19 +223,8 @@ def test_a_discovery_script_that_keeps_failing_is_warned_about_once_per_spell(cl
     failing = 'echo "lookup failed at $(date +%s%N)" >&2; exit 1'
     scripts = [failing] * 4 + ["echo h1"] + [failing] * 2
     said: list[str] = []
-    pool = HostPool()
-    pool.add(h1)
-    executor = Executor(
-        client,  # a run of nothing in etcd: no demand, no round, no node registered, not closed
-        Keyspace("/elastic-rm", run_id),
-        pool,
-        _Node,
-        EventLog("r1", "erm-launch"),
-        ExecutorConfig(1, 1, discovery_interval_s=0),
-        said.append,
-        discover=lambda: run_discovery(scripts.pop(0), 10),
-        known_hosts=[h1],
-    )
+    discover = lambda: run_discovery(scripts.pop(0), 10)  # noqa: E731
+    executor, pool = one_host_executor(client, run_id, h1, _Node, said.append, discover)
     for _ in range(7):
         executor.tick()
     warnings = [s for s in said if "keeping the last host list" in s]
@@ -259,20 +259,11 @@ def test_a_node_that_fails_after_a_long_output_line_is_reported_not_a_crash(clie
     from elastic_rm.launch.node import RemoteNode
 
     h1 = Host("h1", "127.0.0.1")
-    pool = HostPool()
-    pool.add(h1)
     long_lines = "print('\\U0001f600' * 20000); print('loss ' + 'x' * 20000); print('\\r' * 9000 + 'y')"
     argv = [sys.executable, "-c", f"{long_lines}; raise SystemExit(3)"]
     said: list[str] = []
-    executor = Executor(
-        client,  # a run of nothing in etcd: no demand, no round, no node registered, not closed
-        Keyspace("/elastic-rm", run_id),
-        pool,
-        lambda host: RemoteNode(host, argv, lambda line: None),
-        EventLog("r1", "erm-launch"),
-        ExecutorConfig(1, 1),
-        said.append,
-    )
+    start = lambda host: RemoteNode(host, argv, lambda line: None)  # noqa: E731
+    executor, _ = one_host_executor(client, run_id, h1, start, said.append)
     try:
         executor.tick()  # starts the node
         deadline = time.monotonic() + 30
