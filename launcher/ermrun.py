@@ -20,6 +20,8 @@ from launcher.early_spares import EarlySpares
 
 if TYPE_CHECKING:
     from elastic_rm.agent.agent import AgentOptions, ElasticRMAgent
+    from elastic_rm.launch.static_form import StaticForm
+    from elastic_rm.rendezvous.settings import RendezvousSettings
 
 log = logging.getLogger("ermrun")
 
@@ -195,14 +197,24 @@ def _add_rdzv_conf(args: argparse.Namespace, **values: object) -> None:
         args.rdzv_conf = f"{args.rdzv_conf},{extra}" if args.rdzv_conf else extra
 
 
-def prepare(args: argparse.Namespace) -> bool:
-    """Apply ermrun's defaults to torch's namespace. True when an embedded etcd is needed."""
+def prepare(args: argparse.Namespace) -> tuple[bool, StaticForm | None]:
+    """Apply ermrun's defaults to torch's namespace. Whether this ermrun starts an embedded etcd, and
+    torchrun's static multi-node form when the flags ask for it (elastic_rm.launch.static_form: node
+    rank 0 starts the etcd at --master-addr:--master-port, the others join it there)."""
     from torch.distributed.run import parse_min_max_nnodes
 
+    from elastic_rm.launch.static_form import static_form
     from elastic_rm.rendezvous.backend import BACKEND
 
     embedded = False
     _check_nnodes(args.nnodes)
+    form = None
+    if not args.standalone:
+        form = static_form(args, BACKEND, parse_min_max_nnodes(args.nnodes)[1])
+    if form is not None and not form.hosts_etcd:
+        args.rdzv_endpoint = form.endpoint
+    if form is not None:
+        args.node_rank = 0  # used here; torch's parsing would warn that it ignores it
     if args.standalone:
         if args.rdzv_endpoint:
             raise ValueError(
@@ -224,7 +236,7 @@ def prepare(args: argparse.Namespace) -> bool:
         os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")  # torch 2.13 scale-up deadlock
     if args.rdzv_backend == BACKEND:
         add_settings_flags(args)
-    return embedded
+    return embedded, form
 
 
 def _check_nnodes(nnodes: str) -> None:
@@ -339,17 +351,28 @@ def _launch(args: argparse.Namespace, options: AgentOptions, progress, early: Ea
     from elastic_rm.agent.http import EndpointError
     from elastic_rm.etcd.errors import EtcdError
     from elastic_rm.etcd.server import EtcdServer, EtcdServerError
+    from elastic_rm.launch.static_form import check_port_free
 
     early.release_sigterm()  # from here on what ermrun starts is stopped by its own cleanup
     try:
-        embedded = prepare(args)
+        embedded, form = prepare(args)
     except ValueError as exc:
         return _fail(str(exc))
     server = None
     log_dir = None
     release = None
     try:
-        if embedded:
+        if form is not None and form.hosts_etcd:  # every interface, as torchrun's master store listens
+            check_port_free(form)
+            server = EtcdServer(
+                binary=args.etcd_binary,
+                host="0.0.0.0",
+                advertise_host=form.master_addr,
+                client_port=form.master_port,
+            ).start()
+            args.rdzv_endpoint = form.endpoint
+            log.info("node rank 0: the run's etcd listens at %s for the other nodes", form.endpoint)
+        elif embedded:
             server = EtcdServer(binary=args.etcd_binary).start()
             args.rdzv_endpoint = server.endpoint
         from torch.distributed.run import config_from_args
@@ -364,7 +387,15 @@ def _launch(args: argparse.Namespace, options: AgentOptions, progress, early: Ea
         if config.nproc_per_node < 1:  # else reported as "--rdzv-conf nproc=0", a flag not given
             return _fail(f"--nproc-per-node must be at least 1, got {args.nproc_per_node}")
         config.rdzv_configs.setdefault("nproc", config.nproc_per_node)
-        if server is not None and config.max_nodes > 1:
+        if form is not None and not form.hosts_etcd:
+            try:
+                _wait_for_master(form, _settings(config).join_timeout)
+            except KeyboardInterrupt:
+                print(
+                    f"ermrun: interrupted while waiting for {form.endpoint}; nothing started", file=sys.stderr
+                )
+                return 130
+        if server is not None and form is None and config.max_nodes > 1:
             log.warning(
                 "embedded etcd at %s (loopback only): start the other nodes on this machine with "
                 "--rdzv-endpoint %s --rdzv-id %s, or run `erm etcd` for a multi-host job",
@@ -431,13 +462,33 @@ def _launch(args: argparse.Namespace, options: AgentOptions, progress, early: Ea
             release.give_back()
 
 
+def _wait_for_master(form: StaticForm, timeout: float) -> None:
+    """A node of the static form waits for node rank 0's etcd up to the rendezvous' join timeout."""
+    from elastic_rm.launch.static_form import wait_for_master
+
+    def waiting(why: str) -> None:
+        log.warning("waiting for node rank 0's etcd at %s (up to %.0fs): %s", form.endpoint, timeout, why)
+
+    waited = wait_for_master(form, timeout, on_wait=waiting)
+    if waited >= 1:
+        log.warning("node rank 0's etcd at %s answered after %.1fs", form.endpoint, waited)
+
+
 def _slurm_release(args: argparse.Namespace, config):
     """With --slurm-release, the thread that gives this node back to Slurm when the run no longer uses it."""
     if not args.slurm_release:
         return None
+    from elastic_rm.launch.slurm_release import start_release
+
+    settings = _settings(config)
+    return start_release(settings, settings.node_id)
+
+
+def _settings(config) -> RendezvousSettings:
+    """The rendezvous settings the agent's handler will read from torch's launch config (checked: a bad
+    --rdzv-conf value raises ValueError naming it)."""
     from torch.distributed.elastic.rendezvous import RendezvousParameters
 
-    from elastic_rm.launch.slurm_release import start_release
     from elastic_rm.rendezvous.backend import BACKEND
     from elastic_rm.rendezvous.settings import RendezvousSettings
 
@@ -449,8 +500,7 @@ def _slurm_release(args: argparse.Namespace, config):
         config.max_nodes,
         **config.rdzv_configs,
     )
-    settings = RendezvousSettings.from_parameters(params)
-    return start_release(settings, settings.node_id)
+    return RendezvousSettings.from_parameters(params)
 
 
 def _sigterm_leaves() -> None:

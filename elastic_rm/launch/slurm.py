@@ -7,7 +7,8 @@ Inside ``srun`` (one task per node), every ermrun of the step agrees without fla
 - ``--rdzv-id``: ``slurm-<job id>-<step id>``;
 - ``--node-id``: the Slurm node name (``SLURMD_NODENAME``; ``-<local id>`` added for a second task on a node);
 - ``--rdzv-endpoint``: ``<first node of the step>:2379``, where the sbatch script runs ``erm etcd`` (the
-  batch script runs on the first node of the allocation; docs/launch.md has the sbatch example).
+  batch script runs on the first node of the allocation; docs/launch.md has the sbatch example), unless
+  torchrun's static form names the etcd's place (``--master-addr``, :mod:`.static_form`).
 
 Flags given on the command line (or through PET_* variables) always win. ``ERM_SLURM=0`` turns this off.
 Node lists are expanded by ``scontrol show hostnames`` when it exists, else by :func:`expand_hostlist`.
@@ -130,6 +131,7 @@ def apply_slurm(
     if not in_srun(env) or getattr(args, "standalone", False):
         return []
     from ..rendezvous.backend import BACKEND
+    from .static_form import master_given
 
     if args.rdzv_backend != BACKEND:
         return []
@@ -147,7 +149,8 @@ def apply_slurm(
     if default("node_id"):
         args.node_id = node_id(env)
         taken.append(f"--node-id {args.node_id}")
-    if default("rdzv_endpoint") and args.nnodes not in ("1", "1:1"):
+    # torchrun's static form (--master-addr...) names its own etcd: node rank 0 starts it (static_form)
+    if default("rdzv_endpoint") and args.nnodes not in ("1", "1:1") and not master_given(args):
         args.rdzv_endpoint = f"{node_list(env)[0]}:{ETCD_PORT}"
         taken.append(f"--rdzv-endpoint {args.rdzv_endpoint}")
     return taken
