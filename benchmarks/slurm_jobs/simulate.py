@@ -31,7 +31,9 @@ DENSE = 1_000_000
 SEED = 1
 # ours-fixed-size is the planner with the user's per-node CPU and memory: as live, where erm launch applies
 # the planner's node count but not its per-node budgets (ours also resizes the nodes at round boundaries)
-POLICIES = ("static", "ours", "ours-fixed-size")
+# ours-fixed-size-call-in: the same with early starts called in by later jobs, a launcher behaviour that
+# erm launch does not have yet (elastic_rm/planner/sim/engine.py): what it would change on this trace
+POLICIES = ("static", "ours", "ours-fixed-size", "ours-fixed-size-call-in")
 LIVE_LIKE = "ours-fixed-size"
 
 
@@ -99,6 +101,7 @@ def simulate(trace=TRACE) -> dict:
             # each job's first step, live seconds from the trace's start: who started before whom
             "start_s": {j.trace.job_id: j.start_s / SCALE for j in done},
             "rounds_per_job": sum(j.rounds for j in run) / len(run),
+            "called_in": sorted(j.trace.job_id for j in run if j.called_in),
             "per_job_ratio": per_job[name],
             "max_job_ratio": max(per_job[name].values()),
         }

@@ -119,9 +119,34 @@ def test_simulation_finishes_and_accounts(small_runs):
     assert "mean JCT (h)" in table(s)
 
 
-def test_simulation_is_deterministic(small_runs):
-    jobs, runs = small_runs
-    again = Simulator(jobs, SMALL, "ours", 2).run()
+@pytest.fixture(scope="module")
+def ours_again(small_runs):
+    """small_runs' "ours" run once more, on the same jobs, with what its ticks saw recorded: the run
+    test_simulation_is_deterministic compares and test_snapshots_carry_the_queue_the_cluster_had reads
+    (one simulation for both; the recording only reads the simulator's state)."""
+    jobs, _ = small_runs
+    sim = Simulator(jobs, SMALL, "ours", 2)
+    seen, tick = [], sim._policy_tick
+    ticks = []
+
+    def record(job, now):
+        seen.append((now, sim._snapshot(job, now).waiting_nodes))
+        return tick(job, now)
+
+    sim._policy_tick = record
+    account = sim._account
+
+    def after_tick(running, now, queued):
+        ticks.append((now, sim.waiting, queued))
+        return account(running, now, queued)
+
+    sim._account = after_tick
+    return sim, sim.run(), seen, ticks
+
+
+def test_simulation_is_deterministic(small_runs, ours_again):
+    _, runs = small_runs
+    _, again, _, _ = ours_again
     assert [(j.status, j.end_s, j.rounds) for j in again] == [
         (j.status, j.end_s, j.rounds) for j in runs["ours"]
     ]
@@ -157,26 +182,9 @@ def test_binary_or_empty_trace_is_an_error_not_a_crash(tmp_path):
         load_trace(str(p))
 
 
-def test_snapshots_carry_the_queue_the_cluster_had():
+def test_snapshots_carry_the_queue_the_cluster_had(ours_again):
     """``waiting_nodes`` in every snapshot is what the jobs queued at the previous tick's end asked for."""
-    jobs = generate(30, 2, SMALL)
-    sim = Simulator(jobs, SMALL, "ours", 2)
-    seen, tick = [], sim._policy_tick
-    ticks = []
-
-    def record(job, now):
-        seen.append((now, sim._snapshot(job, now).waiting_nodes))
-        return tick(job, now)
-
-    sim._policy_tick = record
-    account = sim._account
-
-    def after_tick(running, now, queued):
-        ticks.append((now, sim.waiting, queued))
-        return account(running, now, queued)
-
-    sim._account = after_tick
-    sim.run()
+    sim, _, seen, ticks = ours_again
     by_tick = {now: w for now, w, _ in ticks}
     assert any(q for _, _, q in ticks), "the small cluster queued jobs"
     assert all((w > 0) == (q > 0) for _, w, q in ticks)
@@ -251,3 +259,40 @@ def test_an_elastic_start_below_its_size_leaves_a_later_job_its_backfill(policy)
     assert static[big].start_s > 0.0  # static: the 3-node job waits for the long one
     assert elastic[long_job].start_s == elastic[small].start_s == 0.0
     assert elastic[small].end_s <= static[small].end_s
+
+
+def test_an_early_start_below_its_size_is_called_in_by_a_later_job_that_would_backfill():
+    """Four whole-machine slots: a long 2-node job and one asking for 3 that starts on the 2 left (short),
+    then, later, a 2-node job. Static would have run the later job on those 2 nodes (the 3-node one still
+    waiting); with call-in the short start gives them back at once and resumes afterwards, once."""
+    spec = ClusterSpec(machines=4)
+    base = generate(3, 5, spec)
+    shapes = [(2, 2, 2, 6.0, 0.0), (3, 1, 3, 3.0, 0.0), (2, 2, 2, 1.0, 600.0)]  # nodes, min, max, work, t
+    jobs = [
+        j.__class__(
+            **{
+                **j.__dict__,
+                "submit_s": at,
+                "gpus_per_node": spec.gpus,
+                "req_nodes": n,
+                "req_min_nodes": lo,
+                "req_max_nodes": hi,
+                "req_cpu_per_node": 8.0,
+                "req_mem_gib_per_node": 1.5 * mem_used(j, hi, 1.0) / GIB,
+                "work_samples": j.work_samples * work,
+                "error_at_frac": 0.0,
+            }
+        )
+        for j, (n, lo, hi, work, at) in zip(base, shapes, strict=True)
+    ]
+    calm = Instability(fail_per_node_h=0.0, straggler_per_node_h=0.0)
+    plain = {j.trace.job_id: j for j in Simulator(jobs, spec, "ours-fixed-size", 5, calm).run()}
+    called = {j.trace.job_id: j for j in Simulator(jobs, spec, "ours-fixed-size-call-in", 5, calm).run()}
+    long_job, short, later = (j.job_id for j in jobs)
+    for run in (plain, called):
+        assert run[short].start_s == 0.0 and run[short].started_short and not run[long_job].started_short
+    assert not plain[short].called_in and plain[later].start_s > 600.0  # it waits for nodes to free
+    assert called[short].called_in and called[later].start_s == 600.0  # at its arrival's tick
+    assert all(j.status == "completed" for j in called.values())
+    assert called[later].end_s < plain[later].end_s
+    assert sum("called in by" in d for d in called[short].decisions) == 1

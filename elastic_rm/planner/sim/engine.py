@@ -8,6 +8,13 @@ well-sized job should not wait longer for the elastic one's sake. While any job 
 nodes only up to what its user requested (replacements), so elastic growth uses capacity nobody else is
 waiting for.
 
+The call-in ablations (``ours-call-in``, ``ours-fixed-size-call-in``) model a launcher behaviour that
+erm launch does not have yet: an early start below the start size borrows nodes that a job arriving later
+would have backfilled onto under static. Between the two passes, a queued job whose whole start size
+would fit on the free nodes plus those of running jobs that started short before it arrived calls them
+in: those jobs stop (drained, their progress kept as by a final checkpoint), queue again ahead of the
+others, and resume through the usual passes; each job is called in at most once.
+
 Time advances in fixed ticks (default 60 s); arrivals, node failures and straggler episodes are events
 drawn from one seeded numpy Generator when a slice is created, so a run is reproducible. Every policy sees
 the same trace and the same per-job random streams (seeded by job id), so differences come from
@@ -36,8 +43,9 @@ from .trace import TraceJob
 from .truth import hurt, mem_used, step
 
 POLICIES = ("static", "optimus", "ours")
-ABLATIONS = ("ours-fixed-size", "ours-no-queue")  # our planner with the user's per-node CPU and memory;
-# our planner told nothing of the cluster's queue (waiting_nodes None)
+ABLATIONS = ("ours-fixed-size", "ours-no-queue", "ours-call-in", "ours-fixed-size-call-in")
+# our planner with the user's per-node CPU and memory; told nothing of the cluster's queue (waiting_nodes
+# None); and either of the first two with early starts called in by later jobs (the module docstring)
 
 
 class Simulator:
@@ -56,7 +64,9 @@ class Simulator:
         if policy not in POLICIES + ABLATIONS:
             raise ValueError(f"unknown policy {policy!r}; one of {POLICIES + ABLATIONS}")
         self.planner = policy.startswith("ours")
-        self.sizes = policy in ("ours", "ours-no-queue")  # the cluster applies the planner's per-node budgets
+        # the cluster applies the planner's per-node budgets
+        self.sizes = policy in ("ours", "ours-no-queue", "ours-call-in")
+        self.call_in = policy.endswith("-call-in")
         self.spec, self.policy, self.seed = spec, policy, seed
         self.inst = inst or Instability()
         self.tick, self.every, self.horizon = tick_s, policy_every, horizon_s
@@ -151,6 +161,8 @@ class Simulator:
                         queue.remove(j)
                         running.append(j)
                         self._policy_tick(j, now)
+                if whole and self.call_in:
+                    self._call_in(queue, running, now)
             for j in running:
                 want = self._target(j) - len(j.nodes)
                 if queue:  # beyond its request a job grows only into capacity nobody waits for
@@ -182,13 +194,17 @@ class Simulator:
         cpu, mem = self._size(job)
         return Cluster(self.spec).can_fit_count(cpu, mem, job.trace.gpus_per_node) < lo
 
+    def _start_size(self, job: SimJob, now: float) -> int:
+        """The nodes a queued job starts with when they are free (the planner's stage 1 sizes it first)."""
+        if self.planner and job.pstate.start is None:
+            job.pstate = job.policy.step(self._snapshot(job, now), job.pstate)[1]  # stage 1 only: sizes
+        return self._target(job)
+
     def _try_start(self, job: SimJob, now: float, whole: bool = False) -> bool:
         """Start ``job`` with up to its start size if at least its minimum fits (``whole``: only if all of
         its start size fits, the backfill pass)."""
         lo, _ = self._bounds(job)
-        if self.planner and job.pstate.start is None:
-            job.pstate = job.policy.step(self._snapshot(job, now), job.pstate)[1]  # stage 1 only: sizes
-        want = self._target(job)
+        want = self._start_size(job, now)
         need = max(want, lo) if whole else lo
         cpu, mem = self._size(job)
         if self.cluster.can_fit_count(cpu, mem, job.trace.gpus_per_node) < need:
@@ -199,8 +215,46 @@ class Simulator:
             for nid in list(job.nodes):
                 self._drop_node(job, nid)
             return False
-        job.status, job.start_s = "running", now
+        if math.isnan(job.start_s):  # a first start (not a resume after a call-in)
+            job.start_s, job.started_short = now, len(job.nodes) < max(want, lo)
+        job.status = "running"
         return True
+
+    def _call_in(self, queue: list[SimJob], running: list[SimJob], now: float) -> None:
+        """After the backfill pass: each queued job (in order) whose whole start size fits on the free
+        nodes plus those of running jobs that started short before it arrived (newest first, as few as
+        it takes) calls them in and starts (the module docstring)."""
+        for j in list(queue):
+            if j.called_in:  # a job called in waits for the passes, not for others' nodes
+                continue
+            need = max(self._start_size(j, now), self._bounds(j)[0])
+            cpu, mem = self._size(j)
+            got = self.cluster.can_fit_count(cpu, mem, j.trace.gpus_per_node)
+            if got >= need:
+                continue  # it starts in the passes
+            lenders = [
+                r for r in running if r.started_short and not r.called_in and r.start_s < j.trace.submit_s
+            ]
+            chosen = []
+            for r in sorted(lenders, key=lambda r: -r.start_s):
+                if got >= need:
+                    break
+                chosen.append(r)
+                got += len(r.nodes)  # the same node slices (an approximation where sizes differ)
+            if got < need or not chosen:
+                continue
+            for r in chosen:
+                for nid in list(r.nodes):
+                    self._drop_node(r, nid)
+                r.members, r.standby, r.status, r.called_in = [], [], "queued", True
+                running.remove(r)
+                queue.insert(0, r)
+                if len(r.decisions) < 50:
+                    r.decisions.append(f"{now:.0f}s: called in by {j.trace.job_id}")
+            if self._try_start(j, now, whole=True):
+                queue.remove(j)
+                running.append(j)
+                self._policy_tick(j, now)
 
     def _crash(self, job: SimJob, now: float) -> None:
         """Workers died: lose training since the last checkpoint, restart."""

@@ -91,5 +91,7 @@ class SimJob:
     step: Step | None = None  # the latest simulated step (what the agents would report)
     queued_behind_lent_s: float = 0.0  # node-seconds other jobs held past their request while this one queued
     peak_lent: int = 0  # the most nodes this job held past its request
+    started_short: bool = False  # its first start had fewer nodes than its start size
+    called_in: bool = False  # it gave its nodes back to a later job once (Simulator, "call-in")
     round_started: float = 0.0  # when the current round's (or restart's) first step ran
     node_s: float = 0.0  # node-seconds held (members, standby and nodes not yet released)
