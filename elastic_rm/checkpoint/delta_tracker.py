@@ -53,6 +53,15 @@ def _table_configs(module: nn.Module) -> tuple[str, list[Any]] | None:
     return None
 
 
+def _state_prefix(name: str) -> str:
+    """The state-dict prefix (with its dot; "" at the root) of the DMP's module `name`: the DMP's and a
+    DDP's wrappers are not in the keys. A collection sharded as the DMP's own module is named
+    "_dmp_wrapped_module", whose tables are keyed "embedding_bags.<table>.weight"."""
+    for wrapper in ("_dmp_wrapped_module", "module"):
+        name = "" if name == wrapper else name.removeprefix(wrapper + ".")
+    return f"{name}." if name else ""
+
+
 class TouchedRows:
     """Records the rows a DMP's sharded tables look up. Keys of `tables` are the tables' weight keys in
     the DMP's state dict; values are their row counts."""
@@ -71,10 +80,10 @@ class TouchedRows:
             found = _table_configs(module)
             if found is None or "Sharded" not in type(module).__name__:
                 continue
-            prefix = name.removeprefix("_dmp_wrapped_module.").removeprefix("module.")
+            prefix = _state_prefix(name)
             attr, configs = found
             for cfg in configs:
-                key = f"{prefix}.{attr}.{cfg.name}.weight"
+                key = f"{prefix}{attr}.{cfg.name}.weight"
                 self.tables[key] = int(cfg.num_embeddings)
                 for feature in cfg.feature_names:
                     self._feature_table[feature] = key

@@ -22,6 +22,8 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import math
+import numbers
 import os
 import re
 import shutil
@@ -89,6 +91,15 @@ log = logging.getLogger(__name__)
 CPU_PARTS = ("pause", "fold", "memory", "replicate", "gather", "roll", "persist")
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    """An integer or a float, not a bool (NaN included: the callers' comparisons refuse it)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def _default_run_id() -> str:
     return os.environ.get("ERM_RUN_ID") or os.environ.get("TORCHELASTIC_RUN_ID") or "default"
 
@@ -127,17 +138,32 @@ class FlashConfig:
     compact_ratio: float = 1.0  # a chain's deltas past this many times its base's bytes: next save folds
 
     def __post_init__(self) -> None:
+        # checked here, not where they are used: a bad value would otherwise surface in the background
+        # thread of the first save (a TypeError of a slice), or not at all (a NaN keep_memory passes
+        # every comparison as False: node memory was never pruned, and a NaN keep_durable pruned the
+        # durable copy's every step, the one just persisted included)
         for name in ("keep_memory", "keep_durable"):
-            if getattr(self, name) < 1:  # 0 would prune every step, the one just committed included
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:  # 0 would prune every step, the one just committed included
                 raise ValueError(
-                    f"FlashConfig.{name} must be >= 1 (got {getattr(self, name)}): how many of the newest "
+                    f"FlashConfig.{name} must be >= 1, an integer (got {value!r}): how many of the newest "
                     "steps to keep (with the chains they need); 1 keeps only the newest"
                 )
-        if not self.compact_ratio > 0:
+            setattr(self, name, int(value))  # numpy's integers too: the keep goes into JSON and URLs
+        if not _is_int(self.persist_every) or self.persist_every < 1:
             raise ValueError(
-                f"FlashConfig.compact_ratio must be > 0 (got {self.compact_ratio}); 1.0 starts a new base "
-                "once a chain's deltas hold as many bytes as its base"
+                f"FlashConfig.persist_every must be >= 1, an integer (got {self.persist_every!r}): every "
+                "n-th flash save is persisted to durable_dir (durable_dir=None persists none)"
             )
+        if not _is_number(self.compact_ratio) or not self.compact_ratio > 0:
+            raise ValueError(
+                f"FlashConfig.compact_ratio must be > 0, a number (got {self.compact_ratio!r}); 1.0 starts a "
+                "new base once a chain's deltas hold as many bytes as its base"
+            )
+        for name in ("timeout_s", "peer_timeout_s"):
+            value = getattr(self, name)
+            if not _is_number(value) or not 0 < value < math.inf:
+                raise ValueError(f"FlashConfig.{name} must be a finite number of seconds > 0 (got {value!r})")
 
     def root(self) -> Path:
         return Path(self.memory_root) if self.memory_root is not None else run_memory_dir(self.run_id)
@@ -192,6 +218,11 @@ class FlashCheckpointer:
         self.nodes = sorted(set(self.rank_nodes))
         self.leader = self.rank_nodes.index(self.node) == self.rank
         self.node_dir = self.cfg.root() / self.node
+        # a directory the saves cannot write is said here, on every rank: found by the first save, it
+        # failed in the background, and the other ranks then waited at its barrier for timeout_s
+        problems = [p for p in all_gather_json(self._dir_problems(), self.pg) if p]
+        if problems:
+            raise ValueError("flash checkpoint: " + "; ".join(dict.fromkeys(problems)))
         if self.leader and self.node_dir.is_dir():
             recover_fold(self.node_dir)  # a fold a crash interrupted is finished (or dropped) first
         dist.barrier(group=self.pg)
@@ -234,6 +265,26 @@ class FlashCheckpointer:
         self._timeline: timeline.Key = timeline.ORIGIN
         self._peer_clients: dict[PeerEndpoint, PeerClient] = {}  # one kept connection per peer
 
+    def _dir_problems(self) -> str | None:
+        """Why the saves could not write this node's memory directory (on a node's first rank) or the
+        durable directory (on rank 0): a path through a file, or one not writable; None: no problem.
+        Nothing is created: the nearest existing directory on the way must be writable."""
+        wanted = []
+        if self.leader:
+            name = "FlashConfig.memory_root" if self.cfg.memory_root is not None else "node memory"
+            wanted.append((name, self.node_dir))
+        if self.rank == 0 and self.cfg.durable_dir is not None:
+            wanted.append(("FlashConfig.durable_dir", Path(self.cfg.durable_dir)))
+        for name, path in wanted:
+            at = path
+            while not at.exists() and at != at.parent and not at.is_symlink():
+                at = at.parent
+            if at.exists() and not at.is_dir():
+                return f"{name} ({path}): {at} is not a directory"
+            if at.is_dir() and not os.access(at, os.W_OK | os.X_OK):
+                return f"{name} ({path}): {at} is not writable by this process"
+        return None
+
     @property
     def memory_peak_bytes(self) -> int:
         """This node directory's bytes at their largest (its own steps, the replicas it keeps, temp
@@ -261,7 +312,19 @@ class FlashCheckpointer:
 
         ``block``: return once committed. It snapshots too: writing the live state instead copies as
         much (DCP clones a tensor that views a larger storage, as TorchRec's fused tables do) into new
-        memory at every save, and a kept worker grew more over 20 rounds in place (docs/benchmarks.md)."""
+        memory at every save, and a kept worker grew more over 20 rounds in place (docs/benchmarks.md).
+
+        A save that raises (here, or the previous save's error that wait() raises) leaves no chain to
+        extend: the rows it took from the tracker are in no checkpoint, so the next save is a new base."""
+        if not _is_int(step) or step < 0:  # -1 made "step--0000001", which no listing, restore or prune sees
+            raise ValueError(f"flash checkpoint: step must be an integer >= 0 (got {step!r})")
+        try:
+            return self._save(int(step), position, block)  # int: numpy's does not go into JSON
+        except BaseException:
+            self._chain = None  # a delta on the old chain would miss the rows taken (a silent restore)
+            raise
+
+    def _save(self, step: int, position: dict[str, Any] | None, block: bool) -> SaveStats:
         t0 = time.perf_counter()
         self.wait()
         waited = time.perf_counter() - t0
@@ -303,7 +366,12 @@ class FlashCheckpointer:
                 snap.tables_full,
             )
         else:
-            if self._touched is not None:
+            if self._touched is not None and not self._touched.attached:
+                # a save after close() (ElasticTraining closes at the end of each steps() call, and a
+                # script may call it again): the rows looked up since went unrecorded, so this save is a
+                # new base, and the saves after it are deltas again (they were all full)
+                self._touched = TouchedRows(self.dmp)
+            elif self._touched is not None:
                 self._touched.forget()  # a full save holds every row
             self._snap.bytes_copied = 0
             snap = self._snap.snapshot(app_state(self.dmp, self.dense_optimizer))
@@ -456,6 +524,9 @@ class FlashCheckpointer:
         except BaseException as e:  # surfaced by wait()
             log.exception("flash checkpoint of step %d failed", step)
             self._error = e
+            if self.leader:  # what the save wrote (no space left, say) must not hold node memory until
+                # a later save succeeds: kept, it took the room that save needed
+                shutil.rmtree(self.node_dir / (step_dirname(step) + ".tmp"), ignore_errors=True)
 
     @staticmethod
     def _extended(chain: dict[str, Any] | None, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -733,21 +804,27 @@ class FlashCheckpointer:
         durable = Path(self.cfg.durable_dir)
         tmp = durable / (step_dirname(step) + ".tmp")
         sync = self.cfg.sync_durable
+        try:
+            if self.rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)
+            dist.barrier(group=self.pg)
+            src = self.node_dir / step_dirname(step)
+            if self.leader:
+                for name, entry in manifest["files"].items():
+                    if entry["node"] == self.node:
+                        copy_file(src / name, tmp / name, sync=sync)
+            dist.barrier(group=self.pg)
+            if self.rank == 0:
+                if DCP_METADATA in manifest["files"]:
+                    copy_file(src / DCP_METADATA, tmp / DCP_METADATA, sync=sync)
+                copy_file(src / MANIFEST, tmp / MANIFEST, sync=sync)
+                publish_dir(tmp, durable / step_dirname(step), sync=sync)
+        except BaseException:
+            if self.rank == 0:  # a copy cut short (no space left on the durable disk) does not stay there
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
         if self.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        dist.barrier(group=self.pg)
-        src = self.node_dir / step_dirname(step)
-        if self.leader:
-            for name, entry in manifest["files"].items():
-                if entry["node"] == self.node:
-                    copy_file(src / name, tmp / name, sync=sync)
-        dist.barrier(group=self.pg)
-        if self.rank == 0:
-            if DCP_METADATA in manifest["files"]:
-                copy_file(src / DCP_METADATA, tmp / DCP_METADATA, sync=sync)
-            copy_file(src / MANIFEST, tmp / MANIFEST, sync=sync)
-            publish_dir(tmp, durable / step_dirname(step), sync=sync)
             prune_steps(durable, self.cfg.keep_durable)
 
     # ---- restoring ----------------------------------------------------------------------------

@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 MAX_MANIFEST_BYTES = 64 << 20
 _STEP = re.compile(r"^\d{1,12}$")
 _RANGE = re.compile(r"^bytes=(\d{1,15})-(\d{1,15})$")
+# ASCII digits only: str.isdigit() also takes '²' (which int() refuses: a 500 instead of a 4xx)
+_DIGITS = re.compile(r"[0-9]+\Z")
 _OK = b'{"ok": true}'
 
 
@@ -182,12 +184,12 @@ class CheckpointRequestHandler(BaseHTTPRequestHandler):
 
     def _length(self, limit: int) -> int:
         raw = self.headers.get("Content-Length")
-        if raw is None or not raw.isdigit():
+        if raw is None or not _DIGITS.match(raw):
             raise Refused(411, "Content-Length required (no chunked uploads)")
-        n = int(raw)
-        if n > limit:
-            raise Refused(413, f"body of {n} bytes is over the limit of {limit}")
-        return n
+        digits = raw.lstrip("0") or "0"
+        if len(digits) > 30 or int(digits) > limit:  # int() refuses 4300 digits and more
+            raise Refused(413, f"body of {digits[:40]} bytes is over the limit of {limit}")
+        return int(digits)
 
     def _body(self, limit: int) -> bytes:
         n = self._length(limit)
@@ -257,6 +259,6 @@ def _name(text: str) -> str:
 
 def _keep(query: dict[str, list[str]]) -> int:
     raw = query.get("keep", ["2"])[-1]
-    if not raw.isdigit() or not 1 <= int(raw) <= 1000:
+    if not _DIGITS.match(raw) or len(raw) > 12 or not 1 <= int(raw) <= 1000:
         raise Refused(400, f"keep={raw!r}: an integer from 1 to 1000 expected")
     return int(raw)

@@ -388,7 +388,11 @@ class PeerClient:
                 return None
             if resp.status != (200 if span is None else 206):
                 raise self._fail(f"GET {path} ({headers.get('Range', 'whole file')})", resp)
-            length = int(resp.getheader("Content-Length", "-1"))
+            # as http.client parsed it (None: absent, negative or not a number): such an answer is a
+            # PeerError naming the peer, not a ValueError out of the restore
+            if resp.length is None:
+                raise PeerError(f"{self.peer.node}: GET {path}: an answer without a valid Content-Length")
+            length = resp.length
             got = 0
             # no larger than the span: a restore asks for many small spans (a delta's header, the
             # checksum blocks of its entries), and a zeroed buffer of CHUNK per request cost more than them

@@ -14,6 +14,7 @@ that says what went wrong.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import mmap
@@ -50,6 +51,7 @@ log = logging.getLogger(__name__)
 MAX_FILE_BYTES = 256 << 30  # one uploaded checkpoint file
 FREE_RESERVE_BYTES = 256 << 20  # an upload must leave this much free in the memory file system
 CHUNK = 4 << 20
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a write refused for want of room: 507
 
 
 POOLED_BUFFERS = 8  # block buffers kept mapped between uploads (more concurrent uploads map their own)
@@ -233,6 +235,12 @@ class CheckpointStore:
             if got != length:
                 raise Refused(400, f"{name}: got {got} of {length} bytes (connection cut)")
             os.replace(part, tmp / name)
+        except OSError as e:
+            if e.errno not in _NO_ROOM:
+                raise
+            # the free space checked above went meanwhile (another upload, a worker's save): the same
+            # refusal as when it was short from the start, not an internal error with a traceback
+            raise Refused(507, f"{name}: no room left in {tmp.parent} ({e.strerror})") from None
         finally:
             part.unlink(missing_ok=True)
         with self._lock:
@@ -271,7 +279,15 @@ class CheckpointStore:
                     f"node does not hold that chain for {src} (or holds another checkpoint of it): push "
                     "the chain's missing steps, base first",
                 )
-            write_file(tmp / MANIFEST, body, sync=False)
+            try:
+                write_file(tmp / MANIFEST, body, sync=False)
+            except OSError as e:  # the upload goes: nothing else would remove it before a later prune
+                shutil.rmtree(tmp, ignore_errors=True)
+                if e.errno not in _NO_ROOM:
+                    raise
+                raise Refused(
+                    507, f"replica of step {step}: no room left for its manifest ({e.strerror})"
+                ) from None
             due = keep + 1 if link.kind == "full" else self._samples_due.get(src, 0)
             if due > 0 and sample is not None:
                 self._peak = max(self._peak, sample)
