@@ -8,14 +8,15 @@ Input (JSON, schema in docs/planner.md): the job description (as in ``snapshot.j
 from __future__ import annotations
 
 from .config import PlannerConfig
-from .history import HistoryError, parse_record, warm_start
-from .job import JobSpecError, parse_job
+from .history import RECORD_FIELDS, HistoryError, parse_record, warm_start
+from .job import JobSpecError, parse_job, reject_unknown
 from .memory_model import estimate_node_memory
 from .perf_model import Sample
 from .scaling import choose_world, fit_configs, shape_of
 
 GIB = 1024**3
 PLAN_FIELDS = frozenset({"min_nodes", "max_nodes", "history", "observations"})  # erm plan reads these
+OBSERVATION_FIELDS = frozenset({"world", "step_s", "capacity"})
 
 
 def explain(desc: object, cfg: PlannerConfig | None = None, where: str = "job") -> dict:
@@ -32,9 +33,20 @@ def explain(desc: object, cfg: PlannerConfig | None = None, where: str = "job") 
     if not isinstance(raw_hist, list):
         raise JobSpecError(f"{where}: field 'history' must be a list of records")
     try:
-        records = [parse_record(r, f"{where}.history[{i}]") for i, r in enumerate(raw_hist)]
+        records = []
+        for i, r in enumerate(raw_hist):
+            if isinstance(r, dict):  # a misspelt optional field ("coeff") silently kept its default
+                reject_unknown(r, RECORD_FIELDS, f"{where}.history[{i}]", JobSpecError)
+            records.append(parse_record(r, f"{where}.history[{i}]"))
     except HistoryError as exc:
         raise JobSpecError(str(exc)) from None
+    # stage 1 reads only this job's records: another job's (renamed, a new batch) was a silent cold start
+    for i, r in enumerate(records):
+        if r.signature != job.signature():
+            raise JobSpecError(
+                f"{where}.history[{i}]: field 'signature' is {r.signature!r}, not this job's "
+                f"{job.signature()!r} (name, global_batch, table shapes and dense_params make it)"
+            )
     start = warm_start(job, records, lo, hi, cfg)
     mem = estimate_node_memory(job, start.world, cfg.cold_overhead_bytes)
     out: dict = {
@@ -72,6 +84,7 @@ def explain(desc: object, cfg: PlannerConfig | None = None, where: str = "job") 
         w = f"{where}.observations[{i}]"
         if not isinstance(o, dict):
             raise JobSpecError(f"{w}: expected an object")
+        reject_unknown(o, OBSERVATION_FIELDS, w, JobSpecError)  # "capcity" silently planned with capacity 1
         samples.append(
             Sample(_int(o, "world", w, None), _num(o, "capacity", w, 1.0), _num(o, "step_s", w, None))
         )
@@ -104,6 +117,10 @@ def _int(d: dict, key: str, where: str, default: int | None) -> int:
     return v
 
 
+OBSERVED = (1e-9, 1e9)  # a step time (s) or a capacity past these is no measurement: a step of 1e299 s
+# overflowed the model fit's squares (a traceback), one of 1e-300 s a throughput of 1e300 samples/s
+
+
 def _num(d: dict, key: str, where: str, default: float | None) -> float:
     v = d.get(key, default)
     if v is None:
@@ -112,6 +129,10 @@ def _num(d: dict, key: str, where: str, default: float | None) -> float:
     # float() of a 400-digit integer raised OverflowError (a traceback instead of exit 2)
     if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < 1e300:
         raise JobSpecError(f"{where}: field '{key}' must be a finite number > 0, got {str(v)[:40]}")
+    if not OBSERVED[0] <= v <= OBSERVED[1]:
+        raise JobSpecError(
+            f"{where}: field '{key}' must be between {OBSERVED[0]:g} and {OBSERVED[1]:g}, got {str(v)[:40]}"
+        )
     return float(v)
 
 

@@ -11,10 +11,16 @@ import math
 from dataclasses import dataclass
 
 from .config import PlannerConfig
-from .job import JobSpec, finite
+from .job import LARGEST, JobSpec, finite
 from .memory_model import estimate_node_memory, rescale_observed
 
 HISTORY_STATUSES = ("completed", "failed", "oom")
+
+
+RECORD_FIELDS = frozenset(
+    {"v", "signature", "run_id", "finished_at", "status", "world_size", "capacity", "throughput"}
+    | {"cpu_per_node_used", "mem_per_node_peak_bytes", "mem_growth_bytes_per_s", "coef", "duration_s"}
+)  # what to_dict writes; parse_record takes more (a later writer's), `erm plan` does not (a typo)
 
 
 class HistoryError(ValueError):
@@ -66,6 +72,8 @@ def parse_record(d: object, where: str = "history record") -> HistoryRecord:
             raise HistoryError(f"{where}: missing field '{key}'")
         if isinstance(v, bool) or not isinstance(v, int | float) or not finite(v) or v < minimum:
             raise HistoryError(f"{where}: field '{key}' must be a finite number >= {minimum}, got {v!r}")
+        if v > LARGEST:  # a peak of 1e308 bytes, doubled for an OOM, was a budget of inf GiB
+            raise HistoryError(f"{where}: field '{key}' must be <= {LARGEST:g}, got {v!r}")
         return float(v)
 
     for key in ("signature", "run_id", "status"):
@@ -143,7 +151,8 @@ def warm_start(
     While ``waiting`` nodes are wanted by queued jobs, a size past the request keeps only the nodes that
     bring ``queued_node_gain`` of an average node on the history's model (none without one)."""
     sig = job.signature()
-    mine = sorted((r for r in records if r.signature == sig), key=lambda r: r.finished_at)[-cfg.history_max :]
+    mine = sorted((r for r in records if r.signature == sig), key=lambda r: r.finished_at)
+    mine = mine[-cfg.history_max :] if cfg.history_max > 0 else []  # [-0:] was every record, not none
     lo, hi = max(min_nodes, 1), max(max_nodes, min_nodes, 1)
     good = [r for r in mine if r.status == "completed"]
     if not good:

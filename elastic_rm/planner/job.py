@@ -77,6 +77,11 @@ def _slug(name: str) -> str:
     return s[:40] or "job"
 
 
+LARGEST = 1e18  # of any number in a job description: far past a real job's, and the memory model's products
+# of such numbers (rows x dim x bytes x optimizer factor) stay finite floats. A 400-digit integer passed
+# the finite check and made float() overflow there (a traceback from `erm plan`, a crashed simulation)
+
+
 def _num(d: dict, key: str, where: str, kind: type = float, minimum: float = 0.0, default=None):
     if key not in d:
         if default is not None:
@@ -93,6 +98,8 @@ def _num(d: dict, key: str, where: str, kind: type = float, minimum: float = 0.0
         )
     if v < minimum:
         raise JobSpecError(f"{where}: field '{key}' must be >= {minimum}, got {v!r}")
+    if v > LARGEST:
+        raise JobSpecError(f"{where}: field '{key}' must be <= {LARGEST:g}, got {str(v)[:40]}")
     return kind(v)
 
 
@@ -160,6 +167,9 @@ def parse_job(d: object, where: str = "job", also: frozenset[str] = frozenset())
             mem_per_node_bytes=_num(r, "mem_per_node_bytes", w, int, 0, default=0),
             gpus_per_node=_num(r, "gpus_per_node", w, int, 0, default=0),
         )
+    # read by the leader's memory rules: int() of a string or NaN there crashed the leader
+    if d.get("oom_count") is not None:
+        _num(d, "oom_count", where, int, 0)
     return JobSpec(
         name=name,
         global_batch=_num(d, "global_batch", where, int, 1),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 HELP = "Show what the resource planner would do for a job description, and why (dry run)."
@@ -48,9 +49,25 @@ def run(args: argparse.Namespace) -> int:
         print(f"erm plan: {exc}", file=sys.stderr)
         return 2
     try:
-        print(json.dumps(report, indent=2, default=float) if args.json else render(report), flush=True)
+        text = json.dumps(_json_safe(report), indent=2, allow_nan=False) if args.json else render(report)
+        print(text, flush=True)
     except BrokenPipeError:  # erm plan job.json | head -1
         from .status import reader_gone
 
         return reader_gone()
     return 0
+
+
+def _json_safe(value: object) -> object:
+    """The report with numpy scalars as Python numbers and a non-finite number as null: json.dumps wrote
+    the R^2 of a one-size fit as NaN, which is not JSON (jq, JSON.parse and json.loads(strict) refuse it)."""
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    item = getattr(value, "item", None)
+    if callable(item) and not isinstance(value, str | bytes | int | float | bool):
+        value = item()  # a numpy scalar
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

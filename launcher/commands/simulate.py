@@ -39,7 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--policies",
         default="static,optimus,ours",
-        help="comma-separated; also ours-fixed-size, ours-no-queue (ablations)",
+        help="comma-separated; also the ablations ours-fixed-size, ours-no-queue, ours-call-in and "
+        "ours-fixed-size-call-in (docs/planner.md)",
     )
     parser.add_argument("--machines", type=int, default=48)
     parser.add_argument("--cores", type=float, default=96.0, help="cores per machine")
@@ -80,9 +81,20 @@ def run(args: argparse.Namespace) -> int:
         if value is not None and not (math.isfinite(value) and value > 0):  # nan and inf too
             print(f"erm simulate: --{flag.replace('_', '-')} must be a finite number > 0", file=sys.stderr)
             return 2
-    for flag in ("fail_rate", "straggler_rate"):
-        if not math.isfinite(getattr(args, flag)):
-            print(f"erm simulate: --{flag.replace('_', '-')} must be a finite number", file=sys.stderr)
+    for flag in ("fail_rate", "straggler_rate"):  # a negative rate was silently taken as 0
+        if not (math.isfinite(getattr(args, flag)) and getattr(args, flag) >= 0):
+            print(f"erm simulate: --{flag.replace('_', '-')} must be a finite number >= 0", file=sys.stderr)
+            return 2
+    if args.seed < 0:  # numpy's generators take no negative seed: a traceback after the trace was read
+        print("erm simulate: --seed must be >= 0", file=sys.stderr)
+        return 2
+    if args.trace:  # flags of a generated trace were silently ignored with a trace file
+        given = [f for f, v in (("--write-trace", args.write_trace), ("--load", args.load is not None)) if v]
+        given += ["--family"] if args.family != "generator" else []
+        if given:
+            print(
+                f"erm simulate: {', '.join(given)}: for a generated trace, not with --trace", file=sys.stderr
+            )
             return 2
     # the output paths before the simulation runs: a bad one is said now, not after minutes of work
     problem = output_dir_problem(args.out)
@@ -93,9 +105,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"erm simulate: --write-trace {args.write_trace}: {problem}", file=sys.stderr)
         return 2
     spec = ClusterSpec(args.machines, args.cores, args.mem_gib, args.gpus)
-    inst = Instability(
-        fail_per_node_h=max(args.fail_rate, 0.0), straggler_per_node_h=max(args.straggler_rate, 0.0)
-    )
+    inst = Instability(fail_per_node_h=args.fail_rate, straggler_per_node_h=args.straggler_rate)
     try:
         if args.trace:
             jobs, source = load_trace(args.trace), args.trace

@@ -8,8 +8,10 @@ file, the line and the field.
 from __future__ import annotations
 
 import csv
-import math
+import difflib
 from dataclasses import MISSING, asdict, dataclass, fields
+
+from ..job import JobSpecError, finite, parse_job
 
 GIB = 1024**3
 
@@ -97,14 +99,15 @@ def _parse(path: str, line: int, key: str, raw: str | None):
         raise TraceError(
             f"{where}: expected {'an integer' if kind == 'int' else 'a number'}, got {raw!r}"
         ) from None
-    if not math.isfinite(v) or v < 0 or (key in _POSITIVE and v <= 0):
+    # finite() and not math.isfinite(): a 400-digit integer made isfinite raise OverflowError
+    if not finite(v) or v < 0 or (key in _POSITIVE and v <= 0):
         raise TraceError(f"{where}: must be {'> 0' if key in _POSITIVE else '>= 0'}, got {raw!r}")
     return v
 
 
 def load_trace(path: str) -> list[TraceJob]:
     try:
-        f = open(path, newline="")
+        f = open(path, newline="", encoding="utf-8-sig")  # a spreadsheet's byte order mark is no column
     except OSError as exc:
         raise TraceError(f"{path}: cannot read: {exc.strerror}") from None
     with f:
@@ -120,6 +123,13 @@ def _read(path: str, reader: csv.DictReader) -> list[TraceJob]:
     missing = [k for k in FIELDS if k not in (reader.fieldnames or []) and k not in OPTIONAL]
     if missing:
         raise TraceError(f"{path}:1: missing column(s) {', '.join(missing)}")
+    for i, name in enumerate(reader.fieldnames or []):  # a misspelt optional column silently kept its default
+        if name in (reader.fieldnames or [])[:i]:  # csv.DictReader kept the last one's values, silently
+            raise TraceError(f"{path}:1: column {name!r} appears twice")
+        if name not in _TYPES:
+            close = difflib.get_close_matches(name, FIELDS, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise TraceError(f"{path}:1: unknown column {name!r}{hint}")
     jobs, ids = [], set()
     for row in reader:
         line = reader.line_num
@@ -137,6 +147,13 @@ def _read(path: str, reader: csv.DictReader) -> list[TraceJob]:
             )
         if job.error_at_frac >= 1:
             raise TraceError(f"{path}:{line}: field 'error_at_frac': must be < 1")
+        try:  # the job description the policies get: the planner refuses what parse_job refuses (bandwidth
+            # < 1 B/s, 1e300 GiB of memory), and that refusal was a traceback minutes into the simulation
+            parse_job(job.job_dict(), where=f"{path}:{line}: job description")
+        except JobSpecError as exc:
+            raise TraceError(str(exc)) from None
+        except OverflowError:  # job_dict's int(req_mem_gib_per_node * GIB), its one conversion to int
+            raise TraceError(f"{path}:{line}: field 'req_mem_gib_per_node': too large") from None
         if job.job_id in ids:
             raise TraceError(f"{path}:{line}: field 'job_id': duplicate {job.job_id!r}")
         ids.add(job.job_id)
