@@ -55,6 +55,30 @@ NO_EARLY_START = (
     "--memory-limit",
 )
 ENV_NO_EARLY_START = ("PET_NO_PYTHON", "PET_RUN_PATH", "PET_NUMA_BINDING", "PYTHON_EXEC")
+# the long flags read here, which argparse also takes abbreviated (``--cpu 0.5`` is ``--cpu-limit 0.5``)
+READ_FLAGS = frozenset(
+    f
+    for f in (
+        *BOOLEAN_FLAGS,
+        *NO_EARLY_START,
+        "--nproc-per-node",
+        "--spares",
+        "--spare-preload",
+        "--malloc-arenas",
+    )
+    if f.startswith("--")
+)
+
+
+def _unabbreviated(name: str) -> str:
+    """``name`` spelled out when it abbreviates exactly one flag read here, as argparse reads it: ``--cpu``
+    was taken for a flag of its own, the early spares started outside the node cgroup that ``--cpu-limit``
+    makes, and the agent adopted them (its workers escaped the quota); ``--malloc 4`` left the spares at
+    one malloc arena. An abbreviation argparse finds ambiguous fails ermrun anyway."""
+    if not name.startswith("--") or len(name) < 3 or name in READ_FLAGS:
+        return name
+    matches = [f for f in READ_FLAGS if f.startswith(name)]
+    return matches[0] if len(matches) == 1 else name
 
 
 def read_flags(argv: Sequence[str]) -> tuple[dict[str, str | bool], list[str]]:
@@ -68,7 +92,7 @@ def read_flags(argv: Sequence[str]) -> tuple[dict[str, str | bool], list[str]]:
             return flags, list(argv[i:])
         name, eq, value = token.partition("=")
         if name.startswith("--"):
-            name = "--" + name[2:].replace("_", "-")
+            name = _unabbreviated("--" + name[2:].replace("_", "-"))
         if name in BOOLEAN_FLAGS:
             flags[name] = True
             i += 1

@@ -15,8 +15,10 @@ pins the node to that many cores with ``sched_setaffinity`` (no quota, no memory
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,8 +110,7 @@ class NodeCgroup:
 
     def set_cpu(self, cores: float | None) -> None:
         """A CPU quota of ``cores`` (0.25 = a quarter of one core per period); None lifts it."""
-        if cores is not None and not cores > 0:
-            raise CgroupError(f"a CPU limit must be > 0 cores, got {cores!r}")
+        _check_cpu(cores)
         quota = -1 if cores is None else max(1000, int(cores * PERIOD_US))
         if self.layout.version == 2:
             self._write(self.cpu_dir / "cpu.max", f"{'max' if quota < 0 else quota} {PERIOD_US}")
@@ -127,8 +128,7 @@ class NodeCgroup:
 
     def set_memory(self, limit_bytes: int | None) -> None:
         """A hard memory limit (the kernel OOM-kills inside the group beyond it); None lifts it."""
-        if limit_bytes is not None and limit_bytes < 16 << 20:
-            raise CgroupError(f"a memory limit under 16 MiB cannot run a worker: {limit_bytes} bytes")
+        _check_memory(limit_bytes)
         if self.layout.version == 2:
             self._write(self.memory_dir / "memory.max", "max" if limit_bytes is None else str(limit_bytes))
         else:
@@ -176,6 +176,17 @@ class NodeCgroup:
                     log.warning("could not remove cgroup %s: %s", d, exc.strerror)
 
 
+def _check_cpu(cores: float | None) -> None:
+    # NaN and infinity too: int(inf * PERIOD_US) raised an OverflowError (a traceback from ermrun)
+    if cores is not None and not 0 < cores < math.inf:
+        raise CgroupError(f"a CPU limit must be a finite number > 0 cores, got {cores!r}")
+
+
+def _check_memory(limit_bytes: int | None) -> None:
+    if limit_bytes is not None and limit_bytes < 16 << 20:
+        raise CgroupError(f"a memory limit under 16 MiB cannot run a worker: {limit_bytes} bytes")
+
+
 def open_node_cgroup(name: str, root: str | os.PathLike | None = None) -> NodeCgroup:
     """Create (or reopen) the node's group. Raises :class:`CgroupError` where cgroups are not usable."""
     layout = detect(root)
@@ -189,7 +200,14 @@ def open_node_cgroup(name: str, root: str | os.PathLike | None = None) -> NodeCg
     for d in group._dirs():
         if layout.version == 2 and not d.parent.exists():
             d.parent.mkdir(exist_ok=True)
-            _enable_v2_controllers(layout.cpu, d.parent)
+            try:
+                _enable_v2_controllers(layout.cpu, d.parent)
+            except CgroupError:
+                # not left behind without its controllers: the next run would find it, skip enabling
+                # them, and fail to write its limits instead of saying this (or pinning whole cores)
+                with contextlib.suppress(OSError):
+                    d.parent.rmdir()
+                raise
         d.mkdir(parents=True, exist_ok=True)
     return group
 
@@ -234,6 +252,8 @@ def apply_node_limits(name: str, limits: NodeLimits, pid: int | None = None) -> 
     pid = os.getpid() if pid is None else pid
     if not limits.any:
         return None
+    _check_cpu(limits.cpu_cores)  # before a group exists: a bad value must not leave one behind
+    _check_memory(limits.memory_bytes)
     try:
         group = open_node_cgroup(name)
     except CgroupError:
@@ -243,9 +263,13 @@ def apply_node_limits(name: str, limits: NodeLimits, pid: int | None = None) -> 
             log.warning("no writable cgroup: node %s pinned to CPU(s) %s instead of a quota", name, chosen)
             return None
         raise
-    group.set_cpu(limits.cpu_cores)
-    group.set_memory(limits.memory_bytes)
-    group.add(pid)
+    try:
+        group.set_cpu(limits.cpu_cores)
+        group.set_memory(limits.memory_bytes)
+        group.add(pid)
+    except BaseException:  # a limit the kernel refused: the caller gets no group to remove, so remove it
+        group.remove()
+        raise
     return group
 
 
@@ -260,8 +284,8 @@ def parse_size(text: str) -> int:
         raise ValueError(
             f"invalid size {text!r}: use bytes or a number with K, M, G or T (e.g. 2G)"
         ) from None
-    if not value > 0 or value != value:
-        raise ValueError(f"invalid size {text!r}: must be positive")
+    if not 0 < value < math.inf:  # NaN too; infinity raised an OverflowError from int()
+        raise ValueError(f"invalid size {text!r}: must be a positive, finite number")
     return int(value * units[unit])
 
 

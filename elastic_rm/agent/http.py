@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import socket
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -44,7 +45,7 @@ class AgentHttpServer:
             raise ValueError(f"metrics port must be an integer in 0..65535 (0 = off), got {port!r}")
         self.metrics = metrics
         self.port = port or None
-        self.host = host
+        self.host = host.strip("[]") if host.startswith("[") else host  # [::1], as in a URL
         self._health = health
         self._http: HttpThread | None = None
 
@@ -54,7 +55,8 @@ class AgentHttpServer:
 
     @property
     def url(self) -> str | None:
-        return f"http://{self.host}:{self.port}" if self._http is not None else None
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}" if self._http is not None else None
 
     @property
     def address(self) -> tuple[str, int] | None:
@@ -98,6 +100,13 @@ class _MetricsHttpServer(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int | None], owner: AgentHttpServer) -> None:
         self.owner = owner
+        # the host's own family: an IPv6 address (``::``, ``::1``) or a name with only IPv6 addresses
+        # failed with "Address family for hostname not supported" on the default AF_INET socket
+        host = address[0] or None  # "": every IPv4 interface, as before
+        families = {
+            i[0] for i in socket.getaddrinfo(host, address[1], 0, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
+        }
+        self.address_family = socket.AF_INET if socket.AF_INET in families else socket.AF_INET6
         super().__init__(address, _MetricsRequestHandler)  # type: ignore[arg-type]
 
 

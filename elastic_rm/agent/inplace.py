@@ -356,7 +356,9 @@ class InPlaceRounds:
                 "GROUP_RANK": str(group.group_rank),
                 "ROLE_RANK": str(w.role_rank),
                 "ROLE_NAME": spec.role,
-                "LOCAL_RANK": str(w.local_rank),
+                # as torch's _set_local_rank_env: under --virtual-local-rank each worker sees only its own
+                # GPU, as device 0 (its CUDA_VISIBLE_DEVICES, set at its start, stays)
+                "LOCAL_RANK": "0" if spec.virtual_local_rank else str(w.local_rank),
                 "LOCAL_WORLD_SIZE": str(spec.local_world_size),
                 "WORLD_SIZE": str(w.world_size),
                 "GROUP_WORLD_SIZE": str(group.group_world_size),

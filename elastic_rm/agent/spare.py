@@ -62,22 +62,43 @@ def _take_over(message: dict, fds: list[int]) -> None:
     os.environ.clear()
     os.environ.update(message["env"])
     os.chdir(message["cwd"])
+    _apply_threads()
+
+
+def _apply_threads() -> None:
+    """The round's ``OMP_NUM_THREADS`` for a preloaded torch. The OpenMP runtime reads it once, when torch
+    loads it: in the spare, before the agent (or torch's launcher, 1 per worker by default) set it, so a
+    worker started from a spare ran its intra-op parallelism on every core of the machine, each worker of
+    the node, where a new process honoured the variable."""
+    torch = sys.modules.get("torch")
+    value = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()  # "4,2": the outer level
+    if torch is None or not value.isdigit() or int(value) < 1:
+        return
+    try:
+        torch.set_num_threads(int(value))
+    except Exception:  # noqa: BLE001 - a torch without it (or a stub): the script runs as it is
+        pass
 
 
 def _run(argv: list[str]) -> None:
     """``python -u script.py ARGS`` or ``python -u -m module ARGS`` (the forms torchrun uses)."""
     if argv[0] == "-m":
         sys.argv = [argv[1], *argv[2:]]  # runpy puts the module's file in argv[0]
-        sys.path.insert(0, os.getcwd())  # as `python -m`
+        if not sys.flags.safe_path:
+            sys.path.insert(0, os.getcwd())  # as `python -m`
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
     else:
         sys.argv = list(argv)
-        sys.path.insert(0, os.path.dirname(os.path.abspath(argv[0])))  # as `python script.py`
+        # as `python script.py`: the directory of the script's real file (a symlinked script imports the
+        # modules beside its target), none under -P / PYTHONSAFEPATH
+        if not sys.flags.safe_path:
+            sys.path.insert(0, os.path.dirname(os.path.realpath(argv[0])))
         runpy.run_path(argv[0], run_name="__main__")
 
 
 def main(fd: int, nice: int, modules: list[str]) -> None:
-    del sys.path[0]  # this file's directory: its modules must not shadow others (http.py)
+    if not sys.flags.safe_path:  # (under -P / PYTHONSAFEPATH Python added no directory of ours)
+        del sys.path[0]  # this file's directory: its modules must not shadow others (http.py)
     sock = socket.socket(fileno=fd)
     errors: list[str] = []
     warm = threading.Thread(target=_warm, args=(nice, modules, errors), name="erm-spare-warm", daemon=True)

@@ -61,6 +61,12 @@ def find_etcd_binary(explicit: str | None = None) -> str:
     )
 
 
+def url_host(host: str) -> str:
+    """A host as it goes into a URL or ``host:port``: an IPv6 address in brackets (etcd rejected
+    ``http://::1:2379``, and printed its usage)."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
 def etcd_version(binary: str) -> tuple[int, int]:
     out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout
     try:
@@ -87,6 +93,7 @@ def member_command(
     revision-based auto-compaction (rounds and heartbeats write often) and zap logging on 3.4."""
     major, minor = etcd_version(binary)
     scheme = "https" if tls else "http"
+    listen_host, advertise_host = url_host(listen_host), url_host(advertise_host)
     peers = initial_cluster or f"{name}=http://{advertise_host}:{peer_port}"
     cmd = [
         binary,
@@ -112,7 +119,8 @@ def member_command(
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # an IPv6 address: its own family
+    with socket.socket(family, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
 
@@ -174,7 +182,7 @@ class EtcdCluster:
 
     @property
     def endpoints(self) -> list[str]:
-        return [f"{self.advertise_host or self.host}:{m.client_port}" for m in self.members]
+        return [f"{url_host(self.advertise_host or self.host)}:{m.client_port}" for m in self.members]
 
     @property
     def endpoint(self) -> str:
@@ -183,16 +191,16 @@ class EtcdCluster:
     def _command(self, member: Member, state: str) -> list[str]:
         assert self.binary is not None
         major, minor = etcd_version(self.binary)
-        adv = self.advertise_host or self.host
+        adv, host = url_host(self.advertise_host or self.host), url_host(self.host)
         peers = ",".join(f"{m.name}=http://{adv}:{m.peer_port}" for m in self.members)
         scheme = "https" if self.tls else "http"
         cmd = [
             self.binary,
             "--name", member.name,
             "--data-dir", member.data_dir,
-            "--listen-client-urls", f"{scheme}://{self.host}:{member.client_port}",
+            "--listen-client-urls", f"{scheme}://{host}:{member.client_port}",
             "--advertise-client-urls", f"{scheme}://{adv}:{member.client_port}",
-            "--listen-peer-urls", f"http://{self.host}:{member.peer_port}",
+            "--listen-peer-urls", f"http://{host}:{member.peer_port}",
             "--initial-advertise-peer-urls", f"http://{adv}:{member.peer_port}",
             "--initial-cluster", peers,
             "--initial-cluster-state", state,
@@ -270,7 +278,7 @@ class EtcdCluster:
     def _healthy(self, member: Member) -> bool:
         try:
             scheme = "https" if self.tls else "http"
-            url = f"{scheme}://{self.advertise_host or self.host}:{member.client_port}/health"
+            url = f"{scheme}://{url_host(self.advertise_host or self.host)}:{member.client_port}/health"
             ctx = self.tls.context() if self.tls else None
             with urllib.request.urlopen(url, timeout=0.5, context=ctx) as r:
                 return json.loads(r.read()).get("health") == "true"
