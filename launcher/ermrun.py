@@ -366,7 +366,7 @@ def _launch(args: argparse.Namespace, options: AgentOptions, progress, early: Ea
             check_port_free(form)
             server = EtcdServer(
                 binary=args.etcd_binary,
-                host="0.0.0.0",
+                host=form.listen_host,
                 advertise_host=form.master_addr,
                 client_port=form.master_port,
             ).start()

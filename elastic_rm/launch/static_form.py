@@ -39,6 +39,15 @@ class StaticForm:
     hosts_etcd: bool  # node rank 0: starts it; the others join it
 
     @property
+    def listen_host(self) -> str:
+        """Every interface of the master address's family."""
+        return "::" if ":" in self.master_addr else "0.0.0.0"
+
+    @property
+    def family(self) -> socket.AddressFamily:
+        return socket.AF_INET6 if ":" in self.master_addr else socket.AF_INET
+
+    @property
     def endpoint(self) -> str:
         host = f"[{self.master_addr}]" if ":" in self.master_addr else self.master_addr
         return f"{host}:{self.master_port}"
@@ -69,7 +78,7 @@ def check_port_free(form: StaticForm) -> None:
     """Node rank 0: ValueError, naming the flag, when its etcd could not listen on --master-port (etcd's
     own failure is pages of log)."""
     try:
-        with socket.create_server(("0.0.0.0", form.master_port)):
+        with socket.create_server((form.listen_host, form.master_port), family=form.family):
             pass
     except OSError as exc:
         why = os.strerror(exc.errno) if exc.errno else str(exc)

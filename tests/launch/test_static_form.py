@@ -39,7 +39,8 @@ def test_node_rank_0_hosts_the_etcd_on_torchruns_default_port():
     _, form = prepare(args)
     assert form == StaticForm("head", 29500, hosts_etcd=True) and args.rdzv_endpoint == ""
     ipv6, _ = parsed("--nnodes", "2", "--node-rank", "1", "--master-addr", "fd00::1")
-    assert prepare(ipv6)[1].endpoint == "[fd00::1]:29500"
+    form6 = prepare(ipv6)[1]
+    assert form6.endpoint == "[fd00::1]:29500" and form6.listen_host == "::"  # node 0 listens on IPv6
 
 
 @pytest.mark.parametrize(
