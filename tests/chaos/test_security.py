@@ -17,7 +17,7 @@ from elastic_rm.etcd.errors import EtcdAuthError, EtcdConfigError
 from elastic_rm.etcd.server import EtcdServer, find_etcd_binary
 from elastic_rm.rendezvous.registration import create_handler
 from tests.conftest import BIN, REPO, Proc
-from tests.e2e.helpers import STEPS, records
+from tests.e2e.helpers import STEPS, ermrun_here, records
 from tests.etcd.test_fork import _run
 
 ERMRUN = os.path.join(BIN, "ermrun")
@@ -143,35 +143,41 @@ def test_ermrun_with_etcd_user_runs_and_a_foreign_user_fails_clearly(auth_etcd, 
     assert rc != 0 and "without a password" in nopw.output(), nopw.output()[-3000:]
 
 
+@pytest.fixture
+def steps_env(tmp_path, monkeypatch):
+    """What _ermrun gives its process: a worker that started would log under tmp_path."""
+    for name, value in {"STEPS_DIR": str(tmp_path), "STEPS_NODE": "tls", "STEPS_MAX": "3"}.items():
+        monkeypatch.setenv(name, value)
+
+
+# in this process (ermrun_here): no ~4 s torch import each
 @pytest.mark.parametrize(
     "flags,message",
-    [
-        (["--etcd-cert", "/dev/null"], "--etcd-key"),
-        pytest.param(["--etcd-key", "/dev/null"], "--etcd-cert", marks=pytest.mark.slow),  # the mirror case
-    ],
+    [(["--etcd-cert", "/dev/null"], "--etcd-key"), (["--etcd-key", "/dev/null"], "--etcd-cert")],
 )
-def test_half_a_tls_pair_is_refused_before_anything_starts(etcd, run_id, tmp_path, procs, flags, message):
-    p = _ermrun(tmp_path, "tls", ["--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, *flags], {}, procs)
-    rc = p.wait(120)
-    out = p.output()
-    assert rc != 0 and message in out and "Traceback" not in out, out[-3000:]
+def test_half_a_tls_pair_is_refused_before_anything_starts(
+    etcd, run_id, tmp_path, capfd, steps_env, flags, message
+):
+    rc = ermrun_here(
+        ["--monitor-interval", "0.1", "--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, *flags, STEPS]
+    )
+    out = capfd.readouterr().err
+    assert rc == 2 and message in out and "Traceback" not in out, out[-3000:]
     assert records(tmp_path, "tls") == []  # no worker started
     with EtcdClient(etcd.endpoint) as c:
         assert c.get_prefix(f"/elastic-rm/{run_id}/")[0] == []  # nothing registered
 
 
-# the last two: 4 s each; CI keeps ../x end to end and every id at the keyspace level below
-@pytest.mark.parametrize(
-    "run",
-    ["../x", pytest.param("/", marks=pytest.mark.slow), pytest.param("a/../../b", marks=pytest.mark.slow)],
-)
-def test_a_run_id_cannot_escape_its_prefix(etcd, tmp_path, procs, run):
+# in this process (ermrun_here): every id end to end; the keyspace level is checked below as well
+@pytest.mark.parametrize("run", ["../x", "/", "a/../../b"])
+def test_a_run_id_cannot_escape_its_prefix(etcd, tmp_path, capfd, steps_env, run):
     with EtcdClient(etcd.endpoint) as c:
         _, before = c.get_prefix("/")
-        p = _ermrun(tmp_path, "esc", ["--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run], {}, procs)
-        rc = p.wait(120)
-        out = p.output()
-        assert rc != 0 and "invalid run id" in out and "Traceback" not in out, out[-3000:]
+        rc = ermrun_here(
+            ["--monitor-interval", "0.1", "--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run, STEPS]
+        )
+        out = capfd.readouterr().err
+        assert rc == 2 and "invalid run id" in out and "Traceback" not in out, out[-3000:]
         kvs, _ = c.get_prefix("/")
         assert not [kv.key for kv in kvs if kv.mod_revision > before], "ermrun wrote to etcd"
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import faulthandler
 import glob
+import logging
 import os
 import signal
 import subprocess
@@ -10,6 +12,7 @@ import sys
 import time
 
 from elastic_rm.demo.harness import jsonl_rows
+from launcher import ermrun as ermrun_module
 from tests.conftest import BIN, REPO, Proc
 
 STEPS = os.path.join(REPO, "tests", "workers", "steps.py")
@@ -79,3 +82,27 @@ def signal_masks(pid: int) -> str:
     except OSError as exc:
         return f"no /proc status ({exc})"
     return f"{' '.join(process)}; threads' SigBlk {' '.join(threads)}"
+
+
+def ermrun_here(argv: list[str]) -> int:
+    """ermrun.run(argv) in this process, its exit status (an argparse SystemExit's code included): for an
+    input ermrun refuses before any worker starts, without the seconds a process of its own spends
+    importing torch. What run() changes in the process is put back: the environment (the agent sets
+    MALLOC_ARENA_MAX, ERM_NNODES... for its workers), the root logger, SIGTERM's handler (the node's
+    leave) and the SIGUSR1 stack dump. tests/e2e/test_ermrun_cli.py keeps a real ermrun process refusing
+    a flag, with its exit code and message."""
+    environ = dict(os.environ)
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        return ermrun_module.run(argv)
+    except SystemExit as exc:  # argparse's refusal: the process's exit status
+        return exc.code if isinstance(exc.code, int) else 1
+    finally:
+        faulthandler.unregister(signal.SIGUSR1)
+        signal.signal(signal.SIGTERM, sigterm)
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        os.environ.clear()
+        os.environ.update(environ)

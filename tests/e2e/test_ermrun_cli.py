@@ -14,7 +14,7 @@ import pytest
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.wire.records import ClosedRecord
 from tests.conftest import BIN
-from tests.e2e.helpers import STEPS, ermrun, records, steps_at_world, wait_until
+from tests.e2e.helpers import STEPS, ermrun, ermrun_here, records, steps_at_world, wait_until
 from tests.leftovers import ENV_SESSION, marked_processes
 
 ERMRUN = os.path.join(BIN, "ermrun")
@@ -23,6 +23,13 @@ ERMRUN = os.path.join(BIN, "ermrun")
 def run(args: list[str], tmp_path, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "STEPS_DIR": str(tmp_path), "STEPS_NODE": "e", "STEPS_MAX": "3", **env}
     return subprocess.run([ERMRUN, *args], env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def steps_env(tmp_path, monkeypatch):
+    """The environment run() gives a real ermrun: a worker that started would log under tmp_path."""
+    for name, value in {"STEPS_DIR": str(tmp_path), "STEPS_NODE": "e", "STEPS_MAX": "3"}.items():
+        monkeypatch.setenv(name, value)
 
 
 def etcd_children() -> set[int]:
@@ -56,51 +63,50 @@ def test_worker_failure_exits_non_zero_like_torchrun(tmp_path):
     assert result.returncode != 0 and "fail.py" in result.stderr
 
 
-def test_unreachable_endpoint_fails_before_any_worker_and_names_it(tmp_path):
-    result = run(["--rdzv-endpoint", "127.0.0.1:9", "--rdzv-conf", "etcd_timeout=1", STEPS], tmp_path)
-    assert result.returncode != 0 and "127.0.0.1:9" in result.stderr
-    assert "Traceback" not in result.stderr
+def test_unreachable_endpoint_fails_before_any_worker_and_names_it(tmp_path, capfd, steps_env):
+    # in this process (ermrun_here): no torch import of its own
+    assert ermrun_here(["--rdzv-endpoint", "127.0.0.1:9", "--rdzv-conf", "etcd_timeout=1", STEPS]) == 2
+    err = capfd.readouterr().err
+    assert "ermrun: error: " in err and "127.0.0.1:9" in err, err[-2000:]
+    assert "Traceback" not in err
     assert records(tmp_path, "e") == []  # it stopped at the rendezvous: no worker started
 
 
-def slow(args: list[str], message: str) -> object:
-    return pytest.param(args, message, marks=pytest.mark.slow)
-
-
+# In this process (ermrun_here): a process each would spend ~4 s importing torch. The real process's
+# refusal, with its exit code, is test_unknown_flag_is_rejected_by_the_parser below.
 @pytest.mark.parametrize(
     "args,message",
     [
         (["--nnodes", "3:2"], "min_nodes must be > 0 and <= max_nodes"),
         (["--rdzv-id", "a/b"], "invalid run id"),
-        # each case imports torch (~4 s on 2 cores): CI keeps four, make test-all runs every one
-        slow(["--etcd-cert", "/nonexistent/c.pem", "--etcd-key", "/nonexistent/k.pem"], "does not exist"),
-        slow(["--etcd-cert", "/etc/hostname"], "both a client certificate and its key"),
-        slow(["--membership-grace", "-1"], "--membership-grace"),
+        (["--etcd-cert", "/nonexistent/c.pem", "--etcd-key", "/nonexistent/k.pem"], "does not exist"),
+        (["--etcd-cert", "/etc/hostname"], "both a client certificate and its key"),
+        (["--membership-grace", "-1"], "--membership-grace"),
         (["--job", "/nonexistent/job.json"], "cannot be read"),
-        slow(["--standalone", "--rdzv-endpoint", "127.0.0.1:9"], "--standalone starts its own etcd"),
+        (["--standalone", "--rdzv-endpoint", "127.0.0.1:9"], "--standalone starts its own etcd"),
         (["--rdzv-conf", "lease_tll=3"], "unknown key 'lease_tll'; did you mean 'lease_ttl'?"),
-        slow(["--rdzv-conf", "lease_ttl=3;last_call_timeout=1"], "separates key=value pairs with commas"),
+        (["--rdzv-conf", "lease_ttl=3;last_call_timeout=1"], "separates key=value pairs with commas"),
     ],
 )
-def test_bad_input_is_a_clear_error(tmp_path, args, message):
+def test_bad_input_is_a_clear_error(tmp_path, capfd, steps_env, args, message):
     before = etcd_children()
-    # no early spares: each would import torch beside the failing ermrun (test_unknown_flag_... keeps them)
-    result = run(["--spares", "off", *args, STEPS], tmp_path, timeout=60)
-    assert result.returncode != 0
-    assert message in result.stderr, result.stderr[-2000:]
-    assert "Traceback" not in result.stderr
+    assert ermrun_here(["--spares", "off", *args, STEPS]) == 2
+    err = capfd.readouterr().err
+    assert "ermrun: error: " in err and message in err, err[-2000:]
+    assert "Traceback" not in err
     assert etcd_children() <= before
+    assert records(tmp_path, "e") == []  # no worker started
 
 
 @pytest.mark.skipif(
     importlib.util.find_spec("etcd") is not None and importlib.util.find_spec("urllib3") is not None,
     reason="torch's etcd v2 client is installed here (make bench installs it)",
 )
-def test_the_etcd_v2_backend_without_its_client_says_what_to_install(tmp_path):
+def test_the_etcd_v2_backend_without_its_client_says_what_to_install(tmp_path, capfd, steps_env):
     args = ["--spares", "off", "--rdzv-backend", "etcd-v2", "--rdzv-endpoint", "127.0.0.1:9", STEPS]
-    result = run(args, tmp_path, timeout=60)
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert "pip install python-etcd" in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert ermrun_here(args) == 2
+    err = capfd.readouterr().err
+    assert "pip install python-etcd" in err and "Traceback" not in err, err
     assert records(tmp_path, "e") == []
 
 
@@ -109,12 +115,13 @@ def test_unknown_flag_is_rejected_by_the_parser(tmp_path):
     assert result.returncode == 2 and "unrecognized arguments" in result.stderr
 
 
-def test_malformed_round_value_is_reported_with_its_key(etcd, run_id, tmp_path):
+def test_malformed_round_value_is_reported_with_its_key(etcd, run_id, tmp_path, capfd, steps_env):
     with EtcdClient(etcd.endpoint) as c:
         c.put(f"/elastic-rm/{run_id}/round", b'{"v": 1, "round": "seven"}')
-    result = run(["--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, STEPS], tmp_path, timeout=60)
-    assert result.returncode != 0
-    assert f"/elastic-rm/{run_id}/round" in result.stderr and "Traceback" not in result.stderr
+    assert ermrun_here(["--spares", "off", "--rdzv-endpoint", etcd.endpoint, "--rdzv-id", run_id, STEPS]) == 2
+    err = capfd.readouterr().err
+    assert f"/elastic-rm/{run_id}/round" in err and "Traceback" not in err, err[-2000:]
+    assert records(tmp_path, "e") == []
 
 
 def test_standalone_help_says_what_ermrun_does():
@@ -150,17 +157,20 @@ def test_a_second_ermrun_under_a_live_nodes_id_is_refused_and_leaves_the_run_ope
     assert first.popen.poll() is None
 
 
-def test_a_job_started_again_under_the_id_of_a_run_that_failed_says_so_and_fails(etcd, run_id, tmp_path):
+def test_a_job_started_again_under_the_id_of_a_run_that_failed_says_so_and_fails(
+    etcd, run_id, tmp_path, capfd, steps_env
+):
     failing = tmp_path / "fail.py"
     failing.write_text("import sys; sys.exit(3)\n")
     args = ["--spares", "off", "--nnodes", "1", "--max-restarts", "0", "--rdzv-endpoint", etcd.endpoint]
     first = run([*args, "--rdzv-id", run_id, str(failing)], tmp_path)
     assert first.returncode != 0
     assert _closed(etcd, run_id).outcome == "failed"
-    again = run([*args, "--rdzv-id", run_id, STEPS], tmp_path, timeout=120)
-    assert again.returncode == 2, again.stderr[-2000:]
-    assert f"run {run_id} ended (failed, closed by " in again.stderr and "new --rdzv-id" in again.stderr
-    assert "Traceback" not in again.stderr
+    capfd.readouterr()
+    assert ermrun_here([*args, "--rdzv-id", run_id, STEPS]) == 2  # in this process: no second torch import
+    err = capfd.readouterr().err
+    assert f"run {run_id} ended (failed, closed by " in err and "new --rdzv-id" in err, err[-2000:]
+    assert "Traceback" not in err
     assert records(tmp_path, "e") == []  # nothing ran
 
 

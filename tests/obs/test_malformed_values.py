@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -41,6 +42,26 @@ def erm(*args: str) -> subprocess.CompletedProcess:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = erm_main(list(args))
     return subprocess.CompletedProcess(["erm", *args], code, out.getvalue(), err.getvalue())
+
+
+def erm_within(timeout: float, *args: str) -> subprocess.CompletedProcess:
+    """erm(ARGS) on a thread of its own, failing when it has not returned within ``timeout`` seconds (a
+    command that waits for a run forever); in this process, as erm() is, without a torch import each."""
+    done: list[subprocess.CompletedProcess | BaseException] = []
+
+    def call() -> None:
+        try:
+            done.append(erm(*args))
+        except BaseException as exc:  # noqa: B036 - raised again on the test's thread
+            done.append(exc)
+
+    thread = threading.Thread(target=call, name=f"erm {args[0]}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    assert done, f"erm {' '.join(args)} still runs {timeout:g} s later"
+    if isinstance(done[0], BaseException):
+        raise done[0]
+    return done[0]
 
 
 def recorded(etcd, run_id: str, tmp_path) -> tuple[Keyspace, str]:
@@ -208,7 +229,7 @@ def test_status_top_and_events_say_there_is_no_such_run_and_show_one_without_rou
         assert out.returncode == 2, (command, out)
         assert f"no run '{run_id}-nope' under /elastic-rm (runs: " in out.stderr
     for command in (("top",), ("events", "--follow")):  # without the check: they wait for it forever
-        done = subprocess.run([ERM, *command, *common], capture_output=True, text=True, timeout=60, cwd=REPO)
+        done = erm_within(60, *command, *common)
         assert done.returncode == 2 and f"no run '{run_id}-nope'" in done.stderr, (command, done)
     # a run that is there before its first round (a node registered, the leader waiting for its
     # minimum) or without any round key (the recorded run: records and events alone) is shown

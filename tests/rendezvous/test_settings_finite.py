@@ -4,16 +4,13 @@ float NaN to integer"."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-
 import pytest
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.etcd.errors import EtcdConfigError
 from elastic_rm.rendezvous.settings import RendezvousSettings
-from tests.conftest import BIN
+from tests.e2e.helpers import ermrun_here
 
 
 def settings(**conf) -> RendezvousSettings:
@@ -45,17 +42,15 @@ def test_an_etcd_client_refuses_a_timeout_that_is_no_number_of_seconds(timeout):
         EtcdClient("127.0.0.1:1", timeout=timeout)
 
 
-# an ermrun each (~5 s): CI keeps one; every key's refusal is checked in-process above
-@pytest.mark.parametrize("conf", ["etcd_timeout=nan", pytest.param("lease_ttl=nan", marks=pytest.mark.slow)])
-def test_ermrun_refuses_a_non_finite_rdzv_conf_number_at_once(conf):
-    argv = [os.path.join(BIN, "ermrun"), "--rdzv-endpoint", "127.0.0.1:1", "--rdzv-id", "x", "--nnodes", "1"]
-    result = subprocess.run(
-        [*argv, "--rdzv-conf", conf, "/bin/true"], capture_output=True, text=True, timeout=60
-    )
+# in this process (ermrun_here: no ~5 s torch import each), so every key's refusal reaches ermrun's message
+@pytest.mark.parametrize("conf", ["etcd_timeout=nan", "lease_ttl=nan"])
+def test_ermrun_refuses_a_non_finite_rdzv_conf_number_at_once(conf, capfd):
+    argv = ["--rdzv-endpoint", "127.0.0.1:1", "--rdzv-id", "x", "--nnodes", "1"]
+    assert ermrun_here([*argv, "--rdzv-conf", conf, "/bin/true"]) == 2
+    err = capfd.readouterr().err
     key = conf.split("=")[0]
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert f"--rdzv-conf {key}='nan' must be a finite number" in result.stderr, result.stderr[-2000:]
-    assert "did not answer" not in result.stderr and "Traceback" not in result.stderr
+    assert f"--rdzv-conf {key}='nan' must be a finite number" in err, err[-2000:]
+    assert "did not answer" not in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shlex
@@ -11,12 +12,13 @@ import pytest
 
 from elastic_rm.launch.slurm_cli import Slurm, SlurmError, parse_jobs
 from elastic_rm.launch.slurm_job import SlurmOptions
+from launcher.erm import main as erm_main
 from tests.conftest import BIN, REPO
 from tests.slurm.helpers import CONF, WORKER, run_jobs, run_options, tool_env
 
 
-def erm_launch(tmp_path, env, etcd_endpoint: str, run_id: str, *extra: str) -> subprocess.CompletedProcess:
-    argv = [
+def erm_launch_argv(tmp_path, etcd_endpoint: str, run_id: str, *extra: str) -> list[str]:
+    return [
         os.path.join(BIN, "erm"),
         "launch",
         "--slurm",
@@ -35,18 +37,47 @@ def erm_launch(tmp_path, env, etcd_endpoint: str, run_id: str, *extra: str) -> s
         CONF,
         WORKER,
     ]
+
+
+def erm_launch(tmp_path, env, etcd_endpoint: str, run_id: str, *extra: str) -> subprocess.CompletedProcess:
+    argv = erm_launch_argv(tmp_path, etcd_endpoint, run_id, *extra)
     return subprocess.run(argv, env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=120)
 
 
-def test_no_slurm_on_path_is_a_clear_error(tmp_path, run_id, etcd):
+@pytest.fixture
+def erm_launch_here(tmp_path, monkeypatch, capfd):
+    """erm_launch's command in this process (no seconds of torch import for ermrun's parser each): its
+    exit status and output as a CompletedProcess. ``env`` is applied to this process's environment, the
+    working directory is ``tmp_path``. For refusals that do not depend on how long the parser takes:
+    test_flags_ermruns_parser_refuses_leave_no_node_job keeps a real process where the first node job
+    is submitted while the parser loads (and tests/launch/test_erm_console.py the `erm` entry point's
+    exit status and message)."""
+
+    def launch(env, etcd_endpoint: str, run_id: str, *extra: str) -> subprocess.CompletedProcess:
+        for name in set(os.environ) | set(env):
+            if name not in env:
+                monkeypatch.delenv(name)
+            elif os.environ.get(name) != env[name]:
+                monkeypatch.setenv(name, env[name])
+        monkeypatch.chdir(tmp_path)
+        capfd.readouterr()
+        argv = erm_launch_argv(tmp_path, etcd_endpoint, run_id, *extra)
+        code = erm_main(argv[1:])
+        out, err = capfd.readouterr()
+        return subprocess.CompletedProcess(argv, code, out, err)
+
+    return launch
+
+
+def test_no_slurm_on_path_is_a_clear_error(run_id, etcd, erm_launch_here):
     env = {**os.environ, "PATH": BIN}  # the virtualenv's bin only: no sbatch
-    r = erm_launch(tmp_path, env, etcd.endpoint, run_id)
+    r = erm_launch_here(env, etcd.endpoint, run_id)
     assert r.returncode == 2, r.stderr
     assert "sbatch, squeue, scancel, sinfo not on PATH" in r.stderr and "login node" in r.stderr
 
 
-def test_an_unknown_partition_names_the_partitions_slurm_has(tmp_path, run_id, etcd, slurm):
-    r = erm_launch(tmp_path, slurm.env(), etcd.endpoint, run_id, "--partition", "nope")
+def test_an_unknown_partition_names_the_partitions_slurm_has(run_id, etcd, slurm, erm_launch_here):
+    r = erm_launch_here(slurm.env(), etcd.endpoint, run_id, "--partition", "nope")
     assert r.returncode == 2, r.stderr
     assert "Slurm has no partition nope (sinfo lists: debug, other)" in r.stderr
     assert run_jobs(slurm, run_id) == []
@@ -60,9 +91,9 @@ def test_an_unknown_partition_names_the_partitions_slurm_has(tmp_path, run_id, e
     ],
 )
 def test_an_sbatch_refusal_is_reported_in_slurms_words_before_anything_runs(
-    tmp_path, run_id, etcd, slurm, arg, said
+    run_id, etcd, slurm, erm_launch_here, arg, said
 ):
-    r = erm_launch(tmp_path, slurm.env(), etcd.endpoint, run_id, f"--slurm-arg={arg}")
+    r = erm_launch_here(slurm.env(), etcd.endpoint, run_id, f"--slurm-arg={arg}")
     assert r.returncode == 2, r.stderr
     assert "Slurm refuses the node job: sbatch failed" in r.stderr and said in r.stderr
     assert run_jobs(slurm, run_id) == [] and slurm.jobs() == []
@@ -232,11 +263,14 @@ def _run_jobs_ended(cluster, run_id) -> list[dict]:
     ],
 )
 def test_flags_ermruns_parser_refuses_leave_no_node_job(
-    tmp_path, run_id, etcd, slurm, extra, said, submitted
+    tmp_path, run_id, etcd, slurm, erm_launch_here, extra, said, submitted
 ):
     """ermrun's parser reads the flags while the run's first node jobs are submitted: its refusal
-    cancels them, and erm launch exits once Slurm lists none of them running."""
-    r = erm_launch(tmp_path, slurm.env(), etcd.endpoint, run_id, *extra)
+    cancels them, and erm launch exits once Slurm lists none of them running. A real process where a
+    job goes in while the parser loads torch (in this process torch is loaded: the parser would be
+    first); in this process where nothing is submitted before the parser's answer."""
+    launch = functools.partial(erm_launch, tmp_path) if submitted else erm_launch_here
+    r = launch(slurm.env(), etcd.endpoint, run_id, *extra)
     assert r.returncode == 2, r.stderr
     assert said in r.stderr, r.stderr
     assert run_jobs(slurm, run_id) == []
@@ -253,8 +287,10 @@ def test_flags_ermruns_parser_refuses_leave_no_node_job(
         pytest.param(["--exclude", "b[1-"], "--exclude b[1-: unbalanced brackets", marks=pytest.mark.slow),
     ],
 )
-def test_a_bad_launcher_setting_is_refused_before_any_node_job(tmp_path, run_id, etcd, slurm, extra, said):
-    r = erm_launch(tmp_path, slurm.env(), etcd.endpoint, run_id, *extra)
+def test_a_bad_launcher_setting_is_refused_before_any_node_job(
+    run_id, etcd, slurm, erm_launch_here, extra, said
+):
+    r = erm_launch_here(slurm.env(), etcd.endpoint, run_id, *extra)
     assert r.returncode == 2, r.stderr
     assert said in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert run_jobs(slurm, run_id) == [] and _run_jobs_ended(slurm, run_id) == []
@@ -280,8 +316,8 @@ def test_an_abort_cancels_the_runs_jobs_submitted_since_and_leaves_those_listed_
     assert [j["id"] for j in run_jobs(slurm, run_id)] == [earlier], f"{lost} should be cancelled"
 
 
-def test_a_poll_interval_longer_than_the_queue_keys_refresh_is_refused(tmp_path, run_id, etcd, slurm):
-    r = erm_launch(tmp_path, slurm.env(), etcd.endpoint, run_id, "--poll-interval", "6")
+def test_a_poll_interval_longer_than_the_queue_keys_refresh_is_refused(run_id, etcd, slurm, erm_launch_here):
+    r = erm_launch_here(slurm.env(), etcd.endpoint, run_id, "--poll-interval", "6")
     assert r.returncode == 2, r.stderr
     assert "--poll-interval 6: with --slurm at most 5s" in r.stderr, r.stderr
     assert run_jobs(slurm, run_id) == []
