@@ -174,15 +174,23 @@ def launch_agent(
         duplicate_stderr_filters=config.duplicate_stderr_filters,
         virtual_local_rank=config.virtual_local_rank,
     )
-    agent = ElasticRMAgent(
-        spec=spec,
-        services=services,
-        logs_specs=config.logs_specs,  # type: ignore[arg-type]
-        start_method=config.start_method,
-        log_line_prefix_template=config.log_line_prefix_template,
-        shutdown_timeout=config.shutdown_timeout,  # type: ignore[arg-type]
-        options=options or AgentOptions(),
-    )
+    try:
+        agent = ElasticRMAgent(
+            spec=spec,
+            services=services,
+            logs_specs=config.logs_specs,  # type: ignore[arg-type]
+            start_method=config.start_method,
+            log_line_prefix_template=config.log_line_prefix_template,
+            shutdown_timeout=config.shutdown_timeout,  # type: ignore[arg-type]
+            options=options or AgentOptions(),
+        )
+    except BaseException:
+        # (a --metrics-port in use, say) the handler's threads would go on warning until the process
+        # ends; released, not shut down: a node that never ran must not close the run for the others
+        release = getattr(handler, "release", None)
+        if callable(release):
+            release()
+        raise
     if on_agent is not None:
         on_agent(agent)
     if remove_log_dir:

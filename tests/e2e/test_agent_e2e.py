@@ -6,12 +6,14 @@ import json
 import os
 import socket
 import subprocess
+import threading
+import time
 
 import pytest
 
 from elastic_rm.etcd.client import EtcdClient
 from elastic_rm.wire.metrics import parse_record
-from tests.conftest import BIN, REPO, Proc
+from tests.conftest import REPO, Proc
 from tests.e2e.helpers import ermrun_here, records, wait_until
 from tests.ermrun_argv import TORCHRUN, ermrun_argv, flags, node_args
 
@@ -115,21 +117,21 @@ def test_unmodified_ddp_script_matches_torchrun(etcd, run_id, tmp_path, procs):
     assert ours == pytest.approx(theirs, rel=1e-6, abs=1e-7)
 
 
-def test_bad_agent_flags_are_clear_errors(tmp_path, capfd):
-    ermrun = os.path.join(BIN, "ermrun")
+def test_bad_agent_flags_are_clear_errors(tmp_path, capfd, monkeypatch):
     assert ermrun_here(["--sample-interval", "-1", REPORTING]) == 2  # in this process: refused at once
     err = capfd.readouterr().err
     assert "ermrun: error: --sample-interval must be > 0" in err, err[-2000:]
-    # a process: the refusal comes once the agent runs (its threads end with the process)
+    # refused once the rendezvous handler exists: its threads (leader, peer probe) end with the refusal
+    monkeypatch.setenv("STEPS_DIR", str(tmp_path))
+    before = {t.name for t in threading.enumerate()} | {"etcd-io"}  # the process's one etcd event loop
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        r = subprocess.run(
-            [ermrun, "--metrics-port", str(port), REPORTING],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env={**os.environ, "STEPS_DIR": str(tmp_path)},
-        )
-    assert r.returncode != 0 and str(port) in r.stderr and "Traceback" not in r.stderr
+        assert ermrun_here(["--metrics-port", str(port), REPORTING]) == 2
+    err = capfd.readouterr().err
+    assert str(port) in err and "Traceback" not in err, err[-2000:]
+    deadline = time.monotonic() + 10
+    while (left := {t.name for t in threading.enumerate()} - before) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, left
