@@ -187,9 +187,8 @@ def launch_agent(
     except BaseException:
         # (a --metrics-port in use, say) the handler's threads would go on warning until the process
         # ends; released, not shut down: a node that never ran must not close the run for the others
-        release = getattr(handler, "release", None)
-        if callable(release):
-            release()
+        if services is not None:
+            services.release()
         raise
     if on_agent is not None:
         on_agent(agent)

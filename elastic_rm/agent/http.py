@@ -19,6 +19,7 @@ from typing import Any
 from elastic_rm.obs.metrics import CONTENT_TYPE_LATEST, AgentMetrics
 
 from ..background import HttpThread
+from ..etcd.server import url_host
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +56,7 @@ class AgentHttpServer:
 
     @property
     def url(self) -> str | None:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}" if self._http is not None else None
+        return f"http://{url_host(self.host)}:{self.port}" if self._http is not None else None
 
     @property
     def address(self) -> tuple[str, int] | None:

@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..etcd.server import url_host
+
 TORCHRUN_MASTER_ADDR = "127.0.0.1"  # torchrun's defaults: a value other than these was given
 TORCHRUN_MASTER_PORT = 29500
 POLL_S = 0.5
@@ -49,8 +51,7 @@ class StaticForm:
 
     @property
     def endpoint(self) -> str:
-        host = f"[{self.master_addr}]" if ":" in self.master_addr else self.master_addr
-        return f"{host}:{self.master_port}"
+        return f"{url_host(self.master_addr)}:{self.master_port}"
 
 
 def master_given(args: argparse.Namespace) -> bool:
