@@ -225,50 +225,10 @@ def test_a_whole_machine_fits_again_after_float_sums_of_slices():
         assert c.can_fit_count(spec.cores, spec.mem_gib * GIB, spec.gpus) == 1
 
 
-@pytest.mark.parametrize("policy", ["ours", "optimus"])
-def test_an_elastic_start_below_its_size_leaves_a_later_job_its_backfill(policy):
-    """Three jobs queue at once on three whole-machine slots: a long 2-node job, then one asking for 3 that
-    may start on 1, then a 1-node job. Static's backfill starts the 1-node job at once (the 3-node one does
-    not fit); the elastic cluster does the same and starts the 3-node job below its size only on what is
-    left, not on the node the 1-node job starts on."""
-    spec = ClusterSpec(machines=3)
-    base = generate(3, 5, spec)
-    shapes = [(2, 2, 2, 40.0), (3, 1, 3, 1.0), (1, 1, 1, 1.0)]  # nodes, min, max, work (x its own)
-    jobs = [
-        j.__class__(
-            **{
-                **j.__dict__,
-                "submit_s": 0.0,
-                "gpus_per_node": spec.gpus,
-                "req_nodes": n,
-                "req_min_nodes": lo,
-                "req_max_nodes": hi,
-                "req_cpu_per_node": 8.0,
-                "req_mem_gib_per_node": 1.5 * mem_used(j, n, 1.0) / GIB,
-                "work_samples": j.work_samples * work,
-                "error_at_frac": 0.0,
-            }
-        )
-        for j, (n, lo, hi, work) in zip(base, shapes, strict=True)
-    ]
-    calm = Instability(fail_per_node_h=0.0, straggler_per_node_h=0.0)
-    static = {j.trace.job_id: j for j in Simulator(jobs, spec, "static", 5, calm).run()}
-    elastic = {j.trace.job_id: j for j in Simulator(jobs, spec, policy, 5, calm).run()}
-    long_job, big, small = (j.job_id for j in jobs)
-    assert static[long_job].start_s == static[small].start_s == 0.0
-    assert static[big].start_s > 0.0  # static: the 3-node job waits for the long one
-    assert elastic[long_job].start_s == elastic[small].start_s == 0.0
-    assert elastic[small].end_s <= static[small].end_s
-
-
-def test_an_early_start_below_its_size_is_called_in_by_a_later_job_that_would_backfill():
-    """Four whole-machine slots: a long 2-node job and one asking for 3 that starts on the 2 left (short),
-    then, later, a 2-node job. Static would have run the later job on those 2 nodes (the 3-node one still
-    waiting); with call-in the short start gives them back at once and resumes afterwards, once."""
-    spec = ClusterSpec(machines=4)
-    base = generate(3, 5, spec)
-    shapes = [(2, 2, 2, 6.0, 0.0), (3, 1, 3, 3.0, 0.0), (2, 2, 2, 1.0, 600.0)]  # nodes, min, max, work, t
-    jobs = [
+def shaped(base, spec, shapes):
+    """``base``'s jobs reshaped, one per (nodes, min, max, work factor, arrival s): whole machines each,
+    memory 1.5x what the job needs at its largest size, no error."""
+    return [
         j.__class__(
             **{
                 **j.__dict__,
@@ -285,6 +245,35 @@ def test_an_early_start_below_its_size_is_called_in_by_a_later_job_that_would_ba
         )
         for j, (n, lo, hi, work, at) in zip(base, shapes, strict=True)
     ]
+
+
+@pytest.mark.parametrize("policy", ["ours", "optimus"])
+def test_an_elastic_start_below_its_size_leaves_a_later_job_its_backfill(policy):
+    """Three jobs queue at once on three whole-machine slots: a long 2-node job, then one asking for 3 that
+    may start on 1, then a 1-node job. Static's backfill starts the 1-node job at once (the 3-node one does
+    not fit); the elastic cluster does the same and starts the 3-node job below its size only on what is
+    left, not on the node the 1-node job starts on."""
+    spec = ClusterSpec(machines=3)
+    base = generate(3, 5, spec)
+    # nodes, min, max, work (x its own), arrival
+    jobs = shaped(base, spec, [(2, 2, 2, 40.0, 0.0), (3, 1, 3, 1.0, 0.0), (1, 1, 1, 1.0, 0.0)])
+    calm = Instability(fail_per_node_h=0.0, straggler_per_node_h=0.0)
+    static = {j.trace.job_id: j for j in Simulator(jobs, spec, "static", 5, calm).run()}
+    elastic = {j.trace.job_id: j for j in Simulator(jobs, spec, policy, 5, calm).run()}
+    long_job, big, small = (j.job_id for j in jobs)
+    assert static[long_job].start_s == static[small].start_s == 0.0
+    assert static[big].start_s > 0.0  # static: the 3-node job waits for the long one
+    assert elastic[long_job].start_s == elastic[small].start_s == 0.0
+    assert elastic[small].end_s <= static[small].end_s
+
+
+def test_an_early_start_below_its_size_is_called_in_by_a_later_job_that_would_backfill():
+    """Four whole-machine slots: a long 2-node job and one asking for 3 that starts on the 2 left (short),
+    then, later, a 2-node job. Static would have run the later job on those 2 nodes (the 3-node one still
+    waiting); with call-in the short start gives them back at once and resumes afterwards, once."""
+    spec = ClusterSpec(machines=4)
+    base = generate(3, 5, spec)
+    jobs = shaped(base, spec, [(2, 2, 2, 6.0, 0.0), (3, 1, 3, 3.0, 0.0), (2, 2, 2, 1.0, 600.0)])
     calm = Instability(fail_per_node_h=0.0, straggler_per_node_h=0.0)
     plain = {j.trace.job_id: j for j in Simulator(jobs, spec, "ours-fixed-size", 5, calm).run()}
     called = {j.trace.job_id: j for j in Simulator(jobs, spec, "ours-fixed-size-call-in", 5, calm).run()}

@@ -39,6 +39,17 @@ def tensors(model) -> list[tuple[str, torch.Tensor]]:
     return out
 
 
+def assert_restores_live(ck, model, step: int) -> None:
+    """The model zeroed, then restored from the checkpointer's newest step (`step`): the live state again."""
+    live = {k: t.clone() for k, t in tensors(model)}
+    with torch.no_grad():
+        for _, t in tensors(model):
+            t.fill_(0.0)
+    assert ck.restore().step == step
+    for k, t in tensors(model):
+        assert torch.equal(t, live[k]), k
+
+
 def test_differential_saves_go_on_after_close(dmp, tmp_path: Path) -> None:  # noqa: F811
     model = dmp[0]
     ck = checkpointer(dmp, tmp_path / "mem", differential=True, keep_memory=8)
@@ -54,13 +65,7 @@ def test_differential_saves_go_on_after_close(dmp, tmp_path: Path) -> None:  # n
             train_on(model, ids)
         kinds.append(ck.save(7, block=True).kind)
         assert kinds == ["full", "delta", "delta", "full", "delta", "delta", "delta"]
-        live = {k: t.clone() for k, t in tensors(model)}
-        with torch.no_grad():
-            for _, t in tensors(model):
-                t.fill_(0.0)
-        assert ck.restore().step == 7
-        for k, t in tensors(model):
-            assert torch.equal(t, live[k]), k
+        assert_restores_live(ck, model, 7)
     finally:
         ck.close()
 
@@ -84,12 +89,6 @@ def test_a_save_that_raised_is_followed_by_a_new_base(dmp, tmp_path: Path, monke
         assert ck.save(3, block=True).kind == "full"  # not a delta of row 5 only
         train_on(model, [6])
         assert ck.save(4, block=True).kind == "delta"
-        live = {k: t.clone() for k, t in tensors(model)}
-        with torch.no_grad():
-            for _, t in tensors(model):
-                t.fill_(0.0)
-        assert ck.restore().step == 4
-        for k, t in tensors(model):
-            assert torch.equal(t, live[k]), k
+        assert_restores_live(ck, model, 4)
     finally:
         ck.close()
