@@ -5,9 +5,10 @@ nodes (the fixture of tests/slurm: one slurmctld, 8 slurmd, munge) under two pol
 
 - static: each job is ``sbatch -N k`` whose batch script runs ``srun ermrun --nnodes k:k``, as users run
   torchrun: it waits until k nodes are free and keeps them to its end;
-- elastic: each job is ``erm launch --slurm --nnodes 1:8 --job job.json`` (the planner, the job's request
-  as its cold start): one one-node Slurm job per node, grown and given back as the planner decides, with
-  the run's ``queue`` key read from squeue.
+- elastic: each job is ``erm launch --slurm --call-in --nnodes 1:8 --job job.json`` (the planner, the job's
+  request as its cold start): one one-node Slurm job per node, grown and given back as the planner
+  decides, with the run's ``queue`` key read from squeue; a job that started short lends its nodes to a
+  later one that fits on them (``--no-call-in``: without it).
 
 Both policies run at the same time, each on a cluster and an etcd of its own (so the machine's background
 load hurts both alike and the comparison takes the trace's time once); ``--rounds N`` repeats it with the

@@ -98,11 +98,12 @@ def static_script(job: TraceJob, etcd, run_id: str, work: Path) -> str:
     )
 
 
-def elastic_command(job: TraceJob, etcd, run_id: str, work: Path) -> str:
+def elastic_command(job: TraceJob, etcd, run_id: str, work: Path, call_in: bool = True) -> str:
     argv = [
         os.path.join(BIN, "erm"),
         "launch",
         "--slurm",
+        *(["--call-in"] if call_in else []),  # the progress file outlives the nodes
         "--slurm-output",
         str(work / "%x-%j.out"),
         "--workdir",
@@ -135,8 +136,19 @@ class PolicyRun:
     """One policy over the trace on its own cluster: submits each job at its arrival, records its first
     step, its end, the pauses between its steps, and the nodes Slurm gives it (sampled from squeue)."""
 
-    def __init__(self, policy: str, cluster: SlurmCluster, etcd, root: Path, tag: str, count: int, t0: float):
+    def __init__(
+        self,
+        policy: str,
+        cluster: SlurmCluster,
+        etcd,
+        root: Path,
+        tag: str,
+        count: int,
+        t0: float,
+        call_in: bool = True,
+    ):
         self.policy, self.cluster, self.etcd, self.root = policy, cluster, etcd, root
+        self.call_in = call_in  # erm launch --call-in for the elastic jobs
         self.tag, self.count, self.t0 = tag, count, t0  # count: the jobs of the trace; t0: the trace's start
         self.jobs: dict[str, dict] = {}
         self.procs: list[subprocess.Popen] = []
@@ -182,7 +194,7 @@ class PolicyRun:
         else:
             (work / "job.json").write_text(json.dumps(job_description(job, run_id)))
             p = subprocess.Popen(
-                ["sh", "-c", elastic_command(job, self.etcd, run_id, work)],
+                ["sh", "-c", elastic_command(job, self.etcd, run_id, work, self.call_in)],
                 env=self.cluster.env(),
                 cwd=work,
                 stdin=subprocess.DEVNULL,
@@ -444,11 +456,17 @@ def give_back_summary(rounds: list[dict]) -> dict:
 
 
 def run_round(
-    etcds: dict, clusters: dict[str, SlurmCluster], root: Path, tag: str, timeout_s: float, trace
+    etcds: dict,
+    clusters: dict[str, SlurmCluster],
+    root: Path,
+    tag: str,
+    timeout_s: float,
+    trace,
+    call_in: bool = True,
 ) -> dict:
     """Both policies at once over the trace; returns per policy its job rows, and the load averages."""
     t0 = last = time.time()
-    runs = {p: PolicyRun(p, clusters[p], etcds[p], root / p, tag, len(trace), t0) for p in POLICIES}
+    runs = {p: PolicyRun(p, clusters[p], etcds[p], root / p, tag, len(trace), t0, call_in) for p in POLICIES}
     pending = sorted(trace, key=lambda j: j.submit_s)
     loads: list[float] = []
     deadline = time.monotonic() + timeout_s
@@ -548,6 +566,9 @@ def main() -> int:
     ap.add_argument("--timeout-s", type=float, default=1800, help="bound on each round's wall time")
     ap.add_argument("--jobs", type=int, default=len(TRACE), help="only the first N jobs of the trace (a try)")
     ap.add_argument("--name", default="slurm-jobs", help="results file benchmarks/results/<name>.json")
+    ap.add_argument(
+        "--no-call-in", action="store_true", help="the elastic jobs without erm launch's --call-in"
+    )
     args = ap.parse_args()
     reason = why_not()
     if reason:
@@ -570,7 +591,17 @@ def main() -> int:
             clusters, etcds = {"static": a, "elastic": b}, {"static": etcd_a, "elastic": etcd_b}
             for i in range(args.rounds):
                 print(f"round {i + 1} of {args.rounds}", flush=True)
-                rounds.append(run_round(etcds, clusters, root / f"round{i}", str(i), args.timeout_s, trace))
+                rounds.append(
+                    run_round(
+                        etcds,
+                        clusters,
+                        root / f"round{i}",
+                        str(i),
+                        args.timeout_s,
+                        trace,
+                        call_in=not args.no_call_in,
+                    )
+                )
                 clusters = {"static": clusters["elastic"], "elastic": clusters["static"]}  # swap clusters
                 etcds = {"static": etcds["elastic"], "elastic": etcds["static"]}
     finally:
@@ -587,6 +618,7 @@ def main() -> int:
         "step_s": STEP_S,
         "requested_load": requested_load(trace),
         "rdzv_conf": CONF,
+        "call_in": not args.no_call_in,
         "targets": {"mean_jct_ratio": TARGET_MEAN, "per_job_ratio": TARGET_PER_JOB},
         "trace": [
             {

@@ -31,10 +31,10 @@ DENSE = 1_000_000
 SEED = 1
 # ours-fixed-size is the planner with the user's per-node CPU and memory: as live, where erm launch applies
 # the planner's node count but not its per-node budgets (ours also resizes the nodes at round boundaries)
-# ours-fixed-size-call-in: the same with early starts called in by later jobs, a launcher behaviour that
-# erm launch does not have yet (elastic_rm/planner/sim/engine.py): what it would change on this trace
+# ours-fixed-size-call-in: the same with early starts called in by later jobs, as erm launch --call-in
+# does (elastic_rm.launch.slurm_call_in), which the live benchmark's elastic jobs use
 POLICIES = ("static", "ours", "ours-fixed-size", "ours-fixed-size-call-in")
-LIVE_LIKE = "ours-fixed-size"
+LIVE_LIKE = "ours-fixed-size-call-in"
 
 
 def fit_comm(job: LiveJob) -> tuple[float, float]:

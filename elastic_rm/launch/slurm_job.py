@@ -28,6 +28,8 @@ class SlurmOptions:
     # the job description's requested nodes (None: no description or no request): what the run asks for
     # before its leader's first demand, as the planner's cold start does, instead of --nnodes MAX
     requested_nodes: int | None = None
+    # lend the nodes of a short start to a job that arrives later (elastic_rm.launch.slurm_call_in)
+    call_in: bool = False
 
     @property
     def job_name(self) -> str:

@@ -26,7 +26,10 @@ executor (elastic_rm.launch.executor), over jobs instead of hosts:
 - growth yields to other jobs: a node job past the run's request (the job description's, else --nnodes'
   minimum) is submitted with a large ``--nice`` (Slurm starts every other pending job first), and while
   other jobs of the partition wait, no such job is submitted and the pending ones are cancelled. Other
-  runs' growth jobs are not counted as waiting (they yield as well).
+  runs' growth jobs are not counted as waiting (they yield as well);
+- with ``--call-in``, a run whose first round had fewer nodes than its request lends them to a job that
+  arrives after it (elastic_rm.launch.slurm_call_in): every node job stops, none is submitted until that
+  job no longer pends (at most CALL_IN_HOLD_S), then the run asks for its nodes again. Once per run.
 
 Size: one executor; its rules read one state of the run and of Slurm's queue at each poll, and split
 apart they would pass that state between modules.
@@ -46,6 +49,7 @@ from .hostfile import Host
 from .interrupts import Interrupts
 from .slurm import SlurmError as HostListError
 from .slurm import expand_hostlist
+from .slurm_call_in import PendingDemand, choose_caller, job_number, pending_demands
 from .slurm_cli import BAD_NODE_STATES, NODE_LOST, Slurm, SlurmError, SlurmJob
 from .slurm_job import GROWTH_MARK, GROWTH_NICE, SlurmOptions
 
@@ -64,6 +68,9 @@ NOT_THE_HOST = frozenset({"TIMEOUT", "DEADLINE"})
 SUSPENDED = frozenset({"SUSPENDED", "STOPPED"})
 # node jobs in a row that end before any node of the run registered: erm launch gives up (_gave_up)
 START_FAILURES = 5
+# how long a run that lent its nodes (--call-in) waits for the job that called them in to start, before
+# it asks Slurm for nodes again: that job may need more than the nodes (a constraint, a feature)
+CALL_IN_HOLD_S = 120.0
 
 
 # node names one message or event lists at most (then "and N more"): an event past 16 KiB is refused
@@ -144,6 +151,12 @@ class SlurmExecutor(Executor):
         # node -> its partitions (sinfo), read once
         self._node_partitions: dict[str, frozenset[str]] | None = None
         self._excluded_said: tuple[str, ...] | None = None  # the exclusions last said to cover them all
+        # --call-in: whether the run's first round was short of its request, and the newest job id
+        # squeue listed then (the jobs after it arrived later); None until that round is seen
+        self._first_round: tuple[bool, int] | None = None
+        self._lent_to: PendingDemand | None = None  # the job that called the run's nodes in, while it pends
+        self._lent_until = 0.0
+        self._called_in = False  # at most once per run
 
     @staticmethod
     def _no_host_start(host: Host):
@@ -181,22 +194,25 @@ class SlurmExecutor(Executor):
     def _ours(self, job: SlurmJob) -> bool:
         return self.options.owns(job.name, job.comment)
 
-    def _others_waiting(self, jobs: list[SlurmJob]) -> int:
-        """Nodes that other pending jobs ask for (each pending task of an array) in any partition that
-        shares a node with the run's: a node given back may start them too (clusters often lay several
-        partitions, by time limit or priority, over the same nodes). Another run's growth node jobs (niced,
-        yielding themselves) and jobs pending for something else than nodes are no demand to give nodes
-        back for."""
+    def _waiting_jobs(self, jobs: list[SlurmJob]) -> list[SlurmJob]:
+        """Other pending jobs that wait for nodes in any partition that shares a node with the run's: a
+        node given back may start them too (clusters often lay several partitions, by time limit or
+        priority, over the same nodes). Another run's growth node jobs (niced, yielding themselves) and
+        jobs pending for something else than nodes are no demand to give nodes back for."""
         sharing = self._sharing_partitions()
-        return sum(
-            j.node_count * j.array_tasks
+        return [
+            j
             for j in jobs
             if j.state == "PENDING"
             and not self._ours(j)
             and sharing & set(j.partitions)
             and not (j.name.startswith("erm-") and j.comment.endswith(GROWTH_MARK))
             and self._waits_for_nodes(j.reason)
-        )
+        ]
+
+    def _others_waiting(self, jobs: list[SlurmJob]) -> int:
+        """Nodes that the waiting jobs ask for (each pending task of an array)."""
+        return sum(j.node_count * j.array_tasks for j in self._waiting_jobs(jobs))
 
     def _partition_map(self) -> dict[str, frozenset[str]] | None:
         """Node -> its partitions, read once from sinfo; None while sinfo fails (said once, read again at
@@ -269,6 +285,9 @@ class SlurmExecutor(Executor):
         self._check_node_health()
         self._stop_suspended()
         self.others_waiting = self._others_waiting(jobs)
+        if self.options.call_in:
+            self._note_first_round(state, jobs)
+            self._lend(jobs, now)
         self._write_queue(now)
         self._report_pending(now)
         self._scale(state)
@@ -444,6 +463,92 @@ class SlurmExecutor(Executor):
                     reason=node.reason,
                 )
 
+    def _note_first_round(self, state: RunState, jobs: list[SlurmJob]) -> None:
+        """Once the run has a round: whether its first round had fewer members than the request (read
+        from round 1's record when this launcher saw a later round first), and the newest job id squeue
+        lists now, after which a job arrived later than the run started."""
+        if self._first_round is not None or state.round is None:
+            return
+        first = state.round if state.round.round == 1 else self._round_one()
+        short = first is not None and len(first.members) < self.request()
+        self._first_round = short, max((job_number(j.job_id) for j in jobs), default=0)
+
+    def _round_one(self) -> RoundRecord | None:
+        """The run's first round's record; None when etcd does not have it or cannot say (the run is then
+        not known to have started short, and lends nothing)."""
+        key = self._keys.record(1)
+        try:
+            kv = self._client.get(key)
+            return RoundRecord.parse(key, kv.value) if kv is not None else None
+        except (EtcdError, RecordError) as exc:
+            self._warn("round-one", f"cannot read the run's first round ({exc}); --call-in lends nothing")
+            return None
+
+    def _lend(self, jobs: list[SlurmJob], now: float) -> None:
+        """--call-in (elastic_rm.launch.slurm_call_in): while the run is short of its request since its
+        first round, a job that arrived after that round and would start on the idle nodes plus the
+        run's calls them in: every node job of the run stops (a member's ermrun leaves on SIGTERM
+        without closing the run; the next round resumes from the checkpoint). The run then submits
+        nothing until that job no longer pends, or CALL_IN_HOLD_S passed."""
+        if self._lent_to is not None:
+            pending = {j.job_id for j in jobs if j.state == "PENDING"} & self._lent_to.job_ids
+            if pending and now < self._lent_until:
+                return
+            caller, self._lent_to = self._lent_to, None
+            how = "started" if not pending else f"still pends after {CALL_IN_HOLD_S:g}s"
+            message = (
+                f"{caller.key}, which called the run's nodes in, {how}: the run asks Slurm for nodes again"
+            )
+            self._say(message)
+            self._events.emit("launch", message, action="call_in_over", caller=caller.key)
+            return
+        if self._first_round is None or not self._first_round[0] or self._called_in:
+            return
+        lent = [n for n in self.nodes.values() if n.slurm_node and n.state == "RUNNING" and not n.stopping]
+        if not lent or len(lent) >= self.request():  # nothing to lend, or no longer short
+            return
+        demands = pending_demands(self._waiting_jobs(jobs), jobs)
+        if not any(d.first > self._first_round[1] for d in demands):
+            return  # nobody arrived later: no sinfo to read
+        idle = self._idle_nodes()
+        if idle is None:
+            return
+        caller = choose_caller(demands, self._first_round[1], idle, len(lent))
+        if caller is None:
+            return
+        self._called_in, self._lent_to, self._lent_until = True, caller, now + CALL_IN_HOLD_S
+        message = (
+            f"called in by {caller.key}: it arrived after the run's first round, which had fewer nodes "
+            f"than the run's request of {self.request()}, and its {caller.nodes} node(s) fit on the {idle} "
+            f"idle node(s) and the run's {len(lent)}; every node job of the run stops (training resumes "
+            f"from the checkpoint) and none is submitted until it no longer pends (at most "
+            f"{CALL_IN_HOLD_S:g}s)"
+        )
+        self._say(message)
+        self._events.emit(
+            "launch",
+            message,
+            action="call_in",
+            caller=caller.key,
+            nodes=caller.nodes,
+            idle=idle,
+            lent=len(lent),
+        )
+        for node in list(self.nodes.values()):
+            self._stop(node, f"called in by {caller.key}")
+
+    def _idle_nodes(self) -> int | None:
+        """Idle nodes of the run's partitions, --exclude's left out; None while sinfo cannot say."""
+        nodes = self._partition_nodes()
+        if nodes is None:
+            return None
+        try:
+            states = self.slurm.node_states()
+        except SlurmError as exc:
+            self._warn("sinfo", f"{exc}; node states unknown")
+            return None
+        return sum(states.get(n) == "idle" for n in nodes - set(self.options.exclude))
+
     # -- acting -----------------------------------------------------------------------------------------
 
     def target(self, state: RunState) -> int:
@@ -506,6 +611,8 @@ class SlurmExecutor(Executor):
         self._say(message)
 
     def _scale(self, state: RunState) -> None:
+        if self._lent_to is not None:
+            return  # lent to a job that called the run's nodes in (_lend): nothing to submit or stop
         target = self.target(state)
         self._release_stragglers(state)
         live = self._yield_growth([n for n in self.nodes.values() if not n.stopping])

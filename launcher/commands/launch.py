@@ -177,6 +177,8 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     if args.slurm:
         return _run_slurm(args)
+    if args.call_in:
+        return _fail("--call-in lends Slurm nodes: it works with --slurm only")
     try:
         # Ctrl-C, SIGTERM or SIGHUP while erm launch reads its input (ermrun's parser loads torch, the
         # discovery script runs, etcd is slow to answer): no node was started yet; exit 130 with a line

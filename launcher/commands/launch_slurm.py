@@ -49,6 +49,13 @@ def add_slurm_arguments(p: argparse.ArgumentParser, source) -> None:
         metavar="S",
         help="report a node job still pending after S seconds, with Slurm's reason (default 60)",
     )
+    g.add_argument(
+        "--call-in",
+        action="store_true",
+        help="when the run started on fewer nodes than it asked for, lend them to a job that arrives later "
+        "and would start on them: every node job stops, the run resumes from its checkpoint once that job "
+        "started (once per run; the checkpoint must outlive the nodes: a durable copy, or a progress file)",
+    )
 
 
 def _partitions(slurm, wanted: str | None) -> tuple[str, ...]:
@@ -129,6 +136,7 @@ def _options(args: argparse.Namespace, run_id: str, flags: list[str], script: li
         env=tuple(env.items()),
         pending_report_s=args.pending_report,
         requested_nodes=_requested_nodes(ns_job, args.workdir),
+        call_in=args.call_in,
     )
 
 

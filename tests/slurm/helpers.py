@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import psutil
 
@@ -154,10 +155,13 @@ def sleeper_executor(
     body: str = "exec sleep 300",
     say=lambda message: None,
     slurm=None,
+    call_in: bool = False,
+    clock=time.monotonic,
 ) -> SlurmExecutor:
     """The Slurm executor of a run on ``cluster``, driven by the test's calls to tick(); its node jobs'
     batch script only sleeps (what ermrun would do in them does not matter to Slurm's queue), or runs
-    ``body`` (a shell script) instead. ``slurm``: Slurm's commands (default: the cluster's)."""
+    ``body`` (a shell script) instead. ``slurm``: Slurm's commands (default: the cluster's); ``call_in``:
+    erm launch's --call-in; ``clock``: the executor's (a test moves it past a bound)."""
     sleeper = tmp_path / "python"  # stands in for the python that would run ermrun: the job just holds
     sleeper.write_text(f"#!/bin/sh\n{body}\n")
     sleeper.chmod(0o755)
@@ -173,6 +177,7 @@ def sleeper_executor(
         ermrun_flags=(),
         script=("train.py",),
         requested_nodes=request,
+        call_in=call_in,
     )
     events = EventLog(run_id, "erm-launch", client=client, keys=keys)
     return SlurmExecutor(
@@ -185,4 +190,42 @@ def sleeper_executor(
         ExecutorConfig(1, nodes, exit_grace_s=60),
         say,
         partitions=("debug",),
+        clock=clock,
     )
+
+
+def squeue_jobs(cluster) -> dict[str, dict]:
+    """Job id -> name, state, nice, priority, comment."""
+    r = cluster.cmd("squeue", "-h", "-o", "%i|%j|%T|%y|%Q|%k")
+    out = {}
+    for line in r.stdout.splitlines():
+        job_id, name, state, nice, prio, comment = line.split("|", 5)
+        out[job_id] = {"name": name, "state": state, "nice": int(nice), "prio": int(prio), "comment": comment}
+    return out
+
+
+def sbatch_other(cluster, name: str, nodes: int, partition: str | None = None, extra=()) -> str:
+    """Another user's job of ``nodes`` whole nodes that sleeps; its id. ``extra``: more sbatch options."""
+    r = cluster.cmd(
+        "sbatch",
+        "--parsable",
+        *(["-p", partition] if partition else []),
+        "-N",
+        str(nodes),
+        "--exclusive",
+        *extra,
+        "-J",
+        name,
+        "-o",
+        "/dev/null",
+        "--wrap",
+        "sleep 300",
+    )
+    return r.stdout.strip().split(";")[0]
+
+
+def wait_state(cluster, job_id: str, state: str) -> None:
+    deadline = time.monotonic() + 30
+    while squeue_jobs(cluster).get(job_id, {}).get("state") != state:
+        assert time.monotonic() < deadline, f"job {job_id} not {state}: {squeue_jobs(cluster)}"
+        time.sleep(0.1)

@@ -12,55 +12,27 @@ from elastic_rm.launch.slurm_job import GROWTH_MARK, GROWTH_NICE
 from elastic_rm.launch.slurm_nodes import STRAGGLER_SPARE
 from elastic_rm.wire.keyspace import Keyspace
 from elastic_rm.wire.records import DemandRecord, QueueRecord, RoundRecord
-from tests.slurm.helpers import actions, launch_events, sleeper_executor
+from tests.slurm.helpers import (
+    actions,
+    launch_events,
+    sbatch_other,
+    sleeper_executor,
+    squeue_jobs,
+    wait_state,
+)
 
 NODES = 6  # tests/slurm/conftest.py's cluster
-
-
-def _squeue(cluster) -> dict[str, dict]:
-    """Job id -> name, state, nice, priority, comment."""
-    r = cluster.cmd("squeue", "-h", "-o", "%i|%j|%T|%y|%Q|%k")
-    out = {}
-    for line in r.stdout.splitlines():
-        job_id, name, state, nice, prio, comment = line.split("|", 5)
-        out[job_id] = {"name": name, "state": state, "nice": int(nice), "prio": int(prio), "comment": comment}
-    return out
-
-
-def _sbatch(cluster, name: str, nodes: int, partition: str | None = None) -> str:
-    r = cluster.cmd(
-        "sbatch",
-        "--parsable",
-        *(["-p", partition] if partition else []),
-        "-N",
-        str(nodes),
-        "--exclusive",
-        "-J",
-        name,
-        "-o",
-        "/dev/null",
-        "--wrap",
-        "sleep 300",
-    )
-    return r.stdout.strip().split(";")[0]
-
-
-def _wait_state(cluster, job_id: str, state: str) -> None:
-    deadline = time.monotonic() + 30
-    while _squeue(cluster).get(job_id, {}).get("state") != state:
-        assert time.monotonic() < deadline, f"job {job_id} not {state}: {_squeue(cluster)}"
-        time.sleep(0.1)
 
 
 def _fill_and_grow(client, cluster, executor, run_id: str) -> list[str]:
     """Another user's job holds every node; the leader wants 3 nodes of a run that requests 1: one node
     job at the run's request, two growth node jobs (all pending). Their job ids, request first."""
-    _wait_state(cluster, _sbatch(cluster, "blocker", NODES), "RUNNING")
+    wait_state(cluster, sbatch_other(cluster, "blocker", NODES), "RUNNING")
     client.put(Keyspace("/elastic-rm", run_id).demand, DemandRecord(3, "test: grow to 3").to_json())
     assert executor.tick() is None
     ids = sorted(executor.nodes, key=int)
     assert len(ids) == 3 and [executor.nodes[i].growth for i in ids] == [False, True, True]
-    jobs = _squeue(cluster)
+    jobs = squeue_jobs(cluster)
     assert [jobs[i]["nice"] for i in ids] == [0, GROWTH_NICE, GROWTH_NICE], jobs
     assert [jobs[i]["comment"].endswith(GROWTH_MARK) for i in ids] == [False, True, True], jobs
     return ids
@@ -70,13 +42,13 @@ def test_growth_node_jobs_are_niced_so_a_later_job_starts_before_them(slurm, etc
     with EtcdClient(etcd.endpoint) as client:
         executor = sleeper_executor(client, slurm, run_id, tmp_path, request=1)
         request, *growth = _fill_and_grow(client, slurm, executor, run_id)
-        later = _sbatch(slurm, "other-user", NODES - 1)  # submitted after the growth jobs, no tick since
-        jobs = _squeue(slurm)
+        later = sbatch_other(slurm, "other-user", NODES - 1)  # submitted after the growth jobs, no tick since
+        jobs = squeue_jobs(slurm)
         assert all(jobs[later]["prio"] > jobs[g]["prio"] for g in growth), jobs
         blocker = next(i for i, j in jobs.items() if j["name"] == "blocker")
         slurm.cmd("scancel", blocker)
-        _wait_state(slurm, later, "RUNNING")
-        jobs = _squeue(slurm)
+        wait_state(slurm, later, "RUNNING")
+        jobs = squeue_jobs(slurm)
         # the 6 freed nodes: the run's requested node and the later job; the growth jobs wait
         assert jobs[request]["state"] == "RUNNING", jobs
         assert [jobs[g]["state"] for g in growth] == ["PENDING", "PENDING"], jobs
@@ -87,9 +59,9 @@ def test_pending_growth_is_cancelled_while_another_job_waits(slurm, etcd, run_id
         executor = sleeper_executor(client, slurm, run_id, tmp_path, request=1)
         request, *growth = _fill_and_grow(client, slurm, executor, run_id)
         # in another partition laid over the same nodes (the test cluster's "other": Nodes=ALL)
-        waiting = _sbatch(slurm, "other-user", 2, partition="other")
+        waiting = sbatch_other(slurm, "other-user", 2, partition="other")
         assert executor.tick() is None
-        jobs = _squeue(slurm)
+        jobs = squeue_jobs(slurm)
         assert request in jobs and not any(jobs.get(g, {}).get("state") == "PENDING" for g in growth), jobs
         queue = QueueRecord.parse("queue", client.get(Keyspace("/elastic-rm", run_id).queue).value)
         assert queue.waiting_nodes == 2
@@ -97,7 +69,7 @@ def test_pending_growth_is_cancelled_while_another_job_waits(slurm, etcd, run_id
         assert executor.submitted == 3  # held: nothing submitted while the other job waits
         slurm.cmd("scancel", waiting)
         deadline = time.monotonic() + 30
-        while waiting in _squeue(slurm):
+        while waiting in squeue_jobs(slurm):
             assert time.monotonic() < deadline
             time.sleep(0.1)
         assert executor.tick() is None
@@ -118,8 +90,8 @@ def test_a_spare_that_replaces_a_straggler_is_no_growth_and_is_submitted_while_o
     keys = Keyspace("/elastic-rm", run_id)
     with EtcdClient(etcd.endpoint) as client:
         executor = sleeper_executor(client, slurm, run_id, tmp_path, request=2)
-        _wait_state(slurm, _sbatch(slurm, "blocker", NODES), "RUNNING")
-        _sbatch(slurm, "other-user", 2)  # waits
+        wait_state(slurm, sbatch_other(slurm, "blocker", NODES), "RUNNING")
+        sbatch_other(slurm, "other-user", 2)  # waits
         client.put(
             keys.round, RoundRecord(1, ("b1", "b2"), reason="test", extra={"flagged": ["b2"]}).to_json()
         )
@@ -128,7 +100,7 @@ def test_a_spare_that_replaces_a_straggler_is_no_growth_and_is_submitted_while_o
         assert executor.others_waiting == 2
         ids = sorted(executor.nodes, key=int)
         assert [executor.nodes[i].growth for i in ids] == [False, False, False]
-        assert [_squeue(slurm)[i]["nice"] for i in ids] == [0, 0, 0]
+        assert [squeue_jobs(slurm)[i]["nice"] for i in ids] == [0, 0, 0]
         client.put(keys.demand, DemandRecord(4, "test: grow to 4").to_json())
         assert executor.tick() is None and executor.submitted == 3  # growth past the request: held
 
@@ -142,8 +114,8 @@ def test_growth_inside_a_straggler_demand_is_held_and_no_spare_follows_the_swap(
     keys = Keyspace("/elastic-rm", run_id)
     with EtcdClient(etcd.endpoint) as client:
         executor = sleeper_executor(client, slurm, run_id, tmp_path, request=2)
-        _wait_state(slurm, _sbatch(slurm, "blocker", NODES), "RUNNING")
-        _sbatch(slurm, "other-user", 2)  # waits
+        wait_state(slurm, sbatch_other(slurm, "blocker", NODES), "RUNNING")
+        sbatch_other(slurm, "other-user", 2)  # waits
         client.put(
             keys.round, RoundRecord(1, ("b1", "b2"), reason="test", extra={"flagged": ["b2"]}).to_json()
         )
@@ -151,7 +123,7 @@ def test_growth_inside_a_straggler_demand_is_held_and_no_spare_follows_the_swap(
         assert executor.tick() is None
         ids = sorted(executor.nodes, key=int)
         assert executor.submitted == 3 and [executor.nodes[i].growth for i in ids] == [False] * 3
-        jobs = _squeue(slurm)
+        jobs = squeue_jobs(slurm)
         assert [jobs[i]["nice"] for i in ids] == [0, 0, 0], jobs
         first, straggler, spare = (executor.nodes[i].node_id for i in ids)
         swapped = RoundRecord(
