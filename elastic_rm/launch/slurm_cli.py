@@ -231,6 +231,11 @@ class Slurm:
         if job_ids:
             self._run(["scancel", *job_ids])
 
+    def set_start(self, job_id: str, when: str) -> None:
+        """A pending job's earliest start (``now+120``, ``now``), which its owner may change: unlike a
+        hold, it keeps the job's priority, so the job keeps its place in the queue."""
+        self._run(["scontrol", "update", f"JobId={job_id}", f"StartTime={when}"])
+
     def cancel_wait_s(self) -> float:
         """How long after scancel a stop waits for its jobs to leave squeue: the cluster's KillWait
         (``scontrol show config``, read once; Slurm's default where scontrol cannot say) plus

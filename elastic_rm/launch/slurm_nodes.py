@@ -28,8 +28,9 @@ executor (elastic_rm.launch.executor), over jobs instead of hosts:
   other jobs of the partition wait, no such job is submitted and the pending ones are cancelled. Other
   runs' growth jobs are not counted as waiting (they yield as well);
 - with ``--call-in``, a run whose first round had fewer nodes than its request lends them to a job that
-  arrives after it (elastic_rm.launch.slurm_call_in): every node job stops, none is submitted until that
-  job no longer pends (at most CALL_IN_HOLD_S), then the run asks for its nodes again. Once per run.
+  arrives after it (elastic_rm.launch.slurm_call_in): its running node jobs stop, its pending ones are
+  deferred in their place, none is submitted until that job no longer pends (at most CALL_IN_HOLD_S),
+  then the run asks for its nodes again. Once per run.
 
 Size: one executor; its rules read one state of the run and of Slurm's queue at each poll, and split
 apart they would pass that state between modules.
@@ -155,6 +156,7 @@ class SlurmExecutor(Executor):
         # squeue listed then (the jobs after it arrived later); None until that round is seen
         self._first_round: tuple[bool, int] | None = None
         self._lent_to: PendingDemand | None = None  # the job that called the run's nodes in, while it pends
+        self._deferred: list[SlurmNode] = []  # the run's pending node jobs held back meanwhile
         self._lent_until = 0.0
         self._called_in = False  # at most once per run
 
@@ -487,14 +489,20 @@ class SlurmExecutor(Executor):
     def _lend(self, jobs: list[SlurmJob], now: float) -> None:
         """--call-in (elastic_rm.launch.slurm_call_in): while the run is short of its request since its
         first round, a job that arrived after that round and would start on the idle nodes plus the
-        run's calls them in: every node job of the run stops (a member's ermrun leaves on SIGTERM
-        without closing the run; the next round resumes from the checkpoint). The run then submits
-        nothing until that job no longer pends, or CALL_IN_HOLD_S passed."""
+        run's calls them in: the run's running node jobs stop (a member's ermrun leaves on SIGTERM
+        without closing the run; the next round resumes from the checkpoint), and its pending ones
+        are deferred (their start time, which keeps their place in the queue; cancelled where that
+        fails). The run then submits nothing until that job no longer pends, or CALL_IN_HOLD_S passed,
+        and its deferred node jobs may start again."""
         if self._lent_to is not None:
             pending = {j.job_id for j in jobs if j.state == "PENDING"} & self._lent_to.job_ids
             if pending and now < self._lent_until:
                 return
             caller, self._lent_to = self._lent_to, None
+            for node in self._deferred:
+                if node.pending and not node.stopping:
+                    self._set_start(node, "now")
+            self._deferred = []
             how = "started" if not pending else f"still pends after {CALL_IN_HOLD_S:g}s"
             message = (
                 f"{caller.key}, which called the run's nodes in, {how}: the run asks Slurm for nodes again"
@@ -520,9 +528,9 @@ class SlurmExecutor(Executor):
         message = (
             f"called in by {caller.key}: it arrived after the run's first round, which had fewer nodes "
             f"than the run's request of {self.request()}, and its {caller.nodes} node(s) fit on the {idle} "
-            f"idle node(s) and the run's {len(lent)}; every node job of the run stops (training resumes "
-            f"from the checkpoint) and none is submitted until it no longer pends (at most "
-            f"{CALL_IN_HOLD_S:g}s)"
+            f"idle node(s) and the run's {len(lent)}; the run's running node jobs stop (training resumes "
+            f"from the checkpoint), its pending ones wait in their place, and none is submitted until it "
+            f"no longer pends (at most {CALL_IN_HOLD_S:g}s)"
         )
         self._say(message)
         self._events.emit(
@@ -535,7 +543,21 @@ class SlurmExecutor(Executor):
             lent=len(lent),
         )
         for node in list(self.nodes.values()):
-            self._stop(node, f"called in by {caller.key}")
+            if node.stopping:
+                continue
+            if node.pending and self._set_start(node, f"now+{CALL_IN_HOLD_S:.0f}"):
+                self._deferred.append(node)
+            else:
+                self._stop(node, f"called in by {caller.key}")
+
+    def _set_start(self, node: SlurmNode, when: str) -> bool:
+        """Defer a pending node job (or let it start: ``now``); a failure is said, False."""
+        try:
+            self.slurm.set_start(node.job_id, when)
+        except SlurmError as exc:
+            self._say(f"could not set Slurm job {node.job_id}'s start to {when}: {exc}")
+            return False
+        return True
 
     def _idle_nodes(self) -> int | None:
         """Idle nodes of the run's partitions, --exclude's left out; None while sinfo cannot say."""

@@ -195,12 +195,19 @@ def sleeper_executor(
 
 
 def squeue_jobs(cluster) -> dict[str, dict]:
-    """Job id -> name, state, nice, priority, comment."""
-    r = cluster.cmd("squeue", "-h", "-o", "%i|%j|%T|%y|%Q|%k")
+    """Job id -> name, state, nice, priority, pending reason, comment."""
+    r = cluster.cmd("squeue", "-h", "-o", "%i|%j|%T|%y|%Q|%r|%k")
     out = {}
     for line in r.stdout.splitlines():
-        job_id, name, state, nice, prio, comment = line.split("|", 5)
-        out[job_id] = {"name": name, "state": state, "nice": int(nice), "prio": int(prio), "comment": comment}
+        job_id, name, state, nice, prio, reason, comment = line.split("|", 6)
+        out[job_id] = {
+            "name": name,
+            "state": state,
+            "nice": int(nice),
+            "prio": int(prio),
+            "reason": reason,
+            "comment": comment,
+        }
     return out
 
 

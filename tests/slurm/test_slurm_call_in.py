@@ -42,6 +42,14 @@ def _wait(cluster, executor, what, until) -> None:
         time.sleep(0.2)
 
 
+def _deferred(cluster, job_id: str) -> None:
+    """Slurm says the job waits for its begin time (at its next scheduling pass: bounded wait)."""
+    deadline = time.monotonic() + 30
+    while squeue_jobs(cluster)[job_id]["reason"] != "BeginTime":
+        assert time.monotonic() < deadline, f"job {job_id} not deferred: {squeue_jobs(cluster)}"
+        time.sleep(0.2)
+
+
 def _short_start(client, cluster, executor, run_id: str) -> tuple[list[str], str]:
     """Another user's job holds 4 of the 6 nodes; the run asks for 3 and starts on the 2 left (round 1
     has them), its third node job pending. Returns the running nodes and the pending job's id."""
@@ -64,27 +72,39 @@ def test_a_later_job_that_fits_calls_the_short_start_in_and_the_run_asks_again_o
     with EtcdClient(etcd.endpoint) as client:
         executor = sleeper_executor(client, slurm, run_id, tmp_path, request=3, call_in=True)
         running, pending = _short_start(client, slurm, executor, run_id)
-        before = set(executor.nodes)
+        lent = {n.job_id for n in executor.nodes.values() if n.state == "RUNNING"}
+        prio = squeue_jobs(slurm)[pending]["prio"]
         later = sbatch_other(slurm, "later", 2)  # pends: no node is idle, the run's pending job is older
         assert executor.tick() is None
-        assert all(n.stopping for n in executor.nodes.values())  # called in: every node job stops
+        # called in: the running node jobs stop, the pending one waits in its place (same priority)
+        assert {n.job_id for n in executor.nodes.values() if n.stopping} == lent
+        wait_state(slurm, later, "RUNNING")  # on the lent nodes (no tick meanwhile)
+        _deferred(slurm, pending)
+        assert squeue_jobs(slurm)[pending]["prio"] == prio
         assert executor.submitted == 3
-        _wait(slurm, executor, "the later job running on the lent nodes", lambda: not executor.nodes)
-        wait_state(slurm, later, "RUNNING")
-        assert executor.tick() is None  # the caller runs: the run asks Slurm for its 3 nodes again
-        assert executor.submitted == 6 and not set(executor.nodes) & before
-        assert all(n.pending for n in executor.nodes.values())  # blocker 4 + later 2: nothing idle
-        slurm.cmd("scancel", later)
+        mid = sbatch_other(slurm, "mid", 1)  # arrives while the run's node job is deferred
+        assert executor.tick() is None  # the caller runs: the run asks Slurm for its nodes again
+        assert set(executor.nodes) - {pending} and not lent & set(executor.nodes)
+        assert squeue_jobs(slurm)[pending]["reason"] != "BeginTime"
+        assert executor.submitted == 5  # the two lent nodes' replacements, behind mid
+        slurm.cmd("scancel", later)  # two nodes free: the deferred job kept its place ahead of mid
+        wait_state(slurm, pending, "RUNNING")
+        wait_state(slurm, mid, "RUNNING")
+        jobs = squeue_jobs(slurm)
+        assert [
+            j["state"] for i, j in jobs.items() if i not in (pending, mid) and j["name"] == f"erm-{run_id}"
+        ] == [
+            "PENDING",
+            "PENDING",
+        ], jobs
+        slurm.cmd("scancel", mid)
         _wait(
             slurm,
             executor,
-            "the run's nodes back",
+            "two of the run's nodes running",
             lambda: sum(n.state == "RUNNING" for n in executor.nodes.values()) == 2,
         )
-        # round 1 was short, but a run calls in once: a second later job that fits finds nothing lent
-        client.put(
-            Keyspace("/elastic-rm", run_id).round, RoundRecord(2, ("b5", "b6"), reason="test").to_json()
-        )
+        # the run is short again and a later job fits on its nodes, but a run is called in once
         again = sbatch_other(slurm, "again", 2)
         for _ in range(3):
             assert executor.tick() is None
@@ -96,7 +116,7 @@ def test_a_later_job_that_fits_calls_the_short_start_in_and_the_run_asks_again_o
     assert len(call_in) == 1 and call_in[0]["caller"] == later and call_in[0]["lent"] == 2
     assert call_in[0]["idle"] == 0 and call_in[0]["nodes"] == 2
     stops = actions(events, "stop")
-    assert sorted(s["job"] for s in stops) == sorted(before)
+    assert sorted(s["job"] for s in stops) == sorted(lent)
     assert {s["reason"] for s in stops} == {f"called in by {later}"}
     over = [e.message for e in events if e.data.get("action") == "call_in_over"]
     assert len(over) == 1 and f"{later}, which called the run's nodes in, started" in over[0]
@@ -165,15 +185,17 @@ def test_a_caller_that_still_pends_after_the_bound_gives_the_nodes_back_to_the_r
             call_in=True,
             clock=lambda: time.monotonic() + moved[0],
         )
-        running, _ = _short_start(client, slurm, executor, run_id)
+        running, deferred = _short_start(client, slurm, executor, run_id)
         stuck = sbatch_other(slurm, "stuck", 2, extra=("-x", running[0]))
-        _wait(slurm, executor, "the lent nodes idle", lambda: not executor.nodes)
+        _wait(slurm, executor, "the lent nodes idle", lambda: all(n.pending for n in executor.nodes.values()))
         for _ in range(3):  # the lent nodes are idle and the caller still pends: the run waits
             assert executor.tick() is None
         assert executor.submitted == 3 and squeue_jobs(slurm)[stuck]["state"] == "PENDING"
+        _deferred(slurm, deferred)
         moved[0] = CALL_IN_HOLD_S + 1
         assert executor.tick() is None
-        assert executor.submitted == 6
+        assert executor.submitted == 5
+        assert squeue_jobs(slurm)[deferred]["reason"] != "BeginTime"
         executor._events.flush()
     over = [e.message for e in launch_events(etcd, run_id) if e.data.get("action") == "call_in_over"]
     assert len(over) == 1 and f"still pends after {CALL_IN_HOLD_S:g}s" in over[0]
@@ -228,4 +250,5 @@ def test_a_run_called_in_resumes_from_its_progress_and_finishes(etcd, run_id, tm
     events = launch_events(etcd, run_id)
     assert [e["caller"] for e in actions(events, "call_in")] == [later], told(events)
     assert len(actions(events, "call_in_over")) == 1
-    assert len(actions(events, "submit")) == 6, told(events)  # 3 at the start, 3 once the later job ran
+    # 3 at the start, 2 for the stopped ones once the later job ran (the third waited, deferred)
+    assert len(actions(events, "submit")) == 5, told(events)
