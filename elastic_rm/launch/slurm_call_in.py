@@ -6,9 +6,10 @@ Why: a static job waits until all of its nodes are free; an elastic run starts o
 and holds its few nodes, and a job that arrives after it, which would have found those nodes free had the
 run waited like a static job, now waits for all of its own, often for minutes. With the call-in, the run
 that started short lends its nodes to the jobs that arrive after it: when one of them would start at once
-on the idle nodes plus the run's, the run stops every node job (its progress is in its checkpoint), lets
-that job take the nodes, and asks Slurm for its nodes again once that job is no longer pending. At most
-once per run.
+on the idle nodes plus the run's, the run stops as many of its nodes as that job needs (it goes on
+without them as after a lost node, or, when it needs them all, resumes from its checkpoint later),
+holds its pending node jobs back in their place, lets that job take the nodes, and asks Slurm for its
+nodes again once that job is no longer pending. At most once per run.
 
 The rule here is pure (squeue's jobs in, a decision out); elastic_rm.launch.slurm_nodes acts on it.
 Slurm starts pending jobs in priority order, which for jobs of equal priority is the order of their
@@ -70,17 +71,24 @@ def pending_demands(waiting: Iterable[SlurmJob], live: Iterable[SlurmJob]) -> li
     return sorted(demands, key=lambda d: (d.first, d.key))
 
 
-def choose_caller(
-    demands: list[PendingDemand], arrived_after: int, idle: int, lent: int
-) -> PendingDemand | None:
+@dataclass(frozen=True)
+class CallIn:
+    """A job that calls in the run's nodes, and how many of them it needs (the run keeps the rest)."""
+
+    caller: PendingDemand
+    nodes: int
+
+
+def choose_caller(demands: list[PendingDemand], arrived_after: int, idle: int, running: int) -> CallIn | None:
     """The oldest job that arrived after ``arrived_after`` (the highest job id squeue listed when the
-    run's first round formed) and would start once the run's ``lent`` nodes are free: the nodes it and
-    every older pending job ask for are more than the ``idle`` nodes (else it starts without them) and
-    at most the idle nodes plus the lent ones. None when no job is such."""
+    run's first round formed) and would start once some of the run's ``running`` nodes are free: the
+    nodes it and every older pending job ask for are more than the ``idle`` nodes (else it starts
+    without them) and at most the idle nodes plus the run's. It needs the difference of the run's
+    nodes. None when no job is such."""
     ahead = 0
     for demand in demands:
         wanted = ahead + demand.nodes
-        if demand.first > arrived_after and idle < wanted <= idle + lent:
-            return demand
+        if demand.first > arrived_after and idle < wanted <= idle + running:
+            return CallIn(demand, wanted - idle)
         ahead = wanted
     return None

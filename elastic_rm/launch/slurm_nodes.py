@@ -28,9 +28,9 @@ executor (elastic_rm.launch.executor), over jobs instead of hosts:
   other jobs of the partition wait, no such job is submitted and the pending ones are cancelled. Other
   runs' growth jobs are not counted as waiting (they yield as well);
 - with ``--call-in``, a run whose first round had fewer nodes than its request lends them to a job that
-  arrives after it (elastic_rm.launch.slurm_call_in): its running node jobs stop, its pending ones are
-  deferred in their place, none is submitted until that job no longer pends (at most CALL_IN_HOLD_S),
-  then the run asks for its nodes again. Once per run.
+  arrives after it (elastic_rm.launch.slurm_call_in): as many of its running node jobs as that job
+  needs stop, its pending ones are deferred in their place, none is submitted until that job no longer
+  pends (at most CALL_IN_HOLD_S), then the run asks for its nodes again. Once per run.
 
 Size: one executor; its rules read one state of the run and of Slurm's queue at each poll, and split
 apart they would pass that state between modules.
@@ -489,8 +489,9 @@ class SlurmExecutor(Executor):
     def _lend(self, jobs: list[SlurmJob], now: float) -> None:
         """--call-in (elastic_rm.launch.slurm_call_in): while the run is short of its request since its
         first round, a job that arrived after that round and would start on the idle nodes plus the
-        run's calls them in: the run's running node jobs stop (a member's ermrun leaves on SIGTERM
-        without closing the run; the next round resumes from the checkpoint), and its pending ones
+        run's calls them in: as many of the run's running node jobs as it needs stop, the newest first
+        (a member's ermrun leaves on SIGTERM without closing the run: the others go on as after a lost
+        node, or, when none is left, the next round resumes from the checkpoint), and its pending ones
         are deferred (their start time, which keeps their place in the queue; cancelled where that
         fails). The run then submits nothing until that job no longer pends, or CALL_IN_HOLD_S passed,
         and its deferred node jobs may start again."""
@@ -521,16 +522,19 @@ class SlurmExecutor(Executor):
         idle = self._idle_nodes()
         if idle is None:
             return
-        caller = choose_caller(demands, self._first_round[1], idle, len(lent))
-        if caller is None:
+        call = choose_caller(demands, self._first_round[1], idle, len(lent))
+        if call is None:
             return
+        caller = call.caller
         self._called_in, self._lent_to, self._lent_until = True, caller, now + CALL_IN_HOLD_S
+        kept = len(lent) - call.nodes
         message = (
             f"called in by {caller.key}: it arrived after the run's first round, which had fewer nodes "
-            f"than the run's request of {self.request()}, and its {caller.nodes} node(s) fit on the {idle} "
-            f"idle node(s) and the run's {len(lent)}; the run's running node jobs stop (training resumes "
-            f"from the checkpoint), its pending ones wait in their place, and none is submitted until it "
-            f"no longer pends (at most {CALL_IN_HOLD_S:g}s)"
+            f"than the run's request of {self.request()}, and its {caller.nodes} node(s) start on the "
+            f"{idle} idle node(s) and {call.nodes} of the run's {len(lent)}: those stop ("
+            + (f"the run goes on with {kept}" if kept else "training resumes later from the checkpoint")
+            + f"), its pending node jobs wait in their place, and none is submitted until it no longer "
+            f"pends (at most {CALL_IN_HOLD_S:g}s)"
         )
         self._say(message)
         self._events.emit(
@@ -540,15 +544,17 @@ class SlurmExecutor(Executor):
             caller=caller.key,
             nodes=caller.nodes,
             idle=idle,
-            lent=len(lent),
+            lent=call.nodes,
+            kept=kept,
         )
+        for node in sorted(lent, key=lambda n: -n.started_at)[: call.nodes]:  # the newest
+            self._stop(node, f"called in by {caller.key}")
         for node in list(self.nodes.values()):
-            if node.stopping:
-                continue
-            if node.pending and self._set_start(node, f"now+{CALL_IN_HOLD_S:.0f}"):
-                self._deferred.append(node)
-            else:
-                self._stop(node, f"called in by {caller.key}")
+            if node.pending and not node.stopping:
+                if self._set_start(node, f"now+{CALL_IN_HOLD_S:.0f}"):
+                    self._deferred.append(node)
+                else:
+                    self._stop(node, f"called in by {caller.key}")
 
     def _set_start(self, node: SlurmNode, when: str) -> bool:
         """Defer a pending node job (or let it start: ``now``); a failure is said, False."""

@@ -35,15 +35,18 @@ def test_an_erm_runs_node_jobs_are_one_job_dated_by_its_oldest():
 def test_the_first_later_job_that_fits_the_idle_and_lent_nodes_is_the_caller():
     demands = pending_demands([_job("10", nodes=2), _job("20", nodes=3)], [])
     # arrived after job 9: job 10's 2 nodes fit 0 idle + 2 lent
-    assert choose_caller(demands, arrived_after=9, idle=0, lent=2).key == "10"
+    call = choose_caller(demands, arrived_after=9, idle=0, running=2)
+    assert call.caller.key == "10" and call.nodes == 2
     # job 10 arrived before the run's first round: it is served first, and job 20's 3 more do not fit
-    assert choose_caller(demands, arrived_after=10, idle=0, lent=2) is None
-    # with room for both, job 20 is the caller: job 10, older, takes its 2 first
-    assert choose_caller(demands, arrived_after=10, idle=1, lent=4).key == "20"
+    assert choose_caller(demands, arrived_after=10, idle=0, running=2) is None
+    # with room for both, job 20 is the caller: job 10, older, takes 2 first, job 20 needs 4 of the run's
+    call = choose_caller(demands, arrived_after=10, idle=1, running=5)
+    assert call.caller.key == "20" and call.nodes == 4
 
 
-def test_a_job_that_starts_on_the_idle_nodes_alone_calls_nothing_in():
+def test_a_job_that_starts_on_the_idle_nodes_alone_calls_nothing_in_and_a_caller_takes_what_it_needs():
     demands = pending_demands([_job("10", nodes=2)], [])
-    assert choose_caller(demands, arrived_after=0, idle=2, lent=3) is None
-    assert choose_caller(demands, arrived_after=0, idle=1, lent=1).key == "10"
-    assert choose_caller(demands, arrived_after=0, idle=0, lent=1) is None  # 2 > 0 + 1
+    assert choose_caller(demands, arrived_after=0, idle=2, running=3) is None
+    call = choose_caller(demands, arrived_after=0, idle=1, running=3)  # one of the run's 3 is enough
+    assert call.caller.key == "10" and call.nodes == 1
+    assert choose_caller(demands, arrived_after=0, idle=0, running=1) is None  # 2 > 0 + 1

@@ -113,13 +113,39 @@ def test_a_later_job_that_fits_calls_the_short_start_in_and_the_run_asks_again_o
         executor._events.flush()
     events = launch_events(etcd, run_id)
     call_in = actions(events, "call_in")
-    assert len(call_in) == 1 and call_in[0]["caller"] == later and call_in[0]["lent"] == 2
+    assert len(call_in) == 1 and call_in[0]["caller"] == later
+    assert call_in[0]["lent"] == 2 and call_in[0]["kept"] == 0
     assert call_in[0]["idle"] == 0 and call_in[0]["nodes"] == 2
     stops = actions(events, "stop")
     assert sorted(s["job"] for s in stops) == sorted(lent)
     assert {s["reason"] for s in stops} == {f"called in by {later}"}
     over = [e.message for e in events if e.data.get("action") == "call_in_over"]
     assert len(over) == 1 and f"{later}, which called the run's nodes in, started" in over[0]
+
+
+def test_a_caller_that_needs_fewer_nodes_than_the_run_holds_takes_only_those(slurm, etcd, run_id, tmp_path):
+    with EtcdClient(etcd.endpoint) as client:
+        executor = sleeper_executor(client, slurm, run_id, tmp_path, request=4, call_in=True)
+        wait_state(slurm, sbatch_other(slurm, "blocker", NODES - 3), "RUNNING")
+
+        def three_running():
+            return sum(n.state == "RUNNING" for n in executor.nodes.values()) == 3
+
+        _wait(slurm, executor, "3 of the run's 4 node jobs running", three_running)
+        running = sorted(executor.nodes.values(), key=lambda n: n.started_at)
+        members = tuple(n.node_id for n in running if n.state == "RUNNING")
+        client.put(Keyspace("/elastic-rm", run_id).round, RoundRecord(1, members, reason="test").to_json())
+        assert executor.tick() is None
+        later = sbatch_other(slurm, "later", 2)  # 0 idle: it needs 2 of the run's 3
+        assert executor.tick() is None
+        stopping = [n for n in executor.nodes.values() if n.stopping]
+        kept = [n for n in executor.nodes.values() if n.state == "RUNNING" and not n.stopping]
+        assert len(stopping) == 2 and len(kept) == 1
+        assert kept[0].node_id == members[0]  # the newest stop first: the oldest node stays
+        wait_state(slurm, later, "RUNNING")
+        executor._events.flush()
+    (call,) = actions(launch_events(etcd, run_id), "call_in")
+    assert call["lent"] == 2 and call["kept"] == 1 and call["caller"] == later
 
 
 def test_no_call_in_for_a_job_that_does_not_fit_arrived_first_or_without_the_option(
