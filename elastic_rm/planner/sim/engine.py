@@ -10,11 +10,12 @@ waiting for.
 
 The call-in ablations (``ours-call-in``, ``ours-fixed-size-call-in``) model ``erm launch --slurm
 --call-in`` (elastic_rm.launch.slurm_call_in): an early start below the start size borrows nodes that a
-job arriving later would have backfilled onto under static. Between the two passes, a queued job whose whole start size
-would fit on the free nodes plus those of running jobs that started short before it arrived calls them
-in: those jobs stop (drained, their progress kept as by a final checkpoint), queue again ahead of the
-others (live, their node jobs queue behind the jobs submitted meanwhile), and resume through the usual
-passes; each job is called in at most once.
+job arriving later would have backfilled onto under static. Between the two passes, a queued job whose
+whole start size would fit on the free nodes plus those of running jobs that started short before it
+arrived calls them in (all of a lender's nodes; live, only those the caller needs): those jobs stop
+(drained, their progress kept as by a final checkpoint), queue again ahead of the others (live, their new
+node jobs queue behind the jobs submitted meanwhile), and resume through the usual passes; each job is
+called in at most once.
 
 Time advances in fixed ticks (default 60 s); arrivals, node failures and straggler episodes are events
 drawn from one seeded numpy Generator when a slice is created, so a run is reproducible. Every policy sees
