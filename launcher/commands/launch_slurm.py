@@ -53,8 +53,9 @@ def add_slurm_arguments(p: argparse.ArgumentParser, source) -> None:
         "--call-in",
         action="store_true",
         help="when the run started on fewer nodes than it asked for, lend them to a job that arrives later "
-        "and would start on them: every node job stops, the run resumes from its checkpoint once that job "
-        "started (once per run; the checkpoint must outlive the nodes: a durable copy, or a progress file)",
+        "and would start on them: the nodes it needs stop, and the run asks for nodes again once that job "
+        "started (once per run; it may stop all of them, so the checkpoint must outlive the nodes: a "
+        "durable copy, or a progress file)",
     )
 
 

@@ -1,5 +1,6 @@
 """Bugs found in `erm launch` (ssh path): a host back in the discovery output while its node still stops,
-a signal while the discovery script runs, a signal during startup, and a negative --poll-interval."""
+a signal while the discovery script runs, a signal during startup, a negative --poll-interval, and
+--call-in without --slurm."""
 
 from __future__ import annotations
 
@@ -175,7 +176,9 @@ def test_ctrl_c_while_erm_launch_starts_exits_130_without_a_traceback_or_the_scr
     assert not alive, "the discovery script outlived erm launch"
 
 
-def test_a_negative_poll_interval_is_refused_before_anything_starts(tmp_path, capsys):
+def test_a_negative_poll_interval_or_call_in_without_slurm_is_refused_before_anything_starts(
+    tmp_path, capsys
+):
     from launcher.erm import main
 
     hosts = tmp_path / "hosts"
@@ -185,6 +188,8 @@ def test_a_negative_poll_interval_is_refused_before_anything_starts(tmp_path, ca
     assert "--poll-interval -1: must be a number of seconds > 0" in capsys.readouterr().err
     assert main([*argv, "--stop-grace", "nan", "--nnodes", "1", "train.py"]) == 2
     assert "--stop-grace nan" in capsys.readouterr().err
+    assert main([*argv, "--call-in", "--nnodes", "1", "train.py"]) == 2  # Slurm's nodes only
+    assert "--call-in lends Slurm nodes: it works with --slurm only" in capsys.readouterr().err
 
 
 def test_a_host_blacklisted_again_and_again_never_overflows_its_cooldown():
