@@ -3,9 +3,9 @@
 
 Why: a static job waits until all of its nodes are free; an elastic run starts on the nodes that are free
 (at least --nnodes' minimum) and asks Slurm for the rest. When the cluster is busy, such a run starts short
-and holds its few nodes, and a job that arrives after it, which would have found those nodes free had the
-run waited like a static job, now waits for all of its own, often for minutes. With the call-in, the run
-that started short lends its nodes to the jobs that arrive after it: when one of them would start at once
+and holds its few nodes, and a job that arrived after it, which static's backfill would have started on
+those nodes while the run waited for all of its own, now waits, often for minutes. With the call-in, the
+run that started short lends its nodes to the jobs that arrived after it: when one of them would start at once
 on the idle nodes plus the run's, the run stops as many of its nodes as that job needs (it goes on
 without them as after a lost node, or, when it needs them all, resumes from its checkpoint later),
 holds its pending node jobs back in their place, lets that job take the nodes, and asks Slurm for its
@@ -80,11 +80,10 @@ class CallIn:
 
 
 def choose_caller(demands: list[PendingDemand], arrived_after: int, idle: int, running: int) -> CallIn | None:
-    """The oldest job that arrived after ``arrived_after`` (the highest job id squeue listed when the
-    run's first round formed) and would start once some of the run's ``running`` nodes are free: the
-    nodes it and every older pending job ask for are more than the ``idle`` nodes (else it starts
-    without them) and at most the idle nodes plus the run's. It needs the difference of the run's
-    nodes. None when no job is such."""
+    """The oldest job that arrived after ``arrived_after`` (the run's oldest node job id) and would start
+    once some of the run's ``running`` nodes are free: the nodes it and every older pending job ask for
+    are more than the ``idle`` nodes (else it starts without them) and at most the idle nodes plus the
+    run's. It needs the difference of the run's nodes. None when no job is such."""
     ahead = 0
     for demand in demands:
         wanted = ahead + demand.nodes

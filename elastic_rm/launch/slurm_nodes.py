@@ -28,7 +28,7 @@ executor (elastic_rm.launch.executor), over jobs instead of hosts:
   other jobs of the partition wait, no such job is submitted and the pending ones are cancelled. Other
   runs' growth jobs are not counted as waiting (they yield as well);
 - with ``--call-in``, a run whose first round had fewer nodes than its request lends them to a job that
-  arrives after it (elastic_rm.launch.slurm_call_in): as many of its running node jobs as that job
+  arrived after it (elastic_rm.launch.slurm_call_in): as many of its running node jobs as that job
   needs stop, its pending ones are deferred in their place, none is submitted until that job no longer
   pends (at most CALL_IN_HOLD_S), then the run asks for its nodes again. Once per run.
 
@@ -152,8 +152,8 @@ class SlurmExecutor(Executor):
         # node -> its partitions (sinfo), read once
         self._node_partitions: dict[str, frozenset[str]] | None = None
         self._excluded_said: tuple[str, ...] | None = None  # the exclusions last said to cover them all
-        # --call-in: whether the run's first round was short of its request, and the newest job id
-        # squeue listed then (the jobs after it arrived later); None until that round is seen
+        # --call-in: whether the run's first round was short of its request, and the run's oldest node
+        # job id then (the jobs after it arrived later); None until that round is seen
         self._first_round: tuple[bool, int] | None = None
         self._lent_to: PendingDemand | None = None  # the job that called the run's nodes in, while it pends
         self._deferred: list[SlurmNode] = []  # the run's pending node jobs held back meanwhile
@@ -467,13 +467,15 @@ class SlurmExecutor(Executor):
 
     def _note_first_round(self, state: RunState, jobs: list[SlurmJob]) -> None:
         """Once the run has a round: whether its first round had fewer members than the request (read
-        from round 1's record when this launcher saw a later round first), and the newest job id squeue
-        lists now, after which a job arrived later than the run started."""
+        from round 1's record when this launcher saw a later round first), and the run's oldest node job
+        id, after which a job arrived later than the run: static's backfill would have started such a job
+        before the run when it fit the nodes the run started short on."""
         if self._first_round is not None or state.round is None:
             return
         first = state.round if state.round.round == 1 else self._round_one()
         short = first is not None and len(first.members) < self.request()
-        self._first_round = short, max((job_number(j.job_id) for j in jobs), default=0)
+        ours = [job_number(j.job_id) for j in jobs if self._ours(j)]
+        self._first_round = short, min(ours, default=max((job_number(j.job_id) for j in jobs), default=0))
 
     def _round_one(self) -> RoundRecord | None:
         """The run's first round's record; None when etcd does not have it or cannot say (the run is then
@@ -488,7 +490,7 @@ class SlurmExecutor(Executor):
 
     def _lend(self, jobs: list[SlurmJob], now: float) -> None:
         """--call-in (elastic_rm.launch.slurm_call_in): while the run is short of its request since its
-        first round, a job that arrived after that round and would start on the idle nodes plus the
+        first round, a job that arrived after the run and would start on the idle nodes plus the
         run's calls them in: as many of the run's running node jobs as it needs stop, the newest first
         (a member's ermrun leaves on SIGTERM without closing the run: the others go on as after a lost
         node, or, when none is left, the next round resumes from the checkpoint), and its pending ones
@@ -529,8 +531,8 @@ class SlurmExecutor(Executor):
         self._called_in, self._lent_to, self._lent_until = True, caller, now + CALL_IN_HOLD_S
         kept = len(lent) - call.nodes
         message = (
-            f"called in by {caller.key}: it arrived after the run's first round, which had fewer nodes "
-            f"than the run's request of {self.request()}, and its {caller.nodes} node(s) start on the "
+            f"called in by {caller.key}: it arrived after the run, whose first round had fewer nodes "
+            f"than its request of {self.request()}, and its {caller.nodes} node(s) start on the "
             f"{idle} idle node(s) and {call.nodes} of the run's {len(lent)}: those stop ("
             + (f"the run goes on with {kept}" if kept else "training resumes later from the checkpoint")
             + f"), its pending node jobs wait in their place, and none is submitted until it no longer "

@@ -163,7 +163,11 @@ def test_no_call_in_for_a_job_that_does_not_fit_arrived_first_or_without_the_opt
         assert actions(launch_events(etcd, run_id), "call_in") == []
 
 
-def test_a_job_that_was_waiting_before_the_first_round_calls_nothing_in(slurm, etcd, run_id, tmp_path):
+def test_a_job_that_arrived_after_the_run_and_waited_when_it_started_short_calls_it_in(
+    slurm, etcd, run_id, tmp_path
+):
+    """Static's backfill would have started the later job on the nodes the run started short on: it calls
+    them in even though it was already waiting when the run's first round formed."""
     with EtcdClient(etcd.endpoint) as client:
         executor = sleeper_executor(client, slurm, run_id, tmp_path, request=3, call_in=True)
         wait_state(slurm, sbatch_other(slurm, "blocker", NODES - 2), "RUNNING")
@@ -173,15 +177,16 @@ def test_a_job_that_was_waiting_before_the_first_round_calls_nothing_in(slurm, e
             "2 running",
             lambda: sum(n.state == "RUNNING" for n in executor.nodes.values()) == 2,
         )
-        earlier = sbatch_other(slurm, "earlier", 2)  # arrived before the run's first round
+        waiting = sbatch_other(slurm, "waiting", 2)  # after the run's node jobs, before its first round
         running = sorted(n.node_id for n in executor.nodes.values() if n.state == "RUNNING")
         client.put(
             Keyspace("/elastic-rm", run_id).round, RoundRecord(1, tuple(running), reason="test").to_json()
         )
-        for _ in range(3):
-            assert executor.tick() is None
-        assert squeue_jobs(slurm)[earlier]["state"] == "PENDING"
-        assert not any(n.stopping for n in executor.nodes.values())
+        assert executor.tick() is None
+        assert sum(n.stopping for n in executor.nodes.values()) == 2
+        wait_state(slurm, waiting, "RUNNING")
+        executor._events.flush()
+    assert [c["caller"] for c in actions(launch_events(etcd, run_id), "call_in")] == [waiting]
 
 
 def test_without_call_in_a_short_start_keeps_its_nodes(slurm, etcd, run_id, tmp_path):
