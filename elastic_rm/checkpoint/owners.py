@@ -49,10 +49,11 @@ def release(run_dir: Path, pid: int | None = None) -> None:
 def live_owners(run_dir: Path) -> list[int]:
     """The pids whose claims on ``run_dir`` are still the same processes."""
     live = []
-    owners = run_dir / OWNERS
-    if not owners.is_dir():
+    try:
+        claims = list((run_dir / OWNERS).iterdir())
+    except OSError:  # none made, or removed meanwhile: its last owner released the run (release)
         return live
-    for path in owners.iterdir():
+    for path in claims:
         pid, _, started = path.name.partition("-")
         if pid.isdigit() and start_time(int(pid)) == started:
             live.append(int(pid))
