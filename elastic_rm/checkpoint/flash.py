@@ -84,6 +84,7 @@ from elastic_rm.checkpoint.sources import (
     newest_timeline_of,
 )
 from elastic_rm.checkpoint.split_folds import finish_split_folds, held_folds
+from elastic_rm.output_paths import output_dir_problem
 
 log = logging.getLogger(__name__)
 
@@ -276,13 +277,8 @@ class FlashCheckpointer:
         if self.rank == 0 and self.cfg.durable_dir is not None:
             wanted.append(("FlashConfig.durable_dir", Path(self.cfg.durable_dir)))
         for name, path in wanted:
-            at = path
-            while not at.exists() and at != at.parent and not at.is_symlink():
-                at = at.parent
-            if at.exists() and not at.is_dir():
-                return f"{name} ({path}): {at} is not a directory"
-            if at.is_dir() and not os.access(at, os.W_OK | os.X_OK):
-                return f"{name} ({path}): {at} is not writable by this process"
+            if problem := output_dir_problem(str(path)):
+                return f"{name} ({path}) {problem}"
         return None
 
     @property

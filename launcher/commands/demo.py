@@ -8,7 +8,8 @@ import os
 import sys
 import time
 
-from .outputs import output_dir_problem
+from elastic_rm.output_paths import output_dir_problem
+
 from .status import seconds
 
 HELP = (

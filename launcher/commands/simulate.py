@@ -7,7 +7,8 @@ import argparse
 import math
 import sys
 
-from .outputs import output_dir_problem, output_file_problem
+from elastic_rm.output_paths import output_dir_problem, output_file_problem
+
 from .status import reader_gone
 
 HELP = "Simulate a shared cluster on a job trace under the static, Optimus-style and planner policies."

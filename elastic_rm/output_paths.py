@@ -1,5 +1,5 @@
-"""Checks of a command's output paths before it does its work: a bad path is a usage error said at once,
-not a traceback after a simulation or a demo ran."""
+"""Checks of an output path before the work that writes there: a bad path is an error said at once, not a
+traceback after a simulation or a demo ran, or a failed checkpoint save in a background thread."""
 
 from __future__ import annotations
 
