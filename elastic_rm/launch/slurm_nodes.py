@@ -284,12 +284,12 @@ class SlurmExecutor(Executor):
             return self._closing(state.closed, now)
         for host in self._pool.expired_blacklist():
             self._emit("reinstate", host, f"host {host.name} is off the blacklist; it may run a node again")
-        self._check_node_health()
+        states = self._check_node_health()
         self._stop_suspended()
         self.others_waiting = self._others_waiting(jobs)
         if self.options.call_in:
             self._note_first_round(state, jobs)
-            self._lend(jobs, now)
+            self._lend(jobs, now, states)
         self._write_queue(now)
         self._report_pending(now)
         self._scale(state)
@@ -389,22 +389,30 @@ class SlurmExecutor(Executor):
                 cooldown_s=cooldown,
             )
 
-    def _check_node_health(self) -> None:
-        """A node set DOWN or DRAIN under a running node job: stop the job, blacklist the host."""
+    def _check_node_health(self) -> dict[str, str] | None:
+        """A node set DOWN or DRAIN under a running node job: stop the job, blacklist the host. Returns
+        the node states it read (None: no running node job, or sinfo failed), for this poll's other use."""
         running = [n for n in self.nodes.values() if n.slurm_node and not n.stopping]
         if not running:
-            return
-        try:
-            states = self.slurm.node_states()
-        except SlurmError as exc:
-            self._warn("sinfo", f"{exc}; node states unknown")
-            return
+            return None
+        states = self._node_states()
+        if states is None:
+            return None
         for node in running:
             st = states.get(node.slurm_node, "")
             if any(bad in st for bad in BAD_NODE_STATES):
                 error = f"Slurm node {node.slurm_node} is {st}"
                 self._stop(node, f"{error}; a replacement excludes it")
                 self._blacklist(node.slurm_node, error, at_once=True)
+        return states
+
+    def _node_states(self) -> dict[str, str] | None:
+        """sinfo's node states; None while sinfo fails (said once)."""
+        try:
+            return self.slurm.node_states()
+        except SlurmError as exc:
+            self._warn("sinfo", f"{exc}; node states unknown")
+            return None
 
     def _stop_suspended(self) -> None:
         """A node job that Slurm suspended (preemption by suspension, gang scheduling, an admin's scontrol
@@ -488,7 +496,7 @@ class SlurmExecutor(Executor):
             self._warn("round-one", f"cannot read the run's first round ({exc}); --call-in lends nothing")
             return None
 
-    def _lend(self, jobs: list[SlurmJob], now: float) -> None:
+    def _lend(self, jobs: list[SlurmJob], now: float, states: dict[str, str] | None) -> None:
         """--call-in (elastic_rm.launch.slurm_call_in): while the run is short of its request since its
         first round, a job that arrived after the run and would start on the idle nodes plus the
         run's calls them in: as many of the run's running node jobs as it needs stop, the newest first
@@ -521,7 +529,7 @@ class SlurmExecutor(Executor):
         demands = pending_demands(self._waiting_jobs(jobs), jobs)
         if not any(d.first > self._first_round[1] for d in demands):
             return  # nobody arrived later: no sinfo to read
-        idle = self._idle_nodes()
+        idle = self._idle_nodes(states)
         if idle is None:
             return
         call = choose_caller(demands, self._first_round[1], idle, len(lent))
@@ -567,15 +575,14 @@ class SlurmExecutor(Executor):
             return False
         return True
 
-    def _idle_nodes(self) -> int | None:
-        """Idle nodes of the run's partitions, --exclude's left out; None while sinfo cannot say."""
+    def _idle_nodes(self, states: dict[str, str] | None) -> int | None:
+        """Idle nodes of the run's partitions, --exclude's left out, from ``states`` (this poll's sinfo,
+        read here when the health check did not); None while sinfo cannot say."""
         nodes = self._partition_nodes()
         if nodes is None:
             return None
-        try:
-            states = self.slurm.node_states()
-        except SlurmError as exc:
-            self._warn("sinfo", f"{exc}; node states unknown")
+        states = states if states is not None else self._node_states()
+        if states is None:
             return None
         return sum(states.get(n) == "idle" for n in nodes - set(self.options.exclude))
 
